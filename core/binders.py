@@ -1,0 +1,281 @@
+"""Binders: named collections of JSON documents kept current from the log.
+
+A binder projects the events of one context whose stream starts with a prefix
+(optionally only some types) into one document per stream (key = stream name),
+folding each event body with ``merge`` (shallow merge of the body document) or
+``replace``.  The projector runs in every gateway process; ``FOR UPDATE SKIP
+LOCKED`` on the binder row lets exactly one of them advance a binder at a time,
+and the documents and the binder's position change in the same transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+from bson import json_util
+
+from core import sql
+from core.bodies import event_document
+from core.commands import Selector
+from core.errors import Malformed, NotFound
+from core.matcher import Predicate, compile_matcher
+from core.records import record_from_row
+
+if TYPE_CHECKING:
+    from core.store import EventStore
+
+log = logging.getLogger("polyport.binders")
+
+FOLDS = ("merge", "replace")
+PROJECT_BATCH = 1000
+QUERY_PAGE = 500
+
+_JSON_OPTS = json_util.JSONOptions(json_mode=json_util.JSONMode.RELAXED)
+
+
+@dataclass(frozen=True, slots=True)
+class BinderSpec:
+    name: str
+    context: str
+    stream_prefix: str
+    types: tuple[str, ...] | None
+    fold: str
+    position: int = 0
+    documents: int = 0
+
+    @property
+    def selector(self) -> Selector:
+        return Selector(
+            context=self.context,
+            prefix=self.stream_prefix,
+            types=frozenset(self.types or ()),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "context": self.context,
+            "stream_prefix": self.stream_prefix,
+            "types": list(self.types) if self.types is not None else None,
+            "fold": self.fold,
+            "position": self.position,
+            "documents": self.documents,
+        }
+
+
+def _spec(row: asyncpg.Record) -> BinderSpec:
+    return BinderSpec(
+        name=row["name"],
+        context=row["context"],
+        stream_prefix=row["stream_prefix"],
+        types=tuple(row["types"]) if row["types"] is not None else None,
+        fold=row["fold"],
+        position=row["position"],
+        documents=row.get("documents", 0),
+    )
+
+
+def fold_document(fold: str, current: dict[str, Any] | None, body: dict[str, Any]) -> dict[str, Any]:
+    """The pure fold, shared by the live projector and the Spark rebuild."""
+    if fold == "replace" or current is None:
+        return dict(body)
+    return {**current, **body}
+
+
+def to_jsonable(doc: dict[str, Any]) -> dict[str, Any]:
+    """BSON-only values (dates, binaries, ObjectIds) as relaxed Extended JSON."""
+    out: dict[str, Any] = json.loads(json_util.dumps(doc, json_options=_JSON_OPTS))
+    return out
+
+
+class BinderQuery:
+    """Matching documents, counted when the query ran, then streamed in pages."""
+
+    def __init__(self, service: BinderService, binder: str, keys: list[str], matcher: Predicate):
+        self._service = service
+        self.binder = binder
+        self._keys = keys
+        self._matcher = matcher
+
+    @property
+    def count(self) -> int:
+        return len(self._keys)
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        for i in range(0, len(self._keys), QUERY_PAGE):
+            page = self._keys[i : i + QUERY_PAGE]
+            rows = await self._service._pool.fetch(sql.GET_BINDER_DOCUMENTS, self.binder, page)
+            docs = {r["key"]: json.loads(r["document"]) for r in rows}
+            for key in page:
+                if key in docs:
+                    yield {"_id": key, **docs[key]}
+
+
+class BinderService:
+    def __init__(self, store: EventStore, *, run_projector: bool = True) -> None:
+        self._store = store
+        self._pool: asyncpg.Pool = store.pool
+        self._run_projector = run_projector
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if not self._run_projector:
+            return
+        self._store.tailer.on_advance.append(lambda _pos: self._wake.set())
+        self._task = asyncio.create_task(self._projector(), name="polyport-binders")
+        self._wake.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # --- admin ----------------------------------------------------------------
+
+    async def create(
+        self,
+        name: str,
+        *,
+        context: str,
+        stream_prefix: str = "",
+        types: list[str] | None = None,
+        fold: str = "merge",
+    ) -> BinderSpec:
+        if not name:
+            raise Malformed("binder name must not be empty")
+        if fold not in FOLDS:
+            raise Malformed(f"fold must be one of {', '.join(FOLDS)}, not {fold!r}")
+        made = await self._pool.fetchval(
+            sql.CREATE_BINDER, name, context, stream_prefix, types or None, fold
+        )
+        if made is None:
+            raise Malformed(f"binder {name!r} already exists")
+        self._wake.set()
+        return await self.get(name)
+
+    async def get(self, name: str) -> BinderSpec:
+        row = await self._pool.fetchrow(sql.GET_BINDER, name)
+        if row is None:
+            raise NotFound(f"no binder named {name!r}")
+        return _spec(row)
+
+    async def list(self) -> list[BinderSpec]:
+        return [_spec(r) for r in await self._pool.fetch(sql.LIST_BINDERS)]
+
+    async def drop(self, name: str) -> None:
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(sql.CLEAR_BINDER_DOCUMENTS, name)
+            if await conn.fetchval(sql.DROP_BINDER, name) is None:
+                raise NotFound(f"no binder named {name!r}")
+
+    async def rebuild(self, name: str) -> None:
+        """Recompute from the whole log (the projector refills it)."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(sql.GET_BINDER, name)
+            if row is None:
+                raise NotFound(f"no binder named {name!r}")
+            await conn.execute(sql.CLEAR_BINDER_DOCUMENTS, name)
+            await conn.execute(sql.SET_BINDER_POSITION, name, 0)
+        self._wake.set()
+
+    async def wait_caught_up(self, name: str, position: int, timeout: float = 10.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (await self.get(name)).position < position:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"binder {name} did not reach position {position}")
+            self._wake.set()
+            await asyncio.sleep(0.05)
+
+    # --- queries --------------------------------------------------------------
+
+    async def query(self, name: str, matcher: dict[str, Any]) -> BinderQuery:
+        await self.get(name)
+        predicate = compile_matcher(matcher)
+        keys: list[str] = []
+        after = ""
+        while True:
+            rows = await self._pool.fetch(sql.SCAN_BINDER_DOCUMENTS, name, after, QUERY_PAGE)
+            for r in rows:
+                doc = json.loads(r["document"])
+                if predicate({"_id": r["key"], **doc}):
+                    keys.append(r["key"])
+            if len(rows) < QUERY_PAGE:
+                break
+            after = rows[-1]["key"]
+        return BinderQuery(self, name, keys, predicate)
+
+    # --- projector ------------------------------------------------------------
+
+    async def _projector(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._store.config.poll_interval * 5)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                for spec in await self.list():
+                    while await self.project_once(spec.name):
+                        pass
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("binder projection failed (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+
+    async def project_once(self, name: str) -> bool:
+        """Apply the next batch of events to one binder; True if more may follow."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(sql.LOCK_BINDER, name)
+            if row is None:
+                return False  # dropped, or another process is on it
+            spec = _spec(row)
+            head = await conn.fetchval(sql.HEAD_POSITION)
+            sel = spec.selector
+            rows = await conn.fetch(
+                sql.READ_SELECTED,
+                spec.position,
+                head,
+                sel.context,
+                None,
+                sel.prefix or None,
+                sorted(sel.types) if sel.types else None,
+                PROJECT_BATCH,
+            )
+            if not rows:
+                if head > spec.position:
+                    await conn.execute(sql.SET_BINDER_POSITION, name, head)
+                return False
+            events = [record_from_row(r) for r in rows]
+            keys = sorted({e.stream for e in events})
+            current = {
+                r["key"]: json.loads(r["document"])
+                for r in await conn.fetch(sql.GET_BINDER_DOCUMENTS, name, keys)
+            }
+            last_pos: dict[str, int] = {}
+            for e in events:
+                current[e.stream] = fold_document(
+                    spec.fold, current.get(e.stream), to_jsonable(event_document(e))
+                )
+                last_pos[e.stream] = e.position
+            changed = sorted(last_pos)
+            await conn.execute(
+                sql.UPSERT_BINDER_DOCUMENTS,
+                name,
+                changed,
+                [json.dumps(current[k]) for k in changed],
+                [last_pos[k] for k in changed],
+            )
+            more = len(rows) == PROJECT_BATCH
+            new_position = events[-1].position if more else head
+            await conn.execute(sql.SET_BINDER_POSITION, name, new_position)
+            return more

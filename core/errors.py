@@ -1,0 +1,97 @@
+"""The canonical error set.
+
+Every protocol maps these to its own error form; the table lives in
+``docs/errors.md``.  ``code`` is the stable canonical name that appears on the
+wire where a protocol carries a textual code (BSON ``errCode``,
+ReactiveSocket ERROR data).
+"""
+
+from __future__ import annotations
+
+
+class PolyportError(Exception):
+    """Base of every error the core reports to a protocol adapter."""
+
+    code: str = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class WrongExpectedVersion(PolyportError):
+    code = "wrong_expected_version"
+
+    def __init__(self, message: str, *, current_version: int = 0) -> None:
+        super().__init__(message)
+        self.current_version = current_version
+
+
+class NotFound(PolyportError):
+    code = "not_found"
+
+
+class Unauthenticated(PolyportError):
+    code = "unauthenticated"
+
+
+class Forbidden(PolyportError):
+    code = "forbidden"
+
+
+class Malformed(PolyportError):
+    code = "malformed"
+
+
+class Unsupported(PolyportError):
+    code = "unsupported"
+
+
+class TooLarge(PolyportError):
+    code = "too_large"
+
+
+class Busy(PolyportError):
+    """A bounded queue is full: the caller may retry later."""
+
+    code = "busy"
+
+    def __init__(self, message: str, *, reader: bool = False) -> None:
+        super().__init__(message)
+        self.reader = reader
+
+
+class Timeout(PolyportError):
+    """The operation did not finish in time; for appends the outcome is unknown
+    to the caller, so retrying with the same event ids is the safe next step."""
+
+    code = "timeout"
+
+    def __init__(self, message: str, *, reader: bool = False) -> None:
+        super().__init__(message)
+        self.reader = reader
+
+
+class StorageUnavailable(PolyportError):
+    code = "storage_unavailable"
+
+
+class Internal(PolyportError):
+    code = "internal"
+
+
+ALL_ERRORS: tuple[type[PolyportError], ...] = (
+    WrongExpectedVersion,
+    NotFound,
+    Unauthenticated,
+    Forbidden,
+    Malformed,
+    Unsupported,
+    TooLarge,
+    Busy,
+    Timeout,
+    StorageUnavailable,
+    Internal,
+)
+
+ERROR_BY_CODE: dict[str, type[PolyportError]] = {e.code: e for e in ALL_ERRORS}

@@ -1,0 +1,245 @@
+"""Durable subscriptions and consumer groups.
+
+A durable name owns a checkpoint row in ``subscriptions``.  Every live
+subscriber with that name is a member of one group: a single feeding
+subscription reads from the checkpoint and hands each event to one member
+with room.  The checkpoint advances to the highest position below which every
+handed-out event has been acknowledged; a member that leaves gives its
+unacknowledged events back to the others.  Across gateway processes one
+process at a time owns a group (an advisory lock); members elsewhere wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+from core import sql
+from core.commands import Selector
+from core.events import RecordedEvent
+from core.subscriptions import Subscription
+
+if TYPE_CHECKING:
+    from core.store import EventStore
+
+log = logging.getLogger("polyport.groups")
+
+
+class GroupMember:
+    """The consumer's handle: same reading interface as a Subscription, plus acks."""
+
+    def __init__(self, group: ConsumerGroup, buffer_size: int, credit: bool) -> None:
+        self._group = group
+        self._limit = max(1, buffer_size)
+        self._buffer: deque[RecordedEvent] = deque()
+        self._credits: int | None = 0 if credit else None
+        self._readable = asyncio.Event()
+        self.closed = False
+        self.delivered = 0
+        self.selector = group.selector
+
+    @property
+    def name(self) -> str:
+        return self._group.name
+
+    @property
+    def capacity(self) -> int:
+        room = self._limit - len(self._buffer)
+        if self._credits is not None:
+            room = min(room, self._credits - len(self._buffer))
+        return room
+
+    def grant(self, n: int) -> None:
+        if self._credits is None:
+            return
+        self._credits = min(self._credits + max(0, n), 1 << 62)
+        self._readable.set()
+        self._group.member_has_room()
+
+    def _push(self, ev: RecordedEvent) -> None:
+        self._buffer.append(ev)
+        self._readable.set()
+
+    def _take(self) -> RecordedEvent | None:
+        if not self._buffer or (self._credits is not None and self._credits <= 0):
+            return None
+        ev = self._buffer.popleft()
+        if self._credits is not None:
+            self._credits -= 1
+        self.delivered += 1
+        self._group.member_has_room()
+        return ev
+
+    async def next(self, timeout: float | None = None) -> RecordedEvent | None:
+        while True:
+            if self.closed:
+                return None
+            ev = self._take()
+            if ev is not None:
+                return ev
+            self._readable.clear()
+            try:
+                await asyncio.wait_for(self._readable.wait(), timeout)
+            except TimeoutError:
+                return None
+
+    async def next_batch(self, max_count: int, timeout: float | None = None) -> list[RecordedEvent]:
+        first = await self.next(timeout)
+        if first is None:
+            return []
+        out = [first]
+        while len(out) < max_count:
+            ev = self._take()
+            if ev is None:
+                break
+            out.append(ev)
+        return out
+
+    def ack(self, position: int) -> None:
+        """Acknowledge one delivered event."""
+        self._group.ack(self, position, through=False)
+
+    def ack_through(self, position: int) -> None:
+        """Acknowledge every event this member was given up to ``position``."""
+        self._group.ack(self, position, through=True)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._readable.set()
+        self._group.remove(self)
+
+
+class ConsumerGroup:
+    def __init__(self, store: EventStore, name: str, selector: Selector) -> None:
+        self.store = store
+        self.name = name
+        self.selector = selector
+        self.members: list[GroupMember] = []
+        self._inflight: dict[int, tuple[GroupMember, RecordedEvent]] = {}
+        self._redeliver: deque[RecordedEvent] = deque()
+        self._room = asyncio.Event()
+        self._feeder: Subscription | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._rr = 0
+        self.dispatched_upto = 0
+        self.checkpoint = 0
+        self._saved_checkpoint = 0
+        self._saving: asyncio.Task[None] | None = None
+        self._owner = False
+
+    def add(self, member: GroupMember) -> None:
+        self.members.append(member)
+        self.member_has_room()
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"polyport-group-{self.name}")
+
+    def member_has_room(self) -> None:
+        self._room.set()
+
+    def remove(self, member: GroupMember) -> None:
+        if member in self.members:
+            self.members.remove(member)
+        # Give this member's unacknowledged events to the others, oldest first.
+        back = sorted(
+            (ev for pos, (m, ev) in self._inflight.items() if m is member),
+            key=lambda e: e.position,
+        )
+        for ev in back:
+            del self._inflight[ev.position]
+        self._redeliver.extendleft(reversed(back))
+        self._room.set()
+        if not self.members:
+            self.store._drop_group(self)
+            if self._task is not None:
+                self._task.cancel()
+            asyncio.ensure_future(self._shutdown())
+
+    async def _shutdown(self) -> None:
+        if self._feeder is not None:
+            self._feeder.close()
+        await self.flush()
+        if self._owner:
+            await self.store._release_group_lock(self.name)
+            self._owner = False
+
+    def ack(self, member: GroupMember, position: int, *, through: bool) -> None:
+        if through:
+            for pos in [p for p, (m, _) in self._inflight.items() if m is member and p <= position]:
+                del self._inflight[pos]
+        else:
+            entry = self._inflight.get(position)
+            if entry is not None and entry[0] is member:
+                del self._inflight[position]
+        self._advance_checkpoint()
+
+    def _advance_checkpoint(self) -> None:
+        pending = [*self._inflight.keys(), *(e.position for e in self._redeliver)]
+        new = min(pending) - 1 if pending else self.dispatched_upto
+        if new > self.checkpoint:
+            self.checkpoint = new
+            if self._saving is None or self._saving.done():
+                self._saving = asyncio.ensure_future(self.flush())
+
+    async def flush(self) -> None:
+        """Write the checkpoint; coalesces acks that arrive meanwhile."""
+        while self._saved_checkpoint < self.checkpoint:
+            target = self.checkpoint
+            try:
+                await self.store._pool.execute(sql.ADVANCE_CHECKPOINT, self.name, target)
+            except Exception as exc:
+                log.warning("checkpoint save for %s failed: %s", self.name, exc)
+                return
+            self._saved_checkpoint = target
+
+    def _pick(self) -> GroupMember | None:
+        n = len(self.members)
+        for i in range(n):
+            m = self.members[(self._rr + i) % n]
+            if m.capacity > 0 and not m.closed:
+                self._rr = (self._rr + i + 1) % n
+                return m
+        return None
+
+    async def _run(self) -> None:
+        try:
+            while not await self.store._try_group_lock(self.name):
+                await asyncio.sleep(self.store.config.poll_interval)
+            self._owner = True
+            row = await self.store._pool.fetchrow(sql.GET_SUBSCRIPTION, self.name)
+            self.checkpoint = self._saved_checkpoint = self.dispatched_upto = row["checkpoint"]
+            self._feeder = self.store._open_subscription(
+                self.selector, row["checkpoint"], buffer_size=1000
+            )
+            while True:
+                member = self._pick()
+                if member is None:
+                    self._room.clear()
+                    await self._room.wait()
+                    continue
+                if self._redeliver:
+                    ev = self._redeliver.popleft()
+                else:
+                    got = await self._feeder.next()
+                    if got is None:
+                        return
+                    ev = got
+                    self.dispatched_upto = max(self.dispatched_upto, ev.position)
+                member = self._pick() or member
+                if member.closed:
+                    self._redeliver.appendleft(ev)
+                    continue
+                self._inflight[ev.position] = (member, ev)
+                member._push(ev)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("consumer group %s stopped", self.name)
+        finally:
+            with contextlib.suppress(Exception):
+                if self._feeder is not None:
+                    self._feeder.close()

@@ -1,0 +1,91 @@
+"""Schema migrations driven programmatically (no alembic.ini needed).
+
+The gateway and the CLI call these; ``polyport migrate`` is a thin wrapper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+
+import asyncpg
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+import migrations
+
+MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
+
+
+def sqlalchemy_url(database_url: str) -> str:
+    """``postgresql://`` URLs as users write them, with SQLAlchemy's asyncpg driver."""
+    for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
+        if database_url.startswith(prefix):
+            return "postgresql+asyncpg://" + database_url[len(prefix) :]
+    raise ValueError(f"not a PostgreSQL URL: {database_url!r}")
+
+
+def asyncpg_dsn(database_url: str) -> str:
+    return "postgresql://" + sqlalchemy_url(database_url)[len("postgresql+asyncpg://") :]
+
+
+def alembic_config(database_url: str, stdout: io.TextIOBase | None = None) -> Config:
+    cfg = Config(stdout=stdout) if stdout is not None else Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["url"] = sqlalchemy_url(database_url)
+    return cfg
+
+
+def head_revision() -> str:
+    script = ScriptDirectory.from_config(alembic_config("postgresql://unused/x"))
+    head = script.get_current_head()
+    assert head is not None
+    return head
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(database_url), revision)
+
+
+def downgrade(database_url: str, revision: str) -> None:
+    command.downgrade(alembic_config(database_url), revision)
+
+
+def history(database_url: str, stdout: io.TextIOBase | None = None) -> None:
+    command.history(alembic_config(database_url, stdout), verbose=False)
+
+
+async def current_revision(database_url: str) -> str | None:
+    """The revision the database is at, or None for an empty database."""
+    conn = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        exists = await conn.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL")
+        if not exists:
+            return None
+        value: str | None = await conn.fetchval("SELECT version_num FROM alembic_version")
+        return value
+    finally:
+        await conn.close()
+
+
+class SchemaBehind(RuntimeError):
+    pass
+
+
+async def check_current(database_url: str) -> None:
+    """Raise :class:`SchemaBehind` with the remedy when the schema is not at head."""
+    current = await current_revision(database_url)
+    head = head_revision()
+    if current != head:
+        raise SchemaBehind(
+            f"database schema is at revision {current or 'none (empty database)'}, "
+            f"this polyport needs {head}: run `polyport migrate` "
+            "(with the same --database-url) and start again"
+        )
+
+
+def upgrade_in_thread(database_url: str) -> asyncio.Future[None]:
+    """Alembic's env runs its own event loop; keep it off the caller's loop."""
+    return asyncio.get_running_loop().run_in_executor(None, upgrade, database_url, "head")

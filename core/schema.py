@@ -1,0 +1,129 @@
+"""The database schema as SQLAlchemy metadata.
+
+Alembic revisions in ``migrations/`` own the real DDL; this module mirrors the
+head revision so that tests can check the two agree and readers can find
+every table in one place.  Hot-path SQL lives in :mod:`core.sql`.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+metadata = MetaData()
+
+# One row: the last committed position and its time.  Every append transaction
+# locks it first, which makes commit order = position order (gapless).
+log_head = Table(
+    "log_head",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("last_position", BigInteger, nullable=False),
+    Column("last_recorded_at", DateTime(timezone=True), nullable=False),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("position", BigInteger, primary_key=True),
+    Column("event_id", UUID(as_uuid=True), nullable=False),
+    Column("context", Text, nullable=False),
+    Column("stream", Text, nullable=False),
+    Column("version", BigInteger, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("headers", JSONB, nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("content_type", Text, nullable=False),
+    Column("client_time", DateTime(timezone=True)),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+    Column("origin", Text, nullable=False),
+    Column("segment_offset", BigInteger, nullable=False),
+    UniqueConstraint("context", "stream", "version", name="events_stream_version_key"),
+    UniqueConstraint("event_id", name="events_event_id_key"),
+    Index("events_stream_offset_idx", "context", "stream", "segment_offset"),
+    Index("events_recorded_at_idx", "recorded_at"),
+)
+
+streams = Table(
+    "streams",
+    metadata,
+    Column("context", Text, primary_key=True),
+    Column("stream", Text, primary_key=True),
+    Column("last_version", BigInteger, nullable=False),
+    Column("segment_length", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+# Exactly-once appends (segment wire): highest offset stored per producer and
+# stream, written in the same transaction as the events.
+producer_checkpoints = Table(
+    "producer_checkpoints",
+    metadata,
+    Column("producer_id", UUID(as_uuid=True), primary_key=True),
+    Column("context", Text, primary_key=True),
+    Column("stream", Text, primary_key=True),
+    Column("ack_level", BigInteger, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+# Durable subscriptions and consumer groups.  ``checkpoint`` is the position of
+# the last event acknowledged (every event at or below it is done).
+# ``fetched_position``/``fetched_time`` remember the last batch handed out by a
+# fetch-style protocol, so that a progress call can be matched to it.
+subscriptions = Table(
+    "subscriptions",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("selector", JSONB, nullable=False),
+    Column("checkpoint", BigInteger, nullable=False),
+    Column("fetched_position", BigInteger),
+    Column("fetched_time", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+users = Table(
+    "users",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("password_hash", Text, nullable=False),
+    Column("default_context", Text, nullable=False, server_default=text("'default'")),
+    # NULL = every context.
+    Column("contexts", ARRAY(Text)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+binders = Table(
+    "binders",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("context", Text, nullable=False),
+    Column("stream_prefix", Text, nullable=False),
+    Column("types", ARRAY(Text)),
+    Column("fold", Text, nullable=False),
+    Column("position", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+binder_documents = Table(
+    "binder_documents",
+    metadata,
+    Column("binder", Text, primary_key=True),
+    Column("key", Text, primary_key=True),
+    Column("document", JSONB, nullable=False),
+    Column("position", BigInteger, nullable=False),
+)

@@ -1,0 +1,244 @@
+"""Every SQL statement the core runs, by name.
+
+Statements are plain text for asyncpg: the hot paths (group commit, tailing,
+catch-up reads) want its binary protocol and COPY without an ORM in between.
+The tables are described in :mod:`core.schema` and created by ``migrations/``.
+"""
+
+from __future__ import annotations
+
+EVENT_COLUMNS = (
+    "position",
+    "event_id",
+    "context",
+    "stream",
+    "version",
+    "type",
+    "headers",
+    "body",
+    "content_type",
+    "client_time",
+    "recorded_at",
+    "origin",
+    "segment_offset",
+)
+_COLS = ", ".join(EVENT_COLUMNS)
+
+# --- group commit -------------------------------------------------------------
+
+# Taken first by every append transaction, in every process: serialises
+# committers so that positions are assigned in commit order without gaps.
+LOCK_HEAD = """
+SELECT last_position, last_recorded_at, clock_timestamp() AS now
+FROM log_head WHERE id = 1 FOR UPDATE
+"""
+
+UPDATE_HEAD = "UPDATE log_head SET last_position = $1, last_recorded_at = $2 WHERE id = 1"
+
+STREAM_STATES = """
+SELECT s.context, s.stream, s.last_version, s.segment_length
+FROM streams s
+JOIN unnest($1::text[], $2::text[]) AS k(context, stream)
+  ON s.context = k.context AND s.stream = k.stream
+"""
+
+EXISTING_EVENT_IDS = f"SELECT {_COLS} FROM events WHERE event_id = ANY($1::uuid[])"
+
+UPSERT_STREAMS = """
+INSERT INTO streams (context, stream, last_version, segment_length, created_at)
+SELECT k.context, k.stream, k.last_version, k.segment_length, $5
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+     AS k(context, stream, last_version, segment_length)
+ON CONFLICT (context, stream) DO UPDATE
+SET last_version = EXCLUDED.last_version, segment_length = EXCLUDED.segment_length
+"""
+
+UPSERT_PRODUCER_CHECKPOINT = """
+INSERT INTO producer_checkpoints (producer_id, context, stream, ack_level, updated_at)
+VALUES ($1, $2, $3, $4, now())
+ON CONFLICT (producer_id, context, stream) DO UPDATE
+SET ack_level = GREATEST(producer_checkpoints.ack_level, EXCLUDED.ack_level),
+    updated_at = now()
+"""
+
+GET_PRODUCER_CHECKPOINT = """
+SELECT ack_level FROM producer_checkpoints
+WHERE producer_id = $1 AND context = $2 AND stream = $3
+"""
+
+NOTIFY_CHANNEL = "polyport_events"
+NOTIFY = "SELECT pg_notify('polyport_events', $1)"
+
+# --- reads --------------------------------------------------------------------
+
+HEAD_POSITION = "SELECT last_position FROM log_head WHERE id = 1"
+
+READ_ALL_AFTER = f"SELECT {_COLS} FROM events WHERE position > $1 ORDER BY position LIMIT $2"
+
+READ_STREAM = f"""
+SELECT {_COLS} FROM events
+WHERE context = $1 AND stream = $2 AND version >= $3
+ORDER BY version LIMIT $4
+"""
+
+STREAM_STATE = """
+SELECT last_version, segment_length FROM streams WHERE context = $1 AND stream = $2
+"""
+
+# The event whose framed bytes contain ``offset``, and those after it.
+READ_SEGMENT_FROM = f"""
+SELECT {_COLS} FROM events
+WHERE context = $1 AND stream = $2
+  AND segment_offset >= (
+      SELECT coalesce(max(segment_offset), 0) FROM events
+      WHERE context = $1 AND stream = $2 AND segment_offset <= $3)
+ORDER BY segment_offset LIMIT $4
+"""
+
+# Catch-up read for subscriptions: the selector's indexable parts in SQL, the
+# matcher in Python.  $3..$6 are NULL when the selector does not constrain them.
+READ_SELECTED = f"""
+SELECT {_COLS} FROM events
+WHERE position > $1 AND position <= $2
+  AND ($3::text IS NULL OR context = $3)
+  AND ($4::text IS NULL OR stream = $4)
+  AND ($5::text IS NULL OR starts_with(stream, $5))
+  AND ($6::text[] IS NULL OR type = ANY($6))
+ORDER BY position LIMIT $7
+"""
+
+POSITION_BEFORE_TIME = """
+SELECT coalesce(max(position), 0) FROM events WHERE recorded_at < $1
+"""
+
+POSITION_BEFORE_VERSION = """
+SELECT position - 1 FROM events
+WHERE context = $1 AND stream = $2 AND version >= $3
+ORDER BY version LIMIT 1
+"""
+
+# --- durable subscriptions ----------------------------------------------------
+
+GET_SUBSCRIPTION = """
+SELECT id, name, selector, checkpoint, fetched_position, fetched_time
+FROM subscriptions WHERE name = $1
+"""
+
+GET_SUBSCRIPTION_BY_ID = """
+SELECT id, name, selector, checkpoint, fetched_position, fetched_time
+FROM subscriptions WHERE id = $1
+"""
+
+CREATE_SUBSCRIPTION = """
+INSERT INTO subscriptions (name, selector, checkpoint, created_at, updated_at)
+VALUES ($1, $2::jsonb, $3, now(), now())
+ON CONFLICT (name) DO NOTHING
+RETURNING id, name, selector, checkpoint, fetched_position, fetched_time
+"""
+
+UPDATE_SUBSCRIPTION_SELECTOR = """
+UPDATE subscriptions SET selector = $2::jsonb, updated_at = now() WHERE id = $1
+"""
+
+# Checkpoints only move forward through acks; seeks use SET_CHECKPOINT.
+ADVANCE_CHECKPOINT = """
+UPDATE subscriptions SET checkpoint = GREATEST(checkpoint, $2), updated_at = now()
+WHERE name = $1
+"""
+
+SET_CHECKPOINT = """
+UPDATE subscriptions
+SET checkpoint = $2, fetched_position = NULL, fetched_time = NULL, updated_at = now()
+WHERE id = $1
+"""
+
+RECORD_FETCH = """
+UPDATE subscriptions SET fetched_position = $2, fetched_time = $3, updated_at = now()
+WHERE id = $1
+"""
+
+# Progress only if the caller names the batch it was handed (idempotent).
+PROGRESS_FETCHED = """
+UPDATE subscriptions
+SET checkpoint = fetched_position, fetched_position = NULL, fetched_time = NULL,
+    updated_at = now()
+WHERE id = $1 AND fetched_time = $2 AND fetched_position IS NOT NULL
+RETURNING checkpoint
+"""
+
+LIST_SUBSCRIPTIONS = """
+SELECT s.id, s.name, s.selector, s.checkpoint, s.updated_at, h.last_position
+FROM subscriptions s CROSS JOIN log_head h ORDER BY s.id
+"""
+
+DELETE_SUBSCRIPTION = "DELETE FROM subscriptions WHERE name = $1 RETURNING id"
+
+TRY_GROUP_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 7461))"
+RELEASE_GROUP_LOCK = "SELECT pg_advisory_unlock(hashtextextended($1, 7461))"
+
+# --- users --------------------------------------------------------------------
+
+GET_USER = "SELECT name, password_hash, default_context, contexts FROM users WHERE name = $1"
+
+UPSERT_USER = """
+INSERT INTO users (name, password_hash, default_context, contexts, created_at)
+VALUES ($1, $2, $3, $4, now())
+ON CONFLICT (name) DO UPDATE
+SET password_hash = EXCLUDED.password_hash, default_context = EXCLUDED.default_context,
+    contexts = EXCLUDED.contexts
+"""
+
+SET_USER_PASSWORD = "UPDATE users SET password_hash = $2 WHERE name = $1 RETURNING name"
+
+SET_USER_CONTEXTS = """
+UPDATE users SET contexts = $2, default_context = coalesce($3, default_context)
+WHERE name = $1 RETURNING name
+"""
+
+LIST_USERS = "SELECT name, default_context, contexts, created_at FROM users ORDER BY name"
+
+DELETE_USER = "DELETE FROM users WHERE name = $1 RETURNING name"
+
+# --- binders ------------------------------------------------------------------
+
+CREATE_BINDER = """
+INSERT INTO binders (name, context, stream_prefix, types, fold, position, created_at)
+VALUES ($1, $2, $3, $4, $5, 0, now())
+ON CONFLICT (name) DO NOTHING RETURNING name
+"""
+
+LIST_BINDERS = """
+SELECT b.name, b.context, b.stream_prefix, b.types, b.fold, b.position,
+       (SELECT count(*) FROM binder_documents d WHERE d.binder = b.name) AS documents
+FROM binders b ORDER BY b.name
+"""
+
+GET_BINDER = "SELECT name, context, stream_prefix, types, fold, position FROM binders WHERE name = $1"
+
+LOCK_BINDER = """
+SELECT name, context, stream_prefix, types, fold, position FROM binders
+WHERE name = $1 FOR UPDATE SKIP LOCKED
+"""
+
+SET_BINDER_POSITION = "UPDATE binders SET position = $2 WHERE name = $1"
+
+GET_BINDER_DOCUMENTS = """
+SELECT key, document FROM binder_documents WHERE binder = $1 AND key = ANY($2::text[])
+"""
+
+UPSERT_BINDER_DOCUMENTS = """
+INSERT INTO binder_documents (binder, key, document, position)
+SELECT $1, k.key, k.document::jsonb, k.position
+FROM unnest($2::text[], $3::text[], $4::bigint[]) AS k(key, document, position)
+ON CONFLICT (binder, key) DO UPDATE
+SET document = EXCLUDED.document, position = EXCLUDED.position
+"""
+
+SCAN_BINDER_DOCUMENTS = """
+SELECT key, document FROM binder_documents
+WHERE binder = $1 AND key > $2 ORDER BY key LIMIT $3
+"""
+
+CLEAR_BINDER_DOCUMENTS = "DELETE FROM binder_documents WHERE binder = $1"
+
+DROP_BINDER = "DELETE FROM binders WHERE name = $1 RETURNING name"

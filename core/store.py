@@ -1,0 +1,442 @@
+"""EventStore: the one entry point protocol adapters call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from core import sql
+from core.binders import BinderQuery, BinderService
+from core.commands import (
+    Append,
+    AppendBatch,
+    AppendResult,
+    FromBeginning,
+    FromEnd,
+    FromPosition,
+    FromTime,
+    FromVersion,
+    Principal,
+    ReadSegment,
+    ReadStream,
+    SegmentChunk,
+    Selector,
+    Start,
+    Subscribe,
+)
+from core.errors import Busy, Malformed, NotFound, StorageUnavailable, Timeout
+from core.events import RecordedEvent
+from core.groups import ConsumerGroup, GroupMember
+from core.matcher import compile_matcher
+from core.migrate import asyncpg_dsn
+from core.records import record_from_row
+from core.subscriptions import Subscription, Tailer
+from core.users import UserService
+from core.writer import Writer, WriterLimits
+
+log = logging.getLogger("polyport.store")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    database_url: str
+    pool_min: int = 2
+    pool_max: int = 20
+    poll_interval: float = 1.0
+    writer: WriterLimits = field(default_factory=WriterLimits)
+    # Bound on concurrent reads; more waiting than this and reads answer Busy.
+    max_concurrent_reads: int = 16
+    max_waiting_reads: int = 256
+    read_timeout: float = 30.0
+    allow_anonymous: bool = True
+    run_binders: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSubscription:
+    """A durable, fetch-style subscription (Res01): read from the checkpoint,
+    then progress it explicitly."""
+
+    id: int
+    name: str
+    selector: Selector
+    checkpoint: int
+
+
+def selector_to_json(selector: Selector) -> dict[str, Any]:
+    return {
+        "context": selector.context,
+        "stream": selector.stream,
+        "prefix": selector.prefix,
+        "types": sorted(selector.types),
+        "matcher": selector.matcher_spec,
+    }
+
+
+def selector_from_json(data: dict[str, Any]) -> Selector:
+    spec = data.get("matcher")
+    return Selector(
+        context=data.get("context"),
+        stream=data.get("stream"),
+        prefix=data.get("prefix"),
+        types=frozenset(data.get("types") or ()),
+        matcher=compile_matcher(spec) if spec else None,
+        matcher_spec=spec,
+    )
+
+
+class EventStore:
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self._dsn = asyncpg_dsn(config.database_url)
+        self._pool: asyncpg.Pool = None  # type: ignore[assignment]
+        self.writer: Writer = None  # type: ignore[assignment]
+        self.tailer: Tailer = None  # type: ignore[assignment]
+        self.users: UserService = None  # type: ignore[assignment]
+        self.binders: BinderService = None  # type: ignore[assignment]
+        self._groups: dict[str, ConsumerGroup] = {}
+        self._lock_conn: asyncpg.Connection | None = None
+        self._lock_mutex = asyncio.Lock()
+        self._reads = asyncio.Semaphore(config.max_concurrent_reads)
+        self._waiting_reads = 0
+        self._notify_latest = 0
+        self._notify_task: asyncio.Task[None] | None = None
+        self._notify_wake = asyncio.Event()
+        self.started = False
+
+    # --- lifecycle ----------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._dsn, min_size=self.config.pool_min, max_size=self.config.pool_max
+            )
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise StorageUnavailable(
+                f"cannot connect to PostgreSQL ({exc}); check --database-url and that the "
+                "server is running"
+            ) from exc
+        self.tailer = Tailer(self._pool, self._dsn, self.config.poll_interval)
+        await self.tailer.start()
+        self.writer = Writer(self._pool, self.config.writer, on_commit=self._committed)
+        self.writer.start()
+        self._notify_task = asyncio.create_task(self._notifier(), name="polyport-notify")
+        self.users = UserService(self._pool, allow_anonymous=self.config.allow_anonymous)
+        self.binders = BinderService(self, run_projector=self.config.run_binders)
+        await self.binders.start()
+        self.started = True
+
+    async def close(self) -> None:
+        """Commit what was accepted, save checkpoints, release everything."""
+        if not self.started:
+            return
+        self.started = False
+        await self.writer.drain_and_stop()
+        for group in list(self._groups.values()):
+            await group.flush()
+        await self.binders.stop()
+        if self._notify_task is not None:
+            self._notify_task.cancel()
+        await self.tailer.stop()
+        if self._lock_conn is not None:
+            await self._lock_conn.close()
+        await self._pool.close()
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        return self._pool
+
+    # --- appends ------------------------------------------------------------
+
+    async def append(self, command: Append) -> AppendResult:
+        results = await self.writer.submit([command])
+        return results[0]
+
+    async def append_batch(self, command: AppendBatch) -> list[AppendResult]:
+        if not command.appends:
+            raise Malformed("an append batch needs at least one append")
+        return await self.writer.submit(command.appends)
+
+    def _committed(self, position: int) -> None:
+        self.tailer.notify(position)
+        self._notify_latest = position
+        self._notify_wake.set()
+
+    async def _notifier(self) -> None:
+        """NOTIFY other processes after commit, never inside the append
+        transaction; one in flight at a time, carrying the latest position."""
+        sent = 0
+        while True:
+            await self._notify_wake.wait()
+            self._notify_wake.clear()
+            if self._notify_latest <= sent:
+                continue
+            target = self._notify_latest
+            try:
+                await self._pool.execute(sql.NOTIFY, str(target))
+                sent = target
+            except Exception as exc:  # polling covers a lost notification
+                log.debug("NOTIFY failed: %s", exc)
+
+    # --- reads --------------------------------------------------------------
+
+    async def _read(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        if self._waiting_reads >= self.config.max_waiting_reads:
+            raise Busy("too many reads waiting; retry shortly", reader=True)
+        self._waiting_reads += 1
+        try:
+            async with self._reads:
+                try:
+                    rows: list[asyncpg.Record] = await asyncio.wait_for(
+                        self._pool.fetch(query, *args), self.config.read_timeout
+                    )
+                    return rows
+                except TimeoutError:
+                    raise Timeout(
+                        f"read took longer than {self.config.read_timeout:.0f}s", reader=True
+                    ) from None
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                    raise StorageUnavailable(f"read failed: {exc}") from exc
+        finally:
+            self._waiting_reads -= 1
+
+    async def read_stream(self, command: ReadStream) -> list[RecordedEvent]:
+        rows = await self._read(
+            sql.READ_STREAM,
+            command.context,
+            command.stream,
+            max(1, command.from_version),
+            max(0, command.max_count),
+        )
+        return [record_from_row(r) for r in rows]
+
+    async def read_all(self, after_position: int = 0, max_count: int = 1000) -> list[RecordedEvent]:
+        rows = await self._read(sql.READ_ALL_AFTER, after_position, max_count)
+        return [record_from_row(r) for r in rows]
+
+    async def stream_state(self, context: str, stream: str) -> tuple[int, int] | None:
+        """(last version, segment length in bytes), or None if the stream does not exist."""
+        rows = await self._read(sql.STREAM_STATE, context, stream)
+        if not rows:
+            return None
+        return rows[0]["last_version"], rows[0]["segment_length"]
+
+    async def read_segment(self, command: ReadSegment) -> SegmentChunk:
+        """Bytes of the stream's segment view from ``offset``; at most
+        ``max_bytes`` unless a single event is larger (then that event)."""
+        state = await self.stream_state(command.context, command.stream)
+        tail = state[1] if state else 0
+        if command.offset < 0 or command.offset > tail:
+            raise Malformed(f"offset {command.offset} is outside the segment (length {tail})")
+        if command.offset == tail:
+            return SegmentChunk(command.offset, b"", True, tail, tail)
+        limit = max(1, min(1000, command.max_bytes // 64 + 1))
+        rows = await self._read(
+            sql.READ_SEGMENT_FROM, command.context, command.stream, command.offset, limit
+        )
+        out = bytearray()
+        end = command.offset
+        for r in rows:
+            ev = record_from_row(r)
+            framed = segment_frame(ev)
+            start = command.offset - ev.segment_offset if ev.segment_offset < command.offset else 0
+            piece = framed[start:]
+            if out and len(out) + len(piece) > command.max_bytes:
+                break
+            out += piece
+            end = ev.segment_offset + len(framed)
+        return SegmentChunk(command.offset, bytes(out), end >= tail, end, tail)
+
+    async def producer_ack_level(self, producer_id: uuid.UUID, context: str, stream: str) -> int:
+        rows = await self._read(sql.GET_PRODUCER_CHECKPOINT, producer_id, context, stream)
+        return int(rows[0]["ack_level"]) if rows else 0
+
+    # --- subscriptions ------------------------------------------------------
+
+    async def resolve_start(self, selector: Selector, start: Start) -> int:
+        """The cursor (last position *not* to deliver) for a start point."""
+        if isinstance(start, FromBeginning):
+            return 0
+        if isinstance(start, FromEnd):
+            return int(await self._pool.fetchval(sql.HEAD_POSITION))
+        if isinstance(start, FromPosition):
+            return max(0, start.position)
+        if isinstance(start, FromTime):
+            return int(await self._pool.fetchval(sql.POSITION_BEFORE_TIME, start.time))
+        if isinstance(start, FromVersion):
+            if selector.stream is None or selector.context is None:
+                raise Malformed("a start version needs an exact stream and context")
+            pos = await self._pool.fetchval(
+                sql.POSITION_BEFORE_VERSION, selector.context, selector.stream, start.version
+            )
+            if pos is None:
+                return int(await self._pool.fetchval(sql.HEAD_POSITION))
+            return int(pos)
+        raise Malformed(f"unknown start {start!r}")
+
+    def _open_subscription(
+        self, selector: Selector, cursor: int, *, buffer_size: int = 1000, credit: bool = False
+    ) -> Subscription:
+        sub = Subscription(self.tailer, selector, cursor, buffer_size, credit)
+        sub.start()
+        return sub
+
+    async def subscribe(
+        self, command: Subscribe, *, credit: bool = False
+    ) -> Subscription | GroupMember:
+        """Catch-up then live.  With ``credit=True`` nothing is handed out
+        beyond what :meth:`grant` allowed.  A durable name returns a group
+        member, whose acks move the persistent checkpoint."""
+        if command.durable is None:
+            cursor = await self.resolve_start(command.selector, command.start)
+            return self._open_subscription(
+                command.selector, cursor, buffer_size=command.buffer_size, credit=credit
+            )
+        await self._ensure_durable(command.durable, command.selector, command.start)
+        group = self._groups.get(command.durable)
+        if group is None:
+            group = ConsumerGroup(self, command.durable, command.selector)
+            self._groups[command.durable] = group
+        member = GroupMember(group, command.buffer_size, credit)
+        group.add(member)
+        return member
+
+    def _drop_group(self, group: ConsumerGroup) -> None:
+        if self._groups.get(group.name) is group:
+            del self._groups[group.name]
+
+    async def _ensure_durable(self, name: str, selector: Selector, start: Start) -> asyncpg.Record:
+        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, name)
+        if row is None:
+            cursor = await self.resolve_start(selector, start)
+            row = await self._pool.fetchrow(
+                sql.CREATE_SUBSCRIPTION, name, json.dumps(selector_to_json(selector)), cursor
+            )
+            if row is None:  # created concurrently
+                row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, name)
+        elif json.loads(row["selector"]) != selector_to_json(selector):
+            await self._pool.execute(
+                sql.UPDATE_SUBSCRIPTION_SELECTOR, row["id"], json.dumps(selector_to_json(selector))
+            )
+        return row
+
+    async def _try_group_lock(self, name: str) -> bool:
+        async with self._lock_mutex:
+            if self._lock_conn is None or self._lock_conn.is_closed():
+                self._lock_conn = await asyncpg.connect(self._dsn)
+            return bool(await self._lock_conn.fetchval(sql.TRY_GROUP_LOCK, name))
+
+    async def _release_group_lock(self, name: str) -> None:
+        async with self._lock_mutex:
+            if self._lock_conn is not None and not self._lock_conn.is_closed():
+                await self._lock_conn.fetchval(sql.RELEASE_GROUP_LOCK, name)
+
+    # --- fetch-style durable subscriptions (pull) ---------------------------
+
+    async def register_fetch_subscription(
+        self, name: str, selector: Selector, start: Start
+    ) -> FetchSubscription:
+        """Idempotent: the same name returns the existing subscription."""
+        row = await self._ensure_durable(name, selector, start)
+        return FetchSubscription(row["id"], row["name"], selector, row["checkpoint"])
+
+    async def get_fetch_subscription(self, sub_id: int) -> FetchSubscription:
+        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION_BY_ID, sub_id)
+        if row is None:
+            raise NotFound(f"no subscription with id {sub_id}")
+        return FetchSubscription(
+            row["id"], row["name"], selector_from_json(json.loads(row["selector"])), row["checkpoint"]
+        )
+
+    async def fetch(
+        self, sub_id: int, suggested_count: int, *, extend_same_time: bool = True
+    ) -> list[RecordedEvent]:
+        """Up to ``suggested_count`` events after the checkpoint (more when
+        later events share the last one's recorded time).  Fetching again
+        without progressing returns the same batch."""
+        sub = await self.get_fetch_subscription(sub_id)
+        head = int(await self._pool.fetchval(sql.HEAD_POSITION))
+        want = max(1, suggested_count)
+        out: list[RecordedEvent] = []
+        cursor = sub.checkpoint
+        while cursor < head:
+            events, last_row, exhausted = await self.tailer.read_selected(
+                sub.selector, cursor, head, 500
+            )
+            stop = False
+            for ev in events:
+                if len(out) >= want and (
+                    not extend_same_time or ev.recorded_at != out[-1].recorded_at
+                ):
+                    stop = True
+                    break
+                out.append(ev)
+            if stop or exhausted:
+                break
+            cursor = last_row
+        if out:
+            await self._pool.execute(
+                sql.RECORD_FETCH, sub_id, out[-1].position, out[-1].recorded_at
+            )
+        return out
+
+    async def progress(self, sub_id: int, last_event_time: datetime) -> bool:
+        """Move the checkpoint past the last fetched batch if ``last_event_time``
+        names it; otherwise nothing changes (idempotent).  Returns whether it moved."""
+        await self.get_fetch_subscription(sub_id)
+        row = await self._pool.fetchrow(sql.PROGRESS_FETCHED, sub_id, last_event_time)
+        return row is not None
+
+    async def seek(self, sub_id: int, start: Start) -> int:
+        sub = await self.get_fetch_subscription(sub_id)
+        cursor = await self.resolve_start(sub.selector, start)
+        await self._pool.execute(sql.SET_CHECKPOINT, sub_id, cursor)
+        return cursor
+
+    async def subscription_id(self, name: str) -> int | None:
+        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, name)
+        return None if row is None else int(row["id"])
+
+    async def list_subscriptions(self) -> list[dict[str, Any]]:
+        rows = await self._pool.fetch(sql.LIST_SUBSCRIPTIONS)
+        return [
+            {
+                "id": r["id"],
+                "name": r["name"],
+                "selector": json.loads(r["selector"]),
+                "checkpoint": r["checkpoint"],
+                "lag_events": r["last_position"] - r["checkpoint"],
+                "updated_at": r["updated_at"].isoformat(),
+            }
+            for r in rows
+        ]
+
+    async def delete_subscription(self, name: str) -> bool:
+        return await self._pool.fetchval(sql.DELETE_SUBSCRIPTION, name) is not None
+
+    # --- auth and queries ---------------------------------------------------
+
+    async def authenticate(self, user: str | None, password: str | None) -> Principal:
+        return await self.users.authenticate(user, password)
+
+    async def query(self, binder: str, matcher: dict[str, Any]) -> BinderQuery:
+        """Matching documents of a binder: ``.count`` now, then ``async for``."""
+        return await self.binders.query(binder, matcher)
+
+
+async def append_many(store: EventStore, commands: Sequence[Append]) -> list[AppendResult]:
+    """Independent appends submitted together (each may fail alone)."""
+    return list(await asyncio.gather(*(store.append(c) for c in commands)))
+
+
+def segment_frame(ev: RecordedEvent) -> bytes:
+    """An event as it appears in its stream's segment view: an EVENT command."""
+    return (0).to_bytes(4, "big", signed=True) + len(ev.body).to_bytes(4, "big") + ev.body

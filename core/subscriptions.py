@@ -1,0 +1,327 @@
+"""Subscriptions: catch-up from the database, then live fan-out from one tailer.
+
+The :class:`Tailer` reads each new event once and offers it to every live
+subscription without awaiting.  A subscription whose buffer is full is not
+waited for: it leaves the live set and catches up from the database later, so
+a slow reader never delays the tailer or its neighbours.
+
+Delivery is in position order with no gaps: a subscription's ``cursor`` is the
+last position it has considered; the tailer offers only positions above it,
+and a catching-up subscription joins the live set only when its cursor equals
+the tailer's head (checked and joined without an ``await`` in between).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+
+import asyncpg
+
+from core import sql
+from core.commands import Selector
+from core.errors import StorageUnavailable
+from core.events import RecordedEvent
+from core.records import record_from_row
+
+log = logging.getLogger("polyport.subscriptions")
+
+CATCH_UP_BATCH = 500
+TAIL_BATCH = 500
+
+
+class Subscription:
+    """One reader's view of the log.
+
+    Pull-style protocols call :meth:`next` or :meth:`next_batch`.  Push
+    protocols with request-N flow control create it with ``credit=True`` and
+    call :meth:`grant`: :meth:`next` then never hands out more events than
+    granted.
+    """
+
+    def __init__(
+        self,
+        tailer: Tailer,
+        selector: Selector,
+        cursor: int,
+        buffer_size: int = 1000,
+        credit: bool = False,
+    ) -> None:
+        self._tailer = tailer
+        self.selector = selector
+        self.cursor = cursor
+        self._limit = max(1, buffer_size)
+        self._buffer: deque[RecordedEvent] = deque()
+        self._credits: int | None = 0 if credit else None
+        self._readable = asyncio.Event()
+        self._space = asyncio.Event()
+        self._catch_up_task: asyncio.Task[None] | None = None
+        self.live = False
+        self.closed = False
+        self.delivered = 0
+        self.last_delivered: RecordedEvent | None = None
+
+    # --- consumer side ----------------------------------------------------
+
+    @property
+    def credits(self) -> int | None:
+        return self._credits
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def grant(self, n: int) -> None:
+        if self._credits is None:
+            return
+        self._credits = min(self._credits + max(0, n), 1 << 62)
+        self._readable.set()
+
+    def _take(self) -> RecordedEvent | None:
+        if not self._buffer or (self._credits is not None and self._credits <= 0):
+            return None
+        ev = self._buffer.popleft()
+        if self._credits is not None:
+            self._credits -= 1
+        self._space.set()
+        self.delivered += 1
+        self.last_delivered = ev
+        return ev
+
+    async def next(self, timeout: float | None = None) -> RecordedEvent | None:
+        """The next event, waiting up to ``timeout`` seconds (None = forever).
+        Returns None on timeout or when the subscription is closed."""
+        while True:
+            if self.closed:
+                return None
+            ev = self._take()
+            if ev is not None:
+                return ev
+            self._readable.clear()
+            try:
+                await asyncio.wait_for(self._readable.wait(), timeout)
+            except TimeoutError:
+                return None
+
+    async def next_batch(self, max_count: int, timeout: float | None = None) -> list[RecordedEvent]:
+        first = await self.next(timeout)
+        if first is None:
+            return []
+        out = [first]
+        while len(out) < max_count:
+            ev = self._take()
+            if ev is None:
+                break
+            out.append(ev)
+        return out
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> RecordedEvent:
+        ev = await self.next()
+        if ev is None:
+            raise StopAsyncIteration
+        return ev
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._tailer.leave(self)
+        if self._catch_up_task is not None:
+            self._catch_up_task.cancel()
+        self._readable.set()
+        self._space.set()
+
+    # --- producer side ----------------------------------------------------
+
+    def start(self) -> None:
+        self._start_catch_up()
+
+    def _start_catch_up(self) -> None:
+        self.live = False
+        self._catch_up_task = asyncio.create_task(self._catch_up(), name="polyport-catch-up")
+
+    async def _catch_up(self) -> None:
+        backoff = 0.1
+        while not self.closed:
+            space = self._limit - len(self._buffer)
+            if space <= 0:
+                self._space.clear()
+                await self._space.wait()
+                continue
+            upper = self._tailer.head
+            if self.cursor >= upper:
+                self._tailer.join(self)
+                return
+            try:
+                events, last_row, exhausted = await self._tailer.read_selected(
+                    self.selector, self.cursor, upper, min(space, CATCH_UP_BATCH)
+                )
+            except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+                log.warning("catch-up read failed (%s); retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.1
+            self._buffer.extend(events)
+            self.cursor = upper if exhausted else last_row
+            if events:
+                self._readable.set()
+
+    def offer(self, ev: RecordedEvent) -> None:
+        """Called by the tailer, in position order, without awaiting."""
+        if ev.position <= self.cursor:
+            return
+        if len(self._buffer) >= self._limit:
+            # Too slow for the live feed: read the rest from the database later.
+            self._tailer.leave(self)
+            self._start_catch_up()
+            return
+        self.cursor = ev.position
+        if _safe_match(self.selector, ev):
+            self._buffer.append(ev)
+            self._readable.set()
+
+
+def _safe_match(selector: Selector, ev: RecordedEvent) -> bool:
+    try:
+        return selector.matches(ev)
+    except Exception:  # a user-supplied matcher must not break the fan-out
+        log.exception("subscription matcher failed on position %d; event skipped", ev.position)
+        return False
+
+
+class Tailer:
+    """Reads committed events once per process and fans them out."""
+
+    def __init__(self, pool: asyncpg.Pool, dsn: str, poll_interval: float = 1.0) -> None:
+        self._pool = pool
+        self._dsn = dsn
+        self.poll_interval = poll_interval
+        self.head = 0
+        self.last_time: datetime | None = None
+        self._known_head = 0
+        self._live: set[Subscription] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._listen_conn: asyncpg.Connection | None = None
+        self.listeners: list[Callable[[RecordedEvent], None]] = []
+        self.on_advance: list[Callable[[int], Awaitable[None] | None]] = []
+
+    @property
+    def live_count(self) -> int:
+        return len(self._live)
+
+    async def start(self) -> None:
+        self.head = self._known_head = await self._pool.fetchval(sql.HEAD_POSITION)
+        await self._listen()
+        self._task = asyncio.create_task(self._run(), name="polyport-tailer")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._listen_conn is not None and not self._listen_conn.is_closed():
+            await self._listen_conn.close()
+
+    async def _listen(self) -> None:
+        try:
+            self._listen_conn = await asyncpg.connect(self._dsn)
+            await self._listen_conn.add_listener(sql.NOTIFY_CHANNEL, self._on_notify)
+        except (asyncpg.PostgresError, OSError) as exc:
+            log.warning("LISTEN failed (%s); relying on polling", exc)
+            self._listen_conn = None
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        with contextlib.suppress(ValueError):
+            self.notify(int(payload))
+
+    def notify(self, position: int) -> None:
+        if position > self._known_head:
+            self._known_head = position
+        if position > self.head:
+            self._wake.set()
+
+    def join(self, sub: Subscription) -> None:
+        if sub.closed:
+            return
+        sub.live = True
+        self._live.add(sub)
+
+    def leave(self, sub: Subscription) -> None:
+        sub.live = False
+        self._live.discard(sub)
+
+    async def read_selected(
+        self, selector: Selector, after: int, upper: int, limit: int
+    ) -> tuple[list[RecordedEvent], int, bool]:
+        """Events in (after, upper] matching ``selector``: (events, position of
+        the last row read, whether the range was exhausted)."""
+        try:
+            rows = await self._pool.fetch(
+                sql.READ_SELECTED,
+                after,
+                upper,
+                selector.context,
+                selector.stream,
+                selector.prefix,
+                sorted(selector.types) if selector.types else None,
+                limit,
+            )
+        except asyncpg.TooManyConnectionsError as exc:
+            raise StorageUnavailable(str(exc)) from exc
+        events = [e for e in map(record_from_row, rows) if _safe_match(selector, e)]
+        last = rows[-1]["position"] if rows else upper
+        return events, last, len(rows) < limit
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                if self._listen_conn is None or self._listen_conn.is_closed():
+                    await self._listen()
+                await self._advance()
+            except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+                log.warning("tailer read failed (%s); retrying", exc)
+                await asyncio.sleep(self.poll_interval)
+
+    async def _advance(self) -> None:
+        if not self._live and not self.listeners:
+            # Nobody to feed: move the head without reading events.
+            known = await self._pool.fetchval(sql.HEAD_POSITION)
+            if known > self.head:
+                self.head = known
+                await self._advanced()
+            return
+        while True:
+            rows = await self._pool.fetch(sql.READ_ALL_AFTER, self.head, TAIL_BATCH)
+            if not rows:
+                return
+            for row in rows:
+                ev = record_from_row(row)
+                for sub in list(self._live):
+                    sub.offer(ev)
+                for listener in self.listeners:
+                    listener(ev)
+                self.head = ev.position
+                self.last_time = ev.recorded_at
+            await self._advanced()
+            if len(rows) < TAIL_BATCH:
+                return
+
+    async def _advanced(self) -> None:
+        for cb in self.on_advance:
+            r = cb(self.head)
+            if r is not None:
+                await r

@@ -1,0 +1,1 @@
+"""Alembic environment and revisions for the polyport schema."""

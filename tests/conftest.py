@@ -1,0 +1,93 @@
+"""Suite-wide fixtures: one throwaway PostgreSQL cluster, a fresh database per
+test cloned from a migrated template, and an EventStore on it."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from core import migrate
+from core.store import EventStore, StoreConfig
+from gateway.embedded_pg import EmbeddedPostgres
+
+TEMPLATE_DB = "polyport_template"
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[EmbeddedPostgres]:
+    # Not pytest's tmp_path: that is 0700 and the cluster may run as another user.
+    root = Path(tempfile.mkdtemp(prefix="polyport-test-pg-", dir="/tmp"))
+    root.chmod(0o755)
+    pg = EmbeddedPostgres(root / "data", fast=True)
+    pg.start()
+    yield pg
+    pg.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _with_db(url: str, db: str) -> str:
+    return url.rsplit("/", 1)[0] + "/" + db
+
+
+@pytest.fixture(scope="session")
+def admin_url(pg_cluster: EmbeddedPostgres) -> str:
+    port = pg_cluster.running_port()
+    assert port is not None
+    return pg_cluster.url(port)
+
+
+@pytest.fixture(scope="session")
+def template_url(admin_url: str) -> str:
+    import asyncio
+
+    async def create() -> None:
+        conn = await asyncpg.connect(admin_url)
+        try:
+            await conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE_DB}")
+            await conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    url = _with_db(admin_url, TEMPLATE_DB)
+    migrate.upgrade(url)
+    return url
+
+
+async def create_database(admin_url: str, *, template: str | None = TEMPLATE_DB) -> str:
+    name = f"t_{os.getpid()}_{next(_counter)}"
+    conn = await asyncpg.connect(admin_url)
+    try:
+        tmpl = f" TEMPLATE {template}" if template else ""
+        await conn.execute(f"CREATE DATABASE {name}{tmpl}")
+    finally:
+        await conn.close()
+    return _with_db(admin_url, name)
+
+
+@pytest.fixture
+async def db_url(admin_url: str, template_url: str) -> str:
+    """A fresh, migrated database for one test."""
+    return await create_database(admin_url)
+
+
+@pytest.fixture
+async def empty_db_url(admin_url: str) -> str:
+    """A fresh database with no schema."""
+    return await create_database(admin_url, template=None)
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[EventStore]:
+    s = EventStore(StoreConfig(db_url, poll_interval=0.2))
+    await s.start()
+    yield s
+    await s.close()

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from core.commands import NO_STREAM, AppendBatch, ExactVersion, ReadSegment, ReadStream
+from core.errors import Malformed, WrongExpectedVersion
+from core.store import EventStore, segment_frame
+from tests.core.helpers import append, ev
+
+
+async def test_append_assigns_versions_and_positions(store: EventStore) -> None:
+    r1 = await store.append(append("a", ev(1), ev(2)))
+    r2 = await store.append(append("b", ev(3)))
+    assert (r1.first_version, r1.last_version) == (1, 2)
+    assert (r1.first_position, r1.last_position) == (1, 2)
+    assert (r2.first_version, r2.first_position) == (1, 3)
+    events = await store.read_stream(ReadStream("default", "a"))
+    assert [e.version for e in events] == [1, 2]
+    assert [e.body for e in events] == [b'{"n": 1}', b'{"n": 2}']
+    assert events[0].recorded_at < events[1].recorded_at
+
+
+@pytest.mark.parametrize(
+    ("expected", "existing", "ok"),
+    [
+        (NO_STREAM, 0, True),
+        (NO_STREAM, 2, False),
+        (ExactVersion(1), 0, True),
+        (ExactVersion(3), 2, True),
+        (ExactVersion(2), 2, False),
+        (ExactVersion(4), 2, False),
+    ],
+)
+async def test_expected_version_outcomes(store: EventStore, expected, existing, ok) -> None:
+    if existing:
+        await store.append(append("s", *[ev(i) for i in range(existing)]))
+    if ok:
+        r = await store.append(append("s", ev(9), expected=expected))
+        assert r.first_version == existing + 1
+    else:
+        with pytest.raises(WrongExpectedVersion) as info:
+            await store.append(append("s", ev(9), expected=expected))
+        assert info.value.current_version == existing
+        assert len(await store.read_stream(ReadStream("default", "s"))) == existing
+
+
+async def test_conflict_in_a_batch_fails_alone(store: EventStore) -> None:
+    await store.append(append("busy", ev(0)))
+    # Submitted together so the writer commits them in one transaction.
+    results = await asyncio.gather(
+        store.append(append("n1", ev(1))),
+        store.append(append("busy", ev(2), expected=NO_STREAM)),
+        store.append(append("n2", ev(3))),
+        return_exceptions=True,
+    )
+    assert isinstance(results[1], WrongExpectedVersion)
+    assert results[0].last_position + 1 == results[2].first_position  # gapless around it
+    assert len(await store.read_stream(ReadStream("default", "n1"))) == 1
+    assert len(await store.read_stream(ReadStream("default", "n2"))) == 1
+
+
+async def test_idempotent_reappend(store: EventStore) -> None:
+    cmd = append("idem", ev(1), ev(2), expected=NO_STREAM)
+    first = await store.append(cmd)
+    again = await store.append(cmd)
+    assert again.idempotent
+    assert (again.first_version, again.last_version) == (1, 2)
+    assert again.first_position == first.first_position
+    assert len(await store.read_stream(ReadStream("default", "idem"))) == 2
+    # The same ids twice inside one group commit are written once.
+    cmd2 = append("idem2", ev(5))
+    a, b = await asyncio.gather(store.append(cmd2), store.append(cmd2))
+    assert a.first_position == b.first_position
+    assert len(await store.read_stream(ReadStream("default", "idem2"))) == 1
+
+
+async def test_partial_reappend_is_rejected(store: EventStore) -> None:
+    e1, e2 = ev(1), ev(2)
+    await store.append(append("p", e1))
+    with pytest.raises(WrongExpectedVersion):
+        await store.append(append("p", e1, e2))
+    with pytest.raises(WrongExpectedVersion):
+        await store.append(append("other", e1))
+
+
+async def test_append_batch_is_atomic(store: EventStore) -> None:
+    await store.append(append("x", ev(0)))
+    with pytest.raises(WrongExpectedVersion):
+        await store.append_batch(
+            AppendBatch((append("y", ev(1)), append("x", ev(2), expected=NO_STREAM)))
+        )
+    assert await store.read_stream(ReadStream("default", "y")) == []
+    res = await store.append_batch(AppendBatch((append("y", ev(1)), append("z", ev(2)))))
+    assert [r.stream for r in res] == ["y", "z"]
+    assert res[0].commit_id == res[1].commit_id
+    with pytest.raises(Malformed):
+        await store.append_batch(AppendBatch(()))
+
+
+async def test_read_segment_by_byte_offset(store: EventStore) -> None:
+    bodies = [b"a", b"bbbb", b"", b"cc"]
+    await store.append(append("seg", *[ev(body=b) for b in bodies]))
+    events = await store.read_stream(ReadStream("default", "seg"))
+    whole = b"".join(segment_frame(e) for e in events)
+    assert [e.segment_offset for e in events] == [0, 9, 21, 29]
+    full = await store.read_segment(ReadSegment("default", "seg", 0))
+    assert full.data == whole and full.at_tail and full.end_offset == len(whole)
+    for offset in range(len(whole) + 1):
+        chunk = await store.read_segment(ReadSegment("default", "seg", offset))
+        assert chunk.data == whole[offset:]
+    small = await store.read_segment(ReadSegment("default", "seg", 9, max_bytes=10))
+    assert small.data == whole[9:21] and not small.at_tail
+    with pytest.raises(Malformed):
+        await store.read_segment(ReadSegment("default", "seg", len(whole) + 1))

@@ -8,7 +8,13 @@ backpressure path: a session that awaits it never buffers without bound.
 
 from __future__ import annotations
 
-from typing import Protocol
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from core.store import EventStore
 
 
 class Outbound(Protocol):
@@ -32,3 +38,30 @@ class StreamSession(Protocol):
 
     async def connection_lost(self) -> None:
         """The connection is gone: cancel tasks, release subscriptions."""
+
+
+@dataclass
+class ListenerStats:
+    """Counters one listener keeps; ``/status`` and ``/metrics`` read them."""
+
+    protocol: str
+    connections_total: int = 0
+    connections_open: int = 0
+    frames_in: int = 0
+    frames_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+
+    def error(self, code: str) -> None:
+        self.errors[code] += 1
+
+
+@dataclass
+class SessionContext:
+    """What every protocol session gets from the gateway."""
+
+    store: EventStore
+    stats: ListenerStats
+    settings: dict[str, Any]
+    log: logging.Logger

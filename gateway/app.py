@@ -1,0 +1,129 @@
+"""The gateway process: store, protocol listeners and the HTTP port."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import ExitStack
+from typing import Any
+
+from aiohttp import web
+
+from core import migrate
+from core.store import EventStore, StoreConfig
+from core.writer import WriterLimits
+from gateway.config import GatewayConfig
+from gateway.database import database_url
+from gateway.http import build_app
+from gateway.registry import ListenerDef, RunningListener, discover
+from protocols.session import ListenerStats, SessionContext
+
+log = logging.getLogger("polyport.gateway")
+
+
+class Gateway:
+    """Start with :meth:`start`, stop with :meth:`stop` (or ``async with``)."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.store: EventStore = None  # type: ignore[assignment]
+        self.database_url = ""
+        self.listeners: dict[str, RunningListener] = {}
+        self.listener_defs: list[ListenerDef] = []
+        self.http_address: tuple[str, int] | None = None
+        self.listeners_bound = False
+        self.started_at = time.time()
+        self._exit = ExitStack()
+        self._runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def context(self, protocol: str, stats: ListenerStats) -> SessionContext:
+        return SessionContext(
+            store=self.store,
+            stats=stats,
+            settings=self.settings,
+            log=logging.getLogger(f"polyport.{protocol}"),
+        )
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "max_event_bytes": c.max_event_bytes,
+            "idle_timeout": c.idle_timeout,
+            "bson_query_window": c.bson_query_window,
+            **c.extra,
+        }
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        url, embedded = await loop.run_in_executor(
+            None, lambda: self._exit.enter_context(database_url(self.config))
+        )
+        self.database_url = url
+        try:
+            if embedded:
+                await migrate.upgrade_in_thread(url)
+            else:
+                await migrate.check_current(url)
+            self.store = EventStore(
+                StoreConfig(
+                    url,
+                    poll_interval=self.config.poll_interval,
+                    allow_anonymous=self.config.allow_anonymous,
+                    writer=WriterLimits(
+                        commit_timeout=self.config.commit_timeout,
+                        max_pending_events=self.config.max_pending_events,
+                    ),
+                )
+            )
+            await self.store.start()
+            self.listener_defs = discover()
+            for d in self.listener_defs:
+                port = self.config.port_for(d.name)
+                if port is None:
+                    continue
+                listener = await d.start(self, self.config.host, port)
+                self.listeners[d.name] = listener
+                host, bound = listener.address
+                log.info("listener %s on %s:%d", d.name, host, bound)
+            if self.config.http_port is not None:
+                app = build_app(self)
+                for d in self.listener_defs:
+                    if d.http_setup is not None:
+                        d.http_setup(self, app)
+                self._runner = web.AppRunner(app, access_log=None)
+                await self._runner.setup()
+                site = web.TCPSite(self._runner, self.config.host, self.config.http_port)
+                await site.start()
+                server = site._server
+                assert server is not None
+                sock = server.sockets[0].getsockname()  # type: ignore[attr-defined]
+                self.http_address = (sock[0], sock[1])
+                log.info("listener http on %s:%d", *self.http_address)
+            self.listeners_bound = True
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Stop accepting, drain the writer, close connections, stop the database."""
+        self.listeners_bound = False
+        for listener in self.listeners.values():
+            await listener.stop_accepting()
+        if self.store is not None:
+            await self.store.close()
+        for listener in self.listeners.values():
+            await listener.close()
+        self.listeners.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await asyncio.get_running_loop().run_in_executor(None, self._exit.close)

@@ -1,0 +1,136 @@
+"""Gateway configuration: defaults, then a TOML file, then ``POLYPORT_*``
+environment variables, then command-line flags (later wins).
+
+Default ports live in :data:`DEFAULT_PORTS`; a port of ``off`` disables that
+listener and 0 picks a free one.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+DEFAULT_HTTP_PORT = 8080
+DEFAULT_PORTS: dict[str, int] = {
+    "res01": 5560,
+    "bson": 7451,
+    "reactivesocket": 7070,
+    "micromsg2": 7090,
+    "segment": 12345,
+}
+DEFAULT_DATA_DIR = "./polyport-data"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def parse_port(value: Any, key: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value.strip().lower() == "off":
+            return None
+        try:
+            value = int(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected a port number or 'off', got {value!r}") from None
+    if not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ConfigError(f"{key}: port must be 0..65535 or 'off', got {value!r}")
+    return value
+
+
+def _parse_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    database_url: str | None = None
+    data_dir: str = DEFAULT_DATA_DIR
+    host: str = "127.0.0.1"
+    http_port: int | None = DEFAULT_HTTP_PORT
+    res01_port: int | None = DEFAULT_PORTS["res01"]
+    bson_port: int | None = DEFAULT_PORTS["bson"]
+    reactivesocket_port: int | None = DEFAULT_PORTS["reactivesocket"]
+    micromsg2_port: int | None = DEFAULT_PORTS["micromsg2"]
+    segment_port: int | None = DEFAULT_PORTS["segment"]
+    allow_anonymous: bool = True
+    admin_token: str | None = None
+    log_format: str = "text"
+    log_level: str = "info"
+    max_event_bytes: int = 1 << 20
+    idle_timeout: float = 300.0
+    poll_interval: float = 1.0
+    commit_timeout: float = 30.0
+    max_pending_events: int = 50_000
+    bson_query_window: int = 100
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def port_for(self, listener: str) -> int | None:
+        value: int | None = getattr(self, f"{listener}_port")
+        return value
+
+
+_PORT_KEYS = {f.name for f in fields(GatewayConfig) if f.name.endswith("_port")}
+_BOOL_KEYS = {"allow_anonymous"}
+_INT_KEYS = {"max_event_bytes", "max_pending_events", "bson_query_window"}
+_FLOAT_KEYS = {"idle_timeout", "poll_interval", "commit_timeout"}
+_KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"}
+
+
+def coerce(key: str, value: Any) -> Any:
+    if key in _PORT_KEYS:
+        return parse_port(value, key)
+    if key in _BOOL_KEYS:
+        return _parse_bool(value, key)
+    try:
+        if key in _INT_KEYS:
+            return int(value)
+        if key in _FLOAT_KEYS:
+            return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    return value if value is None else str(value)
+
+
+def load_config(
+    config_file: str | None = None,
+    env: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> GatewayConfig:
+    values: dict[str, Any] = {}
+    env = dict(os.environ if env is None else env)
+    config_file = config_file or env.get("POLYPORT_CONFIG")
+    if config_file:
+        path = Path(config_file)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        data = data.get("polyport", data)
+        for key, value in data.items():
+            k = key.replace("-", "_")
+            if k not in _KNOWN:
+                raise ConfigError(f"config file {path}: unknown key {key!r}")
+            values[k] = coerce(k, value)
+    for key in _KNOWN:
+        env_key = f"POLYPORT_{key.upper()}"
+        if env_key in env:
+            values[key] = coerce(key, env[env_key])
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = coerce(key, value)
+    return replace(GatewayConfig(), **values)

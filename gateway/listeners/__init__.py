@@ -1,0 +1,1 @@
+"""One module per protocol listener; each defines ``LISTENER``."""

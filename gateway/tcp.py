@@ -1,0 +1,128 @@
+"""The asyncio TCP transport shared by every byte-stream protocol.
+
+One loop per connection pumps bytes into the protocol session; writes wait
+for the socket to drain (backpressure), an idle connection is closed after the
+listener's idle timeout, and an exception in a session closes that connection
+only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from protocols.session import ListenerStats, Outbound, StreamSession
+
+log = logging.getLogger("polyport.tcp")
+
+READ_CHUNK = 64 * 1024
+WRITE_HIGH_WATER = 1 << 20
+
+
+class StreamOutbound:
+    def __init__(self, writer: asyncio.StreamWriter, stats: ListenerStats) -> None:
+        self._writer = writer
+        self._stats = stats
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._closed = False
+        writer.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._writer.is_closing()
+
+    async def send(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self._writer.write(data)
+        self._stats.bytes_out += len(data)
+        try:
+            await self._writer.drain()
+        except (ConnectionError, OSError):
+            self._closed = True
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._writer.close()
+
+
+SessionFactory = Callable[[Outbound], StreamSession]
+
+
+@dataclass
+class TcpListener:
+    name: str
+    factory: SessionFactory
+    host: str
+    port: int
+    stats: ListenerStats
+    idle_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        assert self._server is not None
+        sock = self._server.sockets[0].getsockname()
+        return sock[0], sock[1]
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+
+    async def stop_accepting(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def close(self) -> None:
+        await self.stop_accepting()
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        self.stats.connections_total += 1
+        self.stats.connections_open += 1
+        out = StreamOutbound(writer, self.stats)
+        session: StreamSession | None = None
+        try:
+            session = self.factory(out)
+            while not out.closed:
+                try:
+                    data = await asyncio.wait_for(reader.read(READ_CHUNK), self.idle_timeout)
+                except TimeoutError:
+                    log.info("%s: closing idle connection from %s", self.name, out.peer)
+                    break
+                if not data:
+                    break
+                self.stats.bytes_in += len(data)
+                await session.data_received(data)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("%s: connection from %s failed", self.name, out.peer)
+            self.stats.error("internal")
+        finally:
+            self.stats.connections_open -= 1
+            if session is not None:
+                try:
+                    await session.connection_lost()
+                except Exception:
+                    log.exception("%s: cleanup after %s failed", self.name, out.peer)
+            out.close()
+            self._connections.discard(task)

@@ -1,0 +1,90 @@
+"""BSON frames protocol: sans-IO codec (frames, wire format, connection state).
+
+This package is ``protocols.bson``; pymongo's BSON library is the top-level
+``bson``.  Every module here uses absolute imports, so ``import bson`` always
+means pymongo's, as long as the ``protocols/`` directory itself is not put on
+``sys.path`` (then this package would shadow pymongo's; the check below turns
+that into a clear ImportError instead of a confusing circular import).
+"""
+
+from __future__ import annotations
+
+if __name__ == "bson":  # pragma: no cover
+    raise ImportError(
+        "protocols/bson was imported as the top-level 'bson' module, shadowing pymongo's "
+        "bson: remove the protocols/ directory from sys.path"
+    )
+
+from protocols.bson.codec import (  # noqa: E402
+    DECODE_OPTIONS,
+    ENCODE_OPTIONS,
+    decode_frame,
+    encode_frame,
+    event_size,
+    frame_from_document,
+    frame_to_document,
+    is_supported_version,
+)
+from protocols.bson.connection import ClientConnection, ServerConnection  # noqa: E402
+from protocols.bson.errors import LocalProtocolError, ProtocolError, RequestError  # noqa: E402
+from protocols.bson.frames import (  # noqa: E402
+    DEFAULT_MAX_EVENT_SIZE,
+    DEFAULT_MAX_FRAME_SIZE,
+    DEFAULT_PORT,
+    AbortTx,
+    AckEv,
+    CommitTx,
+    Connect,
+    Emit,
+    Frame,
+    Ping,
+    Query,
+    QueryAck,
+    QueryResponse,
+    QueryResult,
+    Recev,
+    Response,
+    StartTx,
+    SubResponse,
+    Subscribe,
+    Unsubscribe,
+)
+from protocols.bson.state import State, TransactionTable  # noqa: E402
+
+__all__ = [
+    "DECODE_OPTIONS",
+    "DEFAULT_MAX_EVENT_SIZE",
+    "DEFAULT_MAX_FRAME_SIZE",
+    "DEFAULT_PORT",
+    "ENCODE_OPTIONS",
+    "AbortTx",
+    "AckEv",
+    "ClientConnection",
+    "CommitTx",
+    "Connect",
+    "Emit",
+    "Frame",
+    "LocalProtocolError",
+    "Ping",
+    "ProtocolError",
+    "Query",
+    "QueryAck",
+    "QueryResponse",
+    "QueryResult",
+    "Recev",
+    "RequestError",
+    "Response",
+    "ServerConnection",
+    "StartTx",
+    "State",
+    "SubResponse",
+    "Subscribe",
+    "TransactionTable",
+    "Unsubscribe",
+    "decode_frame",
+    "encode_frame",
+    "event_size",
+    "frame_from_document",
+    "frame_to_document",
+    "is_supported_version",
+]

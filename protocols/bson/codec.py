@@ -1,0 +1,316 @@
+"""Wire format of the BSON frames protocol: pure functions, no state.
+
+A frame is one BSON document ``{type: str, frame: document}``; its first four
+bytes are BSON's own little-endian int32 total length (counting themselves),
+which is all the framing there is.
+
+Encoding and decoding go through pymongo's ``bson`` with fixed options:
+
+* ``DECODE_OPTIONS``: plain ``dict`` documents; datetimes timezone-aware UTC,
+  and dates outside Python's range come back as ``bson.DatetimeMS`` instead of
+  failing (``DATETIME_AUTO``); UUID binaries (subtypes 3 and 4) stay
+  ``bson.Binary`` (``UNSPECIFIED``), so an event decodes and re-encodes to the
+  same bytes; invalid UTF-8 is an error (``strict``).
+* ``ENCODE_OPTIONS``: the same, but ``uuid.UUID`` values given by local code
+  are encoded as standard subtype-4 binaries rather than refused.
+
+Field types are checked strictly against the BSON element types.  The one
+leniency: an int64 field also accepts an int32 element, because drivers
+encode small integers as int32.  An int32 field never accepts an int64.  A
+BSON null in an optional field means "absent"; unknown body fields and
+unknown envelope keys are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import bson
+from bson.binary import Binary, UuidRepresentation
+from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.datetime_ms import DatetimeMS
+from bson.dbref import DBRef
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
+from bson.objectid import ObjectId
+from bson.regex import Regex
+from bson.timestamp import Timestamp
+
+from protocols.bson.errors import (
+    ERR_MALFORMED,
+    ERR_TOO_LARGE,
+    ERR_UNSUPPORTED,
+    LocalProtocolError,
+    ProtocolError,
+)
+from protocols.bson.frames import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FRAME_CLASSES,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    KEY_FRAME,
+    KEY_TYPE,
+    LENGTH_PREFIX_SIZE,
+    MIN_DOCUMENT_SIZE,
+    Document,
+    Field,
+    Frame,
+    Kind,
+)
+
+if not hasattr(bson, "decode") or not hasattr(bson, "encode"):  # pragma: no cover
+    raise ImportError(
+        "'import bson' did not find pymongo's bson package; is the protocols/ directory "
+        "itself on sys.path (so that protocols/bson shadows it)?"
+    )
+
+DECODE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
+    document_class=dict,
+    tz_aware=True,
+    tzinfo=UTC,
+    uuid_representation=UuidRepresentation.UNSPECIFIED,
+    unicode_decode_error_handler="strict",
+    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
+)
+ENCODE_OPTIONS: CodecOptions[dict[str, Any]] = DECODE_OPTIONS.with_options(
+    uuid_representation=UuidRepresentation.STANDARD
+)
+
+_LENGTH = struct.Struct("<i")
+
+# CONNECT versions the server accepts: 0.x and 1.x (the original client sent
+# "0.1"), optionally with a pre-release/build suffix such as "1.0-SNAPSHOT".
+_SUPPORTED_VERSION = re.compile(r"[01](?:\.\d+)*(?:[-+][0-9A-Za-z.+-]+)?")
+
+
+# --- lengths -----------------------------------------------------------------
+
+
+def read_length(buffer: bytes | bytearray | memoryview, offset: int = 0) -> int | None:
+    """The declared length of the document starting at ``offset``, or None
+    while fewer than four bytes are available."""
+    if len(buffer) - offset < LENGTH_PREFIX_SIZE:
+        return None
+    (length,) = _LENGTH.unpack_from(buffer, offset)
+    return int(length)
+
+
+def check_length(length: int, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    """Refuse a declared length before any of the body is waited for."""
+    if length < MIN_DOCUMENT_SIZE:
+        raise ProtocolError(
+            f"invalid frame length {length}: a BSON document is at least "
+            f"{MIN_DOCUMENT_SIZE} bytes",
+            ERR_MALFORMED,
+        )
+    if length > max_frame_size:
+        raise ProtocolError(
+            f"frame length {length} exceeds the maximum frame size of {max_frame_size} bytes",
+            ERR_TOO_LARGE,
+        )
+
+
+# --- type checks ---------------------------------------------------------------
+
+
+def bson_type_name(value: Any) -> str:
+    """The BSON type a decoded value came from, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, Int64):
+        return "int64"
+    if isinstance(value, int):
+        return "int32" if INT32_MIN <= value <= INT32_MAX else "int64"
+    simple: list[tuple[type | tuple[type, ...], str]] = [
+        (float, "double"),
+        (str, "string"),
+        (DBRef, "dbref document"),
+        (Mapping, "document"),
+        ((list, tuple), "array"),
+        ((bytes, Binary, uuid.UUID), "binary"),
+        (ObjectId, "objectId"),
+        ((datetime, DatetimeMS), "date"),
+        ((Regex, re.Pattern), "regex"),
+        (Timestamp, "timestamp"),
+        (Decimal128, "decimal128"),
+    ]
+    for types, name in simple:
+        if isinstance(value, types):
+            return name
+    return type(value).__name__
+
+
+def _check_wire_value(frame_type: str, field: Field, value: Any) -> Any:
+    """Validate one decoded body value; return it in its frame-attribute form."""
+    kind = field.kind
+    result: Any
+    if kind is Kind.STRING and type(value) is str:
+        result = value
+    elif kind is Kind.BOOL and type(value) is bool:
+        result = value
+    elif kind is Kind.INT32 and type(value) is int and INT32_MIN <= value <= INT32_MAX:
+        result = value
+    elif kind is Kind.INT64 and type(value) in (int, Int64):
+        result = int(value)
+    elif kind is Kind.DOCUMENT and type(value) is dict:
+        result = value
+    elif kind is Kind.DOCUMENT and isinstance(value, DBRef):
+        # pymongo turns any {$ref, $id, ...} document into a DBRef; it is
+        # still a document on the wire.
+        result = dict(value.as_doc())
+    else:
+        expected = "int32 or int64" if kind is Kind.INT64 else kind.value
+        raise ProtocolError(
+            f"{frame_type}: field '{field.wire}' must be {expected}, got {bson_type_name(value)}",
+            ERR_MALFORMED,
+        )
+    if field.min_value is not None and result < field.min_value:
+        raise ProtocolError(
+            f"{frame_type}: field '{field.wire}' must be >= {field.min_value}, got {result}",
+            ERR_MALFORMED,
+        )
+    return result
+
+
+def _check_local_value(frame_type: str, field: Field, value: Any) -> Any:
+    """Validate one attribute of a frame we are about to send; return the
+    value to put in the BSON document."""
+    kind = field.kind
+    ok: bool
+    if kind is Kind.STRING:
+        ok = isinstance(value, str)
+    elif kind is Kind.BOOL:
+        ok = isinstance(value, bool)
+    elif kind is Kind.INT32:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        ok = ok and INT32_MIN <= value <= INT32_MAX
+    elif kind is Kind.INT64:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        ok = ok and INT64_MIN <= value <= INT64_MAX
+    else:
+        ok = isinstance(value, Mapping)
+    if not ok:
+        raise LocalProtocolError(
+            f"cannot send {frame_type}: '{field.attr}' must be a {kind.value} value, got {value!r}"
+        )
+    if field.min_value is not None and value < field.min_value:
+        raise LocalProtocolError(
+            f"cannot send {frame_type}: '{field.attr}' must be >= {field.min_value}, got {value}"
+        )
+    if kind is Kind.INT64:
+        # Always int64 on the wire, even when small, so strict peers accept it.
+        return Int64(value)
+    return value
+
+
+# --- documents <-> frames ------------------------------------------------------
+
+
+def decode_document(data: bytes | bytearray | memoryview) -> Document:
+    """Decode exactly one BSON document; any defect is a ProtocolError."""
+    try:
+        return bson.decode(bytes(data), codec_options=DECODE_OPTIONS)
+    except Exception as exc:  # the C decoder raises several exception types
+        raise ProtocolError(f"invalid BSON document: {exc}", ERR_MALFORMED) from exc
+
+
+def frame_from_document(document: Mapping[str, Any]) -> Frame:
+    """Validate a decoded envelope ``{type, frame}`` and build its frame."""
+    if KEY_TYPE not in document:
+        raise ProtocolError("frame document has no 'type' field", ERR_MALFORMED)
+    frame_type = document[KEY_TYPE]
+    if type(frame_type) is not str:
+        raise ProtocolError(
+            f"frame field 'type' must be string, got {bson_type_name(frame_type)}", ERR_MALFORMED
+        )
+    cls = FRAME_CLASSES.get(frame_type)
+    if cls is None:
+        raise ProtocolError(f"unknown frame type {frame_type!r}", ERR_UNSUPPORTED)
+    if KEY_FRAME not in document:
+        raise ProtocolError(f"{frame_type}: missing 'frame' document", ERR_MALFORMED)
+    body = document[KEY_FRAME]
+    if type(body) is not dict:
+        raise ProtocolError(
+            f"{frame_type}: 'frame' must be document, got {bson_type_name(body)}", ERR_MALFORMED
+        )
+    kwargs: dict[str, Any] = {}
+    for field in cls.FIELDS:
+        if field.wire not in body:
+            if field.required:
+                raise ProtocolError(
+                    f"{frame_type}: missing mandatory field '{field.wire}'", ERR_MALFORMED
+                )
+            continue
+        value = body[field.wire]
+        if value is None and not field.required:
+            continue
+        kwargs[field.attr] = _check_wire_value(frame_type, field, value)
+    return cls(**kwargs)
+
+
+def frame_to_document(frame: Frame) -> Document:
+    """The envelope document of a frame, validated as strictly as on input."""
+    cls = type(frame)
+    if FRAME_CLASSES.get(getattr(cls, "TYPE", "")) is not cls:
+        raise LocalProtocolError(f"not a BSON frames frame: {frame!r}")
+    body: Document = {}
+    for field in cls.FIELDS:
+        value = getattr(frame, field.attr)
+        if value is None:
+            if field.required:
+                raise LocalProtocolError(
+                    f"cannot send {cls.TYPE}: mandatory '{field.attr}' is None"
+                )
+            continue
+        body[field.wire] = _check_local_value(cls.TYPE, field, value)
+    return {KEY_TYPE: cls.TYPE, KEY_FRAME: body}
+
+
+def _encode_document(document: Mapping[str, Any], what: str) -> bytes:
+    try:
+        return bson.encode(document, codec_options=ENCODE_OPTIONS)
+    except Exception as exc:  # InvalidDocument, OverflowError, TypeError, ...
+        raise LocalProtocolError(f"cannot encode {what} as BSON: {exc}") from exc
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """The wire bytes of one frame."""
+    return _encode_document(frame_to_document(frame), type(frame).TYPE)
+
+
+def decode_frame(
+    data: bytes | bytearray | memoryview, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+) -> Frame:
+    """Decode exactly one complete frame (no more, no less)."""
+    length = read_length(data)
+    if length is None:
+        raise ProtocolError(f"truncated frame: {len(data)} bytes", ERR_MALFORMED)
+    check_length(length, max_frame_size)
+    if length != len(data):
+        raise ProtocolError(
+            f"frame length prefix says {length} bytes but {len(data)} were given", ERR_MALFORMED
+        )
+    return frame_from_document(decode_document(data))
+
+
+# --- helpers for the adapter -----------------------------------------------------
+
+
+def event_size(event: Mapping[str, Any]) -> int:
+    """Encoded BSON size of an EMIT's ``event`` document, the figure the
+    event size limit (``DEFAULT_MAX_EVENT_SIZE``) applies to."""
+    return len(_encode_document(event, "event"))
+
+
+def is_supported_version(version: str) -> bool:
+    """Whether a CONNECT ``version`` is one the server accepts (0.x or 1.x)."""
+    return _SUPPORTED_VERSION.fullmatch(version) is not None

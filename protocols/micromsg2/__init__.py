@@ -1,0 +1,69 @@
+"""MicroMsg2: sans-IO codec (frames, handshake negotiation, acks, filters)."""
+
+from .acks import AckWindow, decode_ack_payload, encode_ack_payload
+from .codec import ClientConnection, ServerConnection, error_frame
+from .errors import ProtocolError
+from .filters import (
+    Condition,
+    Filter,
+    decode_properties,
+    encode_properties,
+    format_value,
+    parse_filter,
+    parse_value,
+)
+from .frames import (
+    DEFAULT_PORT,
+    Ack,
+    Command,
+    Error,
+    Extension,
+    ExtensionSpec,
+    Frame,
+    Handshake,
+    Message,
+    PropertyValue,
+)
+from .negotiation import Negotiated, NegotiatedExtension
+from .pubsub import Destination, Subscribe, Unsubscribe, parse_pubsub_command, to_command
+from .state import State
+from .wire import decode_frame, decode_handshake, encode_frame, encode_handshake
+
+__all__ = [
+    "DEFAULT_PORT",
+    "Ack",
+    "AckWindow",
+    "ClientConnection",
+    "Command",
+    "Condition",
+    "Destination",
+    "Error",
+    "Extension",
+    "ExtensionSpec",
+    "Filter",
+    "Frame",
+    "Handshake",
+    "Message",
+    "Negotiated",
+    "NegotiatedExtension",
+    "PropertyValue",
+    "ProtocolError",
+    "ServerConnection",
+    "State",
+    "Subscribe",
+    "Unsubscribe",
+    "decode_ack_payload",
+    "decode_frame",
+    "decode_handshake",
+    "decode_properties",
+    "encode_ack_payload",
+    "encode_frame",
+    "encode_handshake",
+    "encode_properties",
+    "error_frame",
+    "format_value",
+    "parse_filter",
+    "parse_pubsub_command",
+    "parse_value",
+    "to_command",
+]

@@ -1,0 +1,399 @@
+"""Byte layouts: handshakes, frame fragments and their reassembly.
+
+Frame prefix: one flags byte.  Type bits COMMAND (1), EXTENSION (2) and ERROR
+(4) are exclusive; none of them means MESSAGE.  LARGE_PAYLOAD (8) makes the
+payload length 4 bytes instead of 1 and is set by the encoder exactly when a
+fragment's payload exceeds 255 bytes (the decoder accepts it on any length).
+CONTINUED (16) is set on every fragment of a payload but the last; each
+fragment repeats the frame's header (seq, destination, properties / id) and
+the payloads are concatenated.  All integers are big-endian.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from .errors import TOO_LARGE, ProtocolError
+from .filters import decode_properties, encode_properties
+from .frames import (
+    DEFAULT_MAX_PAYLOAD,
+    FLAG_COMMAND,
+    FLAG_CONTINUED,
+    FLAG_ERROR,
+    FLAG_EXTENSION,
+    FLAG_LARGE_PAYLOAD,
+    FRAGMENT_SIZE,
+    KNOWN_FLAGS,
+    MAX_DESTINATION_BYTES,
+    MAX_EXTENSIONS_BYTES,
+    MAX_IDENTITY_BYTES,
+    MAX_LARGE_PAYLOAD,
+    MAX_PROPERTIES_BYTES,
+    MAX_SHORT_PAYLOAD,
+    TYPE_FLAGS,
+    Command,
+    Error,
+    Extension,
+    Handshake,
+    Message,
+)
+from .negotiation import format_extensions, parse_extensions
+from .text import check_field, decode_utf8, url_decode, url_encode
+
+Buffer: TypeAlias = bytes | bytearray | memoryview
+
+_U8 = struct.Struct(">B")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_HANDSHAKE_HEAD = struct.Struct(">BBBB")  # major, minor, flags, identity length
+
+
+class Kind(enum.Enum):
+    MESSAGE = 0
+    COMMAND = FLAG_COMMAND
+    EXTENSION = FLAG_EXTENSION
+    ERROR = FLAG_ERROR
+
+
+WireFrame: TypeAlias = Message | Command | Extension | Error
+
+
+def _check_u8(value: int, what: str) -> int:
+    if not 0 <= value <= 0xFF:
+        raise ProtocolError(f"{what} {value} does not fit one byte")
+    return value
+
+
+def _sized(raw: bytes, limit: int, what: str) -> bytes:
+    if len(raw) > limit:
+        raise ProtocolError(f"{what} is {len(raw)} bytes; at most {limit} fit", code=TOO_LARGE)
+    return raw
+
+
+# --- handshake ---------------------------------------------------------------------
+
+
+def encode_handshake(hs: Handshake) -> bytes:
+    identity = _sized(hs.identity.encode("utf-8"), MAX_IDENTITY_BYTES, "identity")
+    required = _sized(
+        format_extensions(hs.required).encode("ascii"), MAX_EXTENSIONS_BYTES, "required extensions"
+    )
+    optional = _sized(
+        format_extensions(hs.optional).encode("ascii"), MAX_EXTENSIONS_BYTES, "optional extensions"
+    )
+    return b"".join(
+        (
+            _HANDSHAKE_HEAD.pack(
+                _check_u8(hs.major, "major version"),
+                _check_u8(hs.minor, "minor version"),
+                _check_u8(hs.flags, "handshake flags"),
+                len(identity),
+            ),
+            identity,
+            _U16.pack(len(required)),
+            required,
+            _U16.pack(len(optional)),
+            optional,
+        )
+    )
+
+
+def decode_handshake(buf: Buffer, offset: int = 0) -> tuple[Handshake, int] | None:
+    """One handshake from ``buf[offset:]``: (handshake, bytes used), or None
+    while incomplete.  Bounded by its own length fields (< 132 KiB)."""
+    end = len(buf)
+    pos = offset + _HANDSHAKE_HEAD.size
+    if pos > end:
+        return None
+    major, minor, flags, id_len = _HANDSHAKE_HEAD.unpack_from(buf, offset)
+    fields: list[bytes] = []
+    for size in (id_len, None, None):
+        if size is None:
+            if pos + 2 > end:
+                return None
+            (size,) = _U16.unpack_from(buf, pos)
+            pos += 2
+        if pos + size > end:
+            return None
+        fields.append(bytes(buf[pos : pos + size]))
+        pos += size
+    identity, required, optional = fields
+    hs = Handshake(
+        identity=decode_utf8(identity, "identity"),
+        required=parse_extensions(decode_utf8(required, "required extensions")),
+        optional=parse_extensions(decode_utf8(optional, "optional extensions")),
+        major=major,
+        minor=minor,
+        flags=flags,
+    )
+    return hs, pos - offset
+
+
+def starts_error_frame(first_byte: int) -> bool:
+    """Whether a byte where a handshake is due starts an ERROR frame instead.
+
+    The handshake has no type byte, so an ERROR frame (flags 4, maybe with 8
+    and 16) is recognised by its flags; majors 4, 12, 20 and 28 are therefore
+    not usable as handshake versions.
+    """
+    return first_byte & ~(FLAG_LARGE_PAYLOAD | FLAG_CONTINUED) == FLAG_ERROR
+
+
+# --- commands ------------------------------------------------------------------------
+
+
+def encode_command_payload(cmd: Command) -> bytes:
+    check_field(cmd.name, "command name")
+    if not cmd.args:
+        return cmd.name.encode("ascii")
+    args = ",".join(
+        f"{check_field(k, 'command argument name')}={url_encode(v)}" for k, v in cmd.args.items()
+    )
+    return f"{cmd.name};{args}".encode("ascii")
+
+
+def decode_command_payload(raw: bytes) -> Command:
+    text = decode_utf8(raw, "COMMAND payload")
+    name, _, rest = text.partition(";")
+    check_field(name, "command name")
+    args: dict[str, str] = {}
+    for item in rest.split(","):
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ProtocolError(f"command {name!r}: argument {item!r} is not 'key=value'")
+        check_field(key, f"command {name!r} argument name")
+        if key in args:
+            raise ProtocolError(f"command {name!r}: argument {key!r} appears twice")
+        args[key] = url_decode(value, f"command {name!r} argument {key!r}")
+    return Command(name, args)
+
+
+# --- fragments -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fragment:
+    """One frame as it is on the wire, before reassembly and parsing."""
+
+    kind: Kind
+    more: bool  # CONTINUED: another fragment of the same payload follows
+    payload: bytes
+    seq: int = 0
+    destination: bytes = b""
+    properties: bytes = b""
+    ext_id: int = 0
+
+    def same_frame(self, other: Fragment) -> bool:
+        return (self.kind, self.seq, self.destination, self.properties, self.ext_id) == (
+            other.kind,
+            other.seq,
+            other.destination,
+            other.properties,
+            other.ext_id,
+        )
+
+
+def _header(frame: WireFrame) -> tuple[Kind, bytes, bytes]:
+    """(kind, bytes before the payload length, payload)."""
+    if isinstance(frame, Message):
+        if not 0 <= frame.seq <= 0xFFFF:
+            raise ProtocolError(f"sequence number {frame.seq} does not fit 16 bits")
+        dest = _sized(frame.destination.encode("utf-8"), MAX_DESTINATION_BYTES, "destination")
+        props = _sized(
+            encode_properties(frame.properties).encode("utf-8"),
+            MAX_PROPERTIES_BYTES,
+            "properties",
+        )
+        head = b"".join(
+            (_U16.pack(frame.seq), _U8.pack(len(dest)), dest, _U16.pack(len(props)), props)
+        )
+        return Kind.MESSAGE, head, frame.payload
+    if isinstance(frame, Command):
+        return Kind.COMMAND, b"", encode_command_payload(frame)
+    if isinstance(frame, Extension):
+        return Kind.EXTENSION, _U8.pack(_check_u8(frame.ext_id, "extension id")), frame.payload
+    if isinstance(frame, Error):
+        return Kind.ERROR, b"", frame.message.encode("utf-8")
+    raise TypeError(f"not a MicroMsg2 frame: {frame!r}")
+
+
+def encode_frame(frame: WireFrame, *, fragment_size: int = FRAGMENT_SIZE) -> bytes:
+    """The frame's bytes, split into CONTINUED fragments of at most
+    ``fragment_size`` payload bytes."""
+    if fragment_size < 1:
+        raise ValueError("fragment_size must be positive")
+    kind, head, payload = _header(frame)
+    chunks = [payload[i : i + fragment_size] for i in range(0, len(payload), fragment_size)]
+    out = []
+    for i, chunk in enumerate(chunks or [b""]):
+        if len(chunk) > MAX_LARGE_PAYLOAD:
+            raise ProtocolError("payload fragment does not fit a 4-byte length", code=TOO_LARGE)
+        flags = kind.value
+        if i < len(chunks) - 1:
+            flags |= FLAG_CONTINUED
+        if len(chunk) > MAX_SHORT_PAYLOAD:
+            flags |= FLAG_LARGE_PAYLOAD
+            length = _U32.pack(len(chunk))
+        else:
+            length = _U8.pack(len(chunk))
+        out += [_U8.pack(flags), head, length, chunk]
+    return b"".join(out)
+
+
+def _kind_of(flags: int) -> Kind:
+    if flags & ~KNOWN_FLAGS:
+        raise ProtocolError(f"unknown frame flag bits 0x{flags & ~KNOWN_FLAGS:02x}")
+    type_bits = flags & TYPE_FLAGS
+    if type_bits not in (0, FLAG_COMMAND, FLAG_EXTENSION, FLAG_ERROR):
+        raise ProtocolError(f"frame flags 0x{flags:02x} name more than one frame type")
+    return Kind(type_bits)
+
+
+def decode_fragment(
+    buf: Buffer, offset: int = 0, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+) -> tuple[Fragment, int] | None:
+    """One wire frame from ``buf[offset:]``: (fragment, bytes used), or None
+    while incomplete.  A payload length above ``max_payload`` raises at once."""
+    end = len(buf)
+    if offset >= end:
+        return None
+    flags = buf[offset]
+    kind = _kind_of(flags)
+    pos = offset + 1
+    seq, ext_id, dest, props = 0, 0, b"", b""
+    if kind is Kind.MESSAGE:
+        if pos + 3 > end:
+            return None
+        (seq,) = _U16.unpack_from(buf, pos)
+        dest_len = buf[pos + 2]
+        pos += 3
+        if pos + dest_len + 2 > end:
+            return None
+        dest = bytes(buf[pos : pos + dest_len])
+        pos += dest_len
+        (props_len,) = _U16.unpack_from(buf, pos)
+        pos += 2
+        if pos + props_len > end:
+            return None
+        props = bytes(buf[pos : pos + props_len])
+        pos += props_len
+    elif kind is Kind.EXTENSION:
+        if pos + 1 > end:
+            return None
+        ext_id = buf[pos]
+        pos += 1
+    length_field = _U32 if flags & FLAG_LARGE_PAYLOAD else _U8
+    if pos + length_field.size > end:
+        return None
+    (length,) = length_field.unpack_from(buf, pos)
+    pos += length_field.size
+    if length > max_payload:
+        raise ProtocolError(
+            f"payload of {length} bytes exceeds the limit of {max_payload}", code=TOO_LARGE
+        )
+    if pos + length > end:
+        return None
+    payload = bytes(buf[pos : pos + length])
+    pos += length
+    fragment = Fragment(
+        kind=kind,
+        more=bool(flags & FLAG_CONTINUED),
+        payload=payload,
+        seq=seq,
+        destination=dest,
+        properties=props,
+        ext_id=ext_id,
+    )
+    return fragment, pos - offset
+
+
+def build_frame(first: Fragment, payload: bytes) -> WireFrame:
+    if first.kind is Kind.MESSAGE:
+        return Message(
+            seq=first.seq,
+            destination=decode_utf8(first.destination, "destination"),
+            payload=payload,
+            properties=decode_properties(first.properties),
+        )
+    if first.kind is Kind.COMMAND:
+        return decode_command_payload(payload)
+    if first.kind is Kind.EXTENSION:
+        return Extension(first.ext_id, payload)
+    # An error message is for people: show it even if it is not clean UTF-8.
+    return Error(payload.decode("utf-8", errors="replace"))
+
+
+class Reassembler:
+    """Joins CONTINUED fragments; the joined payload stays within ``max_payload``.
+
+    Fragments of one payload must not be interleaved with other frames, except
+    an ERROR frame, which abandons the partial payload (the peer is giving up).
+    """
+
+    def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+        self.max_payload = max_payload
+        self._first: Fragment | None = None
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    @property
+    def pending(self) -> bool:
+        return self._first is not None
+
+    @property
+    def remaining(self) -> int:
+        """Payload bytes the next fragment may still carry."""
+        return self.max_payload - self._size
+
+    def add(self, fragment: Fragment) -> WireFrame | None:
+        first = self._first
+        if first is not None and not fragment.same_frame(first):
+            if fragment.kind is not Kind.ERROR:
+                raise ProtocolError(
+                    f"a {fragment.kind.name} frame arrived inside a CONTINUED "
+                    f"{first.kind.name} frame (or its header changed)"
+                )
+            self._reset()
+            first = None
+        self._size += len(fragment.payload)
+        if self._size > self.max_payload:
+            raise ProtocolError(
+                f"continued payload exceeds the limit of {self.max_payload} bytes", code=TOO_LARGE
+            )
+        self._chunks.append(fragment.payload)
+        if fragment.more:
+            if first is None:
+                self._first = fragment
+            return None
+        payload = b"".join(self._chunks)
+        head = first or fragment
+        self._reset()
+        return build_frame(head, payload)
+
+    def _reset(self) -> None:
+        self._first = None
+        self._chunks = []
+        self._size = 0
+
+
+def decode_frame(
+    buf: Buffer, offset: int = 0, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+) -> tuple[WireFrame, int] | None:
+    """One whole frame (all its fragments) from ``buf[offset:]``: (frame, bytes
+    used), or None while incomplete."""
+    reassembler = Reassembler(max_payload)
+    pos = offset
+    while True:
+        decoded = decode_fragment(buf, pos, max_payload=reassembler.remaining)
+        if decoded is None:
+            return None
+        fragment, used = decoded
+        pos += used
+        frame = reassembler.add(fragment)
+        if frame is not None:
+            return frame, pos - offset

@@ -1,0 +1,78 @@
+"""Res01: the event-store protocol of ZeroMQ multipart messages (sans-IO codec).
+
+See ``docs/protocols/res01.md``.
+"""
+
+from protocols.res01.codec import (
+    Routing,
+    decode_request,
+    decode_response,
+    encode_error_reply,
+    encode_request,
+    encode_response,
+)
+from protocols.res01.errors import ErrorCode, ProtocolError, Res01Error
+from protocols.res01.frames import (
+    ACCEPTED_PROTOCOLS,
+    DEFAULT_PORT,
+    PROTOCOL,
+    PROTOCOL_RC01,
+    AppendCommit,
+    CommitResult,
+    Error,
+    EventsFetched,
+    FetchedEvent,
+    FetchEntry,
+    FetchEvents,
+    NewEvent,
+    ProgressEntry,
+    ProgressSubscriptions,
+    RegisterSubscriptions,
+    Request,
+    Response,
+    SetEntry,
+    SetSubscription,
+    SubscribeResult,
+    SubscriptionDefinition,
+    SubscriptionProgressed,
+    SubscriptionSet,
+)
+from protocols.res01.values import DateTimeKind, datetime_to_ticks, ticks_to_datetime
+
+__all__ = [
+    "ACCEPTED_PROTOCOLS",
+    "DEFAULT_PORT",
+    "PROTOCOL",
+    "PROTOCOL_RC01",
+    "AppendCommit",
+    "CommitResult",
+    "DateTimeKind",
+    "Error",
+    "ErrorCode",
+    "EventsFetched",
+    "FetchEntry",
+    "FetchEvents",
+    "FetchedEvent",
+    "NewEvent",
+    "ProgressEntry",
+    "ProgressSubscriptions",
+    "ProtocolError",
+    "RegisterSubscriptions",
+    "Request",
+    "Res01Error",
+    "Response",
+    "Routing",
+    "SetEntry",
+    "SetSubscription",
+    "SubscribeResult",
+    "SubscriptionDefinition",
+    "SubscriptionProgressed",
+    "SubscriptionSet",
+    "datetime_to_ticks",
+    "decode_request",
+    "decode_response",
+    "encode_error_reply",
+    "encode_request",
+    "encode_response",
+    "ticks_to_datetime",
+]

@@ -1,0 +1,60 @@
+"""Segment wire: the append/read protocol of a segment store (spec:
+specs/segment-wire.md), as a sans-IO codec.  See docs/protocols/segment.md."""
+
+from protocols.segment.codec import ClientConnection, ClientInput, ServerConnection, ServerInput
+from protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
+from protocols.segment.frames import (
+    DEFAULT_PORT,
+    AppendSetup,
+    AuthFailed,
+    BeginAppendBlock,
+    DataAppended,
+    EndAppendBlock,
+    ErrorMessage,
+    Event,
+    Frame,
+    KeepAlive,
+    NoSuchSegment,
+    PartialKind,
+    PartialMessage,
+    ReadSegment,
+    SegmentRead,
+    SetupAppend,
+)
+from protocols.segment.state import BlockEvents, BlockState
+from protocols.segment.wire import decode_frame, encode_frame, split_segment_name
+from protocols.segment.writer import AppendWriter, block_frames, encode_block
+
+__all__ = [
+    "DEFAULT_PORT",
+    "AppendSetup",
+    "AppendWriter",
+    "AuthFailed",
+    "BeginAppendBlock",
+    "BlockEvents",
+    "BlockState",
+    "ClientConnection",
+    "ClientInput",
+    "DataAppended",
+    "EndAppendBlock",
+    "ErrorMessage",
+    "Event",
+    "Frame",
+    "KeepAlive",
+    "LocalProtocolError",
+    "NoSuchSegment",
+    "PartialKind",
+    "PartialMessage",
+    "ProtocolError",
+    "ReadSegment",
+    "SegmentRead",
+    "ServerConnection",
+    "ServerInput",
+    "SetupAppend",
+    "block_frames",
+    "decode_frame",
+    "encode_block",
+    "encode_frame",
+    "error_reply",
+    "split_segment_name",
+]

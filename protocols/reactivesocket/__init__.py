@@ -1,0 +1,76 @@
+"""ReactiveSocket (draft spec, version 0): sans-IO codec and connection objects.
+
+See docs/protocols/reactivesocket.md for layouts, state machines and decisions.
+"""
+
+from .codec import (
+    decode_frame,
+    encode_for,
+    encode_frame,
+    encode_tcp_frame,
+    fragment,
+    split_tcp_frames,
+)
+from .connection import (
+    ClientConnection,
+    ConnectionState,
+    Event,
+    ServerConnection,
+    StreamError,
+    error_frame,
+)
+from .errors import LocalProtocolError, PayloadError, ProtocolError
+from .frames import (
+    DEFAULT_PORT,
+    WEBSOCKET_PATH,
+    Cancel,
+    ErrorFrame,
+    Ext,
+    Frame,
+    Request,
+    RequestFnf,
+    RequestN,
+    RequestResponse,
+    RequestStream,
+    RequestSub,
+    Response,
+    Setup,
+    UnknownFrame,
+)
+from .state import Kind, Phase, StreamInfo
+
+__all__ = [
+    "DEFAULT_PORT",
+    "WEBSOCKET_PATH",
+    "Cancel",
+    "ClientConnection",
+    "ConnectionState",
+    "ErrorFrame",
+    "Event",
+    "Ext",
+    "Frame",
+    "Kind",
+    "LocalProtocolError",
+    "PayloadError",
+    "Phase",
+    "ProtocolError",
+    "Request",
+    "RequestFnf",
+    "RequestN",
+    "RequestResponse",
+    "RequestStream",
+    "RequestSub",
+    "Response",
+    "ServerConnection",
+    "Setup",
+    "StreamError",
+    "StreamInfo",
+    "UnknownFrame",
+    "decode_frame",
+    "encode_for",
+    "encode_frame",
+    "encode_tcp_frame",
+    "error_frame",
+    "fragment",
+    "split_tcp_frames",
+]

@@ -1,0 +1,951 @@
+"""Sans-IO ReactiveSocket connections.
+
+``ServerConnection`` is the responder polyport runs; ``ClientConnection`` the
+requester its client uses.  ``receive_data(bytes)`` returns frames (requests
+and responses whole: fragments are reassembled) plus :class:`StreamError`
+events; ``send(frame)`` checks the frame against the state tables of
+``state.py`` and returns the bytes to write.
+
+Transports: ``"tcp"`` (a byte stream; frames carry a u32 length) or
+``"websocket"`` (every ``receive_data`` call is exactly one binary message,
+and every ``bytes`` from ``send`` is one message to send).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from . import payloads
+from .codec import (
+    TRANSPORTS,
+    add_tcp_length,
+    check_message_size,
+    check_tcp_length,
+    decode_frame,
+    describe,
+    encode_frame,
+    fragment,
+)
+from .errors import MALFORMED, TOO_LARGE, UNSUPPORTED, LocalProtocolError, ProtocolError
+from .frames import (
+    CONNECTION_STREAM_ID,
+    DEFAULT_MAX_FRAGMENT,
+    DEFAULT_MAX_FRAME_SIZE,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    FRAME_TYPE_OF,
+    LENGTH_SIZE,
+    MAX_STREAM_ID,
+    Cancel,
+    ErrorFrame,
+    Ext,
+    Frame,
+    Request,
+    RequestFnf,
+    RequestN,
+    RequestResponse,
+    RequestStream,
+    RequestSub,
+    Response,
+    Setup,
+    UnknownFrame,
+)
+from .state import (
+    REQUESTER_LIVE,
+    REQUESTER_TABLE,
+    RESPONDER_LIVE,
+    RESPONDER_TABLE,
+    Action,
+    Ev,
+    Kind,
+    Phase,
+    StreamInfo,
+    StreamRecord,
+    Table,
+    Transition,
+    add_credits,
+    use_credit,
+)
+
+DEFAULT_MAX_STREAMS = 1024
+
+_REQUEST_CLASSES = (RequestResponse, RequestFnf, RequestStream, RequestSub)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    """The peer broke one stream's rules; the connection lives on.
+
+    The codec has already terminated the stream's normal flow.  The
+    application stops any work for ``stream_id`` and answers: a server sends
+    ``conn.send_error(e.stream_id, e.code, e.message)``, a client sends
+    ``conn.cancel(e.stream_id)``.
+    """
+
+    stream_id: int
+    code: str
+    message: str
+
+
+Event = Frame | StreamError
+
+
+class ConnectionState(enum.Enum):
+    AWAITING_SETUP = "awaiting_setup"
+    OPEN = "open"
+    # We found the peer at fault (ProtocolError raised): only ERROR on stream
+    # 0 may still be sent, then the connection closes.
+    ERRORED = "errored"
+    CLOSED = "closed"
+
+
+# Connection-level transitions; stream frames are in state.py.
+# (state, what) -> next state.  "recv X" / "send X" by frame name.
+CONNECTION_TABLE: dict[tuple[str, ConnectionState, str], ConnectionState] = {
+    ("server", ConnectionState.AWAITING_SETUP, "recv SETUP"): ConnectionState.OPEN,
+    ("server", ConnectionState.AWAITING_SETUP, "send ERROR 0"): ConnectionState.CLOSED,
+    ("server", ConnectionState.OPEN, "recv ERROR 0"): ConnectionState.CLOSED,
+    ("server", ConnectionState.OPEN, "send ERROR 0"): ConnectionState.CLOSED,
+    ("server", ConnectionState.ERRORED, "send ERROR 0"): ConnectionState.CLOSED,
+    ("client", ConnectionState.AWAITING_SETUP, "send SETUP"): ConnectionState.OPEN,
+    ("client", ConnectionState.OPEN, "recv ERROR 0"): ConnectionState.CLOSED,
+    ("client", ConnectionState.OPEN, "send ERROR 0"): ConnectionState.CLOSED,
+    ("client", ConnectionState.ERRORED, "send ERROR 0"): ConnectionState.CLOSED,
+}
+
+
+def error_frame(stream_id: int, code: str, message: str) -> ErrorFrame:
+    """ERROR with the service's ``{code, message}`` data."""
+    return ErrorFrame(stream_id, payloads.encode_error_data(code, message))
+
+
+class _Connection:
+    role = ""
+    table: Table = {}
+    live_phases: frozenset[Phase] = frozenset()
+
+    def __init__(
+        self,
+        transport: str = "tcp",
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_fragment: int = DEFAULT_MAX_FRAGMENT,
+        extensions: Iterable[int] = (),
+    ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        if max_frame_size < 12 or max_fragment < 1 or max_message_size < 0:
+            raise ValueError("max_frame_size >= 12, max_fragment >= 1, max_message_size >= 0")
+        self.transport = transport
+        self.max_frame_size = max_frame_size
+        self.max_message_size = max_message_size
+        self.max_fragment = max_fragment
+        self.extensions = frozenset(extensions)
+        self.state = ConnectionState.AWAITING_SETUP
+        self._buffer = bytearray()
+        self._streams: dict[int, StreamRecord] = {}
+
+    # --- introspection -----------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.state in (ConnectionState.CLOSED, ConnectionState.ERRORED)
+
+    @property
+    def streams(self) -> dict[int, StreamInfo]:
+        """Every stream with book-keeping, live or winding down."""
+        return {
+            sid: StreamInfo(sid, rec.kind, rec.phase, rec.credits)
+            for sid, rec in self._streams.items()
+        }
+
+    def live_streams(self) -> list[int]:
+        return sorted(sid for sid, rec in self._streams.items() if rec.phase in self.live_phases)
+
+    def is_live(self, stream_id: int) -> bool:
+        rec = self._streams.get(stream_id)
+        return rec is not None and rec.phase in self.live_phases
+
+    def credits(self, stream_id: int) -> int:
+        """Outstanding credits of a live stream (0 for an unknown one)."""
+        rec = self._streams.get(stream_id)
+        return rec.credits if rec is not None else 0
+
+    # --- receiving -------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Feed bytes (TCP) or one message (WebSocket); get every complete frame.
+
+        Raises :class:`ProtocolError` on a connection-level fault; the error's
+        ``frames`` are those decoded before it.  After the fault or after an
+        ERROR on stream 0, further data is discarded.
+        """
+        out: list[Event] = []
+        if self.closed:
+            return out
+        try:
+            if self.transport == "tcp":
+                self._receive_tcp(data, out)
+            else:
+                check_message_size(data, self.max_frame_size)
+                self._receive_message(bytes(data), out)
+        except ProtocolError as exc:
+            self.state = ConnectionState.ERRORED
+            self._buffer.clear()
+            exc.frames = list(out)
+            raise
+        return out
+
+    def _receive_tcp(self, data: bytes, out: list[Event]) -> None:
+        buf = self._buffer
+        buf += data
+        pos = 0
+        try:
+            while len(buf) - pos >= LENGTH_SIZE and not self.closed:
+                length = int.from_bytes(buf[pos : pos + LENGTH_SIZE], "big")
+                check_tcp_length(length, self.max_frame_size)
+                if len(buf) - pos < length:
+                    break
+                message = bytes(buf[pos + LENGTH_SIZE : pos + length])
+                pos += length
+                self._receive_message(message, out)
+        finally:
+            del buf[:pos]
+        if self.closed:
+            buf.clear()
+
+    def _receive_message(self, message: bytes, out: list[Event]) -> None:
+        frame = decode_frame(message)
+        if isinstance(frame, UnknownFrame):
+            if frame.ignore:
+                return
+            raise ProtocolError(
+                f"unknown frame type 0x{frame.frame_type:04X} without the I (ignore) flag",
+                code=UNSUPPORTED,
+            )
+        if isinstance(frame, Ext):
+            if frame.extended_type in self.extensions:
+                if self.state is ConnectionState.OPEN:
+                    out.append(frame)
+                    return
+            elif frame.ignore:
+                return
+            else:
+                raise ProtocolError(
+                    f"unsupported extension type 0x{frame.extended_type:08X} "
+                    "without the I (ignore) flag",
+                    code=UNSUPPORTED,
+                )
+        if isinstance(frame, ErrorFrame) and frame.stream_id == CONNECTION_STREAM_ID:
+            self._connection_event("recv ERROR 0", frame)
+            out.append(frame)
+            return
+        self._receive_frame(frame, out)
+
+    def _connection_event(self, what: str, frame: Frame) -> None:
+        nxt = CONNECTION_TABLE.get((self.role, self.state, what))
+        if nxt is None:
+            raise ProtocolError(
+                f"{describe(frame)} is not allowed while the connection is {self.state.value}",
+                code=MALFORMED,
+            )
+        self.state = nxt
+
+    def _check_stream_zero(self, frame: Frame) -> None:
+        if frame.stream_id == CONNECTION_STREAM_ID:
+            raise ProtocolError(
+                f"{describe(frame)} on stream 0, which is reserved for the connection",
+                code=MALFORMED,
+            )
+
+    def _receive_frame(self, frame: Frame, out: list[Event]) -> None:
+        raise NotImplementedError
+
+    # --- sending ---------------------------------------------------------------
+
+    def send(self, frame: Frame) -> bytes:
+        """Bytes for one frame (one WebSocket message), after checking that the
+        frame is legal now.  Raises :class:`LocalProtocolError` otherwise."""
+        message = encode_frame(frame)
+        if len(message) > self.max_frame_size:
+            raise LocalProtocolError(
+                f"{describe(frame)} of {len(message)} bytes exceeds max_frame_size "
+                f"{self.max_frame_size}; fragment it",
+                code=TOO_LARGE,
+            )
+        if self.state is ConnectionState.CLOSED:
+            raise LocalProtocolError("the connection is closed")
+        if isinstance(frame, ErrorFrame) and frame.stream_id == CONNECTION_STREAM_ID:
+            nxt = CONNECTION_TABLE.get((self.role, self.state, "send ERROR 0"))
+            if nxt is None:
+                raise LocalProtocolError(
+                    f"ERROR on stream 0 is not allowed while {self.state.value}"
+                )
+            self.state = nxt
+            self._streams.clear()
+        elif self.state is ConnectionState.ERRORED:
+            raise LocalProtocolError("after a protocol error only ERROR on stream 0 may be sent")
+        elif isinstance(frame, (Ext, UnknownFrame)):
+            if self.state is not ConnectionState.OPEN:
+                raise LocalProtocolError(f"{describe(frame)} before the connection is set up")
+        else:
+            self._send_frame(frame)
+        return add_tcp_length(message) if self.transport == "tcp" else message
+
+    def send_error(self, stream_id: int, code: str, message: str) -> bytes:
+        """ERROR with ``{code, message}``; stream 0 ends the connection."""
+        return self.send(error_frame(stream_id, code, message))
+
+    def _send_frame(self, frame: Frame) -> None:
+        raise NotImplementedError
+
+    def _send_all(self, stream_id: int, frames: list[Frame]) -> list[bytes]:
+        """Send several frames of one stream all or nothing."""
+        rec = self._streams.get(stream_id)
+        saved = None if rec is None else (rec.phase, rec.credits)
+        sent: list[bytes] = []
+        try:
+            for frame in frames:
+                sent.append(self.send(frame))
+        except LocalProtocolError:
+            if saved is None:
+                self._streams.pop(stream_id, None)
+            else:
+                assert rec is not None
+                rec.phase, rec.credits = saved
+                self._streams[stream_id] = rec
+            raise
+        return sent
+
+    # --- stream table helpers ----------------------------------------------------
+
+    def _apply(self, stream_id: int, rec: StreamRecord | None, kind: Kind, to: Phase) -> None:
+        if to is Phase.CLOSED:
+            self._streams.pop(stream_id, None)
+        elif rec is None:
+            self._streams[stream_id] = StreamRecord(kind, to)
+        else:
+            rec.phase = to
+
+    def _send_transition(
+        self, rec: StreamRecord | None, kind: Kind, ev: Ev, stream_id: int, hint: str = ""
+    ) -> Transition:
+        phase = rec.phase if rec is not None else Phase.CLOSED
+        t = self.table.get((rec.kind if rec is not None else kind, phase, ev))
+        if t is None:
+            what = ev.value.replace("send_", "").replace("_", " ").upper()
+            state = f"a {rec.kind.name} stream in phase {phase.value}" if rec else "no live stream"
+            raise LocalProtocolError(
+                f"cannot send {what} on stream {stream_id}: {state}"
+                + (f" ({hint})" if hint else "")
+            )
+        return t
+
+
+class ServerConnection(_Connection):
+    """The responder side (polyport's server).
+
+    Requests come out of ``receive_data`` whole, in the spec's frame classes;
+    answer them with :meth:`send_response` / :meth:`send_complete` /
+    :meth:`send_error` (or :meth:`send`).  On REQUEST_STREAM and REQUEST_SUB
+    every NEXT uses one credit (``credits(stream_id)``); REQUEST_N frames add
+    credits and are returned so the application can resume sending.
+    """
+
+    role = "server"
+    table = RESPONDER_TABLE
+    live_phases = RESPONDER_LIVE
+
+    def __init__(
+        self,
+        transport: str = "tcp",
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_fragment: int = DEFAULT_MAX_FRAGMENT,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        extensions: Iterable[int] = (),
+    ) -> None:
+        super().__init__(
+            transport,
+            max_frame_size=max_frame_size,
+            max_message_size=max_message_size,
+            max_fragment=max_fragment,
+            extensions=extensions,
+        )
+        self.max_streams = max_streams
+
+    # --- receiving -------------------------------------------------------------
+
+    def _receive_frame(self, frame: Frame, out: list[Event]) -> None:
+        if self.state is ConnectionState.AWAITING_SETUP:
+            if not isinstance(frame, Setup):
+                raise ProtocolError(
+                    f"the first frame must be SETUP on stream 0, got {describe(frame)} "
+                    f"on stream {frame.stream_id}",
+                    code=MALFORMED,
+                )
+            self._connection_event("recv SETUP", frame)
+            out.append(frame)
+            return
+        if isinstance(frame, Setup):
+            raise ProtocolError("SETUP may only be sent once, as the first frame")
+        if isinstance(frame, (Response, ErrorFrame)):
+            # We never make requests, so these answer nothing we know: dropped,
+            # as the spec says of frames in an unspecified state.
+            if frame.stream_id == CONNECTION_STREAM_ID:
+                self._check_stream_zero(frame)
+            return
+        self._check_stream_zero(frame)
+        if isinstance(frame, _REQUEST_CLASSES):
+            self._receive_request(frame, out)
+        elif isinstance(frame, RequestN):
+            self._receive_request_n(frame, out)
+        elif isinstance(frame, Cancel):
+            self._receive_cancel(frame, out)
+
+    def _violation(
+        self,
+        rec: StreamRecord | None,
+        kind: Kind,
+        stream_id: int,
+        more: bool,
+        code: str,
+        message: str,
+        out: list[Event],
+    ) -> None:
+        phase = rec.phase if rec is not None else Phase.CLOSED
+        lookup = rec.kind if rec is not None else kind
+        ev = Ev.VIOLATION_MID_REQUEST if more else Ev.VIOLATION
+        to, action = self.table[(lookup, phase, ev)]
+        if rec is not None:
+            rec.parts.clear()
+            rec.size = 0
+            rec.first = None
+            rec.credits = 0
+        self._apply(stream_id, rec, lookup, to)
+        if action is Action.REJECT:
+            out.append(StreamError(stream_id, code, message))
+
+    def _receive_request(self, frame: Request, out: list[Event]) -> None:
+        sid = frame.stream_id
+        kind = Kind(FRAME_TYPE_OF[type(frame)])
+        rec = self._streams.get(sid)
+        phase = rec.phase if rec is not None else Phase.CLOSED
+        continuing = phase in (
+            Phase.RECEIVING_REQUEST,
+            Phase.REJECTED_MID_REQUEST,
+            Phase.DISCARDING,
+        )
+        # More fragments of this request follow the frame.
+        more = not frame.end and (frame.begin or continuing)
+        name = kind.name
+        if continuing:
+            assert rec is not None
+            if frame.begin:
+                return self._violation(
+                    rec,
+                    kind,
+                    sid,
+                    more,
+                    MALFORMED,
+                    f"{name} fragment with B while stream {sid} is "
+                    "still receiving a fragmented request",
+                    out,
+                )
+            if rec.kind is not kind:
+                return self._violation(
+                    rec,
+                    kind,
+                    sid,
+                    more,
+                    MALFORMED,
+                    f"{name} fragment continues a {rec.kind.name} on stream {sid}",
+                    out,
+                )
+            ev = Ev.RECV_REQUEST_END if frame.end else Ev.RECV_REQUEST_MORE
+        elif frame.begin and not frame.end:
+            ev = Ev.RECV_REQUEST_BEGIN
+        elif frame.end and not frame.begin:
+            return self._violation(
+                rec,
+                kind,
+                sid,
+                False,
+                MALFORMED,
+                f"{name} fragment with E but no earlier B on stream {sid}",
+                out,
+            )
+        else:
+            ev = Ev.RECV_REQUEST
+
+        t = self.table.get((rec.kind if rec is not None else kind, phase, ev))
+        if t is None:
+            assert rec is not None
+            return self._violation(
+                rec,
+                kind,
+                sid,
+                more,
+                MALFORMED,
+                f"stream id {sid} is already in use by a live {rec.kind.name}",
+                out,
+            )
+        to, action = t
+        if ev in (Ev.RECV_REQUEST, Ev.RECV_REQUEST_BEGIN) and rec is None:
+            if isinstance(frame, (RequestStream, RequestSub)) and frame.initial_n < 0:
+                return self._violation(
+                    None,
+                    kind,
+                    sid,
+                    more,
+                    MALFORMED,
+                    f"{name} with negative Initial Request N {frame.initial_n}",
+                    out,
+                )
+            if to is not Phase.CLOSED and len(self._streams) >= self.max_streams:
+                return self._violation(
+                    None,
+                    kind,
+                    sid,
+                    more,
+                    "busy",
+                    f"too many streams in use (limit {self.max_streams})",
+                    out,
+                )
+        if ev in (Ev.RECV_REQUEST_BEGIN, Ev.RECV_REQUEST_MORE, Ev.RECV_REQUEST_END) and (
+            phase is not Phase.DISCARDING and phase is not Phase.REJECTED_MID_REQUEST
+        ):
+            size = rec.size if rec is not None and ev is not Ev.RECV_REQUEST_BEGIN else 0
+            if size + len(frame.data) > self.max_message_size:
+                return self._violation(
+                    rec,
+                    kind,
+                    sid,
+                    more,
+                    TOO_LARGE,
+                    f"fragmented {name} exceeds max_message_size {self.max_message_size}",
+                    out,
+                )
+
+        # Take the reassembly buffers before _apply() may drop the record.
+        first = rec.first if rec is not None else None
+        parts = rec.parts if rec is not None else []
+        self._apply(sid, rec, kind, to)
+        rec = self._streams.get(sid)
+        whole: Request | None = None
+        if ev is Ev.RECV_REQUEST:
+            whole = replace(frame, begin=False, end=False)
+        elif ev is Ev.RECV_REQUEST_BEGIN and rec is not None and to is Phase.RECEIVING_REQUEST:
+            rec.first, rec.parts, rec.size = frame, [frame.data], len(frame.data)
+        elif ev is Ev.RECV_REQUEST_MORE and rec is not None and to is Phase.RECEIVING_REQUEST:
+            rec.parts.append(frame.data)
+            rec.size += len(frame.data)
+        elif ev is Ev.RECV_REQUEST_END and action is Action.DELIVER:
+            assert isinstance(first, _REQUEST_CLASSES)
+            whole = replace(first, data=b"".join([*parts, frame.data]), begin=False, end=False)
+        if rec is not None and to is not Phase.RECEIVING_REQUEST:
+            rec.first, rec.parts, rec.size = None, [], 0
+        if whole is not None and action is Action.DELIVER:
+            if rec is not None and isinstance(whole, (RequestStream, RequestSub)):
+                rec.credits = add_credits(rec.credits, whole.initial_n)
+            out.append(whole)
+
+    def _receive_request_n(self, frame: RequestN, out: list[Event]) -> None:
+        sid = frame.stream_id
+        rec = self._streams.get(sid)
+        if rec is None:
+            return  # races with completion: the stream is gone
+        t = self.table.get((rec.kind, rec.phase, Ev.RECV_REQUEST_N))
+        if t is None:
+            return
+        counting = rec.kind.has_credits and rec.phase in (
+            Phase.RECEIVING_REQUEST,
+            Phase.RESPONDING,
+            Phase.SENDING_FRAGMENTS,
+        )
+        if counting and frame.n <= 0:
+            return self._violation(
+                rec,
+                rec.kind,
+                sid,
+                rec.phase is Phase.RECEIVING_REQUEST,
+                MALFORMED,
+                f"REQUEST_N of {frame.n} on stream {sid}: Request N must be positive",
+                out,
+            )
+        if counting:
+            rec.credits = add_credits(rec.credits, frame.n)
+        to, action = t
+        rec.phase = to
+        if action is Action.DELIVER:
+            out.append(frame)
+
+    def _receive_cancel(self, frame: Cancel, out: list[Event]) -> None:
+        sid = frame.stream_id
+        rec = self._streams.get(sid)
+        if rec is None:
+            return  # races with completion: nothing left to cancel
+        t = self.table.get((rec.kind, rec.phase, Ev.RECV_CANCEL))
+        if t is None:
+            return
+        to, action = t
+        self._apply(sid, rec, rec.kind, to)
+        if action is Action.DELIVER:
+            out.append(frame)
+
+    # --- sending ---------------------------------------------------------------
+
+    def _send_frame(self, frame: Frame) -> None:
+        if isinstance(frame, Response):
+            self._send_response_frame(frame)
+        elif isinstance(frame, ErrorFrame):
+            rec = self._streams.get(frame.stream_id)
+            kind = rec.kind if rec is not None else Kind.REQUEST_RESPONSE
+            to, _ = self._send_transition(rec, kind, Ev.SEND_ERROR, frame.stream_id)
+            self._apply(frame.stream_id, rec, kind, to)
+        else:
+            raise LocalProtocolError(
+                f"the server sends RESPONSE, ERROR and EXT only, not {describe(frame)}"
+            )
+
+    def _send_response_frame(self, frame: Response) -> None:
+        sid = frame.stream_id
+        rec = self._streams.get(sid)
+        if rec is None or rec.phase not in (Phase.RESPONDING, Phase.SENDING_FRAGMENTS):
+            state = "it is not live" if rec is None else f"it is {rec.phase.value}"
+            raise LocalProtocolError(f"cannot send RESPONSE on stream {sid}: {state}")
+        hint = ""
+        item = False
+        if rec.phase is Phase.SENDING_FRAGMENTS:
+            if frame.begin:
+                raise LocalProtocolError(
+                    f"stream {sid} is in the middle of a fragmented RESPONSE: no B flag"
+                )
+            if frame.complete and not frame.end:
+                raise LocalProtocolError("C (complete) goes on the last fragment only")
+            ev = (
+                (Ev.SEND_END_COMPLETE if frame.complete else Ev.SEND_END)
+                if frame.end
+                else Ev.SEND_MORE
+            )
+        elif frame.begin and not frame.end:
+            if frame.complete:
+                raise LocalProtocolError("C (complete) goes on the last fragment only")
+            ev, item = Ev.SEND_BEGIN, True
+        elif not frame.begin:
+            raise LocalProtocolError(
+                "a whole RESPONSE has B and E set; fragments start with B alone"
+            )
+        elif frame.complete:
+            ev, item = Ev.SEND_COMPLETE, bool(frame.data)
+        else:
+            ev, item = Ev.SEND_NEXT, True
+        if rec.kind is Kind.REQUEST_SUB and ev in (Ev.SEND_COMPLETE, Ev.SEND_END_COMPLETE):
+            hint = "a REQUEST_SUB never completes; end it with ERROR"
+        elif rec.kind is Kind.REQUEST_RESPONSE and ev in (Ev.SEND_NEXT, Ev.SEND_END):
+            hint = "a REQUEST_RESPONSE is answered by one RESPONSE with C (complete)"
+        to, _ = self._send_transition(rec, rec.kind, ev, sid, hint)
+        if item and rec.kind.has_credits:
+            if rec.credits <= 0:
+                raise LocalProtocolError(f"no credits left on stream {sid}: wait for REQUEST_N")
+            rec.credits = use_credit(rec.credits)
+        self._apply(sid, rec, rec.kind, to)
+
+    def fragment_response(
+        self,
+        stream_id: int,
+        data: bytes,
+        *,
+        complete: bool = False,
+        max_fragment: int | None = None,
+    ) -> list[Response]:
+        """The RESPONSE frames carrying ``data``: one whole frame when it fits
+        ``max_fragment`` (default: the connection's), else B / ... / E fragments."""
+        limit = self.max_fragment if max_fragment is None else max_fragment
+        frames = fragment(Response(stream_id, data, complete), limit)
+        return [f for f in frames if isinstance(f, Response)]
+
+    def send_response(
+        self,
+        stream_id: int,
+        data: bytes,
+        *,
+        complete: bool = False,
+        max_fragment: int | None = None,
+    ) -> list[bytes]:
+        """NEXT (or NEXT+COMPLETE) with ``data``, fragmented as needed.  One
+        ``bytes`` per frame (one WebSocket message each); all or nothing."""
+        frames = self.fragment_response(
+            stream_id, data, complete=complete, max_fragment=max_fragment
+        )
+        return self._send_all(stream_id, list(frames))
+
+    def send_complete(self, stream_id: int) -> bytes:
+        """COMPLETE without data (ends a REQUEST_STREAM; uses no credit)."""
+        return self.send(Response(stream_id, b"", complete=True))
+
+
+class ClientConnection(_Connection):
+    """The requester side.  Send SETUP first (:meth:`setup`), then requests on
+    ids from :meth:`next_stream_id` (odd: 1, 3, 5, ...; never reused).
+    RESPONSEs come out of ``receive_data`` reassembled."""
+
+    role = "client"
+    table = REQUESTER_TABLE
+    live_phases = REQUESTER_LIVE
+
+    def __init__(
+        self,
+        transport: str = "tcp",
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_fragment: int = DEFAULT_MAX_FRAGMENT,
+        extensions: Iterable[int] = (),
+    ) -> None:
+        super().__init__(
+            transport,
+            max_frame_size=max_frame_size,
+            max_message_size=max_message_size,
+            max_fragment=max_fragment,
+            extensions=extensions,
+        )
+        self._next_id = 1
+        # The spec: a client takes SETUP as accepted once it sees a response.
+        self.setup_accepted = False
+
+    def next_stream_id(self) -> int:
+        sid = self._next_id
+        if sid > MAX_STREAM_ID:
+            raise LocalProtocolError("stream ids are exhausted on this connection")
+        self._next_id += 2
+        return sid
+
+    # --- receiving -------------------------------------------------------------
+
+    def _receive_frame(self, frame: Frame, out: list[Event]) -> None:
+        if self.state is ConnectionState.AWAITING_SETUP:
+            raise ProtocolError(f"received {describe(frame)} before SETUP was sent")
+        if isinstance(frame, Setup):
+            raise ProtocolError("SETUP comes from the client, not the server")
+        self._check_stream_zero(frame)
+        if isinstance(frame, Response):
+            self._receive_response(frame, out)
+        elif isinstance(frame, ErrorFrame):
+            self._receive_error(frame, out)
+        else:
+            # Requests from the server's requester: this client serves none;
+            # ignored like any frame in an unspecified state.
+            if isinstance(frame, _REQUEST_CLASSES):
+                self.setup_accepted = True
+
+    def _abandon(
+        self, rec: StreamRecord, sid: int, code: str, message: str, out: list[Event]
+    ) -> None:
+        to, action = self.table[(rec.kind, rec.phase, Ev.VIOLATION)]
+        rec.parts, rec.size = [], 0
+        self._apply(sid, rec, rec.kind, to)
+        if action is Action.REJECT:
+            out.append(StreamError(sid, code, message))
+
+    def _receive_response(self, frame: Response, out: list[Event]) -> None:
+        sid = frame.stream_id
+        rec = self._streams.get(sid)
+        if rec is None:
+            return  # after our CANCEL the responder may still be talking
+        self.setup_accepted = True
+        if rec.phase is Phase.RECEIVING_FRAGMENTS:
+            if frame.begin:
+                return self._abandon(
+                    rec,
+                    sid,
+                    MALFORMED,
+                    f"RESPONSE with B while stream {sid} is still receiving a fragmented response",
+                    out,
+                )
+            if frame.complete and not frame.end:
+                return self._abandon(
+                    rec, sid, MALFORMED, "C (complete) on a RESPONSE fragment before the last", out
+                )
+            if frame.end:
+                ev = Ev.RECV_END_COMPLETE if frame.complete else Ev.RECV_END
+            else:
+                ev = Ev.RECV_MORE
+        elif frame.begin and not frame.end:
+            if frame.complete:
+                return self._abandon(
+                    rec, sid, MALFORMED, "C (complete) on the first RESPONSE fragment", out
+                )
+            ev = Ev.RECV_BEGIN
+        elif frame.end and not frame.begin:
+            return self._abandon(
+                rec,
+                sid,
+                MALFORMED,
+                f"RESPONSE fragment with E but no earlier B on stream {sid}",
+                out,
+            )
+        else:
+            # Both bits, or neither (a peer that never fragments): whole.
+            ev = Ev.RECV_COMPLETE if frame.complete else Ev.RECV_NEXT
+        t = self.table.get((rec.kind, rec.phase, ev))
+        if t is None:
+            return self._abandon(
+                rec,
+                sid,
+                MALFORMED,
+                f"unexpected RESPONSE on a {rec.kind.name} stream that is {rec.phase.value}",
+                out,
+            )
+        to, action = t
+        if ev in (Ev.RECV_BEGIN, Ev.RECV_MORE, Ev.RECV_END, Ev.RECV_END_COMPLETE) and (
+            rec.phase is not Phase.ABANDONED
+        ):
+            size = rec.size if ev is not Ev.RECV_BEGIN else 0
+            if size + len(frame.data) > self.max_message_size:
+                return self._abandon(
+                    rec,
+                    sid,
+                    TOO_LARGE,
+                    f"fragmented RESPONSE exceeds max_message_size {self.max_message_size}",
+                    out,
+                )
+        item = ev in (Ev.RECV_NEXT, Ev.RECV_BEGIN) or (ev is Ev.RECV_COMPLETE and frame.data)
+        if item and rec.phase is not Phase.ABANDONED and rec.kind.has_credits:
+            rec.credits = max(0, use_credit(rec.credits))
+        whole: Response | None = None
+        if ev in (Ev.RECV_NEXT, Ev.RECV_COMPLETE):
+            whole = replace(frame, begin=True, end=True)
+        elif ev is Ev.RECV_BEGIN:
+            rec.parts, rec.size = [frame.data], len(frame.data)
+        elif ev is Ev.RECV_MORE:
+            rec.parts.append(frame.data)
+            rec.size += len(frame.data)
+        elif ev in (Ev.RECV_END, Ev.RECV_END_COMPLETE):
+            data = b"".join([*rec.parts, frame.data])
+            rec.parts, rec.size = [], 0
+            whole = Response(sid, data, frame.complete)
+        self._apply(sid, rec, rec.kind, to)
+        if whole is not None and action is Action.DELIVER:
+            out.append(whole)
+
+    def _receive_error(self, frame: ErrorFrame, out: list[Event]) -> None:
+        sid = frame.stream_id
+        rec = self._streams.get(sid)
+        if rec is None:
+            return
+        self.setup_accepted = True
+        t = self.table.get((rec.kind, rec.phase, Ev.RECV_ERROR))
+        if t is None:
+            return
+        to, action = t
+        self._apply(sid, rec, rec.kind, to)
+        if action is Action.DELIVER:
+            out.append(frame)
+
+    # --- sending ---------------------------------------------------------------
+
+    def _send_frame(self, frame: Frame) -> None:
+        if isinstance(frame, Setup):
+            nxt = CONNECTION_TABLE.get((self.role, self.state, "send SETUP"))
+            if nxt is None:
+                raise LocalProtocolError("SETUP is sent once, as the first frame")
+            self.state = nxt
+            return
+        if self.state is not ConnectionState.OPEN:
+            raise LocalProtocolError(f"send SETUP before {describe(frame)}")
+        if frame.stream_id == CONNECTION_STREAM_ID:
+            raise LocalProtocolError(f"{describe(frame)} cannot use stream 0")
+        if isinstance(frame, _REQUEST_CLASSES):
+            self._send_request_frame(frame)
+        elif isinstance(frame, RequestN):
+            rec = self._streams.get(frame.stream_id)
+            if frame.n <= 0:
+                raise LocalProtocolError(f"Request N must be positive, not {frame.n}")
+            kind = rec.kind if rec is not None else Kind.REQUEST_STREAM
+            to, _ = self._send_transition(rec, kind, Ev.SEND_REQUEST_N, frame.stream_id)
+            assert rec is not None
+            rec.credits = add_credits(rec.credits, frame.n)
+            rec.phase = to
+        elif isinstance(frame, Cancel):
+            rec = self._streams.get(frame.stream_id)
+            kind = rec.kind if rec is not None else Kind.REQUEST_STREAM
+            to, _ = self._send_transition(rec, kind, Ev.SEND_CANCEL, frame.stream_id)
+            self._apply(frame.stream_id, rec, kind, to)
+        else:
+            raise LocalProtocolError(
+                f"the client sends SETUP, requests, REQUEST_N, CANCEL and EXT, "
+                f"not {describe(frame)} on a stream"
+            )
+
+    def _send_request_frame(self, frame: Request) -> None:
+        sid = frame.stream_id
+        kind = Kind(FRAME_TYPE_OF[type(frame)])
+        rec = self._streams.get(sid)
+        if isinstance(frame, (RequestStream, RequestSub)) and frame.initial_n < 0:
+            raise LocalProtocolError(f"Initial Request N must not be negative: {frame.initial_n}")
+        if rec is not None and rec.phase is Phase.SENDING_REQUEST:
+            if frame.begin:
+                raise LocalProtocolError(
+                    f"stream {sid} is in the middle of a fragmented request: no B flag"
+                )
+            if rec.kind is not kind:
+                raise LocalProtocolError(
+                    f"a {kind.name} fragment cannot continue the {rec.kind.name} on {sid}"
+                )
+            ev = Ev.SEND_REQUEST_END if frame.end else Ev.SEND_REQUEST_MORE
+        elif frame.begin and not frame.end:
+            ev = Ev.SEND_REQUEST_BEGIN
+        elif frame.end and not frame.begin:
+            raise LocalProtocolError("a request fragment with E needs an earlier B")
+        else:
+            ev = Ev.SEND_REQUEST
+        to, _ = self._send_transition(
+            rec,
+            kind,
+            ev,
+            sid,
+            "stream ids must not be reused while live" if rec is not None else "",
+        )
+        self._apply(sid, rec, kind, to)
+        new = self._streams.get(sid)
+        if new is not None and rec is None and isinstance(frame, (RequestStream, RequestSub)):
+            new.credits = add_credits(0, frame.initial_n)
+
+    # --- conveniences -------------------------------------------------------------
+
+    def setup(self, data: bytes = b"") -> bytes:
+        return self.send(Setup(data))
+
+    def _request(self, frame: Request) -> tuple[int, list[bytes]]:
+        frames: list[Frame] = list(fragment(frame, self.max_fragment))
+        return frame.stream_id, self._send_all(frame.stream_id, frames)
+
+    def request_response(self, data: bytes) -> tuple[int, list[bytes]]:
+        """Allocate a stream id and send the request (fragmented as needed).
+        Returns the id and one ``bytes`` per frame."""
+        return self._request(RequestResponse(self.next_stream_id(), data))
+
+    def request_fnf(self, data: bytes) -> tuple[int, list[bytes]]:
+        return self._request(RequestFnf(self.next_stream_id(), data))
+
+    def request_stream(self, data: bytes, initial_n: int) -> tuple[int, list[bytes]]:
+        return self._request(RequestStream(self.next_stream_id(), initial_n, data))
+
+    def request_sub(self, data: bytes, initial_n: int) -> tuple[int, list[bytes]]:
+        return self._request(RequestSub(self.next_stream_id(), initial_n, data))
+
+    def request_n(self, stream_id: int, n: int) -> bytes:
+        """REQUEST_N, or ``b""`` when the stream has already ended."""
+        if not self.is_live(stream_id):
+            return b""
+        return self.send(RequestN(stream_id, n))
+
+    def cancel(self, stream_id: int) -> bytes:
+        """CANCEL, or ``b""`` when the stream has already ended."""
+        if not self.is_live(stream_id):
+            return b""
+        return self.send(Cancel(stream_id))

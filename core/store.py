@@ -126,7 +126,7 @@ class EventStore:
             ) from exc
         self.tailer = Tailer(self._pool, self._dsn, self.config.poll_interval)
         await self.tailer.start()
-        self.writer = Writer(self._pool, self.config.writer, on_commit=self._committed)
+        self.writer = Writer(self._pool, self._dsn, self.config.writer, on_commit=self._committed)
         self.writer.start()
         self._notify_task = asyncio.create_task(self._notifier(), name="polyport-notify")
         self.users = UserService(self._pool, allow_anonymous=self.config.allow_anonymous)
@@ -174,6 +174,7 @@ class EventStore:
         """NOTIFY other processes after commit, never inside the append
         transaction; one in flight at a time, carrying the latest position."""
         sent = 0
+        conn: asyncpg.Connection | None = None
         while True:
             await self._notify_wake.wait()
             self._notify_wake.clear()
@@ -181,10 +182,19 @@ class EventStore:
                 continue
             target = self._notify_latest
             try:
-                await self._pool.execute(sql.NOTIFY, str(target))
+                if conn is None or conn.is_closed():
+                    conn = await asyncpg.connect(self._dsn)
+                await conn.execute(sql.NOTIFY, str(target))
                 sent = target
+            except asyncio.CancelledError:
+                if conn is not None:
+                    conn.terminate()
+                raise
             except Exception as exc:  # polling covers a lost notification
                 log.debug("NOTIFY failed: %s", exc)
+                if conn is not None:
+                    conn.terminate()
+                conn = None
 
     # --- reads --------------------------------------------------------------
 

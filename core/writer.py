@@ -78,10 +78,12 @@ class Writer:
     def __init__(
         self,
         pool: asyncpg.Pool,
+        dsn: str,
         limits: WriterLimits | None = None,
         on_commit: Callable[[int], None] | None = None,
     ) -> None:
         self._pool = pool
+        self._dsn = dsn
         self.limits = limits or WriterLimits()
         self._queue: deque[_Pending] = deque()
         self._queued_events = 0
@@ -90,6 +92,9 @@ class Writer:
         self._closing = False
         self._on_commit = on_commit
         self.stats = WriterStats()
+        # The writer's own connection: taking one from the pool per commit
+        # costs a reset round trip each time.
+        self._conn: asyncpg.Connection | None = None
 
     @property
     def queue_depth(self) -> int:
@@ -104,6 +109,7 @@ class Writer:
         self._wake.set()
         if self._task is not None:
             await self._task
+        await self.close()
 
     async def submit(self, appends: Sequence[Append]) -> list[AppendResult]:
         if self._closing:
@@ -150,8 +156,18 @@ class Writer:
             batch = self._take_batch()
             started = time.monotonic()
             try:
-                await self._commit(batch)
+                try:
+                    await self._commit(batch, check_ids=False)
+                except asyncpg.UniqueViolationError as exc:
+                    if exc.constraint_name != "events_event_id_key":
+                        raise
+                    # A re-sent event id: redo the batch with the idempotency lookup.
+                    await self._commit(batch, check_ids=True)
             except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+                if self._conn is not None and not self._conn.is_closed():
+                    if isinstance(exc, OSError | asyncpg.InterfaceError):
+                        self._conn.terminate()
+                        self._conn = None
                 log.error("append transaction failed: %s", exc)
                 err = StorageUnavailable(f"storage error, nothing from this commit was stored: {exc}")
                 for p in batch:
@@ -188,11 +204,24 @@ class Writer:
             size += p.size
         return batch
 
-    async def _commit(self, batch: list[_Pending]) -> None:
+    async def _connection(self) -> asyncpg.Connection:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await asyncpg.connect(self._dsn)
+        return self._conn
+
+    async def close(self) -> None:
+        if self._conn is not None and not self._conn.is_closed():
+            await self._conn.close()
+
+    async def _commit(self, batch: list[_Pending], *, check_ids: bool) -> None:
+        """Commit one batch.  Without ``check_ids`` re-sent event ids are not
+        looked up first (the common case costs nothing); the unique index
+        catches them and the caller retries with the lookup."""
         keys = sorted({(a.context, a.stream) for p in batch for a in p.appends})
         ids = [e.event_id for p in batch for a in p.appends for e in a.events]
         commit_id = uuid.uuid4()
-        async with self._pool.acquire() as conn, conn.transaction():
+        conn = await self._connection()
+        async with conn.transaction():
             head = await conn.fetchrow(sql.LOCK_HEAD)
             position: int = head["last_position"]
             last_time: datetime = head["last_recorded_at"]
@@ -207,7 +236,7 @@ class Writer:
                     r["last_version"], r["segment_length"], True
                 )
             existing: dict[uuid.UUID, RecordedEvent] = {}
-            if ids:
+            if ids and check_ids:
                 for r in await conn.fetch(sql.EXISTING_EVENT_IDS, ids):
                     existing[r["event_id"]] = record_from_row(r)
 

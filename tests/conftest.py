@@ -7,8 +7,9 @@ import itertools
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import pytest
@@ -16,6 +17,9 @@ import pytest
 from core import migrate
 from core.store import EventStore, StoreConfig
 from gateway.embedded_pg import EmbeddedPostgres
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
 
 TEMPLATE_DB = "polyport_template"
 _counter = itertools.count()
@@ -91,3 +95,29 @@ async def store(db_url: str) -> AsyncIterator[EventStore]:
     await s.start()
     yield s
     await s.close()
+
+
+@pytest.fixture
+async def gateway_factory(db_url: str) -> AsyncIterator[Callable[..., Awaitable[Gateway]]]:
+    """Start gateways on the test database with every port picked freely.
+    ``await gateway_factory(bson_port="off", idle_timeout=2)`` overrides config."""
+    from dataclasses import replace
+
+    from gateway.app import Gateway
+    from gateway.config import DEFAULT_PORTS, GatewayConfig
+
+    started: list[Gateway] = []
+
+    async def start(**overrides: Any) -> Gateway:
+        base = GatewayConfig(database_url=db_url, http_port=0, poll_interval=0.2,
+                             **{f"{n}_port": 0 for n in DEFAULT_PORTS})
+        extra = overrides.pop("extra", {})
+        cfg = replace(base, **overrides, extra={**base.extra, **extra})
+        gw = Gateway(cfg)
+        await gw.start()
+        started.append(gw)
+        return gw
+
+    yield start
+    for gw in started:
+        await gw.stop()

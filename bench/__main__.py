@@ -1,0 +1,32 @@
+"""``python -m bench NAME``: run one benchmark (core, res01, bson,
+reactivesocket, micromsg2, segment, pipeline) and print ratios against raw
+PostgreSQL measured in the same run."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import bench
+
+
+def available() -> list[str]:
+    return sorted(
+        m.name for m in pkgutil.iter_modules(bench.__path__)
+        if m.name not in ("common", "__main__")
+    )
+
+
+def main(argv: list[str]) -> int:
+    names = available()
+    if len(argv) < 1 or argv[0] not in names:
+        print(f"usage: python -m bench {{{','.join(names)}}} [options]", file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"bench.{argv[0]}")
+    result: int = module.main(argv[1:])
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,184 @@
+"""Shared benchmark plumbing: a durable throwaway cluster, raw-PostgreSQL
+baselines measured in the same run, progress lines and the result table.
+
+Baselines write into the real ``events`` table (same indexes) of a separate
+database on the same cluster, so ratios compare like with like.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import asyncpg
+
+from core import migrate, sql
+from gateway.embedded_pg import EmbeddedPostgres
+
+_db_counter = itertools.count()
+
+
+class Progress:
+    """One self-overwriting line on stderr while a phase runs."""
+
+    def __init__(self, label: str, total: int | None = None) -> None:
+        self.label = label
+        self.total = total
+        self.started = time.monotonic()
+        self._last = 0.0
+
+    def update(self, done: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < 0.5:
+            return
+        self._last = now
+        of = f"/{self.total}" if self.total else ""
+        rate = done / max(now - self.started, 1e-9)
+        sys.stderr.write(f"\r  {self.label}: {done}{of} ({rate:,.0f}/s)   ")
+        sys.stderr.flush()
+
+    def done(self, count: int) -> None:
+        self.update(count, force=True)
+        sys.stderr.write("\n")
+
+
+@asynccontextmanager
+async def bench_cluster() -> AsyncIterator[EmbeddedPostgres]:
+    """A fresh cluster with production durability (fsync on), removed after."""
+    root = Path(tempfile.mkdtemp(prefix="polyport-bench-", dir="/tmp"))
+    root.chmod(0o755)
+    pg = EmbeddedPostgres(root / "data", fast=False)
+    sys.stderr.write("starting a throwaway PostgreSQL cluster (fsync on)...\n")
+    await asyncio.get_running_loop().run_in_executor(None, pg.start)
+    try:
+        yield pg
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, pg.stop)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def fresh_database(pg: EmbeddedPostgres) -> str:
+    """A new migrated database on the cluster; returns its URL."""
+    port = pg.running_port()
+    assert port is not None
+    admin = pg.url(port)
+    name = f"bench_{os.getpid()}_{next(_db_counter)}"
+    conn = await asyncpg.connect(admin)
+    try:
+        await conn.execute(f"CREATE DATABASE {name}")
+    finally:
+        await conn.close()
+    url = admin.rsplit("/", 1)[0] + "/" + name
+    await asyncio.get_running_loop().run_in_executor(None, migrate.upgrade, url, "head")
+    return url
+
+
+_INSERT_ONE = f"""
+INSERT INTO events ({", ".join(sql.EVENT_COLUMNS)})
+VALUES (nextval('bench_position'), $1, 'bench', $2, $3, 'bench', '{{}}'::jsonb, $4,
+        'application/octet-stream', NULL, now(), 'raw', 0)
+"""
+
+
+async def _prepare_raw(url: str) -> None:
+    conn = await asyncpg.connect(migrate.asyncpg_dsn(url))
+    try:
+        await conn.execute("CREATE SEQUENCE IF NOT EXISTS bench_position")
+    finally:
+        await conn.close()
+
+
+async def raw_single_row_rate(url: str, clients: int, seconds: float, body: bytes) -> float:
+    """Rows/s of ``clients`` connections each inserting one row per transaction."""
+    await _prepare_raw(url)
+    dsn = migrate.asyncpg_dsn(url)
+    deadline = time.monotonic() + seconds
+    counts = [0] * clients
+    prog = Progress(f"raw asyncpg, {clients} clients, 1 row/tx")
+
+    async def client(i: int) -> None:
+        conn = await asyncpg.connect(dsn)
+        stream = f"raw-{i}-{uuid.uuid4().hex[:6]}"
+        try:
+            while time.monotonic() < deadline:
+                counts[i] += 1
+                await conn.execute(_INSERT_ONE, uuid.uuid4(), stream, counts[i], body)
+                prog.update(sum(counts))
+        finally:
+            await conn.close()
+
+    started = time.monotonic()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    elapsed = time.monotonic() - started
+    prog.done(sum(counts))
+    return sum(counts) / elapsed
+
+
+async def raw_copy_rate(url: str, rows: int, body: bytes, batch: int = 10_000) -> float:
+    """Rows/s of binary COPY into the events table."""
+    await _prepare_raw(url)
+    conn = await asyncpg.connect(migrate.asyncpg_dsn(url))
+    prog = Progress("raw binary COPY", rows)
+    try:
+        base = await conn.fetchval("SELECT coalesce(max(position), 0) FROM events") + 10_000_000
+        now = datetime.now(timezone.utc)
+        stream = f"copy-{uuid.uuid4().hex[:6]}"
+        started = time.monotonic()
+        done = 0
+        while done < rows:
+            n = min(batch, rows - done)
+            records = [
+                (base + done + i, uuid.uuid4(), "bench", stream, done + i + 1, "bench",
+                 "{}", body, "application/octet-stream", None, now, "raw", 0)
+                for i in range(n)
+            ]
+            await conn.copy_records_to_table("events", records=records, columns=sql.EVENT_COLUMNS)
+            done += n
+            prog.update(done)
+        elapsed = time.monotonic() - started
+    finally:
+        await conn.close()
+    prog.done(rows)
+    return rows / elapsed
+
+
+async def timed_rate(
+    label: str, workers: int, seconds: float, op: Callable[[int], Awaitable[int]]
+) -> float:
+    """Run ``op(worker)`` in ``workers`` loops for ``seconds``; ``op`` returns
+    how many items it completed.  Returns items/s."""
+    deadline = time.monotonic() + seconds
+    counts = [0] * workers
+    prog = Progress(label)
+
+    async def loop(i: int) -> None:
+        while time.monotonic() < deadline:
+            counts[i] += await op(i)
+            prog.update(sum(counts))
+
+    started = time.monotonic()
+    await asyncio.gather(*(loop(i) for i in range(workers)))
+    elapsed = time.monotonic() - started
+    prog.done(sum(counts))
+    return sum(counts) / elapsed
+
+
+def report(title: str, rows: list[tuple[str, float, str]]) -> None:
+    """Print the result table: (measurement, value, unit)."""
+    print(f"\n{title}")
+    width = max(len(r[0]) for r in rows)
+    for name, value, unit in rows:
+        print(f"  {name:<{width}}  {value:>12,.2f} {unit}")
+    if os.environ.get("POLYPORT_BENCH_JSON"):
+        print(json.dumps({name: value for name, value, _ in rows}))

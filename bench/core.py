@@ -1,0 +1,64 @@
+"""Core append throughput against raw asyncpg, from one run.
+
+- 32 concurrent appenders, each awaiting its single-event append (group
+  commit) vs 32 asyncpg clients inserting one row per transaction.
+- Batched appends (100 events each, 8 appenders) vs binary COPY.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from bench.common import bench_cluster, fresh_database, raw_copy_rate, raw_single_row_rate, report, timed_rate
+from core.commands import Append
+from core.events import EventData
+from core.store import EventStore, StoreConfig
+
+BODY = b'{"amount": 42, "currency": "EUR", "note": "benchmark event"}'
+
+
+async def run(seconds: float, clients: int) -> None:
+    async with bench_cluster() as pg:
+        raw_url = await fresh_database(pg)
+        core_url = await fresh_database(pg)
+        raw_rate = await raw_single_row_rate(raw_url, clients, seconds, BODY)
+        store = EventStore(StoreConfig(core_url, pool_max=8, run_binders=False))
+        await store.start()
+        try:
+            async def single(i: int) -> int:
+                await store.append(Append("bench", f"s-{i}", (EventData("bench", BODY),)))
+                return 1
+
+            core_rate = await timed_rate(f"core, {clients} appenders, 1 event each", clients,
+                                         seconds, single)
+
+            async def batched(i: int) -> int:
+                events = tuple(EventData("bench", BODY) for _ in range(100))
+                await store.append(Append("bench", f"b-{i}", events))
+                return 100
+
+            batch_rate = await timed_rate("core, 8 appenders, 100 events each", 8, seconds, batched)
+        finally:
+            await store.close()
+        copy_rate = await raw_copy_rate(raw_url, max(50_000, int(batch_rate * 2)), BODY)
+    report(
+        "core append throughput (fsync on; same cluster, same table)",
+        [
+            (f"raw asyncpg, {clients} clients x 1 row/tx", raw_rate, "rows/s"),
+            (f"core, {clients} appenders x 1 event", core_rate, "events/s"),
+            ("ratio core / raw single-row", core_rate / raw_rate, "x"),
+            ("raw binary COPY", copy_rate, "rows/s"),
+            ("core, 100-event appends x 8", batch_rate, "events/s"),
+            ("ratio batched core / COPY", batch_rate / copy_rate, "x"),
+        ],
+    )
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench core")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--clients", type=int, default=32)
+    args = p.parse_args(argv)
+    asyncio.run(run(args.seconds, args.clients))
+    return 0

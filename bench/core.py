@@ -10,7 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench.common import bench_cluster, fresh_database, raw_copy_rate, raw_single_row_rate, report, timed_rate
+from bench.common import (
+    bench_cluster,
+    fresh_database,
+    raw_copy_rate,
+    raw_single_row_rate,
+    report,
+    timed_rate,
+)
 from core.commands import Append
 from core.events import EventData
 from core.store import EventStore, StoreConfig

@@ -82,7 +82,9 @@ def _spec(row: asyncpg.Record) -> BinderSpec:
     )
 
 
-def fold_document(fold: str, current: dict[str, Any] | None, body: dict[str, Any]) -> dict[str, Any]:
+def fold_document(
+    fold: str, current: dict[str, Any] | None, body: dict[str, Any]
+) -> dict[str, Any]:
     """The pure fold, shared by the live projector and the Spark rebuild."""
     if fold == "replace" or current is None:
         return dict(body)

@@ -8,9 +8,9 @@ database.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable, Union
 
 from core.events import EventData, RecordedEvent
 
@@ -35,7 +35,7 @@ class ExactVersion:
     next_version: int
 
 
-Expected = Union[AnyVersion, NoStream, ExactVersion]
+Expected = AnyVersion | NoStream | ExactVersion
 ANY = AnyVersion()
 NO_STREAM = NoStream()
 
@@ -149,7 +149,7 @@ class FromTime:
     time: datetime
 
 
-Start = Union[FromBeginning, FromEnd, FromPosition, FromVersion, FromTime]
+Start = FromBeginning | FromEnd | FromPosition | FromVersion | FromTime
 BEGINNING = FromBeginning()
 END = FromEnd()
 

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Mapping
 
 # Each event in a stream's segment view is framed as a segment-wire EVENT
 # command: type (i32) + length (u32) + body.  Offsets count these bytes.

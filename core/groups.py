@@ -207,7 +207,8 @@ class ConsumerGroup:
 
     async def _run(self) -> None:
         try:
-            while not await self.store._try_group_lock(self.name):
+            # The lock lives in another process: nothing to wait on but time.
+            while not await self.store._try_group_lock(self.name):  # noqa: ASYNC110
                 await asyncio.sleep(self.store.config.poll_interval)
             self._owner = True
             row = await self.store._pool.fetchrow(sql.GET_SUBSCRIPTION, self.name)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from core.errors import Malformed
+from core.events import RecordedEvent
 
 Predicate = Callable[[Mapping[str, Any]], bool]
 
@@ -99,6 +100,23 @@ def _operator(path: str, op: str, arg: Any) -> Predicate:
     return lambda doc: _compare(op, _resolve(doc, path), arg)
 
 
+def _all_of(preds: list[Predicate]) -> Predicate:
+    return lambda doc: all(p(doc) for p in preds)
+
+
+def _any_of(preds: list[Predicate]) -> Predicate:
+    return lambda doc: any(p(doc) for p in preds)
+
+
+def event_matcher(spec: Mapping[str, Any]) -> Callable[[RecordedEvent], bool]:
+    """A matcher over an event's body document (what BSON ``matcher`` and
+    persisted durable subscriptions mean by "the event fields")."""
+    from core.bodies import event_document
+
+    predicate = compile_matcher(spec)
+    return lambda ev: predicate(event_document(ev))
+
+
 def compile_matcher(spec: Mapping[str, Any] | None) -> Predicate:
     """Compile a matcher document into a predicate over documents.
     Raises :class:`~core.errors.Malformed` with the offending part."""
@@ -112,10 +130,7 @@ def compile_matcher(spec: Mapping[str, Any] | None) -> Predicate:
             if not isinstance(cond, list) or not cond:
                 raise Malformed(f"{key} needs a non-empty array of matchers")
             subs = [compile_matcher(c) for c in cond]
-            if key == "$and":
-                parts.append(lambda doc, subs=subs: all(s(doc) for s in subs))
-            else:
-                parts.append(lambda doc, subs=subs: any(s(doc) for s in subs))
+            parts.append(_all_of(subs) if key == "$and" else _any_of(subs))
         elif isinstance(key, str) and key.startswith("$"):
             raise Malformed(f"unsupported top-level matcher operator {key!r}")
         else:

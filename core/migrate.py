@@ -6,8 +6,8 @@ The gateway and the CLI call these; ``polyport migrate`` is a thin wrapper.
 from __future__ import annotations
 
 import asyncio
-import io
 from pathlib import Path
+from typing import TextIO
 
 import asyncpg
 from alembic import command
@@ -31,7 +31,7 @@ def asyncpg_dsn(database_url: str) -> str:
     return "postgresql://" + sqlalchemy_url(database_url)[len("postgresql+asyncpg://") :]
 
 
-def alembic_config(database_url: str, stdout: io.TextIOBase | None = None) -> Config:
+def alembic_config(database_url: str, stdout: TextIO | None = None) -> Config:
     cfg = Config(stdout=stdout) if stdout is not None else Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.attributes["url"] = sqlalchemy_url(database_url)
@@ -53,7 +53,7 @@ def downgrade(database_url: str, revision: str) -> None:
     command.downgrade(alembic_config(database_url), revision)
 
 
-def history(database_url: str, stdout: io.TextIOBase | None = None) -> None:
+def history(database_url: str, stdout: TextIO | None = None) -> None:
     command.history(alembic_config(database_url, stdout), verbose=False)
 
 

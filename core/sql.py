@@ -213,7 +213,9 @@ SELECT b.name, b.context, b.stream_prefix, b.types, b.fold, b.position,
 FROM binders b ORDER BY b.name
 """
 
-GET_BINDER = "SELECT name, context, stream_prefix, types, fold, position FROM binders WHERE name = $1"
+GET_BINDER = """
+SELECT name, context, stream_prefix, types, fold, position FROM binders WHERE name = $1
+"""
 
 LOCK_BINDER = """
 SELECT name, context, stream_prefix, types, fold, position FROM binders
@@ -242,3 +244,67 @@ WHERE binder = $1 AND key > $2 ORDER BY key LIMIT $3
 CLEAR_BINDER_DOCUMENTS = "DELETE FROM binder_documents WHERE binder = $1"
 
 DROP_BINDER = "DELETE FROM binders WHERE name = $1 RETURNING name"
+
+# The group commit's fast path: one statement, one round trip, its own
+# transaction.  The head row is updated first (every other CTE reads ``h``, so
+# it runs first and its row lock serialises committers); stream versions are
+# written only if they still hold the values the writer planned against, else
+# polyport_assert aborts the whole statement and the writer falls back to the
+# checked path.  $22 is the offset of the batch's last event from its first.
+FAST_APPEND = """
+WITH h AS (
+    UPDATE log_head
+    SET last_position = last_position + $1,
+        last_recorded_at = greatest(last_recorded_at + interval '1 microsecond',
+                                    clock_timestamp()) + $22::interval
+    WHERE id = 1
+    RETURNING last_position - $1 AS base, last_recorded_at - $22::interval AS t0
+),
+ins AS (
+    INSERT INTO events (position, event_id, context, stream, version, type, headers, body,
+                        content_type, client_time, recorded_at, origin, segment_offset)
+    SELECT h.base + k.i, k.event_id, k.context, k.stream, k.version, k.type, k.headers::jsonb,
+           k.body, k.content_type, k.client_time, h.t0 + k.off, k.origin, k.segment_offset
+    FROM h, unnest($2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[],
+                   $8::bytea[], $9::text[], $10::timestamptz[], $11::text[], $12::bigint[],
+                   $23::interval[])
+         WITH ORDINALITY AS k(event_id, context, stream, version, type, headers, body,
+                              content_type, client_time, origin, segment_offset, off, i)
+    RETURNING 1
+),
+upd AS (
+    UPDATE streams s SET last_version = v.new_version, segment_length = v.new_length
+    FROM h, unnest($13::text[], $14::text[], $15::bigint[], $16::bigint[], $17::bigint[])
+         AS v(context, stream, old_version, new_version, new_length)
+    WHERE v.old_version > 0 AND s.context = v.context AND s.stream = v.stream
+      AND s.last_version = v.old_version
+    RETURNING 1
+),
+fresh AS (
+    INSERT INTO streams (context, stream, last_version, segment_length, created_at)
+    SELECT v.context, v.stream, v.new_version, v.new_length, now()
+    FROM h, unnest($13::text[], $14::text[], $15::bigint[], $16::bigint[], $17::bigint[])
+         AS v(context, stream, old_version, new_version, new_length)
+    WHERE v.old_version = 0
+    ON CONFLICT (context, stream) DO NOTHING
+    RETURNING 1
+),
+pc AS (
+    INSERT INTO producer_checkpoints (producer_id, context, stream, ack_level, updated_at)
+    SELECT c.producer_id, c.context, c.stream, c.ack_level, now()
+    FROM h, unnest($18::uuid[], $19::text[], $20::text[], $21::bigint[])
+         AS c(producer_id, context, stream, ack_level)
+    ON CONFLICT (producer_id, context, stream) DO UPDATE
+    SET ack_level = GREATEST(producer_checkpoints.ack_level, EXCLUDED.ack_level),
+        updated_at = now()
+    RETURNING 1
+)
+SELECT h.base, h.t0,
+       polyport_assert(
+           (SELECT count(*) FROM upd) + (SELECT count(*) FROM fresh)
+               = cardinality($13::text[])
+           AND (SELECT count(*) FROM ins) = $1
+           AND (SELECT count(*) FROM pc) = cardinality($18::uuid[]),
+           'stream state changed since the writer cached it') AS checked
+FROM h
+"""

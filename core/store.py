@@ -35,7 +35,7 @@ from core.commands import (
 from core.errors import Busy, Malformed, NotFound, StorageUnavailable, Timeout
 from core.events import RecordedEvent
 from core.groups import ConsumerGroup, GroupMember
-from core.matcher import compile_matcher
+from core.matcher import event_matcher
 from core.migrate import asyncpg_dsn
 from core.records import record_from_row
 from core.subscriptions import Subscription, Tailer
@@ -88,7 +88,7 @@ def selector_from_json(data: dict[str, Any]) -> Selector:
         stream=data.get("stream"),
         prefix=data.get("prefix"),
         types=frozenset(data.get("types") or ()),
-        matcher=compile_matcher(spec) if spec else None,
+        matcher=event_matcher(spec) if spec else None,
         matcher_spec=spec,
     )
 
@@ -363,7 +363,10 @@ class EventStore:
         if row is None:
             raise NotFound(f"no subscription with id {sub_id}")
         return FetchSubscription(
-            row["id"], row["name"], selector_from_json(json.loads(row["selector"])), row["checkpoint"]
+            row["id"],
+            row["name"],
+            selector_from_json(json.loads(row["selector"])),
+            row["checkpoint"],
         )
 
     async def fetch(

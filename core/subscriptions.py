@@ -283,27 +283,34 @@ class Tailer:
 
     async def _run(self) -> None:
         while True:
+            woken = True
             try:
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval)
             except TimeoutError:
-                pass
+                woken = False
             self._wake.clear()
             try:
                 if self._listen_conn is None or self._listen_conn.is_closed():
                     await self._listen()
-                await self._advance()
+                await self._advance(announced=woken)
             except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
                 log.warning("tailer read failed (%s); retrying", exc)
                 await asyncio.sleep(self.poll_interval)
 
-    async def _advance(self) -> None:
+    async def _advance(self, announced: bool = False) -> None:
         if not self._live and not self.listeners:
-            # Nobody to feed: move the head without reading events.
-            known = await self._pool.fetchval(sql.HEAD_POSITION)
-            if known > self.head:
-                self.head = known
-                await self._advanced()
-            return
+            # Nobody to feed: move the head without reading events.  Someone
+            # may have joined during the await; then they need the events.
+            # Commits announce their position (in process, or by NOTIFY);
+            # only the polling safety net asks the database.
+            known = self._known_head
+            if not announced:
+                known = max(known, await self._pool.fetchval(sql.HEAD_POSITION))
+            if not self._live and not self.listeners:
+                if known > self.head:
+                    self.head = known
+                    await self._advanced()
+                return
         while True:
             rows = await self._pool.fetch(sql.READ_ALL_AFTER, self.head, TAIL_BATCH)
             if not rows:

@@ -114,7 +114,8 @@ class UserService:
     async def set_contexts(
         self, name: str, contexts: list[str] | None, default_context: str | None = None
     ) -> None:
-        if await self._pool.fetchval(sql.SET_USER_CONTEXTS, name, contexts, default_context) is None:
+        changed = await self._pool.fetchval(sql.SET_USER_CONTEXTS, name, contexts, default_context)
+        if changed is None:
             raise NotFound(f"no user {name!r}")
 
     async def list(self) -> list[UserInfo]:

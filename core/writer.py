@@ -15,15 +15,16 @@ import json
 import logging
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 import asyncpg
 
 from core import sql
-from core.commands import Append, AppendResult, AnyVersion, ExactVersion, NoStream
+from core.commands import AnyVersion, Append, AppendResult, ExactVersion, NoStream
 from core.errors import (
     Busy,
     Malformed,
@@ -47,6 +48,7 @@ class WriterLimits:
     max_batch_events: int = 10_000
     max_batch_bytes: int = 32 << 20
     max_event_bytes: int = 16 << 20
+    cached_streams: int = 100_000
     commit_timeout: float = 30.0
     slow_commit_seconds: float = 1.0
 
@@ -57,6 +59,7 @@ class _Pending:
     future: asyncio.Future[list[AppendResult]]
     events: int
     size: int
+    deadline: float
 
 
 @dataclass
@@ -89,12 +92,18 @@ class Writer:
         self._queued_events = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._expiry: asyncio.Task[None] | None = None
+        self._inflight: list[_Pending] = []
         self._closing = False
         self._on_commit = on_commit
         self.stats = WriterStats()
         # The writer's own connection: taking one from the pool per commit
         # costs a reset round trip each time.
         self._conn: asyncpg.Connection | None = None
+        # Last known state of recently written streams.  Only a hint for the
+        # fast path: the commit statement checks it and a mismatch falls back
+        # to reading fresh state (another process may have written).
+        self._streams: OrderedDict[tuple[str, str], _StreamState] = OrderedDict()
 
     @property
     def queue_depth(self) -> int:
@@ -102,6 +111,25 @@ class Writer:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="polyport-writer")
+        self._expiry = asyncio.create_task(self._expire(), name="polyport-writer-timeouts")
+
+    async def _expire(self) -> None:
+        """Fail appends not confirmed by their deadline (queued or committing).
+        A committing one may still commit: the message says how to find out."""
+        interval = min(1.0, self.limits.commit_timeout / 4)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            for p in (*self._queue, *self._inflight):
+                if now > p.deadline and not p.future.done():
+                    p.future.set_exception(
+                        Timeout(
+                            f"append not confirmed within {self.limits.commit_timeout:.0f}s; "
+                            "it may still commit: retry with the same event ids "
+                            "(retries are idempotent)"
+                        )
+                    )
 
     async def drain_and_stop(self) -> None:
         """Commit everything already accepted, then stop."""
@@ -109,6 +137,8 @@ class Writer:
         self._wake.set()
         if self._task is not None:
             await self._task
+        if self._expiry is not None:
+            self._expiry.cancel()
         await self.close()
 
     async def submit(self, appends: Sequence[Append]) -> list[AppendResult]:
@@ -132,16 +162,13 @@ class Writer:
             )
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[AppendResult]] = loop.create_future()
-        self._queue.append(_Pending(tuple(appends), fut, n, size))
+        deadline = loop.time() + self.limits.commit_timeout
+        self._queue.append(_Pending(tuple(appends), fut, n, size, deadline))
         self._queued_events += n
         self._wake.set()
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.limits.commit_timeout)
-        except TimeoutError:
-            raise Timeout(
-                f"append not confirmed within {self.limits.commit_timeout:.0f}s; it may still "
-                "commit: retry with the same event ids (retries are idempotent)"
-            ) from None
+        # The deadline is enforced by _expire(): one timer for all waiters is
+        # much cheaper than a wait_for() per append.
+        return await fut
 
     # --- the writer loop ------------------------------------------------------
 
@@ -154,36 +181,38 @@ class Writer:
                 await self._wake.wait()
                 continue
             batch = self._take_batch()
+            self._inflight = batch
             started = time.monotonic()
             try:
-                try:
-                    await self._commit(batch, check_ids=False)
-                except asyncpg.UniqueViolationError as exc:
-                    if exc.constraint_name != "events_event_id_key":
-                        raise
-                    # A re-sent event id: redo the batch with the idempotency lookup.
-                    await self._commit(batch, check_ids=True)
+                await self._commit(batch)
             except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
-                if self._conn is not None and not self._conn.is_closed():
-                    if isinstance(exc, OSError | asyncpg.InterfaceError):
-                        self._conn.terminate()
-                        self._conn = None
                 log.error("append transaction failed: %s", exc)
-                err = StorageUnavailable(f"storage error, nothing from this commit was stored: {exc}")
+                self._forget_connection(exc)
+                self._streams.clear()
+                err = StorageUnavailable(
+                    f"storage error, nothing from this commit was stored: {exc}"
+                )
                 for p in batch:
                     if not p.future.done():
                         p.future.set_exception(err)
                 await asyncio.sleep(0.05)
             except Exception as exc:  # never let the writer die: fail the batch, go on
                 log.exception("append batch failed")
+                self._streams.clear()
                 for p in batch:
                     if not p.future.done():
                         p.future.set_exception(StorageUnavailable(f"internal error: {exc}"))
+            self._inflight = []
             elapsed = time.monotonic() - started
             if elapsed > self.limits.slow_commit_seconds:
                 log.warning(
                     "slow commit: %.2fs for %d events", elapsed, sum(p.events for p in batch)
                 )
+
+    def _forget_connection(self, exc: BaseException) -> None:
+        if isinstance(exc, OSError | asyncpg.InterfaceError) and self._conn is not None:
+            self._conn.terminate()
+            self._conn = None
 
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []
@@ -213,162 +242,280 @@ class Writer:
         if self._conn is not None and not self._conn.is_closed():
             await self._conn.close()
 
-    async def _commit(self, batch: list[_Pending], *, check_ids: bool) -> None:
-        """Commit one batch.  Without ``check_ids`` re-sent event ids are not
-        looked up first (the common case costs nothing); the unique index
-        catches them and the caller retries with the lookup."""
-        keys = sorted({(a.context, a.stream) for p in batch for a in p.appends})
+    # --- committing -------------------------------------------------------------
+
+    async def _commit(self, batch: list[_Pending]) -> None:
+        """Fast path first: plan against the cached stream states and write
+        everything in one statement that also checks those states.  Anything
+        unusual (a failed check, a re-sent event id, a stale cache) is redone
+        on the authoritative path, which reads fresh state under the head lock."""
+        keys = {(a.context, a.stream) for p in batch for a in p.appends}
+        cached = {k: self._streams.get(k, _StreamState(0, 0, False)) for k in keys}
+        plan = _plan(batch, cached, {})
+        if plan.rows and not plan.any_failed:
+            try:
+                position, t0 = await self._write_fast(plan)
+            except asyncpg.UniqueViolationError:
+                pass  # a re-sent event id
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate != STALE_STATE_SQLSTATE:
+                    raise
+            else:
+                self._finish(batch, plan, position, t0)
+                return
+        await self._commit_checked(batch, keys)
+
+    async def _write_fast(self, plan: _Plan) -> tuple[int, datetime]:
+        conn = await self._connection()
+        cols = list(zip(*plan.rows, strict=True))
+        n = len(plan.rows)
+        touched = sorted(plan.touched)
+        row = await conn.fetchrow(
+            sql.FAST_APPEND,
+            n,
+            *cols,
+            [k[0] for k in touched],
+            [k[1] for k in touched],
+            [plan.before[k].last_version for k in touched],
+            [plan.after[k].last_version for k in touched],
+            [plan.after[k].segment_length for k in touched],
+            [c[0] for c in plan.checkpoints],
+            [c[1] for c in plan.checkpoints],
+            [c[2] for c in plan.checkpoints],
+            [c[3] for c in plan.checkpoints],
+            (n - 1) * ONE_MICROSECOND,
+            [i * ONE_MICROSECOND for i in range(n)],
+        )
+        return int(row["base"]), row["t0"]
+
+    async def _commit_checked(self, batch: list[_Pending], keys: set[tuple[str, str]]) -> None:
         ids = [e.event_id for p in batch for a in p.appends for e in a.events]
-        commit_id = uuid.uuid4()
         conn = await self._connection()
         async with conn.transaction():
             head = await conn.fetchrow(sql.LOCK_HEAD)
-            position: int = head["last_position"]
-            last_time: datetime = head["last_recorded_at"]
-            now: datetime = head["now"]
-            state: dict[tuple[str, str], _StreamState] = {
-                k: _StreamState(0, 0, False) for k in keys
-            }
-            for r in await conn.fetch(
-                sql.STREAM_STATES, [k[0] for k in keys], [k[1] for k in keys]
-            ):
+            state = {k: _StreamState(0, 0, False) for k in keys}
+            ks = sorted(keys)
+            for r in await conn.fetch(sql.STREAM_STATES, [k[0] for k in ks], [k[1] for k in ks]):
                 state[(r["context"], r["stream"])] = _StreamState(
                     r["last_version"], r["segment_length"], True
                 )
             existing: dict[uuid.UUID, RecordedEvent] = {}
-            if ids and check_ids:
+            if ids:
                 for r in await conn.fetch(sql.EXISTING_EVENT_IDS, ids):
                     existing[r["event_id"]] = record_from_row(r)
-
-            rows: list[tuple[object, ...]] = []
-            outcomes: list[list[AppendResult] | PolyportError] = []
-            checkpoints: list[tuple[uuid.UUID, str, str, int]] = []
-            touched: set[tuple[str, str]] = set()
-            for p in batch:
-                trial = {
-                    k: _StreamState(v.last_version, v.segment_length, v.exists)
-                    for k, v in state.items()
-                }
-                trial_rows: list[tuple[object, ...]] = []
-                results: list[AppendResult] = []
-                trial_pos, trial_time = position, last_time
-                added: list[uuid.UUID] = []
-                error: PolyportError | None = None
-                for a in p.appends:
-                    st = trial[(a.context, a.stream)]
-                    done = _idempotent_result(a, existing, commit_id)
-                    if isinstance(done, PolyportError):
-                        error = done
-                        break
-                    if done is not None:
-                        results.append(done)
-                        continue
-                    mismatch = _check_expected(a, st.last_version)
-                    if mismatch is not None:
-                        error = mismatch
-                        break
-                    trial_time = max(trial_time + ONE_MICROSECOND, now)
-                    first_version, first_pos = st.last_version + 1, trial_pos + 1
-                    for e in a.events:
-                        trial_pos += 1
-                        st.last_version += 1
-                        trial_rows.append(
-                            (
-                                trial_pos,
-                                e.event_id,
-                                a.context,
-                                a.stream,
-                                st.last_version,
-                                e.type,
-                                json.dumps(dict(e.headers)),
-                                e.body,
-                                e.content_type,
-                                e.client_time,
-                                trial_time,
-                                a.origin,
-                                st.segment_length,
-                            )
-                        )
-                        existing[e.event_id] = _placeholder(
-                            a, e.event_id, st.last_version, trial_pos, trial_time
-                        )
-                        added.append(e.event_id)
-                        st.segment_length += e.segment_size
-                        trial_time = trial_time + ONE_MICROSECOND
-                    trial_time -= ONE_MICROSECOND
-                    results.append(
-                        AppendResult(
-                            context=a.context,
-                            stream=a.stream,
-                            first_version=first_version,
-                            last_version=st.last_version,
-                            first_position=first_pos,
-                            last_position=trial_pos,
-                            recorded_at=trial_time,
-                            commit_id=commit_id,
-                        )
-                    )
-                if error is not None:
-                    for event_id in added:
-                        del existing[event_id]
-                    outcomes.append(error)
-                    continue
-                state = trial
-                position, last_time = trial_pos, trial_time
-                rows.extend(trial_rows)
-                for a in p.appends:
-                    touched.add((a.context, a.stream))
-                    if a.producer_checkpoint is not None:
-                        checkpoints.append(
-                            (
-                                a.producer_checkpoint.producer_id,
-                                a.context,
-                                a.stream,
-                                a.producer_checkpoint.ack_level,
-                            )
-                        )
-                outcomes.append(results)
-
-            if rows:
-                await conn.copy_records_to_table("events", records=rows, columns=sql.EVENT_COLUMNS)
-                t = sorted(touched)
+            plan = _plan(batch, state, existing)
+            base: int = head["last_position"]
+            t0: datetime = max(head["last_recorded_at"] + ONE_MICROSECOND, head["now"])
+            if plan.rows:
+                n = len(plan.rows)
+                records = [
+                    (base + i + 1, *r[:9], t0 + i * ONE_MICROSECOND, r[9], r[10])
+                    for i, r in enumerate(plan.rows)
+                ]
+                await conn.copy_records_to_table(
+                    "events", records=records, columns=sql.EVENT_COLUMNS
+                )
+                touched = sorted(plan.touched)
                 await conn.execute(
                     sql.UPSERT_STREAMS,
-                    [k[0] for k in t],
-                    [k[1] for k in t],
-                    [state[k].last_version for k in t],
-                    [state[k].segment_length for k in t],
-                    now,
+                    [k[0] for k in touched],
+                    [k[1] for k in touched],
+                    [plan.after[k].last_version for k in touched],
+                    [plan.after[k].segment_length for k in touched],
+                    head["now"],
                 )
-                await conn.execute(sql.UPDATE_HEAD, position, last_time)
-            for cp in checkpoints:
+                await conn.execute(
+                    sql.UPDATE_HEAD, base + n, t0 + (n - 1) * ONE_MICROSECOND
+                )
+            for cp in plan.checkpoints:
                 await conn.execute(sql.UPSERT_PRODUCER_CHECKPOINT, *cp)
+        for k, st in state.items():
+            if st.exists:
+                self._remember(k, st)
+        self._finish(batch, plan, base, t0)
 
+    def _remember(self, key: tuple[str, str], st: _StreamState) -> None:
+        self._streams[key] = st
+        self._streams.move_to_end(key)
+        while len(self._streams) > self.limits.cached_streams:
+            self._streams.popitem(last=False)
+
+    def _finish(self, batch: list[_Pending], plan: _Plan, base: int, t0: datetime) -> None:
+        for k in plan.touched:
+            self._remember(k, plan.after[k])
+        n = len(plan.rows)
         self.stats.commits += 1
-        self.stats.events += len(rows)
-        self.stats.last_batch_size = len(rows)
-        self.stats.batch_sizes.append(len(rows))
-        for p, outcome in zip(batch, outcomes, strict=True):
+        self.stats.events += n
+        self.stats.last_batch_size = n
+        self.stats.batch_sizes.append(n)
+        for p, outcome in zip(batch, plan.outcomes, strict=True):
             if p.future.done():
                 continue
             if isinstance(outcome, PolyportError):
                 p.future.set_exception(outcome)
             else:
-                p.future.set_result(outcome)
-        if rows and self._on_commit is not None:
-            self._on_commit(position)
+                p.future.set_result([r.resolve(base, t0) for r in outcome])
+        if n and self._on_commit is not None:
+            self._on_commit(base + n)
+
+
+STALE_STATE_SQLSTATE = "PP001"
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """An append result before the batch's base position and time are known:
+    ``first``/``last`` are 1-based indexes into the batch's rows, or the final
+    values when ``done`` (an idempotent re-append)."""
+
+    context: str
+    stream: str
+    first_version: int
+    last_version: int
+    first: int
+    last: int
+    commit_id: uuid.UUID
+    done: AppendResult | None = None
+    idempotent: bool = False
+
+    def resolve(self, base: int, t0: datetime) -> AppendResult:
+        if self.done is not None:
+            return self.done
+        return AppendResult(
+            context=self.context,
+            stream=self.stream,
+            first_version=self.first_version,
+            last_version=self.last_version,
+            first_position=base + self.first,
+            last_position=base + self.last,
+            recorded_at=t0 + (max(self.last, 1) - 1) * ONE_MICROSECOND,
+            commit_id=self.commit_id,
+            idempotent=self.idempotent,
+        )
+
+
+@dataclass
+class _Plan:
+    # Rows without position and recorded_at: event_id, context, stream, version,
+    # type, headers, body, content_type, client_time, origin, segment_offset.
+    rows: list[tuple[Any, ...]]
+    outcomes: list[list[_Planned] | PolyportError]
+    before: dict[tuple[str, str], _StreamState]
+    after: dict[tuple[str, str], _StreamState]
+    touched: set[tuple[str, str]]
+    checkpoints: list[tuple[uuid.UUID, str, str, int]]
+    any_failed: bool
+
+
+def _plan(
+    batch: list[_Pending],
+    state: dict[tuple[str, str], _StreamState],
+    existing: dict[uuid.UUID, RecordedEvent],
+) -> _Plan:
+    """Decide each pending unit's fate against ``state`` (pure; no I/O)."""
+    before = {k: _StreamState(v.last_version, v.segment_length, v.exists) for k, v in state.items()}
+    after = {k: _StreamState(v.last_version, v.segment_length, v.exists) for k, v in before.items()}
+    rows: list[tuple[Any, ...]] = []
+    outcomes: list[list[_Planned] | PolyportError] = []
+    touched: set[tuple[str, str]] = set()
+    checkpoints: list[tuple[uuid.UUID, str, str, int]] = []
+    seen: dict[uuid.UUID, RecordedEvent] = dict(existing)
+    any_failed = False
+    commit_id = uuid.uuid4()
+    for p in batch:
+        # Copy-on-write: only the streams this unit touches are copied.
+        trial: dict[tuple[str, str], _StreamState] = {}
+        for a in p.appends:
+            k = (a.context, a.stream)
+            if k not in trial:
+                v = after[k]
+                trial[k] = _StreamState(v.last_version, v.segment_length, v.exists)
+        trial_rows: list[tuple[Any, ...]] = []
+        planned: list[_Planned] = []
+        added: list[uuid.UUID] = []
+        error: PolyportError | None = None
+        for a in p.appends:
+            st = trial[(a.context, a.stream)]
+            match = _idempotent_match(a, seen)
+            if isinstance(match, PolyportError):
+                error = match
+                break
+            if match is not None:
+                planned.append(_idempotent_planned(a, match, commit_id))
+                continue
+            mismatch = _check_expected(a, st.last_version)
+            if mismatch is not None:
+                error = mismatch
+                break
+            first_version = st.last_version + 1
+            first_index = len(rows) + len(trial_rows) + 1
+            for e in a.events:
+                st.last_version += 1
+                trial_rows.append(
+                    (
+                        e.event_id,
+                        a.context,
+                        a.stream,
+                        st.last_version,
+                        e.type,
+                        json.dumps(dict(e.headers)) if e.headers else "{}",
+                        e.body,
+                        e.content_type,
+                        e.client_time,
+                        a.origin,
+                        st.segment_length,
+                    )
+                )
+                index = len(rows) + len(trial_rows)
+                seen[e.event_id] = _placeholder(a, e.event_id, st.last_version, index)
+                added.append(e.event_id)
+                st.segment_length += e.segment_size
+            last_index = len(rows) + len(trial_rows)
+            planned.append(
+                _Planned(
+                    a.context,
+                    a.stream,
+                    first_version,
+                    st.last_version,
+                    first_index,
+                    last_index,
+                    commit_id,
+                )
+            )
+        if error is not None:
+            for event_id in added:
+                del seen[event_id]
+            outcomes.append(error)
+            any_failed = True
+            continue
+        after.update(trial)
+        rows.extend(trial_rows)
+        for a in p.appends:
+            if a.events:
+                touched.add((a.context, a.stream))
+            if a.producer_checkpoint is not None:
+                checkpoints.append(
+                    (a.producer_checkpoint.producer_id, a.context, a.stream,
+                     a.producer_checkpoint.ack_level)
+                )
+        outcomes.append(planned)
+    # One row per (producer, stream): an upsert may not touch a row twice.
+    highest: dict[tuple[uuid.UUID, str, str], int] = {}
+    for producer, context, stream, level in checkpoints:
+        key = (producer, context, stream)
+        highest[key] = max(level, highest.get(key, level))
+    unique = [(*k, v) for k, v in highest.items()]
+    return _Plan(rows, outcomes, before, after, touched, unique, any_failed)
 
 
 _PLACEHOLDER = "\x00pending"
 
 
-def _placeholder(
-    a: Append, event_id: uuid.UUID, version: int, position: int, recorded_at: datetime
-) -> RecordedEvent:
+def _placeholder(a: Append, event_id: uuid.UUID, version: int, index: int) -> RecordedEvent:
     """Stands for an event written earlier in this same batch, so a duplicate
     append later in the batch is recognised as idempotent."""
     return RecordedEvent(
-        position=position,
+        position=index,
         event_id=event_id,
         context=a.context,
         stream=a.stream,
@@ -378,7 +525,7 @@ def _placeholder(
         body=b"",
         content_type="",
         client_time=None,
-        recorded_at=recorded_at,
+        recorded_at=datetime.min,
         origin=_PLACEHOLDER,
         segment_offset=0,
     )
@@ -406,14 +553,14 @@ def _check_expected(a: Append, current: int) -> WrongExpectedVersion | None:
     raise Malformed(f"unknown expected version {exp!r}")
 
 
-def _idempotent_result(
-    a: Append, existing: dict[uuid.UUID, RecordedEvent], commit_id: uuid.UUID
-) -> AppendResult | PolyportError | None:
-    """None: nothing appended before.  A result: all appended before, in order.
-    An error: some ids already used (here or in another stream)."""
+def _idempotent_match(
+    a: Append, seen: dict[uuid.UUID, RecordedEvent]
+) -> list[RecordedEvent] | PolyportError | None:
+    """None: none of the ids appended before.  The earlier records: all of them
+    appended before, to this stream.  An error: only some, or elsewhere."""
     if not a.events:
         return None
-    found = [existing.get(e.event_id) for e in a.events]
+    found = [seen.get(e.event_id) for e in a.events]
     if all(f is None for f in found):
         return None
     if any(f is None for f in found):
@@ -426,14 +573,27 @@ def _idempotent_result(
         return WrongExpectedVersion(
             f"event id {recs[0].event_id} was already appended to another stream"
         )
-    return AppendResult(
-        context=a.context,
-        stream=a.stream,
-        first_version=recs[0].version,
-        last_version=recs[-1].version,
-        first_position=recs[0].position,
-        last_position=recs[-1].position,
-        recorded_at=recs[-1].recorded_at,
-        commit_id=commit_id,
-        idempotent=True,
+    return recs
+
+
+def _idempotent_planned(
+    a: Append, recs: list[RecordedEvent], commit_id: uuid.UUID
+) -> _Planned:
+    first, last = recs[0], recs[-1]
+    if first.origin == _PLACEHOLDER:  # written earlier in this same batch
+        return _Planned(a.context, a.stream, first.version, last.version,
+                        first.position, last.position, commit_id, idempotent=True)
+    return _Planned(
+        a.context, a.stream, 0, 0, 0, 0, commit_id,
+        AppendResult(
+            context=a.context,
+            stream=a.stream,
+            first_version=first.version,
+            last_version=last.version,
+            first_position=first.position,
+            last_position=last.position,
+            recorded_at=last.recorded_at,
+            commit_id=commit_id,
+            idempotent=True,
+        ),
     )

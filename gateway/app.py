@@ -59,6 +59,9 @@ class Gateway:
             "max_event_bytes": c.max_event_bytes,
             "idle_timeout": c.idle_timeout,
             "bson_query_window": c.bson_query_window,
+            "read_timeout": c.read_timeout,
+            "res01_max_in_flight_writes": c.res01_max_in_flight_writes,
+            "res01_max_in_flight_reads": c.res01_max_in_flight_reads,
             **c.extra,
         }
 
@@ -78,6 +81,7 @@ class Gateway:
                     url,
                     poll_interval=self.config.poll_interval,
                     allow_anonymous=self.config.allow_anonymous,
+                    read_timeout=self.config.read_timeout,
                     writer=WriterLimits(
                         commit_timeout=self.config.commit_timeout,
                         max_pending_events=self.config.max_pending_events,

@@ -9,7 +9,7 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from core import migrate
@@ -26,7 +26,7 @@ log = logging.getLogger("polyport")
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {
-            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(),
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(mig)
     mig.add_argument("action", nargs="?", default="upgrade",
                      choices=("upgrade", "downgrade", "current", "history"))
-    mig.add_argument("revision", nargs="?", help="target revision (upgrade: head; downgrade: required)")
+    mig.add_argument(
+        "revision", nargs="?", help="target revision (upgrade: head; downgrade: required)"
+    )
 
     users = sub.add_parser("users", help="manage users")
     _common(users)
@@ -223,7 +225,7 @@ async def _subscriptions(args: argparse.Namespace, store: EventStore) -> int:
         if args.time:
             t = datetime.fromisoformat(args.time)
             if t.tzinfo is None:
-                t = t.replace(tzinfo=timezone.utc)
+                t = t.replace(tzinfo=UTC)
             cursor = await store.seek(sub_id, FromTime(t))
         else:
             cursor = await store.seek(sub_id, FromPosition(args.position))

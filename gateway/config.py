@@ -74,6 +74,14 @@ class GatewayConfig:
     poll_interval: float = 1.0
     commit_timeout: float = 30.0
     max_pending_events: int = 50_000
+    # A store read (and a Res01 reader request's storage work) taking longer
+    # than this fails with a reader timeout.
+    read_timeout: float = 30.0
+    # Res01 (ZeroMQ ROUTER): requests served at once; beyond these the server
+    # answers "storage writer busy" (4) for AC and "storage reader busy" (10)
+    # for RS/FE/PS/SS instead of queueing.
+    res01_max_in_flight_writes: int = 128
+    res01_max_in_flight_reads: int = 64
     bson_query_window: int = 100
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -84,8 +92,14 @@ class GatewayConfig:
 
 _PORT_KEYS = {f.name for f in fields(GatewayConfig) if f.name.endswith("_port")}
 _BOOL_KEYS = {"allow_anonymous"}
-_INT_KEYS = {"max_event_bytes", "max_pending_events", "bson_query_window"}
-_FLOAT_KEYS = {"idle_timeout", "poll_interval", "commit_timeout"}
+_INT_KEYS = {
+    "max_event_bytes",
+    "max_pending_events",
+    "bson_query_window",
+    "res01_max_in_flight_writes",
+    "res01_max_in_flight_reads",
+}
+_FLOAT_KEYS = {"idle_timeout", "poll_interval", "commit_timeout", "read_timeout"}
 _KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"}
 
 

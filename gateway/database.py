@@ -4,8 +4,8 @@ under the data directory (started when no other process runs it)."""
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from gateway.config import GatewayConfig

@@ -110,7 +110,24 @@ def upgrade() -> None:
     )
 
 
+    # Aborts the group commit's one-statement fast path when the stream state
+    # it was planned against no longer holds (see core.sql.FAST_APPEND).
+    op.execute(
+        """
+        CREATE FUNCTION polyport_assert(ok boolean, message text) RETURNS boolean
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NOT ok THEN
+                RAISE EXCEPTION USING ERRCODE = 'PP001', MESSAGE = message;
+            END IF;
+            RETURN true;
+        END $$
+        """
+    )
+
+
 def downgrade() -> None:
+    op.execute("DROP FUNCTION IF EXISTS polyport_assert(boolean, text)")
     for table in (
         "binder_documents",
         "binders",

@@ -22,6 +22,7 @@ import asyncpg
 from bson import json_util
 
 from core import sql
+from core.aio import wait_event
 from core.bodies import event_document
 from core.commands import Selector
 from core.errors import Malformed, NotFound
@@ -219,10 +220,7 @@ class BinderService:
 
     async def _projector(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self._store.config.poll_interval * 5)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, self._store.config.poll_interval * 5)
             self._wake.clear()
             try:
                 for spec in await self.list():

@@ -30,7 +30,7 @@ def guess_text_content_type(body: bytes) -> str:
     """Res01-style bodies: JSON when they parse as JSON, else plain text."""
     try:
         json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return TEXT
     return JSON
 

@@ -18,6 +18,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from core import sql
+from core.aio import wait_event
 from core.commands import Selector
 from core.events import RecordedEvent
 from core.subscriptions import Subscription
@@ -81,9 +82,7 @@ class GroupMember:
             if ev is not None:
                 return ev
             self._readable.clear()
-            try:
-                await asyncio.wait_for(self._readable.wait(), timeout)
-            except TimeoutError:
+            if not await wait_event(self._readable, timeout):
                 return None
 
     async def next_batch(self, max_count: int, timeout: float | None = None) -> list[RecordedEvent]:
@@ -153,6 +152,8 @@ class ConsumerGroup:
             del self._inflight[ev.position]
         self._redeliver.extendleft(reversed(back))
         self._room.set()
+        if back and self._feeder is not None:
+            self._feeder.interrupt()
         if not self.members:
             self.store._drop_group(self)
             if self._task is not None:
@@ -227,7 +228,9 @@ class ConsumerGroup:
                 else:
                     got = await self._feeder.next()
                     if got is None:
-                        return
+                        if self._feeder.closed:
+                            return
+                        continue  # interrupted: events came back to redeliver
                     ev = got
                     self.dispatched_upto = max(self.dispatched_upto, ev.position)
                 member = self._pick() or member

@@ -23,6 +23,7 @@ from datetime import datetime
 import asyncpg
 
 from core import sql
+from core.aio import wait_event
 from core.commands import Selector
 from core.errors import StorageUnavailable
 from core.events import RecordedEvent
@@ -62,6 +63,7 @@ class Subscription:
         self._catch_up_task: asyncio.Task[None] | None = None
         self.live = False
         self.closed = False
+        self._interrupted = False
         self.delivered = 0
         self.last_delivered: RecordedEvent | None = None
 
@@ -98,13 +100,14 @@ class Subscription:
         while True:
             if self.closed:
                 return None
+            if self._interrupted:
+                self._interrupted = False
+                return None
             ev = self._take()
             if ev is not None:
                 return ev
             self._readable.clear()
-            try:
-                await asyncio.wait_for(self._readable.wait(), timeout)
-            except TimeoutError:
+            if not await wait_event(self._readable, timeout):
                 return None
 
     async def next_batch(self, max_count: int, timeout: float | None = None) -> list[RecordedEvent]:
@@ -127,6 +130,11 @@ class Subscription:
         if ev is None:
             raise StopAsyncIteration
         return ev
+
+    def interrupt(self) -> None:
+        """Make a pending (or the next) :meth:`next` return None once."""
+        self._interrupted = True
+        self._readable.set()
 
     def close(self) -> None:
         if self.closed:
@@ -283,11 +291,7 @@ class Tailer:
 
     async def _run(self) -> None:
         while True:
-            woken = True
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
-            except TimeoutError:
-                woken = False
+            woken = await wait_event(self._wake, self.poll_interval)
             self._wake.clear()
             try:
                 if self._listen_conn is None or self._listen_conn.is_closed():

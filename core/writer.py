@@ -146,10 +146,22 @@ class Writer:
             raise StorageUnavailable("the store is shutting down; retry against a running gateway")
         n = sum(len(a.events) for a in appends)
         size = 0
+        ids: set[uuid.UUID] = set()
         for a in appends:
             if not a.stream:
                 raise Malformed("stream name must not be empty")
+            _check_text(a.context, "context")
+            _check_text(a.stream, "stream name")
+            _check_text(a.origin, "origin")
             for e in a.events:
+                if e.event_id in ids:
+                    raise Malformed(f"event id {e.event_id} appears twice in one append")
+                ids.add(e.event_id)
+                _check_text(e.type, "event type")
+                _check_text(e.content_type, "content type")
+                for key, value in e.headers.items():
+                    _check_text(key, "header name")
+                    _check_text(value, f"header {key!r}")
                 if len(e.body) > self.limits.max_event_bytes:
                     raise TooLarge(
                         f"event body of {len(e.body)} bytes exceeds the limit of "
@@ -183,31 +195,57 @@ class Writer:
             batch = self._take_batch()
             self._inflight = batch
             started = time.monotonic()
-            try:
-                await self._commit(batch)
-            except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
-                log.error("append transaction failed: %s", exc)
-                self._forget_connection(exc)
-                self._streams.clear()
-                err = StorageUnavailable(
-                    f"storage error, nothing from this commit was stored: {exc}"
-                )
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(err)
-                await asyncio.sleep(0.05)
-            except Exception as exc:  # never let the writer die: fail the batch, go on
-                log.exception("append batch failed")
-                self._streams.clear()
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(StorageUnavailable(f"internal error: {exc}"))
+            await self._commit_or_isolate(batch)
             self._inflight = []
             elapsed = time.monotonic() - started
             if elapsed > self.limits.slow_commit_seconds:
                 log.warning(
                     "slow commit: %.2fs for %d events", elapsed, sum(p.events for p in batch)
                 )
+
+    async def _commit_or_isolate(self, batch: list[_Pending]) -> None:
+        """Commit a batch; if the database refuses it for a reason other than a
+        lost connection, commit each unit alone so one bad append cannot fail
+        its neighbours."""
+        try:
+            await self._commit(batch)
+            return
+        except asyncpg.PostgresError as exc:
+            if len(batch) == 1 or isinstance(exc, asyncpg.PostgresConnectionError):
+                self._fail(batch, exc)
+                return
+            log.warning("group commit refused (%s); retrying its %d appends one by one",
+                        exc, len(batch))
+        except (OSError, asyncpg.InterfaceError) as exc:
+            self._fail(batch, exc)
+            await asyncio.sleep(0.05)  # the database is away: do not spin
+            return
+        except Exception as exc:
+            self._fail(batch, exc)
+            return
+        for p in batch:
+            if p.future.done():
+                continue
+            try:
+                await self._commit([p])
+            except Exception as exc:
+                self._fail([p], exc)
+
+    def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
+        self._streams.clear()
+        err: PolyportError
+        if isinstance(exc, asyncpg.DataError):
+            err = Malformed(f"the database rejected this append's data: {exc}")
+        elif isinstance(exc, asyncpg.PostgresError | OSError | asyncpg.InterfaceError):
+            log.error("append transaction failed: %s", exc)
+            self._forget_connection(exc)
+            err = StorageUnavailable(f"storage error, nothing from this commit was stored: {exc}")
+        else:
+            log.error("append batch failed", exc_info=exc)
+            err = StorageUnavailable(f"internal error, nothing from this commit was stored: {exc}")
+        for p in batch:
+            if not p.future.done():
+                p.future.set_exception(err)
 
     def _forget_connection(self, exc: BaseException) -> None:
         if isinstance(exc, OSError | asyncpg.InterfaceError) and self._conn is not None:
@@ -360,6 +398,19 @@ class Writer:
 
 
 STALE_STATE_SQLSTATE = "PP001"
+
+
+def _check_text(value: str, what: str) -> None:
+    """PostgreSQL text cannot hold NUL or unpaired surrogates; refuse them up
+    front so they fail their own append rather than the whole group commit."""
+    if not isinstance(value, str):
+        raise Malformed(f"{what} must be text")
+    if "\x00" in value:
+        raise Malformed(f"{what} must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Malformed(f"{what} is not valid Unicode (unpaired surrogate)") from None
 
 
 @dataclass(frozen=True, slots=True)

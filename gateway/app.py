@@ -85,6 +85,7 @@ class Gateway:
                     writer=WriterLimits(
                         commit_timeout=self.config.commit_timeout,
                         max_pending_events=self.config.max_pending_events,
+                        max_event_bytes=self.config.max_event_bytes,
                     ),
                 )
             )

@@ -114,3 +114,23 @@ async def test_read_segment_by_byte_offset(store: EventStore) -> None:
     assert small.data == whole[9:21] and not small.at_tail
     with pytest.raises(Malformed):
         await store.read_segment(ReadSegment("default", "seg", len(whole) + 1))
+
+
+async def test_bad_text_fails_alone_not_its_batch(store: EventStore) -> None:
+    from core.events import EventData
+
+    bad = [
+        append("nul\x00stream", ev(1)),
+        append("ok", EventData(type="t\ud800", body=b"x")),
+        append("ok", EventData(type="t", body=b"x", headers={"h": "a\x00b"})),
+    ]
+    e = ev(9)
+    bad.append(append("dup", e, e))
+    results = await asyncio.gather(
+        store.append(append("good-1", ev(1))),
+        *(store.append(b) for b in bad),
+        store.append(append("good-2", ev(2))),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, Malformed) for r in results[1:-1]), results
+    assert results[0].last_position + 1 == results[-1].first_position

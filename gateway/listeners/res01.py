@@ -1,0 +1,330 @@
+"""Res01 listener: a pyzmq asyncio ROUTER socket (default tcp 5560).
+
+The one transport that is not a byte stream: ZeroMQ delivers whole multipart
+messages, and a ROUTER has no per-peer connection to hang a session on.  So
+this module is the transport loop for Res01:
+
+- one receive loop decodes each message (sans-IO codec) and answers what it
+  cannot decode at once (ER 1/2/3);
+- an admitted request runs as a task of its own (``Res01Handler``), so a slow
+  commit for one client never holds up another client's fetch;
+- admission is bounded: at most ``res01_max_in_flight_writes`` AC and
+  ``res01_max_in_flight_reads`` other requests, and a byte budget; beyond that
+  the request is answered at once with ER 4 (writer busy) or ER 10 (reader
+  busy) instead of being queued;
+- replies are sent with ``DONTWAIT`` through ``ZMQ_ROUTER_MANDATORY``: a reply
+  to a peer whose queue is at its high-water mark waits (that request's task
+  only) up to ``send_timeout``, then is dropped; a reply to a peer that is
+  gone is dropped at once.  Nothing is buffered beyond ZeroMQ's HWM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from gateway.registry import ListenerDef
+from protocols.res01 import DEFAULT_PORT, Error, Request, Res01Error, Response
+from protocols.res01.adapter import (
+    Res01Handler,
+    Res01Limits,
+    codec_error_name,
+    error_reply,
+    is_write,
+)
+from protocols.res01.codec import Routing, decode_request, encode_error_reply, encode_response
+from protocols.res01.errors import ErrorCode
+from protocols.session import ListenerStats, SessionContext
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("polyport.res01")
+
+# Messages ZeroMQ may queue per peer in each direction.  Small: a message may
+# be up to max_request_bytes, and the in-flight limits already bound the work.
+RECEIVE_HWM = 100
+SEND_HWM = 1000
+# On close: how long in-flight requests may finish, and how long ZeroMQ may
+# still flush their replies.
+CLOSE_GRACE = 5.0
+LINGER_MS = 500
+
+
+def _endpoint(host: str, port: int) -> str:
+    where = f"[{host}]" if ":" in host else host
+    return f"tcp://{where}:{port if port else '*'}"
+
+
+class Res01Listener:
+    def __init__(
+        self, name: str, ctx: SessionContext, host: str, port: int, limits: Res01Limits
+    ) -> None:
+        self.name = name
+        self.stats = ctx.stats
+        self.limits = limits
+        self.host = host
+        self.port = port
+        self.handler = Res01Handler(ctx.store, ctx.stats, ctx.log, limits)
+        self._zctx = zmq.asyncio.Context()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._endpoint = ""
+        self._address: tuple[str, int] = (host, port)
+        self._recv_task: asyncio.Task[None] | None = None
+        self._monitor_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writes = 0
+        self._reads = 0
+        self._bytes = 0
+        self._closed = False
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._address
+
+    @property
+    def in_flight(self) -> tuple[int, int]:
+        """(AC, other) requests being served now."""
+        return self._writes, self._reads
+
+    async def start(self) -> None:
+        sock = self._zctx.socket(zmq.ROUTER)
+        # libzmq checks MAXMSGSIZE per frame; the whole message is checked
+        # after receipt (max_request_bytes).
+        sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_bytes)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+        sock.setsockopt(zmq.LINGER, LINGER_MS)
+        if ":" in self.host:
+            sock.setsockopt(zmq.IPV6, 1)
+        try:
+            sock.bind(_endpoint(self.host, self.port))
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            self._zctx.term()
+            raise OSError(
+                f"res01: cannot listen on {self.host}:{self.port}: {exc.strerror}"
+            ) from exc
+        self._sock = sock
+        self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        host, _, port = self._endpoint.removeprefix("tcp://").rpartition(":")
+        self._address = (host.strip("[]"), int(port))
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._monitor_task = asyncio.create_task(self._watch_peers(), name="res01-monitor")
+        self._recv_task = asyncio.create_task(self._receive_loop(), name="res01-receive")
+
+    # --- lifecycle ----------------------------------------------------------
+
+    async def stop_accepting(self) -> None:
+        """No new requests: stop receiving and unbind.  Requests already
+        admitted go on, so commits drained by the store still get their CR."""
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recv_task
+            self._recv_task = None
+        if self._sock is not None and self._endpoint:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.unbind(self._endpoint)
+            self._endpoint = ""
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        await self.stop_accepting()
+        self._closed = True
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=CLOSE_GRACE)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        if self._monitor_task is not None:
+            self._monitor_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor_task
+        if self._sock is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.disable_monitor()
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+        if self._sock is not None:
+            self._sock.close()
+        # term() waits for the linger of queued replies: off the event loop.
+        await asyncio.get_running_loop().run_in_executor(None, self._zctx.term)
+
+    # --- receiving ----------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                frames = await self._sock.recv_multipart()
+            except zmq.ZMQError as exc:
+                if self._closed or exc.errno == zmq.ETERM:
+                    return
+                log.warning("res01: receive failed: %s", exc)
+                await asyncio.sleep(0.01)
+                continue
+            await self._handle_message(frames)
+
+    async def _handle_message(self, frames: list[bytes]) -> None:
+        try:
+            await self._dispatch(frames)
+        except Exception:  # a bug in one message must not end the loop
+            log.exception("res01: dispatching a message failed")
+            self.stats.error("internal")
+
+    async def _dispatch(self, frames: list[bytes]) -> None:
+        size = sum(len(f) for f in frames)
+        self.stats.frames_in += 1
+        self.stats.bytes_in += size
+        try:
+            routing, request = decode_request(frames)
+        except Res01Error as exc:
+            self.stats.error(codec_error_name(exc))
+            await self._send(encode_error_reply(exc), wait=False)
+            return
+        if size > self.limits.max_request_bytes:
+            self.stats.error("too_large")
+            await self._reply_now(
+                routing,
+                error_reply(
+                    request,
+                    ErrorCode.MALFORMED,
+                    f"message of {size} bytes exceeds the limit of "
+                    f"{self.limits.max_request_bytes} bytes",
+                ),
+            )
+            return
+        write = is_write(request)
+        refusal = self._admission(write, size)
+        if refusal is not None:
+            self.stats.error("busy")
+            code = ErrorCode.STORAGE_WRITER_BUSY if write else ErrorCode.STORAGE_READER_BUSY
+            await self._reply_now(routing, error_reply(request, code, refusal))
+            return
+        if write:
+            self._writes += 1
+        else:
+            self._reads += 1
+        self._bytes += size
+        task = asyncio.create_task(self._serve(routing, request, write, size))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _admission(self, write: bool, size: int) -> str | None:
+        """Why the request cannot be admitted now, or None."""
+        if write and self._writes >= self.limits.max_in_flight_writes:
+            return (
+                f"storage writer busy: {self._writes} commits in progress; retry shortly "
+                "(re-sending the same event ids is safe)"
+            )
+        if not write and self._reads >= self.limits.max_in_flight_reads:
+            return f"storage reader busy: {self._reads} requests in progress; retry shortly"
+        if self._bytes and self._bytes + size > self.limits.max_in_flight_bytes:
+            return f"server busy: {self._bytes} bytes of requests in progress; retry shortly"
+        return None
+
+    async def _serve(self, routing: Routing, request: Request, write: bool, size: int) -> None:
+        try:
+            async with contextlib.aclosing(self.handler.handle(request)) as replies:
+                async for response in replies:
+                    if not await self._reply(routing, response, wait=True):
+                        break  # the peer is gone or not reading: stop producing
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("res01: serving %s failed", type(request).__name__)
+            self.stats.error("internal")
+        finally:
+            if write:
+                self._writes -= 1
+            else:
+                self._reads -= 1
+            self._bytes -= size
+
+    # --- sending ------------------------------------------------------------
+
+    async def _reply_now(self, routing: Routing, response: Response) -> None:
+        await self._reply(routing, response, wait=False)
+
+    async def _reply(self, routing: Routing, response: Response, *, wait: bool) -> bool:
+        try:
+            frames = encode_response(routing, response)
+        except ValueError as exc:  # e.g. a value the wire cannot carry
+            log.error("res01: cannot encode %s: %s", type(response).__name__, exc)
+            self.stats.error("internal")
+            frames = encode_response(
+                routing,
+                error_reply_for(response, f"reply could not be encoded: {exc}"),
+            )
+        return await self._send(frames, wait=wait)
+
+    async def _send(self, frames: list[bytes], *, wait: bool) -> bool:
+        """Send without blocking the loop.  ``wait``: retry while the peer's
+        queue is full, up to send_timeout (request tasks); otherwise drop at
+        once (the receive loop must never wait on one peer)."""
+        sock = self._sock
+        if sock is None or sock.closed or not frames or not frames[0]:
+            return False
+        deadline = time.monotonic() + self.limits.send_timeout
+        delay = 0.001
+        while True:
+            try:
+                await sock.send_multipart(frames, flags=zmq.DONTWAIT)
+            except zmq.Again:
+                if not wait or time.monotonic() >= deadline:
+                    self.stats.error("busy")
+                    log.info("res01: dropped a reply to a peer that is not reading")
+                    return False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+                continue
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH and not sock.closed:
+                    log.warning("res01: send failed: %s", exc)
+                return False  # the peer disconnected: nobody to answer
+            self.stats.frames_out += 1
+            self.stats.bytes_out += sum(len(f) for f in frames)
+            return True
+
+    # --- peers --------------------------------------------------------------
+
+    async def _watch_peers(self) -> None:
+        """Connection counters for /status, from the socket monitor."""
+        assert self._monitor is not None
+        while True:
+            try:
+                event = parse_monitor_message(await self._monitor.recv_multipart())
+            except zmq.ZMQError:
+                return
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self.stats.connections_total += 1
+                self.stats.connections_open += 1
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self.stats.connections_open = max(0, self.stats.connections_open - 1)
+
+
+def error_reply_for(response: Response, message: str) -> Response:
+    return Error(response.request_id, ErrorCode.UNEXPECTED, message, response.protocol)
+
+
+async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
+    stats = ListenerStats("res01")
+    ctx = gw.context("res01", stats)
+    listener = Res01Listener("res01", ctx, host, port, Res01Limits.from_settings(gw.settings))
+    await listener.start()
+    return listener
+
+
+LISTENER = ListenerDef("res01", DEFAULT_PORT, start)

@@ -1,0 +1,490 @@
+"""Res01 requests ⇄ canonical core commands.
+
+The ZeroMQ ROUTER loop (``gateway/listeners/res01.py``) decodes a request with
+the codec, admits it (in-flight limits) and runs :meth:`Res01Handler.handle`
+in a task of its own; every :class:`Response` the handler yields is encoded
+and sent back to the request's routing frames.  The handler reaches storage
+only through :class:`core.store.EventStore` methods.
+
+Mapping and decisions: ``docs/protocols/res01.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import asyncpg
+
+from core import bodies
+from core.commands import (
+    ANY,
+    NO_STREAM,
+    Append,
+    ExactVersion,
+    Expected,
+    FromTime,
+    Selector,
+)
+from core.errors import (
+    Busy,
+    Malformed,
+    NotFound,
+    PolyportError,
+    StorageUnavailable,
+    Timeout,
+    TooLarge,
+    Unsupported,
+    WrongExpectedVersion,
+)
+from core.events import EventData, RecordedEvent
+from core.store import EventStore
+from protocols.res01.errors import ErrorCode, Res01Error
+from protocols.res01.frames import (
+    EXPECTED_VERSION_ANY,
+    EXPECTED_VERSION_NEW_STREAM,
+    FILTER_ALL,
+    AppendCommit,
+    CommitResult,
+    Error,
+    EventsFetched,
+    FetchedEvent,
+    FetchEvents,
+    ProgressSubscriptions,
+    RegisterSubscriptions,
+    Request,
+    Response,
+    SetSubscription,
+    SubscribeResult,
+    SubscriptionProgressed,
+    SubscriptionSet,
+)
+from protocols.session import ListenerStats
+
+ORIGIN = "res01"
+
+# Headers text that is not a JSON object is kept whole under this one header,
+# and given back verbatim (see docs: "Headers").
+RAW_HEADERS_KEY = "res01.headers"
+
+# Subscription names are shared with every protocol's durable subscriptions;
+# the prefix keeps Res01's (SubscriberId, Context, Filter) names apart.
+SUBSCRIPTION_NAME_PREFIX = "res01:"
+# Names live in a unique btree index, whose entries must stay well under a
+# page; longer identities are refused as malformed rather than failing in SQL.
+MAX_SUBSCRIPTION_NAME_BYTES = 1024
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class Res01Limits:
+    """Bounds of the Res01 listener; ``from_settings`` reads the gateway's."""
+
+    # Requests served at once, per kind; beyond them: ER 4 (AC) / ER 10 (others).
+    max_in_flight_writes: int = 128
+    max_in_flight_reads: int = 64
+    # Bytes of admitted requests held at once (a big AC counts its size);
+    # beyond it new requests get the busy code too.  One request is always
+    # admitted when nothing is in flight, so a single large message can pass.
+    max_in_flight_bytes: int = 64 << 20
+    # Largest whole request (all frames); bigger ones get ER 1.
+    max_request_bytes: int = 16 << 20
+    # Largest event body (the gateway's max_event_bytes); bigger: ER 1.
+    max_event_bytes: int = 1 << 20
+    # Largest single frame (ZMQ_MAXMSGSIZE, checked per frame by libzmq: a
+    # peer that sends more is disconnected, there is no message to answer).
+    max_frame_bytes: int = (1 << 20) + 4096
+    # Storage work of a reader request (RS, FE, PS, SS) longer than this: ER 9.
+    read_timeout: float = 30.0
+    # SuggestedCount is capped here, and an EF batch whose bodies add up to
+    # more than max_fetch_bytes is fetched again shorter: EF messages stay a
+    # bounded size (at least one event is always returned).
+    max_fetch_count: int = 1000
+    max_fetch_bytes: int = 8 << 20
+    # A reply the peer does not take (its queue at the high-water mark) for
+    # this long is dropped.
+    send_timeout: float = 10.0
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> Res01Limits:
+        base = cls()
+        max_event = int(settings.get("max_event_bytes", 1 << 20))
+        return cls(
+            max_in_flight_writes=int(
+                settings.get("res01_max_in_flight_writes", base.max_in_flight_writes)
+            ),
+            max_in_flight_reads=int(
+                settings.get("res01_max_in_flight_reads", base.max_in_flight_reads)
+            ),
+            max_in_flight_bytes=int(
+                settings.get("res01_max_in_flight_bytes", base.max_in_flight_bytes)
+            ),
+            max_request_bytes=int(
+                settings.get("res01_max_request_bytes", max(base.max_request_bytes, 2 * max_event))
+            ),
+            max_event_bytes=max_event,
+            # Slack over the largest body for the frame of a body slightly too
+            # large: it still gets an ER 1 "too large" instead of a disconnect.
+            max_frame_bytes=max_event + 4096,
+            read_timeout=float(settings.get("read_timeout", base.read_timeout)),
+            max_fetch_count=int(settings.get("res01_max_fetch_count", base.max_fetch_count)),
+            max_fetch_bytes=int(settings.get("res01_max_fetch_bytes", base.max_fetch_bytes)),
+            send_timeout=float(settings.get("res01_send_timeout", base.send_timeout)),
+        )
+
+
+# --- values -------------------------------------------------------------------
+
+
+def is_write(request: Request) -> bool:
+    """AC goes to the storage writer; everything else is reader work."""
+    return isinstance(request, AppendCommit)
+
+
+def expected_version(value: int) -> Expected:
+    """ExpectedVersion = the version the first new event gets."""
+    if value == EXPECTED_VERSION_ANY:
+        return ANY
+    if value == EXPECTED_VERSION_NEW_STREAM:
+        return NO_STREAM
+    if value > 1:
+        return ExactVersion(value)
+    raise Malformed(
+        f"AppendCommit: expected version {value} is not valid "
+        "(-1 = any, 1 = new stream, n > 1 = the version of the first new event)"
+    )
+
+
+def _check_text(value: str, what: str) -> None:
+    """PostgreSQL text cannot hold NUL, and one bad row would fail the whole
+    group commit it shares with other clients: refuse it here."""
+    if "\x00" in value:
+        raise Malformed(f"{what} must not contain a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a JSON \\ud800 escape
+        raise Malformed(f"{what} is not valid Unicode (lone surrogate)") from None
+
+
+def _compact_json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def headers_from_text(text: str) -> dict[str, str]:
+    """Res01 headers text → header map.
+
+    A JSON object becomes the map (string values as they are, other values as
+    their JSON text); an empty string means no headers; anything else is kept
+    whole as the single header ``res01.headers``.
+    """
+    if text == "" or text == "{}":  # the common cases, without a JSON parse
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        return {RAW_HEADERS_KEY: text}
+    out: dict[str, str] = {}
+    for key, item in value.items():
+        out[key] = item if isinstance(item, str) else _compact_json(item)
+    return out
+
+
+def headers_to_text(headers: Mapping[str, str]) -> str:
+    """Header map → Res01 headers text: a JSON object, or the text a Res01
+    client sent when it was not one."""
+    if len(headers) == 1 and RAW_HEADERS_KEY in headers:
+        return headers[RAW_HEADERS_KEY]
+    return _compact_json(dict(headers))
+
+
+def body_content_type(body: bytes) -> str:
+    """``application/json`` when the body parses as JSON, else ``text/plain``."""
+    try:
+        return bodies.guess_text_content_type(body)
+    except RecursionError:  # deeply nested: not JSON we could use anyway
+        return bodies.TEXT
+
+
+def to_append(request: AppendCommit, max_event_bytes: int | None = None) -> Append:
+    """AC → core Append (validated; raises Malformed or TooLarge)."""
+    if not request.context:
+        raise Malformed("AppendCommit: context must not be empty")
+    if not request.stream:
+        raise Malformed("AppendCommit: stream must not be empty")
+    if not request.events:
+        raise Malformed("AppendCommit: a commit needs at least one event")
+    _check_text(request.context, "AppendCommit context")
+    _check_text(request.stream, "AppendCommit stream")
+    expected = expected_version(request.expected_version)
+    if len({e.event_id for e in request.events}) != len(request.events):
+        # Each id is one event's idempotency key; a commit naming one twice
+        # cannot be stored and must not reach the shared group commit.
+        raise Malformed("AppendCommit: the same event id appears twice in one commit")
+    events: list[EventData] = []
+    for i, e in enumerate(request.events):
+        _check_text(e.type, f"AppendCommit event {i} type")
+        headers = headers_from_text(e.headers)
+        for key, value in headers.items():
+            _check_text(key, f"AppendCommit event {i} header name")
+            _check_text(value, f"AppendCommit event {i} header {key!r}")
+        body = e.body.encode("utf-8")
+        if max_event_bytes is not None and len(body) > max_event_bytes:
+            raise TooLarge(
+                f"AppendCommit event {i}: body of {len(body)} bytes exceeds the limit of "
+                f"{max_event_bytes} bytes"
+            )
+        events.append(
+            EventData(
+                type=e.type,
+                body=body,
+                event_id=e.event_id,
+                headers=headers,
+                content_type=body_content_type(body),
+                client_time=e.timestamp,
+            )
+        )
+    return Append(
+        context=request.context,
+        stream=request.stream,
+        events=tuple(events),
+        expected=expected,
+        origin=ORIGIN,
+    )
+
+
+def normalized_filter(filter_: str) -> str:
+    """``""`` and ``"*"`` both mean every stream: one subscription, not two."""
+    return "*" if filter_ in FILTER_ALL else filter_
+
+
+def selector_for(context: str, filter_: str) -> Selector:
+    return Selector(context=context, prefix=None if filter_ in FILTER_ALL else filter_)
+
+
+def subscription_name(subscriber_id: str, context: str, filter_: str) -> str:
+    """The durable subscription's name for (SubscriberId, Context, Filter)."""
+    _check_text(subscriber_id, "subscriber id")
+    _check_text(context, "subscription context")
+    _check_text(filter_, "subscription filter")
+    if not context:
+        raise Malformed("subscription context must not be empty")
+    name = SUBSCRIPTION_NAME_PREFIX + _compact_json(
+        [subscriber_id, context, normalized_filter(filter_)]
+    )
+    if len(name.encode("utf-8")) > MAX_SUBSCRIPTION_NAME_BYTES:
+        raise Malformed(
+            "subscriber id, context and filter together are too long "
+            f"(at most {MAX_SUBSCRIPTION_NAME_BYTES} bytes)"
+        )
+    return name
+
+
+def fetched_event(ev: RecordedEvent) -> FetchedEvent:
+    """A stored event as EF's 8 frames: Sequence = stream version, Timestamp =
+    server time (never decreasing with position), body as text."""
+    return FetchedEvent(
+        event_id=ev.event_id,
+        stream=ev.stream,
+        context=ev.context,
+        sequence=ev.version,
+        timestamp=ev.recorded_at,
+        type=ev.type,
+        headers=headers_to_text(ev.headers),
+        body=bodies.body_json_text(ev.content_type, ev.body),
+    )
+
+
+def _prefix_within(events: list[RecordedEvent], budget: int) -> int:
+    """How many leading events fit ``budget`` body bytes (at least one)."""
+    total = 0
+    for i, ev in enumerate(events):
+        total += len(ev.body) + len(ev.type) + len(ev.stream)
+        if total > budget:
+            return max(1, i)
+    return len(events)
+
+
+# --- errors -------------------------------------------------------------------
+
+
+def error_code(exc: PolyportError, *, write: bool) -> int:
+    """Canonical error → ER code.  Busy and timeout take the writer's or the
+    reader's code from the request's kind (AC is the writer's)."""
+    if isinstance(exc, WrongExpectedVersion):
+        return ErrorCode.CONCURRENCY
+    if isinstance(exc, NotFound):
+        return ErrorCode.EVENT_NOT_FOUND
+    if isinstance(exc, Malformed | TooLarge):
+        return ErrorCode.MALFORMED
+    if isinstance(exc, Unsupported):
+        return ErrorCode.UNSUPPORTED_COMMAND
+    if isinstance(exc, Busy):
+        return ErrorCode.STORAGE_WRITER_BUSY if write else ErrorCode.STORAGE_READER_BUSY
+    if isinstance(exc, Timeout):
+        return ErrorCode.STORAGE_WRITER_TIMEOUT if write else ErrorCode.STORAGE_READER_TIMEOUT
+    if isinstance(exc, StorageUnavailable):
+        return ErrorCode.EVENT_STORAGE
+    return ErrorCode.UNEXPECTED
+
+
+# Res01 codec error codes → canonical names, for the listener's counters.
+CODEC_ERROR_NAMES: dict[int, str] = {
+    ErrorCode.MALFORMED: Malformed.code,
+    ErrorCode.UNSUPPORTED_PROTOCOL: Unsupported.code,
+    ErrorCode.UNSUPPORTED_COMMAND: Unsupported.code,
+}
+
+
+def codec_error_name(exc: Res01Error) -> str:
+    return CODEC_ERROR_NAMES.get(exc.code, "internal")
+
+
+def error_reply(request: Request, code: int, message: str) -> Error:
+    return Error(request.request_id, int(code), message, request.protocol)
+
+
+# --- the handler --------------------------------------------------------------
+
+
+class Res01Handler:
+    """Serves decoded requests against the store.  Stateless per peer: every
+    Res01 request is complete in itself, and durable state lives in Postgres."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        stats: ListenerStats,
+        log: logging.Logger,
+        limits: Res01Limits,
+    ) -> None:
+        self.store = store
+        self.stats = stats
+        self.log = log
+        self.limits = limits
+
+    async def handle(self, request: Request) -> AsyncGenerator[Response, None]:
+        """The replies to one request: one response, or one EF per FE entry.
+        Failures become a single ER (after any EF already yielded)."""
+        write = is_write(request)
+        try:
+            if isinstance(request, AppendCommit):
+                yield await self._commit(request)
+            elif isinstance(request, RegisterSubscriptions):
+                yield await self._register(request)
+            elif isinstance(request, FetchEvents):
+                async for reply in self._fetch(request):
+                    yield reply
+            elif isinstance(request, ProgressSubscriptions):
+                yield await self._progress(request)
+            elif isinstance(request, SetSubscription):
+                yield await self._set(request)
+            else:  # the codec only produces the five requests above
+                raise Unsupported(f"unsupported request {type(request).__name__}")
+        except PolyportError as exc:
+            self.stats.error(exc.code)
+            yield error_reply(request, error_code(exc, write=write), exc.message)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            self.stats.error(StorageUnavailable.code)
+            self.log.warning("res01: storage error: %s", exc)
+            yield error_reply(request, ErrorCode.EVENT_STORAGE, f"event storage error: {exc}")
+        except Exception as exc:  # one request fails, never the listener
+            self.stats.error("internal")
+            self.log.exception("res01: %s failed", type(request).__name__)
+            yield error_reply(request, ErrorCode.UNEXPECTED, f"unexpected error: {exc}")
+
+    async def _read(self, work: Awaitable[_T]) -> _T:
+        """Storage work of a reader request, under the reader timeout."""
+        try:
+            return await asyncio.wait_for(work, self.limits.read_timeout)
+        except TimeoutError:
+            raise Timeout(
+                f"storage read took longer than {self.limits.read_timeout:g}s", reader=True
+            ) from None
+
+    async def _commit(self, request: AppendCommit) -> CommitResult:
+        # Acknowledged only here, after the core confirmed the commit.
+        result = await self.store.append(to_append(request, self.limits.max_event_bytes))
+        return CommitResult(request.request_id, result.commit_id, request.protocol)
+
+    async def _register(self, request: RegisterSubscriptions) -> SubscribeResult:
+        # Validate every definition before creating any: a bad entry must not
+        # leave the others half-registered.
+        defs = [
+            (subscription_name(request.subscriber_id, d.context, d.filter), d)
+            for d in request.subscriptions
+        ]
+        ids: list[int] = []
+        for name, d in defs:
+            sub = await self._read(
+                self.store.register_fetch_subscription(
+                    name, selector_for(d.context, d.filter), FromTime(d.start_time)
+                )
+            )
+            ids.append(sub.id)
+        return SubscribeResult(request.request_id, tuple(ids), request.protocol)
+
+    async def _check_ids(self, ids: list[int]) -> None:
+        """NotFound for the first unknown id, before anything is done."""
+        for sub_id in dict.fromkeys(ids):
+            await self._read(self.store.get_fetch_subscription(sub_id))
+
+    async def _fetch(self, request: FetchEvents) -> AsyncIterator[EventsFetched]:
+        for entry in request.entries:
+            if entry.suggested_count < 1:
+                raise Malformed(
+                    f"FetchEvents: suggested count {entry.suggested_count} for subscription "
+                    f"{entry.subscription_id} must be at least 1"
+                )
+        await self._check_ids([e.subscription_id for e in request.entries])
+        # One EF at a time: the next batch is read only after the previous one
+        # went out, so a request holds at most one batch in memory.
+        for entry in request.entries:
+            count = min(entry.suggested_count, self.limits.max_fetch_count)
+            events = await self._read(self.store.fetch(entry.subscription_id, count))
+            fits = _prefix_within(events, self.limits.max_fetch_bytes)
+            if fits < len(events):
+                # Fetch again with the smaller count, so the batch the store
+                # recorded (what PS must name) is the batch we send.
+                events = await self._read(self.store.fetch(entry.subscription_id, fits))
+            yield EventsFetched(
+                request.request_id,
+                entry.subscription_id,
+                tuple(fetched_event(ev) for ev in events),
+                request.protocol,
+            )
+
+    async def _progress(self, request: ProgressSubscriptions) -> SubscriptionProgressed:
+        ids = [e.subscription_id for e in request.entries]
+        await self._check_ids(ids)
+        for entry in request.entries:
+            # False when LastEventTime does not name the fetched batch: the
+            # spec's idempotency, not an error.
+            await self._read(self.store.progress(entry.subscription_id, entry.last_event_time))
+        return SubscriptionProgressed(request.request_id, tuple(ids), request.protocol)
+
+    async def _set(self, request: SetSubscription) -> SubscriptionSet:
+        results: list[str] = []
+        for entry in request.entries:
+            try:
+                name = subscription_name(entry.subscriber_id, entry.context, entry.filter)
+                sub_id = await self._read(self.store.subscription_id(name))
+                if sub_id is None:
+                    raise NotFound(
+                        f"no subscription for subscriber {entry.subscriber_id!r}, context "
+                        f"{entry.context!r}, filter {entry.filter!r}"
+                    )
+                await self._read(self.store.seek(sub_id, FromTime(entry.set_to)))
+                results.append("")
+            except (Malformed, NotFound) as exc:
+                # Per-entry failures are ST's own form; storage trouble is not
+                # about one entry and fails the request (ER) instead.
+                self.stats.error(exc.code)
+                results.append(exc.message)
+        return SubscriptionSet(request.request_id, tuple(results), request.protocol)

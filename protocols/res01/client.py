@@ -1,0 +1,271 @@
+"""A thin asyncio Res01 client: a pyzmq DEALER socket over the sans-IO codec.
+
+Requests are correlated with their replies by request id, so many requests
+may be outstanding on one client at once (bounded by ``max_in_flight``)::
+
+    client = await Res01Client.connect("tcp://127.0.0.1:5560")
+    commit_id = await client.commit("ctx", "orders-1", 1, [new_event("Placed", '{"n": 1}')])
+    [sub_id] = await client.subscribe("me", [("ctx", "orders-", datetime(2020, 1, 1))])
+    [batch] = await client.fetch([(sub_id, 100)])
+    await client.progress([(sub_id, batch.events[-1].timestamp)])
+    await client.close()
+
+A server error (ER) raises :class:`Res01ServerError` with the spec's code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import zmq
+import zmq.asyncio
+
+from protocols.res01.codec import decode_response, encode_request
+from protocols.res01.errors import ErrorCode, Res01Error
+from protocols.res01.frames import (
+    PROTOCOL,
+    AppendCommit,
+    CommitResult,
+    Error,
+    EventsFetched,
+    FetchEntry,
+    FetchEvents,
+    NewEvent,
+    ProgressEntry,
+    ProgressSubscriptions,
+    RegisterSubscriptions,
+    Request,
+    Response,
+    SetEntry,
+    SetSubscription,
+    SubscribeResult,
+    SubscriptionDefinition,
+    SubscriptionProgressed,
+    SubscriptionSet,
+)
+
+log = logging.getLogger("polyport.res01.client")
+
+
+class Res01ServerError(Exception):
+    """The server answered ER."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"Res01 error {code}: {message}")
+        self.code = code
+        self.message = message
+
+    @property
+    def error_code(self) -> ErrorCode | None:
+        try:
+            return ErrorCode(self.code)
+        except ValueError:
+            return None
+
+
+def new_event(
+    type: str,
+    body: str,
+    headers: str = "{}",
+    *,
+    event_id: uuid.UUID | None = None,
+    timestamp: datetime | None = None,
+) -> NewEvent:
+    """An event for :meth:`Res01Client.commit` (fresh id, now, unless given)."""
+    return NewEvent(
+        event_id=event_id or uuid.uuid4(),
+        timestamp=timestamp or datetime.now(UTC),
+        type=type,
+        headers=headers,
+        body=body,
+    )
+
+
+@dataclass
+class _Pending:
+    future: asyncio.Future[list[Response]]
+    expected: int
+    replies: list[Response] = field(default_factory=list)
+
+
+def _endpoint(address: str | tuple[str, int]) -> str:
+    if isinstance(address, str):
+        return address
+    host, port = address
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+class Res01Client:
+    def __init__(
+        self,
+        sock: zmq.asyncio.Socket,
+        *,
+        protocol: str = PROTOCOL,
+        timeout: float = 30.0,
+        max_in_flight: int = 1000,
+    ) -> None:
+        self._sock = sock
+        self.protocol = protocol
+        self.timeout = timeout
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._ids = itertools.count(1)
+        self._pending: dict[bytes, _Pending] = {}
+        self._reader = asyncio.create_task(self._read_loop(), name="res01-client")
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls,
+        address: str | tuple[str, int],
+        *,
+        protocol: str = PROTOCOL,
+        timeout: float = 30.0,
+        max_in_flight: int = 1000,
+        context: zmq.asyncio.Context | None = None,
+    ) -> Res01Client:
+        """``address``: a ZeroMQ endpoint (``tcp://host:port``) or (host, port)."""
+        ctx = context or zmq.asyncio.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(_endpoint(address))
+        return cls(sock, protocol=protocol, timeout=timeout, max_in_flight=max_in_flight)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(ConnectionError("Res01 client closed"))
+        self._pending.clear()
+        self._sock.close(linger=0)
+
+    async def __aenter__(self) -> Res01Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- requests -----------------------------------------------------------
+
+    def next_request_id(self) -> bytes:
+        return str(next(self._ids)).encode("ascii")
+
+    async def request(self, request: Request, expected_replies: int = 1) -> list[Response]:
+        """Send one request, wait for its ``expected_replies`` replies (FE gets
+        one EF per entry).  Raises Res01ServerError on ER, TimeoutError."""
+        if self._closed:
+            raise ConnectionError("Res01 client closed")
+        async with self._slots:
+            rid = request.request_id
+            if rid in self._pending:
+                raise ValueError(f"request id {rid!r} is already in flight")
+            fut: asyncio.Future[list[Response]] = asyncio.get_running_loop().create_future()
+            self._pending[rid] = _Pending(fut, expected_replies)
+            try:
+                async with asyncio.timeout(self.timeout):
+                    await self._sock.send_multipart(encode_request(request))
+                    if expected_replies == 0:
+                        return []
+                    return await fut
+            finally:
+                self._pending.pop(rid, None)
+
+    async def commit(
+        self,
+        context: str,
+        stream: str,
+        expected_version: int,
+        events: Iterable[NewEvent],
+    ) -> uuid.UUID:
+        """AC; ``expected_version``: -1 any, 1 new stream, n = the first event's version."""
+        req = AppendCommit(
+            self.next_request_id(), context, stream, expected_version, tuple(events), self.protocol
+        )
+        [reply] = await self.request(req)
+        assert isinstance(reply, CommitResult)
+        return reply.commit_id
+
+    async def subscribe(
+        self,
+        subscriber_id: str,
+        subscriptions: Iterable[SubscriptionDefinition | tuple[str, str, datetime]],
+    ) -> list[int]:
+        """RS: (context, filter, start time) per subscription → their ids."""
+        defs = tuple(
+            s if isinstance(s, SubscriptionDefinition) else SubscriptionDefinition(*s)
+            for s in subscriptions
+        )
+        req = RegisterSubscriptions(self.next_request_id(), subscriber_id, defs, self.protocol)
+        [reply] = await self.request(req)
+        assert isinstance(reply, SubscribeResult)
+        return list(reply.subscription_ids)
+
+    async def fetch(self, entries: Iterable[FetchEntry | tuple[int, int]]) -> list[EventsFetched]:
+        """FE: (subscription id, suggested count) per entry → one EF each."""
+        fe = tuple(e if isinstance(e, FetchEntry) else FetchEntry(*e) for e in entries)
+        req = FetchEvents(self.next_request_id(), fe, self.protocol)
+        replies = await self.request(req, expected_replies=len(fe))
+        out = [r for r in replies if isinstance(r, EventsFetched)]
+        assert len(out) == len(replies)
+        return out
+
+    async def progress(
+        self, entries: Iterable[ProgressEntry | tuple[int, datetime]]
+    ) -> list[int]:
+        """PS: (subscription id, last event time of the fetched batch)."""
+        pe = tuple(e if isinstance(e, ProgressEntry) else ProgressEntry(*e) for e in entries)
+        req = ProgressSubscriptions(self.next_request_id(), pe, self.protocol)
+        [reply] = await self.request(req)
+        assert isinstance(reply, SubscriptionProgressed)
+        return list(reply.subscription_ids)
+
+    async def set_subscription(
+        self, entries: Iterable[SetEntry | tuple[str, str, str, datetime]]
+    ) -> list[str]:
+        """SS: (subscriber id, context, filter, set to) → "" per success, else a message."""
+        se = tuple(e if isinstance(e, SetEntry) else SetEntry(*e) for e in entries)
+        req = SetSubscription(self.next_request_id(), se, self.protocol)
+        [reply] = await self.request(req)
+        assert isinstance(reply, SubscriptionSet)
+        return list(reply.results)
+
+    # --- replies ------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                frames = await self._sock.recv_multipart()
+            except zmq.ZMQError as exc:
+                if self._sock.closed:
+                    return
+                log.warning("res01 client: receive failed: %s", exc)
+                continue
+            try:
+                response = decode_response(frames)
+            except Res01Error as exc:
+                pending = self._pending.get(exc.request_id) if exc.request_id else None
+                if pending is not None and not pending.future.done():
+                    pending.future.set_exception(exc)
+                else:
+                    log.warning("res01 client: undecodable reply: %s", exc)
+                continue
+            pending = self._pending.get(response.request_id)
+            if pending is None or pending.future.done():
+                continue  # a late reply to a request that timed out
+            if isinstance(response, Error):
+                pending.future.set_exception(Res01ServerError(response.code, response.message))
+                continue
+            pending.replies.append(response)
+            if len(pending.replies) >= pending.expected:
+                pending.future.set_result(pending.replies)

@@ -138,11 +138,16 @@ class _Connection:
     def receive_data(self, data: bytes) -> list[Frame]:
         """Buffer ``data`` and return every complete frame it finishes (see the
         module docstring for when to call again with ``b""``)."""
+        return [frame for frame, _size in self.receive_sized(data)]
+
+    def receive_sized(self, data: bytes) -> list[tuple[Frame, int]]:
+        """Like :meth:`receive_data`, with each frame's encoded size (what an
+        ACKEV ``bytes`` counts for a RECEV)."""
         if self.state in _ENDED:
             # Input after a fatal error or close has no one to answer it.
             return []
         self._buffer += data
-        frames: list[Frame] = []
+        frames: list[tuple[Frame, int]] = []
         offset = 0
         try:
             while not self._paused() and self.state not in _ENDED:
@@ -156,7 +161,7 @@ class _Connection:
                 next_state = self._check_receive(frame)
                 self._apply_receive(frame, length, next_state)
                 offset += length
-                frames.append(frame)
+                frames.append((frame, length))
             self._check_paused_buffer(len(self._buffer) - offset)
         except ProtocolError:
             del self._buffer[:offset]

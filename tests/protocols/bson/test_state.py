@@ -511,3 +511,14 @@ def test_client_and_server_conversation() -> None:
     to_client(Response(ok=True), Response(ok=True))
     assert client.subscriptions == server.subscriptions == frozenset()
     assert client.pending_requests == server.pending_requests == ()
+
+
+def test_receive_sized_reports_each_frame_size() -> None:
+    client = connected_client()
+    client.send(Subscribe("s"))
+    recevs = [Recev(1, "s", "t", 0, n, {"pad": "x" * n}) for n in range(3)]
+    data = wire(SubResponse(ok=True, sub_id=1), *recevs)
+    got = client.receive_sized(data[:-3]) + client.receive_sized(data[-3:])
+    assert [f for f, _ in got] == [SubResponse(ok=True, sub_id=1), *recevs]
+    assert [n for _, n in got] == [len(encode_frame(f)) for f, _ in got]
+    assert client.unacked_bytes(1) == sum(n for _, n in got[1:])

@@ -1,0 +1,33 @@
+"""The BSON frames listener: asyncio TCP, default port 7451."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gateway.registry import ListenerDef
+from gateway.tcp import TcpListener
+from protocols.bson.adapter import session_factory
+from protocols.bson.frames import DEFAULT_PORT, PROTOCOL_NAME
+from protocols.session import ListenerStats
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+
+async def start(gw: Gateway, host: str, port: int) -> TcpListener:
+    stats = ListenerStats(PROTOCOL_NAME)
+    ctx = gw.context(PROTOCOL_NAME, stats)
+    idle = gw.settings.get("idle_timeout")
+    listener = TcpListener(
+        PROTOCOL_NAME,
+        session_factory(ctx),
+        host,
+        port,
+        stats,
+        idle_timeout=float(idle) if idle else None,
+    )
+    await listener.start()
+    return listener
+
+
+LISTENER = ListenerDef(PROTOCOL_NAME, DEFAULT_PORT, start)

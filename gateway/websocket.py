@@ -1,0 +1,187 @@
+"""The WebSocket transport loop shared by protocols that run over WebSocket.
+
+It plays the role :mod:`gateway.tcp` plays for byte streams: one loop per
+connection pumps messages into a protocol session (one binary message per
+``data_received`` call: message-framed protocols such as ReactiveSocket carry
+exactly one frame per message), writes wait for the socket to drain
+(backpressure), an optional idle timeout closes silent connections, and an
+exception in a session closes that connection only.  The endpoint is an
+aiohttp route on the gateway's HTTP port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from protocols.session import ListenerStats, Outbound, StreamSession
+
+log = logging.getLogger("polyport.websocket")
+
+# How long a closing handshake may take before the connection is dropped.
+CLOSE_TIMEOUT = 2.0
+# Bytes aiohttp may buffer for writing before send waits for the socket.
+WRITER_LIMIT = 64 * 1024
+
+
+class WebSocketOutbound:
+    """:class:`Outbound` over an aiohttp WebSocket: one ``send`` = one binary message."""
+
+    def __init__(self, ws: web.WebSocketResponse, peer: str, stats: ListenerStats) -> None:
+        self._ws = ws
+        self._stats = stats
+        self.peer = peer
+        self._closed = False
+        # Serialises sends so messages leave in the order ``send`` was called
+        # (FIFO lock), whatever aiohttp does while draining.
+        self._lock = asyncio.Lock()
+        self._close_task: asyncio.Task[None] | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._ws.closed
+
+    async def send(self, data: bytes) -> None:
+        if self.closed:
+            return
+        async with self._lock:
+            if self.closed:
+                return
+            try:
+                # aiohttp drains once its write buffer passes the writer
+                # limit: this await is the backpressure path.
+                await self._ws.send_bytes(data)
+            except (ConnectionError, RuntimeError, OSError):
+                self._closed = True
+                return
+            self._stats.bytes_out += len(data)
+
+    def close(self, code: int = WSCloseCode.OK, message: bytes = b"") -> None:
+        """Send the close handshake after everything already sent."""
+        self._closed = True
+        if self._close_task is None:
+            self._close_task = asyncio.ensure_future(self._close(code, message))
+
+    async def wait_closed(self) -> None:
+        if self._close_task is not None:
+            await asyncio.shield(self._close_task)
+
+    async def _close(self, code: int, message: bytes) -> None:
+        # Messages already handed to aiohttp are in the transport buffer, so
+        # the close frame follows them.  A peer that stops reading cannot hold
+        # the close up for long: on timeout aiohttp drops the transport.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._ws.close(code=code, message=message), CLOSE_TIMEOUT * 2)
+
+
+SessionFactory = Callable[[Outbound], StreamSession]
+
+
+@dataclass
+class WebSocketEndpoint:
+    """A WebSocket route whose connections each get a session from ``factory``.
+
+    ``max_message_size`` bounds what aiohttp buffers for one message (above
+    it aiohttp closes with 1009); text messages are refused with close code
+    1003 unless ``accept_text`` (then their UTF-8 bytes go to the session).
+    """
+
+    name: str
+    factory: SessionFactory
+    stats: ListenerStats
+    max_message_size: int = 4 * 1024 * 1024
+    idle_timeout: float | None = None
+    accept_text: bool = False
+    _connections: dict[asyncio.Task[object], WebSocketOutbound] = field(
+        default_factory=dict, init=False, repr=False
+    )
+
+    def install(self, app: web.Application, path: str) -> None:
+        app.router.add_get(path, self.handle)
+        app.on_shutdown.append(self._on_shutdown)
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(
+            max_msg_size=self.max_message_size,
+            # Compression would run large messages through an executor and
+            # cost CPU per frame; the protocols carry binary payloads.
+            compress=False,
+            writer_limit=WRITER_LIMIT,
+            timeout=CLOSE_TIMEOUT,
+        )
+        if not ws.can_prepare(request).ok:
+            return web.Response(status=426, text=f"{self.name}: WebSocket upgrade required\n")
+        await ws.prepare(request)
+        task = asyncio.current_task()
+        assert task is not None
+        peer = request.remote or "?"
+        transport = request.transport
+        if transport is not None:
+            addr = transport.get_extra_info("peername")
+            if isinstance(addr, tuple):
+                peer = f"{addr[0]}:{addr[1]}"
+        out = WebSocketOutbound(ws, peer, self.stats)
+        self._connections[task] = out
+        self.stats.connections_total += 1
+        self.stats.connections_open += 1
+        session: StreamSession | None = None
+        try:
+            session = self.factory(out)
+            while not out.closed:
+                try:
+                    msg = await ws.receive(timeout=self.idle_timeout)
+                except TimeoutError:
+                    log.info("%s: closing idle WebSocket from %s", self.name, peer)
+                    break
+                if msg.type == WSMsgType.BINARY:
+                    data: bytes = msg.data
+                elif msg.type == WSMsgType.TEXT and self.accept_text:
+                    data = msg.data.encode("utf-8")
+                elif msg.type == WSMsgType.TEXT:
+                    out.close(WSCloseCode.UNSUPPORTED_DATA, b"binary messages only")
+                    break
+                else:  # CLOSE, CLOSING, CLOSED, ERROR (e.g. message too big)
+                    if msg.type == WSMsgType.ERROR:
+                        log.info("%s: WebSocket from %s failed: %s", self.name, peer, msg.data)
+                    break
+                self.stats.bytes_in += len(data)
+                await session.data_received(data)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("%s: WebSocket from %s failed", self.name, peer)
+            self.stats.error("internal")
+        finally:
+            self.stats.connections_open -= 1
+            self._connections.pop(task, None)
+            if session is not None:
+                try:
+                    await session.connection_lost()
+                except Exception:
+                    log.exception("%s: cleanup after %s failed", self.name, peer)
+            out.close()
+            await out.wait_closed()
+        return ws
+
+    async def _on_shutdown(self, app: web.Application) -> None:
+        """Close every connection (going away) so the HTTP server can stop
+        without waiting for its shutdown timeout."""
+        if not self._connections:
+            return
+        for out in list(self._connections.values()):
+            out.close(WSCloseCode.GOING_AWAY, b"server shutting down")
+        tasks = list(self._connections)
+        _, pending = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=CLOSE_TIMEOUT)

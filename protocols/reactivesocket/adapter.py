@@ -1,0 +1,592 @@
+"""ReactiveSocket adapter: frames from the sans-IO :class:`ServerConnection`
+become canonical commands on the :class:`EventStore`; results go back as
+RESPONSE / ERROR frames.
+
+One :class:`ReactiveSocketSession` per connection, for either transport (TCP
+or WebSocket: only the codec's framing differs).  The transport loop awaits
+``data_received``, so anything that may take long (a request, a stream, a
+subscription) runs in a task of its own, one per live stream; the number of
+live streams is bounded by the codec (``max_streams``: more get ERROR
+``busy``) and fire-and-forget appends by a semaphore (more stop the reading
+of the socket, which is the backpressure path).  Every write awaits
+``Outbound.send``.
+
+Mapping, limits and decisions: docs/protocols/reactivesocket.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from core.commands import (
+    ANY,
+    BEGINNING,
+    END,
+    NO_STREAM,
+    Append,
+    ExactVersion,
+    Expected,
+    FromPosition,
+    FromTime,
+    FromVersion,
+    Principal,
+    ReadStream,
+    Selector,
+    Start,
+    Subscribe,
+)
+from core.errors import Forbidden, PolyportError, TooLarge, Unsupported
+from core.events import DEFAULT_CONTENT_TYPE, EventData, RecordedEvent
+from core.groups import GroupMember
+from core.subscriptions import Subscription
+from protocols.session import Outbound, SessionContext
+
+from . import payloads
+from .connection import ServerConnection, StreamError
+from .errors import LocalProtocolError, PayloadError, ProtocolError
+from .frames import (
+    CONNECTION_STREAM_ID,
+    DEFAULT_MAX_FRAGMENT,
+    DEFAULT_MAX_FRAME_SIZE,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    Cancel,
+    ErrorFrame,
+    RequestFnf,
+    RequestN,
+    RequestResponse,
+    RequestStream,
+    RequestSub,
+    Setup,
+)
+
+ORIGIN = "reactivesocket"
+PROTOCOL = "reactivesocket"
+
+log = logging.getLogger("polyport.reactivesocket")
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterLimits:
+    """Per-connection limits.  Every one can be set in the gateway config's
+    extra settings as ``reactivesocket_<name>``."""
+
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    max_fragment: int = DEFAULT_MAX_FRAGMENT
+    # Live REQUEST_RESPONSE / STREAM / SUB streams on one connection.
+    max_streams: int = 256
+    # Fire-and-forget appends in flight; more pause reading the socket.
+    max_fnf_inflight: int = 64
+    # A read answer (REQUEST_RESPONSE) stops adding events past this many
+    # body bytes (always at least one event); a query answer above it fails
+    # with too_large.  Below the client's default reassembly limit (16 MiB).
+    max_response_bytes: int = 8 * 1024 * 1024
+    # Events fetched per database read of REQUEST_STREAM / read.
+    read_page: int = 100
+    # Default `max` of a REQUEST_RESPONSE read.
+    default_read_max: int = 1000
+    # Events a subscription buffers ahead of the credits.
+    subscription_buffer: int = 128
+    # Body limit of appended events (the gateway's max_event_bytes).
+    max_event_bytes: int = 1 << 20
+    # A connection with no live stream and no input for this long is closed
+    # (a subscriber that only receives is never idle).  None = never.
+    idle_timeout: float | None = 300.0
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> AdapterLimits:
+        values: dict[str, Any] = {}
+        for name in cls.__dataclass_fields__:
+            value = settings.get(f"{PROTOCOL}_{name}")
+            if value is None and name in ("max_event_bytes", "idle_timeout"):
+                value = settings.get(name)  # the gateway-wide setting
+            if value is None:
+                continue
+            # Settings may come from text (TOML, environment).
+            values[name] = float(value) if name == "idle_timeout" else int(value)
+        return cls(**values)
+
+
+@dataclass(eq=False)
+class _Work:
+    """What runs for one live stream."""
+
+    stream_id: int
+    task: asyncio.Task[None] | None = None
+    # Set on REQUEST_N: a REQUEST_STREAM waiting for credits resumes.
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    sub: Subscription | GroupMember | None = None
+
+    def stop(self) -> None:
+        if self.sub is not None:
+            self.sub.close()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+def event_map(ev: RecordedEvent) -> payloads.EventMap:
+    """A recorded event as the schema's event map: the body as stored, with
+    its content type (ReactiveSocket is a byte consumer)."""
+    return payloads.EventMap(
+        id=ev.event_id,
+        context=ev.context,
+        stream=ev.stream,
+        version=ev.version,
+        position=ev.position,
+        type=ev.type,
+        headers=ev.headers,
+        body=ev.body,
+        content_type=ev.content_type,
+        recorded_at=ev.recorded_at_ms,
+    )
+
+
+def expected_from(expected_version: int | None) -> Expected:
+    """``expected_version`` is the stream's current last version: absent = no
+    check, 0 = the stream must not exist, n = the first new event gets n + 1."""
+    if expected_version is None:
+        return ANY
+    if expected_version == 0:
+        return NO_STREAM
+    return ExactVersion(expected_version + 1)
+
+
+def start_from(start: payloads.StartAt | None) -> Start:
+    if start is None or start.kind == "end":
+        return END
+    if start.kind == "beginning":
+        return BEGINNING
+    assert start.value is not None
+    if start.kind == "position":
+        return FromPosition(start.value)
+    if start.kind == "version":
+        return FromVersion(start.value)
+    return FromTime(datetime.fromtimestamp(start.value / 1000, tz=UTC))
+
+
+def durable_name(context: str, group: str) -> str:
+    """Durable subscription names are global in the store; a group is the
+    connection's context's, so two tenants' groups called alike never meet."""
+    return f"{context}/{group}"
+
+
+class ReactiveSocketSession:
+    """Server side of one ReactiveSocket connection (a StreamSession)."""
+
+    def __init__(
+        self,
+        ctx: SessionContext,
+        out: Outbound,
+        transport: str = "tcp",
+        limits: AdapterLimits | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        self.stats = ctx.stats
+        self.out = out
+        self.limits = limits or AdapterLimits.from_settings(ctx.settings)
+        self.transport = transport
+        self.conn = ServerConnection(
+            transport,
+            max_frame_size=self.limits.max_frame_size,
+            max_message_size=self.limits.max_message_size,
+            max_fragment=self.limits.max_fragment,
+            max_streams=self.limits.max_streams,
+        )
+        self.principal: Principal | None = None
+        self.context: str | None = None
+        self._work: dict[int, _Work] = {}
+        self._fnf_slots = asyncio.Semaphore(self.limits.max_fnf_inflight)
+        self._fnf_tasks: set[asyncio.Task[None]] = set()
+        # Every stream task, also those already told to stop, so that
+        # connection_lost can wait for their cleanup.
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+        loop = asyncio.get_running_loop()
+        self._last_input = loop.time()
+        self._idle_task: asyncio.Task[None] | None = None
+        if self.limits.idle_timeout:
+            self._idle_task = asyncio.create_task(self._idle_watch(), name="rs-idle")
+
+    # --- transport callbacks --------------------------------------------------
+
+    async def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self._last_input = asyncio.get_running_loop().time()
+        try:
+            events = self.conn.receive_data(data)
+        except ProtocolError as exc:
+            # Frames decoded before the fault are dropped with the connection.
+            await self._fail_connection(exc.code, exc.message)
+            return
+        for ev in events:
+            if self._closing:
+                return
+            self.stats.frames_in += 1
+            await self._dispatch(ev)
+
+    async def connection_lost(self) -> None:
+        self._closing = True
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+        for work in list(self._work.values()):
+            work.stop()
+        self._work.clear()
+        tasks = [*self._tasks, *self._fnf_tasks]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- dispatch -------------------------------------------------------------
+
+    async def _dispatch(self, ev: object) -> None:
+        if isinstance(ev, Setup):
+            await self._setup(ev)
+        elif isinstance(ev, RequestResponse):
+            self._start(ev.stream_id, lambda w: self._request_response(ev))
+        elif isinstance(ev, RequestStream):
+            self._start(ev.stream_id, lambda w: self._request_stream(w, ev))
+        elif isinstance(ev, RequestSub):
+            self._start(ev.stream_id, lambda w: self._request_sub(w, ev))
+        elif isinstance(ev, RequestFnf):
+            # Waiting for a slot stops the transport reading: backpressure.
+            await self._fnf_slots.acquire()
+            task = asyncio.create_task(self._fire_and_forget(ev), name=f"rs-fnf-{ev.stream_id}")
+            self._fnf_tasks.add(task)
+            task.add_done_callback(self._fnf_done)
+        elif isinstance(ev, RequestN):
+            work = self._work.get(ev.stream_id)
+            if work is not None:
+                if work.sub is not None:
+                    work.sub.grant(ev.n)
+                work.wake.set()
+        elif isinstance(ev, Cancel):
+            self._stop_work(ev.stream_id)
+        elif isinstance(ev, StreamError):
+            self._stop_work(ev.stream_id)
+            await self._send_error(ev.stream_id, ev.code, ev.message)
+        elif isinstance(ev, ErrorFrame) and ev.stream_id == CONNECTION_STREAM_ID:
+            # The client ended the connection with an error.
+            try:
+                err = payloads.decode_error_data(ev.data)
+                detail = f"{err.code}: {err.message}"
+            except PayloadError:
+                detail = repr(ev.data[:200])
+            self.ctx.log.info("client %s closed with ERROR %s", self.out.peer, detail)
+            self._close()
+
+    def _fnf_done(self, task: asyncio.Task[None]) -> None:
+        self._fnf_tasks.discard(task)
+        self._fnf_slots.release()
+
+    # --- SETUP ----------------------------------------------------------------
+
+    async def _setup(self, frame: Setup) -> None:
+        try:
+            setup = payloads.decode_setup_data(frame.data)
+        except PayloadError as exc:
+            await self._fail_connection(exc.code, exc.message)
+            return
+        try:
+            principal = await self.store.authenticate(setup.user, setup.password)
+        except PolyportError as exc:
+            await self._fail_connection(exc.code, exc.message)
+            return
+        context = setup.context or principal.default_context
+        if not principal.may_use(context):
+            who = principal.user or "anonymous"
+            await self._fail_connection("forbidden", f"{who} may not use context {context!r}")
+            return
+        self.principal = principal
+        self.context = context
+
+    # --- stream tasks ----------------------------------------------------------
+
+    def _start(self, stream_id: int, body: Callable[[_Work], Awaitable[None]]) -> None:
+        work = _Work(stream_id)
+        self._work[stream_id] = work
+        task = asyncio.create_task(self._serve(work, body), name=f"rs-stream-{stream_id}")
+        work.task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _stop_work(self, stream_id: int) -> None:
+        work = self._work.pop(stream_id, None)
+        if work is not None:
+            work.stop()
+
+    async def _serve(self, work: _Work, body: Callable[[_Work], Awaitable[None]]) -> None:
+        sid = work.stream_id
+        try:
+            await body(work)
+        except asyncio.CancelledError:
+            raise
+        except (PolyportError, PayloadError) as exc:
+            await self._send_error(sid, exc.code, exc.message)
+        except LocalProtocolError as exc:
+            # The stream ended under us (CANCEL, connection error): nothing to
+            # send.  If it is still live, we broke the rules: a bug.
+            if self.conn.is_live(sid):
+                self.ctx.log.error("stream %d: %s", sid, exc.message)
+                await self._send_error(sid, "internal", "internal error")
+        except Exception:
+            self.ctx.log.exception("stream %d from %s failed", sid, self.out.peer)
+            await self._send_error(sid, "internal", "internal error")
+        finally:
+            if work.sub is not None:
+                work.sub.close()
+            if self._work.get(sid) is work:
+                del self._work[sid]
+
+    async def _request_response(self, frame: RequestResponse) -> None:
+        request = payloads.decode_request(frame.data)
+        if isinstance(request, payloads.AppendRequest):
+            result = await self.store.append(self._append_command(request))
+            answer = payloads.encode_append_response(
+                payloads.AppendResponse(
+                    result.first_version, result.last_version, result.last_position
+                )
+            )
+        elif isinstance(request, payloads.ReadRequest):
+            events = await self._read(request)
+            answer = payloads.encode_read_response(
+                payloads.ReadResponse(tuple(event_map(e) for e in events))
+            )
+        else:
+            answer = await self._query(request)
+        await self._respond(frame.stream_id, answer, complete=True)
+
+    async def _fire_and_forget(self, frame: RequestFnf) -> None:
+        try:
+            request = payloads.decode_request(frame.data)
+            if not isinstance(request, payloads.AppendRequest):
+                raise Unsupported("REQUEST_FNF serves op 'append' only")
+            await self.store.append(self._append_command(request))
+        except asyncio.CancelledError:
+            raise
+        except (PolyportError, PayloadError) as exc:
+            # Fire-and-forget is best effort: nothing goes back to the client.
+            self.stats.error(exc.code)
+            self.ctx.log.info(
+                "REQUEST_FNF %d from %s dropped: %s", frame.stream_id, self.out.peer, exc.message
+            )
+        except Exception:
+            self.stats.error("internal")
+            self.ctx.log.exception("REQUEST_FNF %d from %s failed", frame.stream_id, self.out.peer)
+
+    async def _request_stream(self, work: _Work, frame: RequestStream) -> None:
+        sid = frame.stream_id
+        request = payloads.decode_request(frame.data)
+        if not isinstance(request, payloads.ReadRequest):
+            raise Unsupported("REQUEST_STREAM serves op 'read' only")
+        context = self._context()
+        # "Finite": the end is the stream's last version when the request came.
+        state = await self.store.stream_state(context, request.stream)
+        end = state[0] if state is not None else 0
+        remaining = request.max
+        version = request.from_version
+        while version <= end and (remaining is None or remaining > 0):
+            count = min(self.limits.read_page, end - version + 1)
+            if remaining is not None:
+                count = min(count, remaining)
+            events = await self.store.read_stream(
+                ReadStream(context, request.stream, version, count)
+            )
+            if not events:
+                break
+            for ev in events:
+                if ev.version > end:
+                    break
+                await self._wait_credit(work)
+                await self._respond(sid, payloads.encode_event(event_map(ev)))
+                version = ev.version + 1
+                if remaining is not None:
+                    remaining -= 1
+            if len(events) < count:
+                break
+        if self.conn.is_live(sid):
+            await self._write([self.conn.send_complete(sid)])
+
+    async def _wait_credit(self, work: _Work) -> None:
+        sid = work.stream_id
+        while self.conn.credits(sid) <= 0:
+            if not self.conn.is_live(sid):
+                raise LocalProtocolError(f"stream {sid} ended")
+            work.wake.clear()
+            await work.wake.wait()
+
+    async def _request_sub(self, work: _Work, frame: RequestSub) -> None:
+        sid = frame.stream_id
+        request = payloads.decode_subscribe_request(frame.data)
+        context = self._context()
+        selector = Selector(
+            context=context,
+            stream=request.stream,
+            prefix=request.prefix,
+            types=frozenset(request.types),
+        )
+        durable = durable_name(context, request.group) if request.group else None
+        sub = await self.store.subscribe(
+            Subscribe(
+                selector,
+                start_from(request.start),
+                durable=durable,
+                buffer_size=self.limits.subscription_buffer,
+            ),
+            credit=True,
+        )
+        work.sub = sub
+        if not self.conn.is_live(sid):  # CANCEL while the subscription opened
+            return
+        # Initial Request N plus any REQUEST_N that came meanwhile (nothing has
+        # been sent, so the codec's count is everything granted so far).
+        sub.grant(self.conn.credits(sid))
+        while True:
+            ev = await sub.next()
+            if ev is None or not self.conn.is_live(sid):
+                return
+            await self._respond(sid, payloads.encode_event(event_map(ev)))
+            if isinstance(sub, GroupMember):
+                # No ack frame in the protocol: delivered to the transport
+                # counts as acknowledged (the group's checkpoint moves on).
+                sub.ack(ev.position)
+
+    # --- commands ---------------------------------------------------------------
+
+    def _context(self) -> str:
+        assert self.context is not None, "requests arrive only after an accepted SETUP"
+        return self.context
+
+    def _append_command(self, request: payloads.AppendRequest) -> Append:
+        limit = self.limits.max_event_bytes
+        events = []
+        for i, e in enumerate(request.events):
+            if len(e.body) > limit:
+                raise TooLarge(
+                    f"events[{i}]: body of {len(e.body)} bytes exceeds the limit of {limit} bytes"
+                )
+            events.append(
+                EventData(
+                    type=e.type,
+                    body=e.body,
+                    event_id=e.id if e.id is not None else uuid.uuid4(),
+                    headers=dict(e.headers),
+                    content_type=e.content_type or DEFAULT_CONTENT_TYPE,
+                )
+            )
+        return Append(
+            self._context(),
+            request.stream,
+            tuple(events),
+            expected_from(request.expected_version),
+            origin=ORIGIN,
+        )
+
+    async def _read(self, request: payloads.ReadRequest) -> list[RecordedEvent]:
+        """Up to ``max`` events from ``from_version``, stopping early once the
+        bodies pass max_response_bytes (the client reads on from the last
+        version + 1)."""
+        context = self._context()
+        wanted = request.max if request.max is not None else self.limits.default_read_max
+        out: list[RecordedEvent] = []
+        size = 0
+        version = request.from_version
+        while len(out) < wanted:
+            count = min(self.limits.read_page, wanted - len(out))
+            page = await self.store.read_stream(ReadStream(context, request.stream, version, count))
+            for ev in page:
+                if out and size + len(ev.body) > self.limits.max_response_bytes:
+                    return out
+                out.append(ev)
+                size += len(ev.body)
+            if len(page) < count:
+                break
+            version = page[-1].version + 1
+        return out
+
+    async def _query(self, request: payloads.QueryRequest) -> bytes:
+        principal = self.principal
+        assert principal is not None
+        binder = await self.store.binders.get(request.binder)
+        if not principal.may_use(binder.context):
+            raise Forbidden(f"binder {request.binder!r} belongs to a context you may not use")
+        result = await self.store.query(request.binder, dict(request.matcher))
+        documents = [doc async for doc in result]
+        answer = payloads.encode_query_response(payloads.QueryResponse(tuple(documents)))
+        if len(answer) > self.limits.max_response_bytes:
+            raise TooLarge(
+                f"{len(documents)} documents make {len(answer)} bytes, above the limit of "
+                f"{self.limits.max_response_bytes}; narrow the matcher"
+            )
+        return answer
+
+    # --- writing ---------------------------------------------------------------
+
+    async def _write(self, chunks: list[bytes]) -> None:
+        for chunk in chunks:
+            await self.out.send(chunk)
+            self.stats.frames_out += 1
+
+    async def _respond(self, stream_id: int, data: bytes, *, complete: bool = False) -> None:
+        """RESPONSE (fragmented as needed).  Raises LocalProtocolError when
+        the stream has ended meanwhile."""
+        await self._write(self.conn.send_response(stream_id, data, complete=complete))
+
+    async def _send_error(self, stream_id: int, code: str, message: str) -> None:
+        if not self.conn.is_live(stream_id) or self.conn.closed:
+            return
+        try:
+            wire = self.conn.send_error(stream_id, code, message)
+        except LocalProtocolError:
+            return
+        self.stats.error(code)
+        await self._write([wire])
+
+    async def _fail_connection(self, code: str, message: str) -> None:
+        """ERROR on stream 0, then close (codec faults, rejected SETUP)."""
+        if self._closing:
+            return
+        self._closing = True
+        self.ctx.log.info("closing %s: %s: %s", self.out.peer, code, message)
+        for work in list(self._work.values()):
+            work.stop()
+        self._work.clear()
+        self.stats.error(code)
+        try:
+            wire = self.conn.send_error(CONNECTION_STREAM_ID, code, message)
+        except LocalProtocolError:
+            wire = b""
+        if wire:
+            with contextlib.suppress(ConnectionError, OSError):
+                await self._write([wire])
+        self.out.close()
+
+    def _close(self) -> None:
+        self._closing = True
+        for work in list(self._work.values()):
+            work.stop()
+        self._work.clear()
+        self.out.close()
+
+    async def _idle_watch(self) -> None:
+        timeout = self.limits.idle_timeout
+        assert timeout
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            idle_for = loop.time() - self._last_input
+            if idle_for >= timeout and not self._work and not self._fnf_tasks:
+                self.ctx.log.info("closing idle connection from %s", self.out.peer)
+                self._close()
+                return
+            # Sleep until the connection could first be idle long enough.
+            wait = timeout - idle_for if idle_for < timeout else timeout / 4
+            await asyncio.sleep(max(0.05, wait))

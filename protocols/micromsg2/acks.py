@@ -19,6 +19,10 @@ def next_seq(seq: int) -> int:
     return SEQ_FIRST if seq >= SEQ_LAST else seq + 1
 
 
+def previous_seq(seq: int) -> int:
+    return SEQ_LAST if seq <= SEQ_FIRST else seq - 1
+
+
 def check_seq(seq: int) -> int:
     if not SEQ_FIRST <= seq <= SEQ_LAST:
         raise ProtocolError(f"sequence number {seq} is outside 1..65535")
@@ -44,14 +48,19 @@ class AckWindow:
     no ack extension: numbering only, nothing is ever outstanding.
     """
 
-    def __init__(self, size: int | None = None) -> None:
+    def __init__(self, size: int | None = None, *, first_seq: int = SEQ_FIRST) -> None:
+        """``first_seq`` is the number of the first MESSAGE: 1 by the spec; any
+        other value exists so tests can reach the 65535 -> 1 wrap quickly (both
+        peers must then be told the same number)."""
         if size is not None and not 1 <= size <= SEQ_LAST - 1:
             raise ValueError(f"window size {size} is outside 1..{SEQ_LAST - 1}")
+        if not SEQ_FIRST <= first_seq <= SEQ_LAST:
+            raise ValueError(f"first sequence number {first_seq} is outside 1..{SEQ_LAST}")
         self.size = size
-        self._next = SEQ_FIRST
-        # The number before 1 in the wrap is 65535, so starting "acked up to
-        # 65535" makes the distance arithmetic need no special case.
-        self._last_acked = SEQ_LAST
+        self._next = first_seq
+        # "Acked up to the number before the first" (65535 before 1, in the
+        # wrap) makes the distance arithmetic need no special case.
+        self._last_acked = previous_seq(first_seq)
         self._any_acked = False
         self._outstanding = 0
 

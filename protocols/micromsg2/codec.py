@@ -19,6 +19,7 @@ from .frames import (
     DEFAULT_MAX_PAYLOAD,
     FRAGMENT_SIZE,
     PROTOCOL_VERSION,
+    SEQ_FIRST,
     SERVER_EXTENSIONS,
     Ack,
     Error,
@@ -68,9 +69,17 @@ class _Connection:
     _transitions: Transitions
 
     def __init__(
-        self, state: State, version: tuple[int, int], max_payload: int, fragment_size: int
+        self,
+        state: State,
+        version: tuple[int, int],
+        max_payload: int,
+        fragment_size: int,
+        first_outbound_seq: int = SEQ_FIRST,
+        first_inbound_seq: int = SEQ_FIRST,
     ) -> None:
         self._state = state
+        self._first_outbound_seq = first_outbound_seq
+        self._first_inbound_seq = first_inbound_seq
         self._version = version
         self._buffer = bytearray()
         self._reassembler = Reassembler(max_payload)
@@ -78,8 +87,8 @@ class _Connection:
         self._negotiated_version: tuple[int, int] | None = None
         self.negotiated: Negotiated | None = None
         # Replaced by windows of the negotiated size once the handshake is done.
-        self.outbound = AckWindow(None)
-        self.inbound = AckWindow(None)
+        self.outbound = AckWindow(None, first_seq=first_outbound_seq)
+        self.inbound = AckWindow(None, first_seq=first_inbound_seq)
 
     @property
     def state(self) -> State:
@@ -195,8 +204,8 @@ class _Connection:
 
     def _open(self, negotiated: Negotiated) -> None:
         self.negotiated = negotiated
-        self.outbound = AckWindow(negotiated.ack_window)
-        self.inbound = AckWindow(negotiated.ack_window)
+        self.outbound = AckWindow(negotiated.ack_window, first_seq=self._first_outbound_seq)
+        self.inbound = AckWindow(negotiated.ack_window, first_seq=self._first_inbound_seq)
 
     def _handshake_received(self, hs: Handshake) -> None:
         raise NotImplementedError
@@ -220,8 +229,19 @@ class ServerConnection(_Connection):
         version: tuple[int, int] = PROTOCOL_VERSION,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         fragment_size: int = FRAGMENT_SIZE,
+        first_outbound_seq: int = SEQ_FIRST,
+        first_inbound_seq: int = SEQ_FIRST,
     ) -> None:
-        super().__init__(State.AWAIT_HELLO, version, max_payload, fragment_size)
+        """``first_outbound_seq`` / ``first_inbound_seq``: see AckWindow
+        (always 1 outside tests of the sequence wrap)."""
+        super().__init__(
+            State.AWAIT_HELLO,
+            version,
+            max_payload,
+            fragment_size,
+            first_outbound_seq,
+            first_inbound_seq,
+        )
         self.identity = server_identity
         self.required = tuple(as_spec(e) for e in required_extensions)
         supported = {spec.name: spec for spec in map(as_spec, supported_extensions)}
@@ -271,10 +291,20 @@ class ClientConnection(_Connection):
         version: tuple[int, int] = PROTOCOL_VERSION,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         fragment_size: int = FRAGMENT_SIZE,
+        first_outbound_seq: int = SEQ_FIRST,
+        first_inbound_seq: int = SEQ_FIRST,
     ) -> None:
         """``supported`` names extensions the client can use without asking for
-        them, so it accepts them when the server requires or suggests them."""
-        super().__init__(State.START, version, max_payload, fragment_size)
+        them, so it accepts them when the server requires or suggests them.
+        ``first_outbound_seq`` / ``first_inbound_seq``: see AckWindow."""
+        super().__init__(
+            State.START,
+            version,
+            max_payload,
+            fragment_size,
+            first_outbound_seq,
+            first_inbound_seq,
+        )
         self.identity = identity
         self.required = tuple(as_spec(e) for e in required)
         self.optional = tuple(as_spec(e) for e in optional)

@@ -174,3 +174,72 @@ def test_without_acks_inbound_numbers_are_not_checked() -> None:
     assert [f.seq for f in frames if isinstance(f, Message)] == [0, 9]
     with pytest.raises(ProtocolError, match="no ack extension"):
         server.send(Ack(1))
+
+
+# --- a chosen first sequence number (tests reach the wrap without 65535 messages) --
+
+
+def test_first_seq_starts_numbering_there() -> None:
+    window = AckWindow(10, first_seq=65530)
+    assert window.next_seq == 65530 and window.last_acked is None
+    sent = []
+    while window.can_send():
+        sent.append(window.next_seq)
+        window.on_sent(window.next_seq)
+    assert sent == [65530, 65531, 65532, 65533, 65534, 65535, 1, 2, 3, 4]
+    with pytest.raises(ProtocolError, match="matches no MESSAGE in flight"):
+        window.on_ack(65529)  # the number before the first is not in flight
+    assert window.on_ack(2) == (65530, 65531, 65532, 65533, 65534, 65535, 1, 2)
+    assert window.outstanding == 2 and window.can_send()
+
+
+@pytest.mark.parametrize("first", [0, 65536])
+def test_first_seq_bounds(first: int) -> None:
+    with pytest.raises(ValueError):
+        AckWindow(10, first_seq=first)
+
+
+@pytest.mark.parametrize("size", [1, 7, 10, 65534])
+def test_window_through_two_full_wraps(size: int) -> None:
+    """Every message of more than two full cycles of numbers: the window is
+    never exceeded, each ack releases exactly the oldest messages in order."""
+    window = AckWindow(size)
+    expected = 1
+    in_flight: list[int] = []
+    total = 2 * 65535 + 17
+    for i in range(total):
+        if not window.can_send():
+            assert len(in_flight) == size
+            # Ack a varying prefix of what is in flight (at least one).
+            k = (i % size) + 1
+            assert window.on_ack(in_flight[k - 1]) == tuple(in_flight[:k])
+            del in_flight[:k]
+        seq = window.next_seq
+        assert seq == expected
+        window.on_sent(seq)
+        in_flight.append(seq)
+        assert window.outstanding == len(in_flight) <= size
+        expected = next_seq(expected)
+    assert window.on_ack(in_flight[-1]) == tuple(in_flight)
+    assert window.outstanding == 0
+
+
+def test_connection_pair_with_first_seq_wraps() -> None:
+    from protocols.micromsg2 import ClientConnection, ServerConnection
+
+    from ._support import run_handshake
+
+    server = ServerConnection("polyport", first_outbound_seq=65534)
+    client = ClientConnection(
+        "test", ["batch-ack:max-count=3"], first_inbound_seq=65534
+    )
+    run_handshake(server, client)
+    received: list[int] = []
+    for _ in range(4):
+        while server.can_send_message():
+            for frame in client.receive_data(server.send(Message(server.next_seq, "topic/t"))):
+                assert isinstance(frame, Message)
+                received.append(frame.seq)
+        [ack] = server.receive_data(client.send(Ack(received[-1])))
+        assert isinstance(ack, Ack) and len(ack.acked) == 3
+    assert received == [65534, 65535, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]

@@ -1,0 +1,45 @@
+"""MicroMsg2 listener: asyncio TCP, default port 7090."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gateway.registry import ListenerDef
+from gateway.tcp import TcpListener
+from protocols.micromsg2.adapter import PROTOCOL, MicroMsg2Session, SessionOptions
+from protocols.micromsg2.frames import DEFAULT_PORT
+from protocols.session import ListenerStats, Outbound
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+
+@dataclass
+class MicroMsg2Listener(TcpListener):
+    """A TcpListener that also knows its open sessions (for status and tests)."""
+
+    sessions: set[MicroMsg2Session] = field(default_factory=set)
+
+
+async def start(gw: Gateway, host: str, port: int) -> MicroMsg2Listener:
+    stats = ListenerStats(PROTOCOL)
+    ctx = gw.context(PROTOCOL, stats)
+    options = SessionOptions.from_settings(ctx.settings)
+    listener: MicroMsg2Listener
+
+    def factory(out: Outbound) -> MicroMsg2Session:
+        session = MicroMsg2Session(ctx, out, options)
+        listener.sessions.add(session)
+        session.on_close = listener.sessions.discard
+        return session
+
+    # The transport's idle timeout is off: a subscriber legitimately sends
+    # nothing for a long time.  The session closes connections that never
+    # finish the handshake or are idle with nothing subscribed.
+    listener = MicroMsg2Listener(PROTOCOL, factory, host, port, stats, idle_timeout=None)
+    await listener.start()
+    return listener
+
+
+LISTENER = ListenerDef(PROTOCOL, DEFAULT_PORT, start)

@@ -1,0 +1,682 @@
+"""MicroMsg2 adapter: frames ⇄ canonical commands, one session per TCP connection.
+
+    handshake  -> ServerConnection negotiation; x-auth (or anonymous) -> store.authenticate
+    MESSAGE    -> Append to the destination's stream in the principal's default context;
+                  with ack/batch-ack the server acks it only after the commit
+    subscribe  -> topic/<s>: a plain Subscription from END (every subscriber gets
+                  everything); queue/<s>: a consumer-group member (each event to one)
+    deliveries -> MESSAGE frames, never more unacknowledged than the ack window
+    ack        -> GroupMember.ack for queue deliveries
+
+Failures: anything the codec cannot parse or allow (bad bytes, bad command,
+bad destination, bad filter), a failed authentication and a failed append are
+answered with one ERROR frame and the connection is closed.  A well-formed
+``subscribe``/``unsubscribe`` that fails (not subscribed, too many
+subscriptions, storage trouble) gets an ERROR frame and the connection stays
+open.  Details and the reasons are in docs/protocols/micromsg2.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from core.bodies import JSON, OCTETS, body_json_text
+from core.commands import END, Append, AppendBatch, Principal, Selector
+from core.commands import Subscribe as CoreSubscribe
+from core.errors import Busy, Forbidden, NotFound, PolyportError
+from core.events import EventData, RecordedEvent
+from core.groups import GroupMember
+from core.subscriptions import Subscription
+from protocols.session import Outbound, SessionContext
+
+from .codec import ServerConnection, error_frame
+from .errors import UNSUPPORTED, ProtocolError
+from .filters import INT64_MAX, INT64_MIN, Filter
+from .frames import (
+    EXT_JSON,
+    EXT_PUBSUB,
+    SEQ_FIRST,
+    SERVER_EXTENSIONS,
+    Ack,
+    Command,
+    Error,
+    Extension,
+    Frame,
+    Handshake,
+    Message,
+    PropertyValue,
+)
+from .negotiation import Negotiated, parse_extensions
+from .pubsub import QUEUE, Destination, Subscribe, Unsubscribe, parse_pubsub_command
+from .state import State
+
+PROTOCOL = "micromsg2"
+SERVER_IDENTITY = "polyport"
+
+# Event type for a MESSAGE without a ``type`` property.
+DEFAULT_EVENT_TYPE = "message"
+TYPE_PROPERTY = "type"
+
+# Per-connection bounds.  Client MESSAGEs being appended beyond this stop the
+# reading of the socket (TCP backpressure); with an ack extension the window
+# usually binds first.
+MAX_PENDING_MESSAGES = 1024
+# A full writer queue (Busy) is waited out, not reported: the append is retried
+# with the same event ids (idempotent) for up to this long.
+BUSY_RETRY_SECONDS = 30.0
+MAX_SUBSCRIPTIONS = 64
+# Without an ack extension a queue member is granted this many events ahead of
+# what has been written to the socket, so the group spreads events over the
+# consumers instead of piling them on the first one.
+QUEUE_CREDIT_WITHOUT_ACKS = 16
+SUBSCRIPTION_BUFFER = 1000
+
+# Gateway settings (``extra`` in the config) read by this adapter.
+SETTING_INITIAL_SEQ = "micromsg2_initial_seq"
+SETTING_REQUIRED = "micromsg2_required_extensions"
+
+
+# --- properties <-> headers -----------------------------------------------------------
+
+# Header values are plain text, so every protocol reads them naturally: Text as
+# it is, Number in decimal, Date as ISO 8601 UTC.  On the way out, a header
+# value written exactly in one of those two forms becomes a Number or Date
+# property again; everything else is Text.
+_CANONICAL_INT = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
+_CANONICAL_DATE = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{6})?Z"
+)
+
+
+def format_header_date(value: datetime) -> str:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
+
+
+def property_to_header(value: PropertyValue) -> str:
+    if isinstance(value, datetime):
+        return format_header_date(value)
+    if isinstance(value, int):
+        return str(value)
+    return value
+
+
+def header_to_property(text: str) -> PropertyValue:
+    if _CANONICAL_INT.fullmatch(text) and text != "-0":
+        number = int(text)
+        if INT64_MIN <= number <= INT64_MAX:
+            return number
+    if _CANONICAL_DATE.fullmatch(text):
+        try:
+            return datetime.fromisoformat(text)
+        except ValueError:  # e.g. month 13: stays text
+            pass
+    return text
+
+
+def message_to_event(message: Message, *, json_negotiated: bool) -> EventData:
+    """A client MESSAGE as an event: property ``type`` is the event type, every
+    other property a header; the body is JSON when ``json`` was negotiated and
+    the payload parses, else opaque bytes."""
+    headers = {name: property_to_header(value) for name, value in message.properties.items()}
+    event_type = headers.pop(TYPE_PROPERTY, "") or DEFAULT_EVENT_TYPE
+    content_type = OCTETS
+    if json_negotiated:
+        try:
+            json.loads(message.payload)
+            content_type = JSON
+        except (ValueError, UnicodeDecodeError):
+            pass
+    return EventData(
+        type=event_type, body=message.payload, headers=headers, content_type=content_type
+    )
+
+
+def event_properties(ev: RecordedEvent) -> dict[str, PropertyValue]:
+    """What a subscriber sees (and what filters test): the headers, typed back
+    where they look like a number or date we wrote, plus ``type``.  A header
+    with an empty name cannot be a property and is left out."""
+    props: dict[str, PropertyValue] = {
+        name: header_to_property(value) for name, value in ev.headers.items() if name
+    }
+    props[TYPE_PROPERTY] = ev.type
+    return props
+
+
+def event_payload(ev: RecordedEvent, *, json_negotiated: bool) -> bytes:
+    """With ``json`` the body as JSON text (BSON / MessagePack documents become
+    relaxed Extended JSON); without it, the stored bytes."""
+    if json_negotiated:
+        return body_json_text(ev.content_type, ev.body).encode("utf-8")
+    return ev.body
+
+
+def filter_selector(context: str, stream: str, flt: Filter | None) -> Selector:
+    if flt is None or not flt.conditions:
+        return Selector(context=context, stream=stream)
+
+    def matcher(ev: RecordedEvent) -> bool:
+        return flt(event_properties(ev))
+
+    return Selector(context=context, stream=stream, matcher=matcher)
+
+
+def queue_group_name(context: str, destination: Destination, flt: Filter | None) -> str:
+    """Every consumer of one queue (same context, destination and filter)
+    shares this durable name, hence one consumer group and one checkpoint."""
+    name = f"micromsg2:{context}:{destination}"
+    if flt is not None and flt.conditions:
+        name += f";filter={flt}"
+    return name
+
+
+# --- settings -------------------------------------------------------------------------
+
+
+def _initial_seq(settings: Mapping[str, Any]) -> int:
+    raw = settings.get(SETTING_INITIAL_SEQ, SEQ_FIRST)
+    problem = f"{SETTING_INITIAL_SEQ} must be an integer 1..65535, got {raw!r}"
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ValueError(problem) from None
+    if not 1 <= value <= 65535:
+        raise ValueError(problem)
+    return value
+
+
+def _required_extensions(settings: Mapping[str, Any]) -> tuple[str, ...]:
+    raw = settings.get(SETTING_REQUIRED) or ()
+    if isinstance(raw, str):
+        return tuple(spec.name for spec in parse_extensions(raw))
+    return tuple(str(x) for x in raw)
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Per-listener settings, read once from the gateway settings."""
+
+    max_payload: int = 1 << 20
+    idle_timeout: float | None = 300.0
+    initial_seq: int = SEQ_FIRST
+    required_extensions: tuple[str, ...] = ()
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> SessionOptions:
+        idle = settings.get("idle_timeout")
+        return cls(
+            max_payload=int(settings.get("max_event_bytes", 1 << 20)),
+            idle_timeout=float(idle) if idle else None,
+            initial_seq=_initial_seq(settings),
+            required_extensions=_required_extensions(settings),
+        )
+
+
+# --- the session ----------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _PendingRun:
+    """Consecutive client MESSAGEs submitted to the store together."""
+
+    first_seq: int
+    last_seq: int
+    count: int
+    future: asyncio.Future[None]
+
+    def describe(self) -> str:
+        if self.count == 1:
+            return f"MESSAGE {self.first_seq} was"
+        return f"MESSAGEs {self.first_seq}..{self.last_seq} were"
+
+
+@dataclass(eq=False)
+class _Sub:
+    destination: Destination
+    filter_text: str
+    handle: Subscription | GroupMember
+    task: asyncio.Task[None] | None = None
+    is_queue: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.is_queue = isinstance(self.handle, GroupMember)
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        self.handle.close()
+
+
+class MicroMsg2Session:
+    """Implements protocols.session.StreamSession for one client connection."""
+
+    def __init__(
+        self, ctx: SessionContext, out: Outbound, options: SessionOptions | None = None
+    ) -> None:
+        self._ctx = ctx
+        self._store = ctx.store
+        self._stats = ctx.stats
+        self._log = ctx.log
+        self._out = out
+        self._opts = options or SessionOptions.from_settings(ctx.settings)
+        self._conn = ServerConnection(
+            SERVER_IDENTITY,
+            SERVER_EXTENSIONS,
+            self._opts.required_extensions,
+            max_payload=self._opts.max_payload,
+            first_outbound_seq=self._opts.initial_seq,
+        )
+        self._loop = asyncio.get_running_loop()
+        self._closing = False
+        self.principal: Principal | None = None
+        self.context = ""
+        self._json = False
+        self._acks = False
+        self._subs: list[_Sub] = []
+        # Runs of client MESSAGEs being appended, in arrival order.
+        self._appends: deque[_PendingRun] = deque()
+        self._appends_ready = asyncio.Event()
+        self._pending_messages = 0
+        self._append_room = asyncio.Event()
+        self._confirm_task: asyncio.Task[None] | None = None
+        # Queue deliveries waiting for the client's ack: seq -> (member, position).
+        self._inflight: dict[int, tuple[GroupMember, int]] = {}
+        self._window_open = asyncio.Event()
+        self._last_activity = self._loop.time()
+        self._started = self._last_activity
+        self._watchdog: asyncio.Task[None] | None = None
+        # Called once the connection is gone (the listener's session registry).
+        self.on_close: Callable[[MicroMsg2Session], None] | None = None
+        if self._opts.idle_timeout:
+            self._watchdog = asyncio.create_task(self._watch_idle(self._opts.idle_timeout))
+
+    # --- introspection (status, tests) ----------------------------------------------
+
+    @property
+    def subscription_count(self) -> int:
+        return len(self._subs)
+
+    @property
+    def negotiated(self) -> Negotiated | None:
+        return self._conn.negotiated
+
+    # --- StreamSession ----------------------------------------------------------------
+
+    async def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self._last_activity = self._loop.time()
+        try:
+            frames = self._conn.receive_data(data)
+        except ProtocolError as exc:
+            await self._fail(exc.code, exc.message)
+            return
+        self._stats.frames_in += len(frames)
+        run: list[Message] = []
+        try:
+            for frame in frames:
+                if self._closing:
+                    return
+                # Consecutive MESSAGEs go to the store as one submission (one
+                # commit, far fewer tasks); anything else first flushes them, so
+                # frames still take effect in the order they were sent.
+                if isinstance(frame, Message):
+                    run.append(frame)
+                    continue
+                if run:
+                    await self._append_run(run)
+                    run = []
+                await self._handle(frame)
+            if run and not self._closing:
+                await self._append_run(run)
+        except ProtocolError as exc:
+            await self._fail(exc.code, exc.message)
+        except PolyportError as exc:
+            await self._fail(exc.code, exc.message)
+
+    async def connection_lost(self) -> None:
+        self._closing = True
+        if self.on_close is not None:
+            self.on_close(self)
+        self._window_open.set()
+        self._append_room.set()
+        for task in (self._confirm_task, self._watchdog):
+            if task is not None:
+                task.cancel()
+        for sub in self._subs:
+            sub.close()
+        tasks = [s.task for s in self._subs if s.task is not None]
+        self._subs.clear()
+        self._inflight.clear()
+        for task in tasks + [t for t in (self._confirm_task, self._watchdog) if t is not None]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        # Appends already handed to the store are left to finish: they may
+        # commit, but the client can no longer be told (it resends what was
+        # not acked).
+
+    # --- frames -----------------------------------------------------------------------
+
+    async def _handle(self, frame: Frame) -> None:
+        if isinstance(frame, Handshake):
+            if self._conn.state is State.HELLO_RECEIVED:
+                await self._send(self._conn.reply_frame())
+            else:  # the final handshake: the connection is open
+                await self._opened()
+        elif isinstance(frame, Message):
+            await self._append_run([frame])
+        elif isinstance(frame, Command):
+            await self._command(frame)
+        elif isinstance(frame, Ack):
+            self._on_acked(frame.acked)
+        elif isinstance(frame, Extension):
+            negotiated = self._conn.negotiated
+            ext = negotiated.by_index(frame.ext_id) if negotiated else None
+            name = ext.name if ext else str(frame.ext_id)
+            raise ProtocolError(
+                f"EXTENSION frames are not defined for extension {name!r}", code=UNSUPPORTED
+            )
+        elif isinstance(frame, Error):
+            # The peer gives up (e.g. it lacks an extension the server requires).
+            # Not counted in the listener's errors: those are the server's own.
+            self._log.info("micromsg2: %s sent ERROR %r; closing", self._out.peer, frame.message)
+            self._closing = True
+            self._out.close()
+
+    async def _opened(self) -> None:
+        negotiated = self._conn.negotiated
+        assert negotiated is not None
+        user, password = negotiated.credentials or (None, None)
+        principal = await self._store.authenticate(user, password)
+        if not principal.may_use(principal.default_context):
+            raise Forbidden(
+                f"user {principal.user!r} may not use its default context "
+                f"{principal.default_context!r}"
+            )
+        self.principal = principal
+        self.context = principal.default_context
+        self._json = negotiated.has(EXT_JSON)
+        self._acks = negotiated.ack_window is not None
+        self._confirm_task = asyncio.create_task(self._confirm_appends())
+
+    # --- appends ----------------------------------------------------------------------
+
+    async def _append_run(self, messages: list[Message]) -> None:
+        """Append consecutive client MESSAGEs: adjacent ones to the same stream
+        as one Append, several streams as one AppendBatch.  A bad destination
+        stops the run there: the MESSAGEs before it are still appended."""
+        grouped: list[tuple[str, list[EventData]]] = []
+        bad: ProtocolError | None = None
+        taken = 0
+        for message in messages:
+            try:
+                stream = Destination.parse(message.destination).stream
+            except ProtocolError as exc:
+                bad = exc
+                break
+            event = message_to_event(message, json_negotiated=self._json)
+            if grouped and grouped[-1][0] == stream:
+                grouped[-1][1].append(event)
+            else:
+                grouped.append((stream, [event]))
+            taken += 1
+        if taken:
+            appends = tuple(
+                Append(self.context, stream, tuple(events), origin=PROTOCOL)
+                for stream, events in grouped
+            )
+            while self._pending_messages >= MAX_PENDING_MESSAGES and not self._closing:
+                self._append_room.clear()
+                await self._append_room.wait()
+            if self._closing:
+                return
+            self._pending_messages += taken
+            # Tasks start in creation order, so runs reach the writer (and
+            # commit) in the order the client sent them.
+            future = asyncio.ensure_future(self._store_appends(appends))
+            pending = _PendingRun(messages[0].seq, messages[taken - 1].seq, taken, future)
+            future.add_done_callback(lambda f: self._append_done(pending))
+            self._appends.append(pending)
+            self._appends_ready.set()
+        if bad is not None:
+            raise bad
+
+    async def _store_appends(self, appends: tuple[Append, ...]) -> None:
+        delay = 0.01
+        deadline = self._loop.time() + BUSY_RETRY_SECONDS
+        while True:
+            try:
+                if len(appends) == 1:
+                    await self._store.append(appends[0])
+                else:
+                    await self._store.append_batch(AppendBatch(appends))
+                return
+            except Busy:
+                if self._loop.time() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    def _append_done(self, pending: _PendingRun) -> None:
+        self._pending_messages -= pending.count
+        self._append_room.set()
+        if not pending.future.cancelled():
+            pending.future.exception()  # retrieved here so a closed session logs nothing
+
+    async def _confirm_appends(self) -> None:
+        """Acks the client's MESSAGEs in order, each only after its commit; a
+        failed append ends the connection (MicroMsg2 has no per-message
+        refusal, and the client's window would never reopen)."""
+        while not self._closing:
+            if not self._appends:
+                self._appends_ready.clear()
+                await self._appends_ready.wait()
+                continue
+            await asyncio.wait([self._appends[0].future])
+            last: int | None = None
+            failure: tuple[str, str] | None = None
+            while self._appends and self._appends[0].future.done():
+                pending = self._appends.popleft()
+                future = pending.future
+                exc = None if future.cancelled() else future.exception()
+                if future.cancelled() or exc is not None:
+                    code = exc.code if isinstance(exc, PolyportError) else "internal"
+                    detail = exc.message if isinstance(exc, PolyportError) else repr(exc)
+                    failure = (code, f"{pending.describe()} not stored: {detail}")
+                    break
+                last = pending.last_seq
+            if last is not None and self._acks:
+                await self._send(Ack(last))
+            if failure is not None:
+                await self._fail(*failure)
+                return
+
+    # --- pubsub -----------------------------------------------------------------------
+
+    async def _command(self, command: Command) -> None:
+        negotiated = self._conn.negotiated
+        if negotiated is None or not negotiated.has(EXT_PUBSUB):
+            raise ProtocolError(
+                f"command {command.name!r} needs the 'pubsub' extension, which this "
+                "connection did not negotiate",
+                code=UNSUPPORTED,
+            )
+        request = parse_pubsub_command(command)
+        try:
+            if isinstance(request, Subscribe):
+                await self._subscribe(request)
+            else:
+                self._unsubscribe(request)
+        except PolyportError as exc:
+            # A well-formed request that failed: report it, keep the connection.
+            self._stats.error(exc.code)
+            await self._send(
+                Error.from_code(exc.code, f"{command.name} {request.destination}: {exc.message}")
+            )
+
+    async def _subscribe(self, request: Subscribe) -> None:
+        flt = request.filter
+        filter_text = str(flt) if flt is not None else ""
+        for sub in self._subs:
+            if sub.destination == request.destination and sub.filter_text == filter_text:
+                return  # already subscribed: subscribing again changes nothing
+        if len(self._subs) >= MAX_SUBSCRIPTIONS:
+            raise Busy(f"a connection may hold at most {MAX_SUBSCRIPTIONS} subscriptions")
+        selector = filter_selector(self.context, request.destination.stream, flt)
+        handle: Subscription | GroupMember
+        if request.destination.kind == QUEUE:
+            durable = queue_group_name(self.context, request.destination, flt)
+            member = await self._store.subscribe(
+                CoreSubscribe(selector, END, durable, SUBSCRIPTION_BUFFER), credit=True
+            )
+            assert isinstance(member, GroupMember)
+            window = self._conn.negotiated.ack_window if self._conn.negotiated else None
+            member.grant(window or QUEUE_CREDIT_WITHOUT_ACKS)
+            handle = member
+        else:
+            handle = await self._store.subscribe(
+                CoreSubscribe(selector, END, None, SUBSCRIPTION_BUFFER)
+            )
+        if self._closing:
+            handle.close()
+            return
+        sub = _Sub(request.destination, filter_text, handle)
+        sub.task = asyncio.create_task(self._pump(sub))
+        self._subs.append(sub)
+
+    def _unsubscribe(self, request: Unsubscribe) -> None:
+        mine = [s for s in self._subs if s.destination == request.destination]
+        if not mine:
+            raise NotFound("this connection has no subscription to that destination")
+        for sub in mine:
+            self._subs.remove(sub)
+            # A queue member's unacknowledged events go back to the group.
+            sub.close()
+        self._inflight = {
+            seq: entry for seq, entry in self._inflight.items() if not entry[0].closed
+        }
+
+    # --- delivery ---------------------------------------------------------------------
+
+    async def _pump(self, sub: _Sub) -> None:
+        destination = str(sub.destination)
+        try:
+            while not self._closing:
+                ev = await sub.handle.next()
+                if ev is None:
+                    return
+                await self._deliver(sub, destination, ev)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self._log.exception("micromsg2: delivery to %s failed", self._out.peer)
+            await self._fail("internal", f"delivery on {destination} failed")
+
+    async def _deliver(self, sub: _Sub, destination: str, ev: RecordedEvent) -> None:
+        payload = event_payload(ev, json_negotiated=self._json)
+        properties = event_properties(ev)
+        while not self._closing:
+            if not self._conn.can_send_message():
+                self._window_open.clear()
+                await self._window_open.wait()
+                continue
+            seq = self._conn.next_seq
+            try:
+                data = self._conn.send(Message(seq, destination, payload, properties))
+            except ProtocolError as exc:
+                # This event cannot be framed (e.g. properties over 64 KiB): say
+                # so and go on with the next, rather than stall the destination.
+                self._stats.error(exc.code)
+                await self._send(
+                    Error.from_code(
+                        exc.code,
+                        f"event {ev.stream}@{ev.version} (position {ev.position}) cannot be "
+                        f"delivered on {destination}: {exc.message}",
+                    )
+                )
+                self._settle(sub, ev.position)
+                return
+            if sub.is_queue and self._acks:
+                assert isinstance(sub.handle, GroupMember)
+                self._inflight[seq] = (sub.handle, ev.position)
+            self._stats.frames_out += 1
+            self._last_activity = self._loop.time()
+            # No await between encoding and writing: frames hit the socket in
+            # sequence order.  The await itself is the backpressure.
+            await self._out.send(data)
+            if not self._acks:
+                self._settle(sub, ev.position)
+            return
+
+    def _settle(self, sub: _Sub, position: int) -> None:
+        """A queue event is done with (acked, or delivered without acks)."""
+        if isinstance(sub.handle, GroupMember) and not sub.handle.closed:
+            sub.handle.ack(position)
+            sub.handle.grant(1)
+
+    def _on_acked(self, seqs: tuple[int, ...]) -> None:
+        for seq in seqs:
+            entry = self._inflight.pop(seq, None)
+            if entry is not None and not entry[0].closed:
+                member, position = entry
+                member.ack(position)
+                member.grant(1)
+        self._window_open.set()
+
+    # --- output and failure -------------------------------------------------------------
+
+    async def _send(self, frame: Frame) -> None:
+        if self._out.closed:
+            return
+        data = self._conn.send(frame)
+        self._stats.frames_out += 1
+        self._last_activity = self._loop.time()
+        await self._out.send(data)
+
+    async def _fail(self, code: str, message: str) -> None:
+        """One ERROR frame, then close."""
+        if self._closing:
+            return
+        self._closing = True
+        self._window_open.set()
+        self._append_room.set()
+        self._stats.error(code)
+        self._log.info("micromsg2: closing %s: %s: %s", self._out.peer, code, message)
+        try:
+            data = self._conn.send(error_frame(ProtocolError(message, code=code)))
+        except ProtocolError:
+            data = b""
+        if data and not self._out.closed:
+            self._stats.frames_out += 1
+            await self._out.send(data)
+        self._out.close()
+
+    async def _watch_idle(self, limit: float) -> None:
+        """Closes a connection that never finishes its handshake, or that has
+        been silent both ways for ``limit`` seconds with nothing to wait for.
+        (A subscriber legitimately sends nothing, so the transport's own idle
+        timeout is off for this protocol.)"""
+        while not self._closing:
+            now = self._loop.time()
+            if self.principal is None:
+                remaining = self._started + limit - now
+                if remaining <= 0:
+                    await self._fail("timeout", f"handshake not completed within {limit:g} seconds")
+                    return
+            else:
+                remaining = self._last_activity + limit - now
+                if remaining <= 0:
+                    if not self._subs and not self._appends:
+                        await self._fail("timeout", f"connection idle for {limit:g} seconds")
+                        return
+                    remaining = limit
+            await asyncio.sleep(remaining)

@@ -1,0 +1,35 @@
+"""Segment wire listener (default tcp 12345)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gateway.registry import ListenerDef
+from gateway.tcp import TcpListener
+from protocols.segment.adapter import AppenderRegistry, SegmentSession, SegmentSettings
+from protocols.segment.frames import DEFAULT_PORT
+from protocols.session import ListenerStats, Outbound
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+
+async def start(gw: Gateway, host: str, port: int) -> TcpListener:
+    stats = ListenerStats("segment")
+    ctx = gw.context("segment", stats)
+    settings = SegmentSettings.from_settings(ctx.settings)
+    # Shared by this listener's sessions: who owns each (ConnectionId, segment).
+    registry = AppenderRegistry()
+    idle = ctx.settings.get("idle_timeout")
+
+    def factory(out: Outbound) -> SegmentSession:
+        return SegmentSession(ctx, out, registry, settings)
+
+    listener = TcpListener(
+        "segment", factory, host, port, stats, idle_timeout=float(idle) if idle else None
+    )
+    await listener.start()
+    return listener
+
+
+LISTENER = ListenerDef(name="segment", default_port=DEFAULT_PORT, start=start)

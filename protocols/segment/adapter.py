@@ -1,0 +1,557 @@
+"""Segment wire adapter: segment-wire requests <-> canonical core commands.
+
+One :class:`SegmentSession` per TCP connection.  The sans-IO
+:class:`~protocols.segment.codec.ServerConnection` turns bytes into
+SetupAppend / BlockEvents / ReadSegment / KeepAlive; this module maps them:
+
+- SetupAppend(cid, "<context>/<stream>") -> ``store.producer_ack_level`` ->
+  AppendSetup(ack level).
+- BlockEvents -> one ``Append`` of the events after the ack level, with a
+  ``ProducerCheckpoint`` so the new ack level commits in the same transaction
+  -> DataAppended after the commit.
+- ReadSegment -> ``store.read_segment`` -> one SegmentRead; at the tail the
+  read waits (bounded) for new data first.
+- KeepAlive -> the same KeepAlive back.
+
+Appends and setups run in order on one worker task per connection (a block
+is acknowledged only after everything before it is stored, so acks never
+leave a gap); reads run on a second task so a read waiting at the tail never
+delays appends.  Both queues are bounded: when they are full ``data_received``
+waits, and the transport stops reading the socket.
+
+Decisions are documented in ``docs/protocols/segment.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.commands import (
+    END,
+    Append,
+    Principal,
+    ProducerCheckpoint,
+    SegmentChunk,
+    Selector,
+    Subscribe,
+)
+from core.commands import ReadSegment as CoreReadSegment
+from core.errors import Busy, Forbidden, Malformed, NotFound, PolyportError, WrongExpectedVersion
+from core.events import EventData
+from protocols.segment.codec import ServerConnection
+from protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
+from protocols.segment.frames import (
+    DEFAULT_MAX_BLOCK_SIZE,
+    MAX_WIRE_LENGTH,
+    AppendSetup,
+    DataAppended,
+    ErrorReply,
+    KeepAlive,
+    ReadSegment,
+    ReplyFrame,
+    SegmentRead,
+    SetupAppend,
+)
+from protocols.segment.state import BlockEvents
+from protocols.segment.wire import split_segment_name
+from protocols.session import ListenerStats, Outbound, SessionContext
+
+# Segment data carries no type or content type of its own.
+EVENT_TYPE = "segment-event"
+CONTENT_TYPE = "application/octet-stream"
+ORIGIN = "segment"
+
+DEFAULT_READ_WAIT = 2.0
+DEFAULT_MAX_REPLY_BYTES = 1 << 20
+# Complete blocks (and setups) waiting for the append worker, in EVENT-framed
+# bytes; one block is always admitted so a block up to max_block_size fits.
+MAX_QUEUED_APPEND_BYTES = 8 << 20
+MAX_QUEUED_READS = 16
+# Consecutive queued blocks of one ConnectionId are stored as one Append (one
+# transaction, one ack); this caps that Append.
+MAX_COALESCE_EVENTS = 10_000
+MAX_COALESCE_BYTES = 8 << 20
+# The core answers Busy when its writer queue is full; an append is retried
+# for this long before the connection fails with ``busy``.
+BUSY_RETRY_SECONDS = 10.0
+
+AppenderKey = tuple[uuid.UUID, str, str]  # (ConnectionId, context, stream)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentSettings:
+    max_message_size: int = 1 << 20
+    max_block_size: int = DEFAULT_MAX_BLOCK_SIZE
+    read_wait: float = DEFAULT_READ_WAIT
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> SegmentSettings:
+        """Gateway settings: ``max_event_bytes`` bounds an EVENT message;
+        ``segment_read_wait`` and ``segment_max_reply_bytes`` (config
+        ``extra``) tune reads."""
+        max_event = int(settings.get("max_event_bytes", 1 << 20))
+        # A SegmentRead reply holds a segment name, offset and flags besides
+        # its data; keep it well inside the wire's 2^24 limit.
+        max_reply = int(settings.get("segment_max_reply_bytes", DEFAULT_MAX_REPLY_BYTES))
+        return cls(
+            max_message_size=max(1, min(max_event, MAX_WIRE_LENGTH)),
+            max_block_size=int(settings.get("segment_max_block_bytes", DEFAULT_MAX_BLOCK_SIZE)),
+            read_wait=max(0.0, float(settings.get("segment_read_wait", DEFAULT_READ_WAIT))),
+            max_reply_bytes=max(1, min(max_reply, MAX_WIRE_LENGTH - (1 << 17))),
+        )
+
+
+def event_id_base(key: AppenderKey) -> int:
+    cid, context, stream = key
+    digest = hashlib.sha1(cid.bytes + f"{context}/{stream}".encode(), usedforsecurity=False)
+    return int.from_bytes(digest.digest()[:16], "big")
+
+
+def event_id(key: AppenderKey, offset: int, base: int | None = None) -> uuid.UUID:
+    """Deterministic event id of the event a ConnectionId wrote at ``offset``.
+
+    The ack level already drops resent data; the id is a second line of
+    defence: should two connections ever race with the same ConnectionId (for
+    instance across gateway processes), the core's idempotency turns a
+    duplicate into a no-op or an error instead of a second copy.  A hash of the
+    key XOR the offset: unique per key, and cheap per event (uuid5 per event
+    cost more than the rest of the adapter)."""
+    if base is None:
+        base = event_id_base(key)
+    return uuid.UUID(int=base ^ offset)
+
+
+class AppenderRegistry:
+    """Per listener: which session currently owns each (ConnectionId, segment),
+    and one lock per key so a SetupAppend reads the ack level only after any
+    append of the same key in this process has finished."""
+
+    def __init__(self) -> None:
+        self._owners: dict[AppenderKey, SegmentSession] = {}
+        self._locks: dict[AppenderKey, tuple[asyncio.Lock, int]] = {}
+        # In-flight commits outlive their connection (see SegmentSession).
+        self.background: set[asyncio.Task[Any]] = set()
+
+    @contextlib.asynccontextmanager
+    async def locked(self, key: AppenderKey) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def claim(self, key: AppenderKey, session: SegmentSession) -> None:
+        self._owners[key] = session
+
+    def owner(self, key: AppenderKey) -> SegmentSession | None:
+        return self._owners.get(key)
+
+    def release(self, key: AppenderKey, session: SegmentSession) -> None:
+        if self._owners.get(key) is session:
+            del self._owners[key]
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self.background.add(task)
+        task.add_done_callback(self._settled)
+        return task
+
+    def _settled(self, task: asyncio.Task[Any]) -> None:
+        self.background.discard(task)
+        # Its connection may be gone; the error was reported there if it was not.
+        if not task.cancelled():
+            task.exception()
+
+
+@dataclass(slots=True)
+class _Appender:
+    key: AppenderKey
+    segment: str
+    ack_level: int
+    id_base: int = 0
+
+    def __post_init__(self) -> None:
+        self.id_base = event_id_base(self.key)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fatal:
+    """Queued after the requests that preceded a protocol error, so they are
+    still answered before the error reply and the close."""
+
+    reply: ErrorReply
+    code: str
+
+
+_AppendItem = SetupAppend | BlockEvents | _Fatal
+
+
+@dataclass(slots=True)
+class _AppendQueue:
+    """FIFO of setups and blocks, bounded by EVENT-framed bytes."""
+
+    limit: int
+    items: deque[tuple[_AppendItem, int]] = field(default_factory=deque)
+    size: int = 0
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    space: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def put(self, item: _AppendItem, cost: int) -> None:
+        while self.items and self.size + cost > self.limit:
+            self.space.clear()
+            await self.space.wait()
+        self.items.append((item, cost))
+        self.size += cost
+        self.ready.set()
+
+    async def get(self) -> _AppendItem:
+        while not self.items:
+            self.ready.clear()
+            await self.ready.wait()
+        return self._pop()
+
+    def peek(self) -> _AppendItem | None:
+        return self.items[0][0] if self.items else None
+
+    def _pop(self) -> _AppendItem:
+        item, cost = self.items.popleft()
+        self.size -= cost
+        self.space.set()
+        return item
+
+    def pop(self) -> _AppendItem:
+        return self._pop()
+
+
+def _block_cost(block: BlockEvents) -> int:
+    return block.end_offset - block.offset + 64
+
+
+class SegmentSession:
+    """The server side of one segment-wire connection (a StreamSession)."""
+
+    def __init__(
+        self,
+        ctx: SessionContext,
+        out: Outbound,
+        registry: AppenderRegistry,
+        settings: SegmentSettings | None = None,
+    ) -> None:
+        self._ctx = ctx
+        self._store = ctx.store
+        self._stats: ListenerStats = ctx.stats
+        self._log = ctx.log
+        self._out = out
+        self._registry = registry
+        self._settings = settings or SegmentSettings.from_settings(ctx.settings)
+        self._codec = ServerConnection(
+            self._settings.max_message_size, max_block_size=self._settings.max_block_size
+        )
+        self._appends = _AppendQueue(limit=MAX_QUEUED_APPEND_BYTES)
+        self._reads: asyncio.Queue[ReadSegment] = asyncio.Queue(maxsize=MAX_QUEUED_READS)
+        self._appenders: dict[uuid.UUID, _Appender] = {}
+        self._principal: Principal | None = None
+        self._append_task: asyncio.Task[None] | None = None
+        self._read_task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # --- StreamSession ------------------------------------------------------
+
+    async def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        try:
+            inputs = self._codec.receive_data(data)
+        except ProtocolError as exc:
+            # The byte stream cannot be resynchronised: answer what came
+            # before (already queued), then the error, then close.
+            self._log.debug("segment: %s from %s: %s", exc.code, self._out.peer, exc.message)
+            self._closing = True
+            self._ensure_append_worker()
+            await self._appends.put(_Fatal(exc.reply(), exc.code), 0)
+            return
+        for item in inputs:
+            self._stats.frames_in += 1
+            if isinstance(item, KeepAlive):
+                await self._send(KeepAlive(item.data))
+            elif isinstance(item, ReadSegment):
+                self._ensure_read_worker()
+                await self._reads.put(item)
+            elif isinstance(item, BlockEvents):
+                self._ensure_append_worker()
+                await self._appends.put(item, _block_cost(item))
+            else:
+                self._ensure_append_worker()
+                await self._appends.put(item, 64)
+
+    async def connection_lost(self) -> None:
+        self._closing = True
+        for task in (self._append_task, self._read_task):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        # An append already handed to the core is not cancelled (it runs in a
+        # registry task holding its key's lock), so a reconnecting writer
+        # reads the ack level only after it settled.
+        for appender in self._appenders.values():
+            self._registry.release(appender.key, self)
+        self._appenders.clear()
+
+    # --- plumbing -------------------------------------------------------------
+
+    def _ensure_append_worker(self) -> None:
+        if self._append_task is None:
+            self._append_task = asyncio.create_task(
+                self._append_worker(), name=f"segment-append {self._out.peer}"
+            )
+
+    def _ensure_read_worker(self) -> None:
+        if self._read_task is None:
+            self._read_task = asyncio.create_task(
+                self._read_worker(), name=f"segment-read {self._out.peer}"
+            )
+
+    async def _send(self, reply: ReplyFrame) -> None:
+        data = self._codec.send(reply)
+        self._stats.frames_out += 1
+        await self._out.send(data)
+
+    async def _fail(self, reply: ErrorReply, code: str) -> None:
+        """Error reply, then close: used wherever the client's view of its
+        appends may no longer match the server's (it resends after
+        reconnecting)."""
+        self._closing = True
+        self._stats.error(code)
+        with contextlib.suppress(ProtocolError):
+            await self._send(reply)
+        self._out.close()
+
+    async def _principal_for(self, context: str) -> Principal:
+        # The protocol carries no credentials: the connection acts as the
+        # anonymous principal, which the gateway may disable.
+        if self._principal is None:
+            self._principal = await self._store.authenticate(None, None)
+        if not self._principal.may_use(context):
+            raise Forbidden(f"context {context!r} is not permitted")
+        return self._principal
+
+    # --- appends ------------------------------------------------------------------
+
+    async def _append_worker(self) -> None:
+        while True:
+            item = await self._appends.get()
+            if isinstance(item, _Fatal):
+                await self._fail(item.reply, item.code)
+                return
+            segment = item.segment
+            try:
+                if isinstance(item, SetupAppend):
+                    await self._setup(item)
+                else:
+                    await self._store_blocks(self._coalesce(item))
+            except ProtocolError as exc:
+                await self._fail(exc.reply(), exc.code)
+                return
+            except PolyportError as exc:
+                self._log.info("segment append on %r failed: %s", segment, exc.message)
+                await self._fail(error_reply(exc.code, exc.message, segment=segment), exc.code)
+                return
+
+    async def _setup(self, frame: SetupAppend) -> None:
+        context, stream = split_segment_name(frame.segment)
+        await self._principal_for(context)
+        key: AppenderKey = (frame.connection_id, context, stream)
+        async with self._registry.locked(key):
+            ack = await self._store.producer_ack_level(frame.connection_id, context, stream)
+            # A newer SetupAppend fences older connections of the same key.
+            self._registry.claim(key, self)
+        previous = self._appenders.get(frame.connection_id)
+        if previous is not None and previous.key != key:
+            self._registry.release(previous.key, self)
+        self._appenders[frame.connection_id] = _Appender(key, frame.segment, ack)
+        if self._codec.segment_of(frame.connection_id) != frame.segment:
+            return  # a later SetupAppend for this cid (other segment) supersedes this one
+        try:
+            await self._send(AppendSetup(frame.segment, frame.connection_id, ack))
+        except LocalProtocolError:
+            # The same SetupAppend was sent twice before our reply: the first
+            # reply already set the appender up with this ack level.
+            pass
+
+    def _coalesce(self, first: BlockEvents) -> list[BlockEvents]:
+        """``first`` plus the blocks of the same ConnectionId queued right
+        behind it: stored as one Append, they cost one commit and one ack."""
+        blocks = [first]
+        events, size = len(first.events), first.end_offset - first.offset
+        while True:
+            nxt = self._appends.peek()
+            if (
+                not isinstance(nxt, BlockEvents)
+                or nxt.connection_id != first.connection_id
+                or nxt.offset != blocks[-1].end_offset
+                or events + len(nxt.events) > MAX_COALESCE_EVENTS
+                or size + (nxt.end_offset - nxt.offset) > MAX_COALESCE_BYTES
+            ):
+                return blocks
+            self._appends.pop()
+            blocks.append(nxt)
+            events += len(nxt.events)
+            size += nxt.end_offset - nxt.offset
+
+    async def _store_blocks(self, blocks: list[BlockEvents]) -> None:
+        cid = blocks[0].connection_id
+        appender = self._appenders.get(cid)
+        if appender is None:  # the codec only emits blocks of set-up cids
+            raise ProtocolError(f"append block for ConnectionId {cid} before its SetupAppend")
+        # The commit runs in a registry task: if this connection drops while
+        # the core is committing, the commit still completes (and releases the
+        # key's lock) before a reconnecting writer reads its ack level.
+        task = self._registry.spawn(self._locked_append(appender, blocks))
+        ack = await asyncio.shield(task)
+        appender.ack_level = ack
+        await self._send(DataAppended(cid, ack))
+
+    async def _locked_append(self, appender: _Appender, blocks: list[BlockEvents]) -> int:
+        key = appender.key
+        context, stream = key[1], key[2]
+        async with self._registry.locked(key):
+            if self._registry.owner(key) is not self:
+                raise WrongExpectedVersion(
+                    f"ConnectionId {key[0]} was set up again for {appender.segment!r} on "
+                    "another connection; this connection no longer appends for it"
+                )
+            ack = appender.ack_level
+            events: list[EventData] = []
+            for block in blocks:
+                kept = block.events_after(ack)  # drops resent data at or below the ack level
+                offsets = block.event_offsets()[len(block.events) - len(kept) :]
+                events.extend(
+                    EventData(
+                        type=EVENT_TYPE,
+                        body=data,
+                        event_id=event_id(key, offset, appender.id_base),
+                        content_type=CONTENT_TYPE,
+                    )
+                    for offset, data in zip(offsets, kept, strict=True)
+                )
+            end = blocks[-1].end_offset
+            if not events:
+                return max(ack, end)
+            command = Append(
+                context=context,
+                stream=stream,
+                events=tuple(events),
+                origin=ORIGIN,
+                producer_checkpoint=ProducerCheckpoint(key[0], end),
+            )
+            await self._append(command)
+            appender.ack_level = end
+            return end
+
+    async def _append(self, command: Append) -> None:
+        deadline = time.monotonic() + BUSY_RETRY_SECONDS
+        delay = 0.01
+        while True:
+            try:
+                await self._store.append(command)
+                return
+            except Busy:
+                # Nothing was queued: waiting keeps the writer's data in its
+                # socket (backpressure) instead of failing the connection.
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    # --- reads ------------------------------------------------------------------------
+
+    async def _read_worker(self) -> None:
+        while True:
+            request = await self._reads.get()
+            try:
+                reply: ReplyFrame = await self._read(request)
+            except ProtocolError as exc:
+                self._stats.error(exc.code)
+                reply = exc.reply()
+            except PolyportError as exc:
+                # A failed read leaves the connection usable: reads carry no
+                # state, so only this request is answered with the error.
+                self._stats.error(exc.code)
+                reply = error_reply(exc.code, exc.message, segment=request.segment)
+            await self._send(reply)
+
+    async def _read(self, request: ReadSegment) -> SegmentRead:
+        context, stream = split_segment_name(request.segment)
+        await self._principal_for(context)
+        limit = self._settings.max_reply_bytes
+        budget = min(request.suggested_length, limit) if request.suggested_length > 0 else limit
+        chunk = await self._read_chunk(request, context, stream, budget)
+        if not chunk.data and self._settings.read_wait > 0:
+            chunk = await self._wait_for_data(request, context, stream, budget)
+        data, at_tail = chunk.data, chunk.at_tail
+        if len(data) > budget:
+            # The core returns a whole event even when it is larger than asked;
+            # the rest is read from the next offset.
+            data, at_tail = data[:budget], False
+        return SegmentRead(
+            segment=request.segment,
+            offset=request.offset,
+            at_tail=at_tail,
+            end_of_segment=False,  # streams are never sealed
+            data=data,
+        )
+
+    async def _read_chunk(
+        self, request: ReadSegment, context: str, stream: str, budget: int
+    ) -> SegmentChunk:
+        try:
+            chunk = await self._store.read_segment(
+                CoreReadSegment(context, stream, request.offset, max_bytes=budget)
+            )
+        except Malformed:
+            if await self._store.stream_state(context, stream) is None:
+                raise self._no_such_segment(request.segment) from None
+            raise
+        # Every event occupies at least 8 bytes: an empty segment is a stream
+        # that does not exist.
+        if chunk.tail_offset == 0:
+            raise self._no_such_segment(request.segment)
+        return chunk
+
+    @staticmethod
+    def _no_such_segment(segment: str) -> NotFound:
+        return NotFound(f"segment {segment!r} does not exist (no event was ever appended to it)")
+
+    async def _wait_for_data(
+        self, request: ReadSegment, context: str, stream: str, budget: int
+    ) -> SegmentChunk:
+        """At the tail: wait up to ``read_wait`` seconds for an append to the
+        stream.  Subscribing before re-reading means no append can slip in
+        between the read and the wait."""
+        sub = await self._store.subscribe(
+            Subscribe(Selector(context=context, stream=stream), start=END, buffer_size=1)
+        )
+        try:
+            chunk = await self._read_chunk(request, context, stream, budget)
+            if chunk.data:
+                return chunk
+            await sub.next(timeout=self._settings.read_wait)
+            return await self._read_chunk(request, context, stream, budget)
+        finally:
+            sub.close()

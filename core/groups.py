@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from core import sql
@@ -41,10 +42,20 @@ class GroupMember:
         self.closed = False
         self.delivered = 0
         self.selector = group.selector
+        # Optional: called with each event handed to the consumer (metrics).
+        self.on_deliver: Callable[[RecordedEvent], None] | None = None
 
     @property
     def name(self) -> str:
         return self._group.name
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    @property
+    def oldest_buffered(self) -> RecordedEvent | None:
+        return self._buffer[0] if self._buffer else None
 
     @property
     def capacity(self) -> int:
@@ -72,6 +83,8 @@ class GroupMember:
             self._credits -= 1
         self.delivered += 1
         self._group.member_has_room()
+        if self.on_deliver is not None:
+            self.on_deliver(ev)
         return ev
 
     async def next(self, timeout: float | None = None) -> RecordedEvent | None:

@@ -127,3 +127,52 @@ binder_documents = Table(
     Column("document", JSONB, nullable=False),
     Column("position", BigInteger, nullable=False),
 )
+
+# --- pipeline (revision 0002) ---------------------------------------------------
+
+# Events and body bytes per context, stream category (stream name up to the
+# first "-"), type and hour; filled by ``polyport pipeline stats``.
+event_stats = Table(
+    "event_stats",
+    metadata,
+    Column("context", Text, primary_key=True),
+    Column("category", Text, primary_key=True),
+    Column("type", Text, primary_key=True),
+    Column("hour", DateTime(timezone=True), primary_key=True),
+    Column("events", BigInteger, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+)
+
+# Incremental pipeline jobs: every event at or below ``position`` is done;
+# ``pending_position`` marks an export that may have published past it.
+pipeline_checkpoints = Table(
+    "pipeline_checkpoints",
+    metadata,
+    Column("job", Text, primary_key=True),
+    Column("position", BigInteger, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("pending_position", BigInteger),
+)
+
+# Where Spark leaves its results before one transaction moves them into place.
+pipeline_stats_staging = Table(
+    "pipeline_stats_staging",
+    metadata,
+    Column("context", Text, nullable=False),
+    Column("category", Text, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("hour", DateTime(timezone=True), nullable=False),
+    Column("events", BigInteger, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    prefixes=["UNLOGGED"],
+)
+
+pipeline_binder_staging = Table(
+    "pipeline_binder_staging",
+    metadata,
+    Column("binder", Text, primary_key=True),
+    Column("key", Text, primary_key=True),
+    Column("document", Text, nullable=False),
+    Column("position", BigInteger, nullable=False),
+    prefixes=["UNLOGGED"],
+)

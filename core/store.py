@@ -6,7 +6,8 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -111,6 +112,10 @@ class EventStore:
         self._notify_task: asyncio.Task[None] | None = None
         self._notify_wake = asyncio.Event()
         self.started = False
+        # Optional: called with each event handed to a subscriber or fetched
+        # by a fetch-style subscription (delivery metrics).
+        self.on_deliver: Callable[[RecordedEvent], None] | None = None
+        self._handed_out: weakref.WeakSet[Subscription | GroupMember] = weakref.WeakSet()
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -153,6 +158,11 @@ class EventStore:
     @property
     def pool(self) -> asyncpg.Pool:
         return self._pool
+
+    @property
+    def reads_waiting(self) -> int:
+        """Reads waiting for (or holding) a read slot."""
+        return self._waiting_reads
 
     # --- appends ------------------------------------------------------------
 
@@ -307,17 +317,26 @@ class EventStore:
         member, whose acks move the persistent checkpoint."""
         if command.durable is None:
             cursor = await self.resolve_start(command.selector, command.start)
-            return self._open_subscription(
+            sub = self._open_subscription(
                 command.selector, cursor, buffer_size=command.buffer_size, credit=credit
             )
+            sub.on_deliver = self.on_deliver
+            self._handed_out.add(sub)
+            return sub
         await self._ensure_durable(command.durable, command.selector, command.start)
         group = self._groups.get(command.durable)
         if group is None:
             group = ConsumerGroup(self, command.durable, command.selector)
             self._groups[command.durable] = group
         member = GroupMember(group, command.buffer_size, credit)
+        member.on_deliver = self.on_deliver
+        self._handed_out.add(member)
         group.add(member)
         return member
+
+    def open_subscriptions(self) -> list[Subscription | GroupMember]:
+        """Subscriptions handed out by :meth:`subscribe` and not closed yet."""
+        return [s for s in list(self._handed_out) if not s.closed]
 
     def _drop_group(self, group: ConsumerGroup) -> None:
         if self._groups.get(group.name) is group:
@@ -399,6 +418,9 @@ class EventStore:
             await self._pool.execute(
                 sql.RECORD_FETCH, sub_id, out[-1].position, out[-1].recorded_at
             )
+            if self.on_deliver is not None:
+                for ev in out:
+                    self.on_deliver(ev)
         return out
 
     async def progress(self, sub_id: int, last_event_time: datetime) -> bool:

@@ -66,6 +66,8 @@ class Subscription:
         self._interrupted = False
         self.delivered = 0
         self.last_delivered: RecordedEvent | None = None
+        # Optional: called with each event handed to the consumer (metrics).
+        self.on_deliver: Callable[[RecordedEvent], None] | None = None
 
     # --- consumer side ----------------------------------------------------
 
@@ -76,6 +78,10 @@ class Subscription:
     @property
     def buffered(self) -> int:
         return len(self._buffer)
+
+    @property
+    def oldest_buffered(self) -> RecordedEvent | None:
+        return self._buffer[0] if self._buffer else None
 
     def grant(self, n: int) -> None:
         if self._credits is None:
@@ -92,6 +98,8 @@ class Subscription:
         self._space.set()
         self.delivered += 1
         self.last_delivered = ev
+        if self.on_deliver is not None:
+            self.on_deliver(ev)
         return ev
 
     async def next(self, timeout: float | None = None) -> RecordedEvent | None:

@@ -11,6 +11,7 @@ has built it so far: an append that fails its check fails alone; an
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -18,7 +19,7 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -49,6 +50,8 @@ class WriterLimits:
     max_batch_bytes: int = 32 << 20
     max_event_bytes: int = 16 << 20
     cached_streams: int = 100_000
+    # Commits in flight at once (each on its own connection).
+    pipeline_depth: int = 1
     commit_timeout: float = 30.0
     slow_commit_seconds: float = 1.0
 
@@ -60,6 +63,7 @@ class _Pending:
     events: int
     size: int
     deadline: float
+    queued_at: float = 0.0
 
 
 @dataclass
@@ -67,6 +71,25 @@ class _StreamState:
     last_version: int
     segment_length: int
     exists: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SubmittedAppend:
+    """One submitted unit (an Append or an AppendBatch) as a commit settled it."""
+
+    origin: str
+    events: int
+    seconds: float  # from submit to the outcome
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CommitObservation:
+    """What one pass of the writer did; handed to ``Writer.observer``."""
+
+    events: int  # events written by this commit
+    seconds: float  # time spent committing
+    appends: tuple[SubmittedAppend, ...]
 
 
 @dataclass
@@ -93,13 +116,18 @@ class Writer:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
-        self._inflight: list[_Pending] = []
+        self._inflight: dict[int, list[_Pending]] = {}
+        self._last_done: asyncio.Future[None] | None = None
         self._closing = False
         self._on_commit = on_commit
         self.stats = WriterStats()
+        # Optional: called after every commit (metrics); must not block.
+        self.observer: Callable[[CommitObservation], None] | None = None
         # The writer's own connection: taking one from the pool per commit
         # costs a reset round trip each time.
-        self._conn: asyncpg.Connection | None = None
+        # One connection per commit in flight (see pipeline_depth).
+        self._conns: list[asyncpg.Connection | None] = [None] * self.limits.pipeline_depth
+        self._free_slots: deque[int] = deque(range(self.limits.pipeline_depth))
         # Last known state of recently written streams.  Only a hint for the
         # fast path: the commit statement checks it and a mismatch falls back
         # to reading fresh state (another process may have written).
@@ -121,7 +149,7 @@ class Writer:
         while True:
             await asyncio.sleep(interval)
             now = loop.time()
-            for p in (*self._queue, *self._inflight):
+            for p in (*self._queue, *(q for b in self._inflight.values() for q in b)):
                 if now > p.deadline and not p.future.done():
                     p.future.set_exception(
                         Timeout(
@@ -175,7 +203,7 @@ class Writer:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[AppendResult]] = loop.create_future()
         deadline = loop.time() + self.limits.commit_timeout
-        self._queue.append(_Pending(tuple(appends), fut, n, size, deadline))
+        self._queue.append(_Pending(tuple(appends), fut, n, size, deadline, time.monotonic()))
         self._queued_events += n
         self._wake.set()
         # The deadline is enforced by _expire(): one timer for all waiters is
@@ -185,60 +213,110 @@ class Writer:
     # --- the writer loop ------------------------------------------------------
 
     async def _run(self) -> None:
+        """Take batches and commit them, with up to ``pipeline_depth`` commits
+        in flight on separate connections: while PostgreSQL executes one, this
+        process plans the next.  The head-row lock still orders the commits."""
+        running: set[asyncio.Task[None]] = set()
         while True:
-            if not self._queue:
-                if self._closing:
+            if not self._queue or not self._free_slots:
+                if self._closing and not self._queue and not running:
                     return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             batch = self._take_batch()
-            self._inflight = batch
-            started = time.monotonic()
-            await self._commit_or_isolate(batch)
-            self._inflight = []
-            elapsed = time.monotonic() - started
-            if elapsed > self.limits.slow_commit_seconds:
-                log.warning(
-                    "slow commit: %.2fs for %d events", elapsed, sum(p.events for p in batch)
-                )
+            if not batch:
+                continue
+            slot = self._free_slots.popleft()
+            # Batches reach the database strictly in the order they were taken:
+            # each waits for its predecessor before its first statement, so a
+            # later batch's fallback can never overtake an earlier batch.
+            previous = self._last_done
+            self._last_done = asyncio.get_running_loop().create_future()
+            task = asyncio.create_task(
+                self._commit_batch(batch, slot, previous, self._last_done)
+            )
+            running.add(task)
+            task.add_done_callback(running.discard)
 
-    async def _commit_or_isolate(self, batch: list[_Pending]) -> None:
+    async def _commit_batch(
+        self,
+        batch: list[_Pending],
+        slot: int,
+        previous: asyncio.Future[None] | None,
+        done_future: asyncio.Future[None],
+    ) -> None:
+        self._inflight[slot] = batch
+        started = time.monotonic()
+        written = self.stats.events
+        try:
+            await self._commit_or_isolate(batch, slot, previous)
+        finally:
+            done_future.set_result(None)
+            del self._inflight[slot]
+            self._free_slots.append(slot)
+            self._wake.set()
+        done = time.monotonic()
+        elapsed = done - started
+        if elapsed > self.limits.slow_commit_seconds:
+            log.warning("slow commit: %.2fs for %d events", elapsed, sum(p.events for p in batch))
+        if self.observer is not None:
+            self._observe(batch, self.stats.events - written, elapsed, done)
+
+    def _observe(self, batch: list[_Pending], events: int, elapsed: float, done: float) -> None:
+        assert self.observer is not None
+        units = tuple(
+            SubmittedAppend(
+                p.appends[0].origin if p.appends else "core",
+                p.events,
+                done - p.queued_at,
+                p.future.done() and not p.future.cancelled() and p.future.exception() is None,
+            )
+            for p in batch
+        )
+        try:
+            self.observer(CommitObservation(events, elapsed, units))
+        except Exception:  # metrics must never stop the writer
+            log.exception("commit observer failed")
+
+    async def _commit_or_isolate(
+        self, batch: list[_Pending], slot: int, previous: asyncio.Future[None] | None = None
+    ) -> None:
         """Commit a batch; if the database refuses it for a reason other than a
         lost connection, commit each unit alone so one bad append cannot fail
         its neighbours."""
         try:
-            await self._commit(batch)
+            await self._commit(batch, slot, previous)
             return
         except asyncpg.PostgresError as exc:
             if len(batch) == 1 or isinstance(exc, asyncpg.PostgresConnectionError):
-                self._fail(batch, exc)
+                self._fail(batch, exc, slot)
                 return
             log.warning("group commit refused (%s); retrying its %d appends one by one",
                         exc, len(batch))
         except (OSError, asyncpg.InterfaceError) as exc:
-            self._fail(batch, exc)
+            self._fail(batch, exc, slot)
             await asyncio.sleep(0.05)  # the database is away: do not spin
             return
         except Exception as exc:
-            self._fail(batch, exc)
+            self._fail(batch, exc, slot)
             return
         for p in batch:
             if p.future.done():
                 continue
             try:
-                await self._commit([p])
+                await self._commit([p], slot)
             except Exception as exc:
-                self._fail([p], exc)
+                self._fail([p], exc, slot)
 
-    def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
+    def _fail(self, batch: list[_Pending], exc: BaseException, slot: int) -> None:
         self._streams.clear()
         err: PolyportError
         if isinstance(exc, asyncpg.DataError):
             err = Malformed(f"the database rejected this append's data: {exc}")
         elif isinstance(exc, asyncpg.PostgresError | OSError | asyncpg.InterfaceError):
             log.error("append transaction failed: %s", exc)
-            self._forget_connection(exc)
+            self._forget_connection(exc, slot)
             err = StorageUnavailable(f"storage error, nothing from this commit was stored: {exc}")
         else:
             log.error("append batch failed", exc_info=exc)
@@ -247,10 +325,11 @@ class Writer:
             if not p.future.done():
                 p.future.set_exception(err)
 
-    def _forget_connection(self, exc: BaseException) -> None:
-        if isinstance(exc, OSError | asyncpg.InterfaceError) and self._conn is not None:
-            self._conn.terminate()
-            self._conn = None
+    def _forget_connection(self, exc: BaseException, slot: int) -> None:
+        conn = self._conns[slot]
+        if isinstance(exc, OSError | asyncpg.InterfaceError) and conn is not None:
+            conn.terminate()
+            self._conns[slot] = None
 
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []
@@ -271,18 +350,22 @@ class Writer:
             size += p.size
         return batch
 
-    async def _connection(self) -> asyncpg.Connection:
-        if self._conn is None or self._conn.is_closed():
-            self._conn = await asyncpg.connect(self._dsn)
-        return self._conn
+    async def _connection(self, slot: int) -> asyncpg.Connection:
+        conn = self._conns[slot]
+        if conn is None or conn.is_closed():
+            conn = self._conns[slot] = await asyncpg.connect(self._dsn)
+        return conn
 
     async def close(self) -> None:
-        if self._conn is not None and not self._conn.is_closed():
-            await self._conn.close()
+        for conn in self._conns:
+            if conn is not None and not conn.is_closed():
+                await conn.close()
 
     # --- committing -------------------------------------------------------------
 
-    async def _commit(self, batch: list[_Pending]) -> None:
+    async def _commit(
+        self, batch: list[_Pending], slot: int, previous: asyncio.Future[None] | None = None
+    ) -> None:
         """Fast path first: plan against the cached stream states and write
         everything in one statement that also checks those states.  Anything
         unusual (a failed check, a re-sent event id, a stale cache) is redone
@@ -291,44 +374,61 @@ class Writer:
         cached = {k: self._streams.get(k, _StreamState(0, 0, False)) for k in keys}
         plan = _plan(batch, cached, {})
         if plan.rows and not plan.any_failed:
+            # Optimistic: the next batch, planned while this one is in flight,
+            # builds on it.  If this one fails, the next one's check fails too.
+            for k in plan.touched:
+                self._remember(k, plan.after[k])
             try:
-                position, t0 = await self._write_fast(plan)
+                position, t0 = await self._write_fast(plan, slot, previous)
             except asyncpg.UniqueViolationError:
-                pass  # a re-sent event id
+                self._streams.clear()  # a re-sent event id
             except asyncpg.PostgresError as exc:
+                self._streams.clear()
                 if exc.sqlstate != STALE_STATE_SQLSTATE:
                     raise
             else:
                 self._finish(batch, plan, position, t0)
                 return
-        await self._commit_checked(batch, keys)
+        if previous is not None:
+            await previous
+        await self._commit_checked(batch, keys, slot)
 
-    async def _write_fast(self, plan: _Plan) -> tuple[int, datetime]:
-        conn = await self._connection()
-        cols = list(zip(*plan.rows, strict=True))
-        n = len(plan.rows)
+    async def _write_fast(
+        self, plan: _Plan, slot: int, previous: asyncio.Future[None] | None
+    ) -> tuple[int, datetime]:
+        b64 = base64.b64encode
+        rows = [
+            [
+                str(r[0]), r[1], r[2], r[3], r[4], r[5], b64(r[6]).decode("ascii"), r[7],
+                _iso(r[8]), r[9], r[10],
+            ]
+            for r in plan.rows
+        ]
         touched = sorted(plan.touched)
-        row = await conn.fetchrow(
-            sql.FAST_APPEND,
-            n,
-            *cols,
-            [k[0] for k in touched],
-            [k[1] for k in touched],
-            [plan.before[k].last_version for k in touched],
-            [plan.after[k].last_version for k in touched],
-            [plan.after[k].segment_length for k in touched],
-            [c[0] for c in plan.checkpoints],
-            [c[1] for c in plan.checkpoints],
-            [c[2] for c in plan.checkpoints],
-            [c[3] for c in plan.checkpoints],
-            (n - 1) * ONE_MICROSECOND,
-            [i * ONE_MICROSECOND for i in range(n)],
+        streams = [
+            [k[0], k[1], plan.before[k].last_version, plan.after[k].last_version,
+             plan.after[k].segment_length]
+            for k in touched
+        ]
+        checkpoints = [[str(c[0]), c[1], c[2], c[3]] for c in plan.checkpoints]
+        args = (
+            len(rows),
+            json.dumps(rows, ensure_ascii=False, separators=(",", ":")),
+            json.dumps(streams, ensure_ascii=False, separators=(",", ":")),
+            json.dumps(checkpoints, separators=(",", ":")),
         )
+        # Everything above ran while the previous batch was in the database.
+        if previous is not None:
+            await previous
+        conn = await self._connection(slot)
+        row = await conn.fetchrow(sql.FAST_APPEND, *args)
         return int(row["base"]), row["t0"]
 
-    async def _commit_checked(self, batch: list[_Pending], keys: set[tuple[str, str]]) -> None:
+    async def _commit_checked(
+        self, batch: list[_Pending], keys: set[tuple[str, str]], slot: int
+    ) -> None:
         ids = [e.event_id for p in batch for a in p.appends for e in a.events]
-        conn = await self._connection()
+        conn = await self._connection(slot)
         async with conn.transaction():
             head = await conn.fetchrow(sql.LOCK_HEAD)
             state = {k: _StreamState(0, 0, False) for k in keys}
@@ -347,7 +447,8 @@ class Writer:
             if plan.rows:
                 n = len(plan.rows)
                 records = [
-                    (base + i + 1, *r[:9], t0 + i * ONE_MICROSECOND, r[9], r[10])
+                    (base + i + 1, *r[:5], json.dumps(r[5]), *r[6:9],
+                     t0 + i * ONE_MICROSECOND, r[9], r[10])
                     for i, r in enumerate(plan.rows)
                 ]
                 await conn.copy_records_to_table(
@@ -398,6 +499,15 @@ class Writer:
 
 
 STALE_STATE_SQLSTATE = "PP001"
+_NO_HEADERS: dict[str, str] = {}
+
+
+def _iso(t: datetime | None) -> str | None:
+    if t is None:
+        return None
+    if t.tzinfo is None:  # naive client times are taken as UTC, as asyncpg does
+        t = t.replace(tzinfo=UTC)
+    return t.isoformat()
 
 
 def _check_text(value: str, what: str) -> None:
@@ -509,7 +619,7 @@ def _plan(
                         a.stream,
                         st.last_version,
                         e.type,
-                        json.dumps(dict(e.headers)) if e.headers else "{}",
+                        dict(e.headers) if e.headers else _NO_HEADERS,
                         e.body,
                         e.content_type,
                         e.client_time,

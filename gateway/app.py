@@ -17,6 +17,7 @@ from gateway.config import GatewayConfig
 from gateway.database import database_url
 from gateway.http import build_app
 from gateway.registry import ListenerDef, RunningListener, discover
+from gateway.telemetry import Telemetry
 from protocols.session import ListenerStats, SessionContext
 
 log = logging.getLogger("polyport.gateway")
@@ -34,6 +35,7 @@ class Gateway:
         self.http_address: tuple[str, int] | None = None
         self.listeners_bound = False
         self.started_at = time.time()
+        self.telemetry: Telemetry | None = None
         self._exit = ExitStack()
         self._runner: web.AppRunner | None = None
 
@@ -45,6 +47,9 @@ class Gateway:
         await self.stop()
 
     def context(self, protocol: str, stats: ListenerStats) -> SessionContext:
+        # Every listener asks for its context before it accepts: the one
+        # place to hand each transport the connection limit.
+        stats.max_connections = self.config.max_connections or None
         return SessionContext(
             store=self.store,
             stats=stats,
@@ -86,10 +91,13 @@ class Gateway:
                         commit_timeout=self.config.commit_timeout,
                         max_pending_events=self.config.max_pending_events,
                         max_event_bytes=self.config.max_event_bytes,
+                        slow_commit_seconds=self.config.slow_commit_seconds,
                     ),
                 )
             )
             await self.store.start()
+            self.telemetry = Telemetry(self)
+            self.telemetry.start()
             self.listener_defs = discover()
             for d in self.listener_defs:
                 port = self.config.port_for(d.name)
@@ -123,6 +131,8 @@ class Gateway:
         self.listeners_bound = False
         for listener in self.listeners.values():
             await listener.stop_accepting()
+        if self.telemetry is not None:
+            await self.telemetry.stop()
         if self.store is not None:
             await self.store.close()
         for listener in self.listeners.values():

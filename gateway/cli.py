@@ -19,8 +19,14 @@ from core.store import EventStore, StoreConfig
 from gateway.config import DEFAULT_PORTS, ConfigError, GatewayConfig, load_config
 from gateway.database import database_url
 from gateway.embedded_pg import EmbeddedPostgresError
+from gateway.status_cli import add_status_parser, run_status
+from pipeline.cli import add_pipeline_parser
+from pipeline.cli import run as run_pipeline
 
 log = logging.getLogger("polyport")
+
+
+LOG_FIELDS = ("protocol", "peer", "code")
 
 
 class JsonFormatter(logging.Formatter):
@@ -31,6 +37,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for key in LOG_FIELDS:  # structured extras, e.g. on protocol error lines
+            value = getattr(record, key, None)
+            if value is not None:
+                out[key] = value
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out)
@@ -118,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--time", help="ISO 8601 time")
     de = ss.add_parser("delete")
     de.add_argument("name")
+
+    add_status_parser(sub, _common)
+
+    add_pipeline_parser(sub, _common)
     return parser
 
 
@@ -268,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(_serve(config))
         if args.command == "migrate":
             return _migrate(args, config)
+        if args.command == "status":
+            return asyncio.run(_with_store(config, lambda s: run_status(args, config, s)))
+        if args.command == "pipeline":
+            return run_pipeline(args, config)
         handler = {"users": _users, "binders": _binders, "subscriptions": _subscriptions}[
             args.command
         ]

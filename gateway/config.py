@@ -83,6 +83,11 @@ class GatewayConfig:
     res01_max_in_flight_writes: int = 128
     res01_max_in_flight_reads: int = 64
     bson_query_window: int = 100
+    # A commit slower than this is logged (warning).
+    slow_commit_seconds: float = 1.0
+    # Connections one listener accepts at once; more are refused and logged
+    # (0 = no limit).  Res01 (ZeroMQ) has no per-connection accept to refuse.
+    max_connections: int = 10_000
     extra: dict[str, Any] = field(default_factory=dict)
 
     def port_for(self, listener: str) -> int | None:
@@ -98,8 +103,11 @@ _INT_KEYS = {
     "bson_query_window",
     "res01_max_in_flight_writes",
     "res01_max_in_flight_reads",
+    "max_connections",
 }
-_FLOAT_KEYS = {"idle_timeout", "poll_interval", "commit_timeout", "read_timeout"}
+_FLOAT_KEYS = {
+    "idle_timeout", "poll_interval", "commit_timeout", "read_timeout", "slow_commit_seconds",
+}
 _KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"}
 
 

@@ -1,5 +1,6 @@
-"""The HTTP port: health, readiness (and, as they land, status, metrics,
-admin and WebSocket endpoints registered by listeners)."""
+"""The HTTP port: health and readiness here; status and the status page
+(:mod:`gateway.status`), metrics (:mod:`gateway.metrics`), the admin API
+(:mod:`gateway.admin`), and WebSocket endpoints registered by listeners."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from core.migrate import SchemaBehind, check_current
+from gateway import admin, metrics, status
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -43,8 +45,11 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def build_app(gw: Gateway) -> web.Application:
-    app = web.Application(client_max_size=8 << 20)
+    app = web.Application(client_max_size=8 << 20, middlewares=[admin.middleware(gw)])
     app[GATEWAY_KEY] = gw
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    status.setup(app, gw)
+    metrics.setup(app, gw)
+    admin.setup(app, gw)
     return app

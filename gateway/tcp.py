@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from protocols.session import ListenerStats, Outbound, StreamSession
+from protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
 
 log = logging.getLogger("polyport.tcp")
 
@@ -93,10 +93,22 @@ class TcpListener:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        out = StreamOutbound(writer, self.stats)
+        limit = self.stats.max_connections
+        if limit is not None and self.stats.connections_open >= limit:
+            self.stats.connections_refused += 1
+            log.warning(
+                "%s: connection refused from %s: %d connections open (max_connections %d)",
+                self.name, out.peer, self.stats.connections_open, limit,
+            )
+            out.close()
+            return
+        # Tasks the session starts inherit the peer (error lines, metrics).
+        CURRENT_PEER.set(Peer(self.name, out.peer))
         self._connections.add(task)
         self.stats.connections_total += 1
         self.stats.connections_open += 1
-        out = StreamOutbound(writer, self.stats)
+        log.debug("%s: connection from %s", self.name, out.peer)
         session: StreamSession | None = None
         try:
             session = self.factory(out)
@@ -119,6 +131,7 @@ class TcpListener:
             self.stats.error("internal")
         finally:
             self.stats.connections_open -= 1
+            log.debug("%s: connection from %s closed", self.name, out.peer)
             if session is not None:
                 try:
                     await session.connection_lost()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from protocols.session import ListenerStats, Outbound, StreamSession
+from protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
 
 log = logging.getLogger("polyport.websocket")
 
@@ -120,15 +120,25 @@ class WebSocketEndpoint:
         )
         if not ws.can_prepare(request).ok:
             return web.Response(status=426, text=f"{self.name}: WebSocket upgrade required\n")
-        await ws.prepare(request)
-        task = asyncio.current_task()
-        assert task is not None
         peer = request.remote or "?"
         transport = request.transport
         if transport is not None:
             addr = transport.get_extra_info("peername")
             if isinstance(addr, tuple):
                 peer = f"{addr[0]}:{addr[1]}"
+        limit = self.stats.max_connections
+        if limit is not None and self.stats.connections_open >= limit:
+            self.stats.connections_refused += 1
+            log.warning(
+                "%s: WebSocket refused from %s: %d connections open (max_connections %d)",
+                self.name, peer, self.stats.connections_open, limit,
+            )
+            return web.Response(status=503, text=f"{self.name}: too many connections\n")
+        await ws.prepare(request)
+        task = asyncio.current_task()
+        assert task is not None
+        # Tasks the session starts inherit the peer (error lines, metrics).
+        CURRENT_PEER.set(Peer(self.name, peer))
         out = WebSocketOutbound(ws, peer, self.stats)
         self._connections[task] = out
         self.stats.connections_total += 1

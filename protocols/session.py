@@ -9,7 +9,9 @@ backpressure path: a session that awaits it never buffers without bound.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -40,9 +42,39 @@ class StreamSession(Protocol):
         """The connection is gone: cancel tasks, release subscriptions."""
 
 
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Who the current connection (or request) is from.  A gateway transport
+    sets :data:`CURRENT_PEER` in the task that serves a connection; tasks the
+    session starts inherit it, so error counting and delivery metrics know the
+    peer and protocol without the adapters passing them along."""
+
+    protocol: str
+    address: str
+
+
+CURRENT_PEER: ContextVar[Peer | None] = ContextVar("polyport_peer", default=None)
+
+error_log = logging.getLogger("polyport.errors")
+
+# Outcomes a client asked for (a concurrency check, a missing stream): counted,
+# logged only at debug level.
+ROUTINE_CODES = frozenset({"wrong_expected_version", "not_found"})
+# The server's own trouble: warnings.
+SERVER_CODES = frozenset({"internal", "storage_unavailable", "timeout"})
+AUTH_CODES = frozenset({"unauthenticated", "forbidden"})
+# At most this many error lines per listener and second; the rest are counted
+# and summarised in the next line that is written.
+ERROR_LINES_PER_SECOND = 20
+
+
 @dataclass
 class ListenerStats:
-    """Counters one listener keeps; ``/status`` and ``/metrics`` read them."""
+    """Counters one listener keeps; ``/status`` and ``/metrics`` read them.
+
+    :meth:`error` also writes one log line per error (with the peer from
+    :data:`CURRENT_PEER`), rate-limited per listener.
+    """
 
     protocol: str
     connections_total: int = 0
@@ -52,9 +84,49 @@ class ListenerStats:
     bytes_in: int = 0
     bytes_out: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    # Connections refused because ``max_connections`` were open (None = no limit).
+    connections_refused: int = 0
+    max_connections: int | None = None
+    _log_window: float = field(default=0.0, repr=False)
+    _log_lines: int = field(default=0, repr=False)
+    _log_suppressed: int = field(default=0, repr=False)
 
     def error(self, code: str) -> None:
         self.errors[code] += 1
+        self._log_error(code)
+
+    def _log_error(self, code: str) -> None:
+        if code in ROUTINE_CODES:
+            level = logging.DEBUG
+        elif code in SERVER_CODES or code in AUTH_CODES:
+            level = logging.WARNING
+        else:
+            level = logging.INFO
+        if not error_log.isEnabledFor(level):
+            return
+        now = time.monotonic()
+        if now - self._log_window >= 1.0:
+            self._log_window, self._log_lines = now, 0
+        if self._log_lines >= ERROR_LINES_PER_SECOND:
+            self._log_suppressed += 1
+            return
+        self._log_lines += 1
+        peer = CURRENT_PEER.get()
+        where = peer.address if peer is not None else "-"
+        more = ""
+        if self._log_suppressed:
+            more = f" ({self._log_suppressed} similar lines suppressed)"
+            self._log_suppressed = 0
+        if code in AUTH_CODES:
+            what = "auth failure"
+        elif code in SERVER_CODES:
+            what = "server error"
+        else:
+            what = "protocol error"
+        error_log.log(
+            level, "%s: %s from %s: %s%s", self.protocol, what, where, code, more,
+            extra={"protocol": self.protocol, "peer": where, "code": code},
+        )
 
 
 @dataclass

@@ -41,7 +41,7 @@ from protocols.res01.adapter import (
 )
 from protocols.res01.codec import Routing, decode_request, encode_error_reply, encode_response
 from protocols.res01.errors import ErrorCode
-from protocols.session import ListenerStats, SessionContext
+from protocols.session import CURRENT_PEER, ListenerStats, Peer, SessionContext
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -186,6 +186,9 @@ class Res01Listener:
 
     async def _dispatch(self, frames: list[bytes]) -> None:
         size = sum(len(f) for f in frames)
+        # ZeroMQ hides the peer's address: the routing identity names it.  The
+        # request task started below inherits this (error lines, metrics).
+        CURRENT_PEER.set(Peer("res01", "zmq:" + frames[0].hex() if frames else "zmq:?"))
         self.stats.frames_in += 1
         self.stats.bytes_in += size
         try:

@@ -1,0 +1,198 @@
+"""``/status`` (JSON for tools and the status page) and the status page at ``/``.
+
+The page is static HTML + JavaScript in ``gateway/static/``: no build step, no
+external resources; it polls ``/status`` and draws its chart as inline SVG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from gateway.telemetry import CHART_BUCKET, DB_TIMEOUT, polyport_version
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_FILES = {
+    "status.js": "application/javascript",
+    "status.css": "text/css",
+}
+
+# The pipeline's hourly statistics (table created by its own migration): the
+# chart prefers them when they exist and hold rows.
+EVENT_STATS_EXISTS = "SELECT to_regclass('event_stats') IS NOT NULL"
+EVENT_STATS_CHART = """
+WITH last AS (SELECT max(hour) AS h FROM event_stats)
+SELECT s.hour, sum(s.events)::bigint AS events, sum(s.bytes)::bigint AS bytes
+FROM event_stats s, last
+WHERE s.hour > last.h - interval '48 hours'
+GROUP BY s.hour ORDER BY s.hour
+"""
+
+
+async def event_chart(gw: Gateway) -> dict[str, Any]:
+    """Event volume: hourly from ``event_stats`` when the pipeline has filled
+    it, else per 10 seconds from this gateway's live counters."""
+    pool = gw.store.pool
+    try:
+        exists = await asyncio.wait_for(pool.fetchval(EVENT_STATS_EXISTS), DB_TIMEOUT)
+        if exists:
+            rows = await asyncio.wait_for(pool.fetch(EVENT_STATS_CHART), DB_TIMEOUT)
+            if rows:
+                return {
+                    "source": "event_stats",
+                    "bucket_seconds": 3600,
+                    "points": _hourly(rows),
+                }
+    except Exception:  # no database right now: the live chart still works
+        pass
+    assert gw.telemetry is not None
+    return {"source": "live", "bucket_seconds": CHART_BUCKET, "points": gw.telemetry.live_chart()}
+
+
+def _hourly(rows: list[Any]) -> list[dict[str, Any]]:
+    by_hour = {r["hour"]: (int(r["events"]), int(r["bytes"])) for r in rows}
+    hour: datetime = rows[0]["hour"]
+    last: datetime = rows[-1]["hour"]
+    points = []
+    while hour <= last:
+        events, size = by_hour.get(hour, (0, 0))
+        points.append({"t": hour.astimezone(UTC).isoformat(), "events": events, "bytes": size})
+        hour += timedelta(hours=1)
+    return points
+
+
+def _batch_summary(sizes: list[int]) -> dict[str, Any]:
+    if not sizes:
+        return {"count": 0, "mean": 0.0, "p50": 0, "p95": 0, "max": 0}
+    ordered = sorted(sizes)
+    return {
+        "count": len(ordered),
+        "mean": round(statistics.fmean(ordered), 2),
+        "p50": ordered[len(ordered) // 2],
+        "p95": ordered[min(len(ordered) - 1, (len(ordered) * 95) // 100)],
+        "max": ordered[-1],
+    }
+
+
+async def _database(gw: Gateway) -> dict[str, Any]:
+    pool = gw.store.pool
+    out: dict[str, Any] = {
+        "pool": {
+            "size": pool.get_size(),
+            "idle": pool.get_idle_size(),
+            "min": pool.get_min_size(),
+            "max": pool.get_max_size(),
+        },
+    }
+    started = time.monotonic()
+    try:
+        await asyncio.wait_for(pool.fetchval("SELECT 1"), DB_TIMEOUT)
+        out["reachable"] = True
+        out["round_trip_ms"] = round((time.monotonic() - started) * 1000, 2)
+    except Exception as exc:
+        out["reachable"] = False
+        out["error"] = f"{exc.__class__.__name__}: {exc}"
+    return out
+
+
+async def build_status(gw: Gateway) -> dict[str, Any]:
+    telemetry = gw.telemetry
+    assert telemetry is not None
+    store = gw.store
+    now = time.time()
+    listeners = []
+    for name, listener in sorted(gw.listeners.items()):
+        s = listener.stats
+        host, port = listener.address
+        listeners.append(
+            {
+                "name": name,
+                "address": f"{host}:{port}",
+                "connections_open": s.connections_open,
+                "connections_total": s.connections_total,
+                "connections_refused": s.connections_refused,
+                "frames_in": s.frames_in,
+                "frames_out": s.frames_out,
+                "bytes_in": s.bytes_in,
+                "bytes_out": s.bytes_out,
+                "errors": dict(sorted(s.errors.items())),
+                "errors_total": sum(s.errors.values()),
+                "events_appended": telemetry.appended.get(name, 0),
+                "events_delivered": telemetry.delivered.get(name, 0),
+            }
+        )
+    if gw.http_address is not None:
+        http = {"name": "http", "address": f"{gw.http_address[0]}:{gw.http_address[1]}"}
+    else:
+        http = None
+    lag, database, chart = await asyncio.gather(
+        telemetry.subscription_lag(), _database(gw), event_chart(gw)
+    )
+    ws = store.writer.stats
+    return {
+        "version": polyport_version(),
+        "now": datetime.fromtimestamp(now, UTC).isoformat(),
+        "started_at": datetime.fromtimestamp(gw.started_at, UTC).isoformat(),
+        "uptime_seconds": round(now - gw.started_at, 3),
+        "ready": gw.listeners_bound,
+        "listeners": listeners,
+        "http": http,
+        "writer": {
+            "queue_depth": store.writer.queue_depth,
+            "commits": ws.commits,
+            "events": ws.events,
+            "last_batch_size": ws.last_batch_size,
+            "batch_sizes": _batch_summary(list(ws.batch_sizes)),
+        },
+        "reads_waiting": store.reads_waiting,
+        "log": {
+            "head_position": store.tailer.head,
+            "last_recorded_at": (
+                store.tailer.last_time.isoformat() if store.tailer.last_time else None
+            ),
+        },
+        "rates": telemetry.rates(),
+        "subscriptions": {
+            "live": store.tailer.live_count,
+            "open": len(lag.transient),
+            "durable": [x.as_json() for x in lag.durable],
+            "in_process": [x.as_json() for x in lag.transient[:100]],
+            "error": lag.error,
+        },
+        "database": database,
+        "chart": chart,
+    }
+
+
+def setup(app: web.Application, gw: Gateway) -> None:
+    async def status(request: web.Request) -> web.Response:
+        if gw.telemetry is None or gw.store is None:
+            raise web.HTTPServiceUnavailable(text="the gateway is starting\n")
+        return web.json_response(await build_status(gw))
+
+    async def page(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC_DIR / "index.html", headers=_NO_CACHE)
+
+    async def static(request: web.Request) -> web.FileResponse:
+        name = request.match_info["name"]
+        if name not in STATIC_FILES:
+            raise web.HTTPNotFound()
+        return web.FileResponse(
+            STATIC_DIR / name, headers={**_NO_CACHE, "Content-Type": STATIC_FILES[name]}
+        )
+
+    app.router.add_get("/status", status)
+    app.router.add_get("/", page)
+    app.router.add_get("/static/{name}", static)
+
+
+_NO_CACHE = {"Cache-Control": "no-cache"}

@@ -1,0 +1,142 @@
+"""``polyport status``: the state of the event store, read from the database
+given by the usual configuration, plus the live ``/status`` of a gateway
+running with that configuration (its HTTP port), when one answers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from core import migrate
+from core.store import EventStore
+from gateway.config import GatewayConfig
+
+HTTP_TIMEOUT = 2.0
+
+HEAD = "SELECT last_position, last_recorded_at FROM log_head WHERE id = 1"
+STREAMS_ESTIMATE = """
+SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'streams'::regclass
+"""
+EVENT_STATS_24H = """
+SELECT coalesce(sum(events), 0)::bigint AS events, coalesce(sum(bytes), 0)::bigint AS bytes,
+       max(hour) AS last_hour
+FROM event_stats WHERE hour > now() - interval '24 hours'
+"""
+
+
+def add_status_parser(
+    sub: Any, common: Callable[[argparse.ArgumentParser], None]
+) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "status", help="event store state (database) and a running gateway's /status"
+    )
+    common(p)
+    p.add_argument("--host", help="where a running gateway's HTTP port listens")
+    p.add_argument("--http-port", help="a running gateway's HTTP port")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    return p
+
+
+async def gather(config: GatewayConfig, store: EventStore) -> dict[str, Any]:
+    pool = store.pool
+    head = await pool.fetchrow(HEAD)
+    revision = await migrate.current_revision(store.config.database_url)
+    subs = await store.list_subscriptions()
+    binders = [b.as_json() for b in await store.binders.list()]
+    for b in binders:
+        b["lag_events"] = max(0, int(head["last_position"]) - int(b["position"]))
+    out: dict[str, Any] = {
+        "database": {
+            "schema_revision": revision,
+            "schema_current": revision == migrate.head_revision(),
+            "head_position": int(head["last_position"]),
+            "last_recorded_at": head["last_recorded_at"].isoformat()
+            if head["last_position"] else None,
+            "streams_estimate": int(await pool.fetchval(STREAMS_ESTIMATE) or 0),
+            "users": len(await store.users.list()),
+        },
+        "binders": binders,
+        "subscriptions": subs,
+    }
+    if await pool.fetchval("SELECT to_regclass('event_stats') IS NOT NULL"):
+        row = await pool.fetchrow(EVENT_STATS_24H)
+        out["event_stats_24h"] = {
+            "events": int(row["events"]),
+            "bytes": int(row["bytes"]),
+            "last_hour": row["last_hour"].isoformat() if row["last_hour"] else None,
+        }
+    out["gateway"] = await _gateway_status(config)
+    return out
+
+
+async def _gateway_status(config: GatewayConfig) -> dict[str, Any]:
+    if config.http_port is None:
+        return {"reachable": False, "error": "http_port is off in this configuration"}
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+    url = f"http://{host}:{config.http_port}/status"
+    try:
+        timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT)
+        async with aiohttp.ClientSession(timeout=timeout) as http, http.get(url) as r:
+            if r.status != 200:
+                return {"reachable": False, "url": url, "error": f"HTTP {r.status}"}
+            status: dict[str, Any] = await r.json()
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+        return {"reachable": False, "url": url, "error": f"{exc.__class__.__name__}: {exc}"}
+    return {"reachable": True, "url": url, "status": status}
+
+
+def render(data: dict[str, Any]) -> str:
+    db = data["database"]
+    lines = [
+        f"schema      {db['schema_revision'] or 'none'}"
+        f" ({'current' if db['schema_current'] else 'behind: run polyport migrate'})",
+        f"log head    position {db['head_position']}"
+        + (f", last event at {db['last_recorded_at']}" if db["last_recorded_at"] else ""),
+        f"streams     about {db['streams_estimate']}",
+        f"users       {db['users']}",
+    ]
+    if "event_stats_24h" in data:
+        st = data["event_stats_24h"]
+        lines.append(f"last 24 h   {st['events']} events, {st['bytes']} bytes (event_stats)")
+    lines.append("")
+    lines.append(f"binders ({len(data['binders'])})")
+    for b in data["binders"]:
+        lines.append(f"  {b['name']:<24} position {b['position']:<10} "
+                     f"lag {b['lag_events']:<8} documents {b['documents']}")
+    lines.append(f"durable subscriptions ({len(data['subscriptions'])})")
+    for s in data["subscriptions"]:
+        lines.append(f"  {s['name']:<40} checkpoint {s['checkpoint']:<10} "
+                     f"lag {s['lag_events']} events")
+    lines.append("")
+    gw = data["gateway"]
+    if not gw["reachable"]:
+        lines.append(f"gateway     not reachable ({gw.get('url', '')}: {gw['error']})")
+        return "\n".join(lines)
+    st = gw["status"]
+    lines.append(f"gateway     {gw['url']}: version {st['version']}, up "
+                 f"{st['uptime_seconds']:.0f} s, {'ready' if st['ready'] else 'NOT READY'}")
+    lines.append(f"rates       append {st['rates']['append']}/s, "
+                 f"delivery {st['rates']['delivery']}/s, log {st['rates']['log']}/s")
+    lines.append(f"writer      queue {st['writer']['queue_depth']}, "
+                 f"{st['writer']['commits']} commits, {st['writer']['events']} events")
+    for li in st["listeners"]:
+        errors = sum(li["errors"].values())
+        lines.append(f"  {li['name']:<15} {li['address']:<22} open {li['connections_open']:<5} "
+                     f"frames {li['frames_in']}/{li['frames_out']}  errors {errors}")
+    return "\n".join(lines)
+
+
+async def run_status(args: argparse.Namespace, config: GatewayConfig, store: EventStore) -> int:
+    data = await gather(config, store)
+    data["checked_at"] = datetime.now(UTC).isoformat()
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(render(data))
+    return 0
+

@@ -1,0 +1,557 @@
+"""What the gateway measures about itself, for ``/status``, ``/metrics`` and the
+status page.
+
+One :class:`Telemetry` per :class:`~gateway.app.Gateway` (tests run several
+gateways in one process, so nothing here is global):
+
+- a private prometheus ``CollectorRegistry`` with histograms fed by hooks
+  (append latency and size per protocol from the writer's commit observer,
+  delivery latency per protocol from the store's delivery hook, commit batch
+  size and duration) and a collector that reads every other number when
+  scraped (listener counters, queue depths, subscription lag, database pool);
+- a sampler that records cumulative counters once a second, from which
+  ``/status`` derives rates and the status page its live event-volume chart;
+- subscription lag (durable subscriptions from the database, in-process ones
+  from memory), computed at most once per :data:`LAG_TTL` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from core.commands import Selector
+from core.events import RecordedEvent
+from core.groups import GroupMember
+from core.store import selector_from_json
+from core.writer import CommitObservation
+from protocols.session import CURRENT_PEER
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("polyport.telemetry")
+
+SAMPLE_INTERVAL = 1.0
+SAMPLES_KEPT = 900  # 15 minutes
+RATE_WINDOW = 10.0  # seconds over which /status reports rates
+CHART_BUCKET = 10  # seconds per bar of the live chart
+CHART_BUCKETS = 60  # bars: the last 10 minutes
+LAG_TTL = 1.0
+# Lag of a durable subscription: matching events counted among at most this
+# many positions after its checkpoint (beyond that the count is a bound).
+LAG_SCAN_POSITIONS = 10_000
+# Durable subscriptions examined in detail per refresh (largest lag first).
+LAG_DETAILED = 100
+DB_TIMEOUT = 2.0
+
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+LAG_WINDOW_SQL = """
+SELECT count(*) AS n, min(recorded_at) AS oldest
+FROM (
+    SELECT recorded_at FROM events
+    WHERE position > $1 AND position <= $2
+      AND ($3::text IS NULL OR context = $3)
+      AND ($4::text IS NULL OR stream = $4)
+      AND ($5::text IS NULL OR starts_with(stream, $5))
+      AND ($6::text[] IS NULL OR type = ANY($6))
+    ORDER BY position LIMIT $7
+) t
+"""
+
+DURABLE_SQL = """
+SELECT s.name, s.selector, s.checkpoint, s.updated_at, h.last_position
+FROM subscriptions s CROSS JOIN log_head h ORDER BY s.name
+"""
+
+TIMES_SQL = "SELECT position, recorded_at FROM events WHERE position = ANY($1::bigint[])"
+
+
+def polyport_version() -> str:
+    try:
+        return metadata.version("polyport")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    mono: float
+    wall: float
+    head: int
+    committed: int
+    appended: dict[str, int]
+    delivered: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionLag:
+    kind: str  # "durable", "subscription" (in-process), "group-member" (in-process)
+    name: str
+    selector: dict[str, Any]
+    lag_events: int
+    lag_seconds: float
+    exact: bool = True
+    checkpoint: int | None = None
+    state: str = ""
+    delivered: int | None = None
+    buffered: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "name": self.name,
+            "selector": self.selector,
+            "lag_events": self.lag_events,
+            "lag_seconds": round(self.lag_seconds, 3),
+            "lag_exact": self.exact,
+        }
+        for key in ("checkpoint", "delivered", "buffered"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.state:
+            out["state"] = self.state
+        return out
+
+
+@dataclass
+class LagSnapshot:
+    taken: float = 0.0
+    durable: list[SubscriptionLag] = field(default_factory=list)
+    transient: list[SubscriptionLag] = field(default_factory=list)
+    error: str | None = None
+
+
+def _selector_json(sel: Selector) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("context", "stream", "prefix"):
+        value = getattr(sel, key)
+        if value is not None:
+            out[key] = value
+    if sel.types:
+        out["types"] = sorted(sel.types)
+    if sel.matcher_spec:
+        out["matcher"] = sel.matcher_spec
+    return out
+
+
+def _age(t: datetime | None, now: float) -> float:
+    return max(0.0, now - t.timestamp()) if t is not None else 0.0
+
+
+class Telemetry:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.append_latency = Histogram(
+            "polyport_append_latency_seconds",
+            "Time from an append request reaching the writer to its outcome, by protocol",
+            ["protocol"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.append_size = Histogram(
+            "polyport_append_batch_events",
+            "Events per append request (one Append or AppendBatch), by protocol",
+            ["protocol"],
+            buckets=SIZE_BUCKETS,
+            registry=self.registry,
+        )
+        self.delivery_latency = Histogram(
+            "polyport_delivery_latency_seconds",
+            "Time from an event's recorded_at to its hand-over to a subscriber, by protocol",
+            ["protocol"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.commit_batch = Histogram(
+            "polyport_commit_batch_events",
+            "Events written per group commit",
+            buckets=SIZE_BUCKETS,
+            registry=self.registry,
+        )
+        self.commit_duration = Histogram(
+            "polyport_commit_duration_seconds",
+            "Duration of one group commit",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_GatewayCollector(self))
+        self.appended: Counter[str] = Counter()
+        self.append_requests: Counter[str] = Counter()
+        self.append_failures: Counter[str] = Counter()
+        self.delivered: Counter[str] = Counter()
+        self._delivery_children: dict[str, Any] = {}
+        self.samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
+        self.lag = LagSnapshot()
+        self._lag_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        store = self.gw.store
+        store.writer.observer = self.observe_commit
+        store.on_deliver = self.observe_delivery
+        self.sample()
+        self._task = asyncio.create_task(self._sampler(), name="polyport-telemetry")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _sampler(self) -> None:
+        while True:
+            await asyncio.sleep(SAMPLE_INTERVAL)
+            self.sample()
+
+    # --- hooks (called by core; cheap, never raise) ---------------------------------
+
+    def observe_commit(self, obs: CommitObservation) -> None:
+        if obs.events:
+            self.commit_batch.observe(obs.events)
+        self.commit_duration.observe(obs.seconds)
+        for unit in obs.appends:
+            self.append_latency.labels(unit.origin).observe(unit.seconds)
+            self.append_size.labels(unit.origin).observe(unit.events)
+            self.append_requests[unit.origin] += 1
+            if unit.ok:
+                self.appended[unit.origin] += unit.events
+            else:
+                self.append_failures[unit.origin] += 1
+
+    def observe_delivery(self, ev: RecordedEvent) -> None:
+        peer = CURRENT_PEER.get()
+        protocol = peer.protocol if peer is not None else "core"
+        self.delivered[protocol] += 1
+        child = self._delivery_children.get(protocol)
+        if child is None:
+            child = self._delivery_children[protocol] = self.delivery_latency.labels(protocol)
+        child.observe(max(0.0, time.time() - ev.recorded_at.timestamp()))
+
+    # --- samples and rates ----------------------------------------------------------
+
+    def sample(self) -> None:
+        store = self.gw.store
+        if store is None or store.tailer is None or store.writer is None:
+            return
+        self.samples.append(
+            Sample(
+                time.monotonic(),
+                time.time(),
+                store.tailer.head,
+                store.writer.stats.events,
+                dict(self.appended),
+                dict(self.delivered),
+            )
+        )
+
+    def rates(self) -> dict[str, Any]:
+        """Events per second over about the last :data:`RATE_WINDOW` seconds."""
+        self.sample()
+        if len(self.samples) < 2:
+            return {"window_seconds": 0.0, "append": 0.0, "delivery": 0.0, "log": 0.0,
+                    "by_protocol": {}}
+        last = self.samples[-1]
+        first = last
+        for s in reversed(self.samples):
+            first = s
+            if last.mono - s.mono >= RATE_WINDOW:
+                break
+        dt = max(last.mono - first.mono, 1e-6)
+        protocols = sorted(set(last.appended) | set(last.delivered))
+        by_protocol = {
+            p: {
+                "append": round((last.appended.get(p, 0) - first.appended.get(p, 0)) / dt, 3),
+                "delivery": round(
+                    (last.delivered.get(p, 0) - first.delivered.get(p, 0)) / dt, 3
+                ),
+            }
+            for p in protocols
+        }
+        return {
+            "window_seconds": round(dt, 3),
+            "append": round(sum(v["append"] for v in by_protocol.values()), 3),
+            "delivery": round(sum(v["delivery"] for v in by_protocol.values()), 3),
+            # Every process's appends: the global head's growth.
+            "log": round((last.head - first.head) / dt, 3),
+            "by_protocol": by_protocol,
+        }
+
+    def live_chart(self) -> list[dict[str, Any]]:
+        """Events added to the log per :data:`CHART_BUCKET` seconds over the
+        last ten minutes, from the sampled head position (all processes)."""
+        self.sample()
+        now = time.time()
+        end = int(now // CHART_BUCKET) * CHART_BUCKET + CHART_BUCKET
+        start = end - CHART_BUCKET * CHART_BUCKETS
+        points = []
+        samples = list(self.samples)
+        for i in range(CHART_BUCKETS):
+            lo, hi = start + i * CHART_BUCKET, start + (i + 1) * CHART_BUCKET
+            head_hi = _head_at(samples, hi)
+            head_lo = _head_at(samples, lo)
+            if head_lo is None and samples and samples[0].wall < hi:
+                head_lo = samples[0].head  # the gateway started in this bucket
+            events = head_hi - head_lo if head_lo is not None and head_hi is not None else 0
+            points.append({"t": datetime.fromtimestamp(lo, UTC).isoformat(), "events": events})
+        return points
+
+    # --- subscription lag -------------------------------------------------------------
+
+    async def subscription_lag(self) -> LagSnapshot:
+        async with self._lag_lock:
+            if time.monotonic() - self.lag.taken >= LAG_TTL:
+                self.lag = await self._measure_lag()
+            return self.lag
+
+    async def _measure_lag(self) -> LagSnapshot:
+        snap = LagSnapshot(taken=time.monotonic())
+        now = time.time()
+        pool = self.gw.store.pool
+        try:
+            snap.durable = await asyncio.wait_for(self._durable_lag(now), DB_TIMEOUT)
+        except Exception as exc:
+            snap.error = f"{exc.__class__.__name__}: {exc}"
+        head = self.gw.store.tailer.head
+        need: list[int] = []
+        pending: list[tuple[SubscriptionLag, int | None]] = []
+        for sub in self.gw.store.open_subscriptions():
+            oldest = sub.oldest_buffered
+            if isinstance(sub, GroupMember):
+                lag = SubscriptionLag(
+                    "group-member", sub.name, _selector_json(sub.selector), sub.buffered,
+                    _age(oldest.recorded_at if oldest else None, now),
+                    delivered=sub.delivered, buffered=sub.buffered, state="member",
+                )
+                pending.append((lag, None))
+                continue
+            behind = max(0, head - sub.cursor)
+            lag = SubscriptionLag(
+                "subscription", "", _selector_json(sub.selector), sub.buffered + behind,
+                _age(oldest.recorded_at if oldest else None, now),
+                exact=behind == 0, delivered=sub.delivered, buffered=sub.buffered,
+                state="live" if sub.live else "catching-up",
+            )
+            ask = sub.cursor + 1 if oldest is None and behind else None
+            if ask is not None and len(need) < LAG_DETAILED:
+                need.append(ask)
+            pending.append((lag, ask))
+        times: dict[int, datetime] = {}
+        if need:
+            with contextlib.suppress(Exception):
+                rows = await asyncio.wait_for(pool.fetch(TIMES_SQL, need), DB_TIMEOUT)
+                times = {r["position"]: r["recorded_at"] for r in rows}
+        for lag, ask in pending:
+            if ask is not None and ask in times:
+                lag = SubscriptionLag(**{**_fields(lag), "lag_seconds": _age(times[ask], now)})
+            snap.transient.append(lag)
+        snap.transient.sort(key=lambda x: (-x.lag_events, -x.lag_seconds))
+        return snap
+
+    async def _durable_lag(self, now: float) -> list[SubscriptionLag]:
+        pool = self.gw.store.pool
+        rows = await pool.fetch(DURABLE_SQL)
+        by_lag = sorted(rows, key=lambda r: r["last_position"] - r["checkpoint"], reverse=True)
+        detailed = {r["name"] for r in by_lag[:LAG_DETAILED]}
+        out: list[SubscriptionLag] = []
+        for r in rows:
+            sel_json = json.loads(r["selector"])
+            head, checkpoint = int(r["last_position"]), int(r["checkpoint"])
+            behind = max(0, head - checkpoint)
+            if behind == 0:
+                out.append(SubscriptionLag("durable", r["name"], _clean(sel_json), 0, 0.0,
+                                           checkpoint=checkpoint))
+                continue
+            if r["name"] not in detailed:
+                out.append(SubscriptionLag("durable", r["name"], _clean(sel_json), behind, 0.0,
+                                           exact=False, checkpoint=checkpoint))
+                continue
+            sel = selector_from_json(sel_json)
+            upper = min(head, checkpoint + LAG_SCAN_POSITIONS)
+            row = await pool.fetchrow(
+                LAG_WINDOW_SQL,
+                checkpoint,
+                upper,
+                sel.context,
+                sel.stream,
+                sel.prefix,
+                sorted(sel.types) if sel.types else None,
+                LAG_SCAN_POSITIONS,
+            )
+            exact = upper == head
+            n = int(row["n"]) if row else 0
+            oldest = row["oldest"] if row else None
+            if oldest is None and not exact:
+                oldest = await pool.fetchval(
+                    "SELECT recorded_at FROM events WHERE position = $1", upper
+                )
+            out.append(
+                SubscriptionLag(
+                    "durable", r["name"], _clean(sel_json), n if exact else behind,
+                    _age(oldest, now), exact=exact, checkpoint=checkpoint,
+                )
+            )
+        return out
+
+
+def _fields(lag: SubscriptionLag) -> dict[str, Any]:
+    return {f: getattr(lag, f) for f in SubscriptionLag.__slots__}
+
+
+def _clean(sel: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in sel.items() if v not in (None, [], "")}
+
+
+def _head_at(samples: list[Sample], t: float) -> int | None:
+    """The head position at wall time ``t`` (the last sample at or before it);
+    None before the first sample."""
+    found: int | None = None
+    for s in samples:
+        if s.wall > t:
+            break
+        found = s.head
+    return found
+
+
+class _GatewayCollector(Collector):
+    """Reads the gateway's counters at scrape time (nothing is counted twice:
+    the listeners keep their own counters, see ListenerStats)."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.t = telemetry
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._collect())
+
+    def _collect(self) -> Iterator[Metric]:
+        gw = self.t.gw
+        info = GaugeMetricFamily("polyport_build_info", "polyport version", labels=["version"])
+        info.add_metric([polyport_version()], 1)
+        yield info
+        yield GaugeMetricFamily(
+            "polyport_uptime_seconds", "Seconds since the gateway started",
+            value=time.time() - gw.started_at,
+        )
+        stats = [(name, listener.stats) for name, listener in sorted(gw.listeners.items())]
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
+            "connections": CounterMetricFamily(
+                "polyport_connections", "Connections accepted", labels=["protocol"]),
+            "open": GaugeMetricFamily(
+                "polyport_connections_open", "Connections open now", labels=["protocol"]),
+            "frames_in": CounterMetricFamily(
+                "polyport_frames_received", "Protocol frames received", labels=["protocol"]),
+            "frames_out": CounterMetricFamily(
+                "polyport_frames_sent", "Protocol frames sent", labels=["protocol"]),
+            "bytes_in": CounterMetricFamily(
+                "polyport_bytes_received", "Bytes received", labels=["protocol"]),
+            "bytes_out": CounterMetricFamily(
+                "polyport_bytes_sent", "Bytes sent", labels=["protocol"]),
+        }
+        errors = CounterMetricFamily(
+            "polyport_errors", "Errors reported to clients, by canonical code",
+            labels=["protocol", "code"],
+        )
+        for name, s in stats:
+            families["connections"].add_metric([name], s.connections_total)
+            families["open"].add_metric([name], s.connections_open)
+            families["frames_in"].add_metric([name], s.frames_in)
+            families["frames_out"].add_metric([name], s.frames_out)
+            families["bytes_in"].add_metric([name], s.bytes_in)
+            families["bytes_out"].add_metric([name], s.bytes_out)
+            for code, n in sorted(s.errors.items()):
+                errors.add_metric([name, code], n)
+        yield from families.values()
+        yield errors
+        for attr, metric, doc in (
+            ("appended", "polyport_events_appended", "Events appended, by protocol"),
+            ("append_requests", "polyport_append_requests", "Append requests settled"),
+            ("append_failures", "polyport_append_failures", "Append requests that failed"),
+            ("delivered", "polyport_events_delivered",
+             "Events handed to subscribers, by protocol"),
+        ):
+            fam = CounterMetricFamily(metric, doc, labels=["protocol"])
+            for proto, n in sorted(getattr(self.t, attr).items()):
+                fam.add_metric([proto], n)
+            yield fam
+        store = gw.store
+        if store is None or store.writer is None:
+            return
+        ws = store.writer.stats
+        yield CounterMetricFamily("polyport_commits", "Group commits", value=ws.commits)
+        yield CounterMetricFamily(
+            "polyport_committed_events", "Events written by this process", value=ws.events)
+        yield GaugeMetricFamily(
+            "polyport_writer_queue_depth", "Events waiting for the writer",
+            value=store.writer.queue_depth)
+        yield GaugeMetricFamily(
+            "polyport_read_queue_depth", "Reads waiting for or holding a read slot",
+            value=store.reads_waiting)
+        yield GaugeMetricFamily(
+            "polyport_log_head_position", "Last position seen by this process's tailer",
+            value=store.tailer.head)
+        yield GaugeMetricFamily(
+            "polyport_live_subscriptions", "Subscriptions on the live feed",
+            value=store.tailer.live_count)
+        lag = self.t.lag
+        subs = store.open_subscriptions()
+        yield GaugeMetricFamily(
+            "polyport_open_subscriptions", "Subscriptions open in this process",
+            value=len(subs))
+        yield GaugeMetricFamily(
+            "polyport_subscriber_queue_depth",
+            "Events buffered for subscribers in this process, not yet taken",
+            value=sum(s.buffered for s in subs))
+        lag_events = GaugeMetricFamily(
+            "polyport_subscription_lag_events",
+            "Events a durable subscription has still to consume", labels=["subscription"])
+        lag_seconds = GaugeMetricFamily(
+            "polyport_subscription_lag_seconds",
+            "Age of the oldest event a durable subscription has still to consume",
+            labels=["subscription"])
+        for d in lag.durable:
+            lag_events.add_metric([d.name], d.lag_events)
+            lag_seconds.add_metric([d.name], d.lag_seconds)
+        yield lag_events
+        yield lag_seconds
+        yield GaugeMetricFamily(
+            "polyport_transient_subscription_lag_events_max",
+            "Largest lag in events among in-process subscriptions",
+            value=max((x.lag_events for x in lag.transient), default=0))
+        yield GaugeMetricFamily(
+            "polyport_transient_subscription_lag_seconds_max",
+            "Largest lag in seconds among in-process subscriptions",
+            value=max((x.lag_seconds for x in lag.transient), default=0.0))
+        pool = store.pool
+        if pool is not None:
+            conns = GaugeMetricFamily(
+                "polyport_db_pool_connections", "Database pool connections",
+                labels=["state"])
+            size, idle = pool.get_size(), pool.get_idle_size()
+            conns.add_metric(["idle"], idle)
+            conns.add_metric(["busy"], max(0, size - idle))
+            yield conns
+            yield GaugeMetricFamily(
+                "polyport_db_pool_max", "Largest size of the database pool",
+                value=pool.get_max_size())

@@ -1,0 +1,225 @@
+"""The status page in headless Chromium while traffic flows (issue 8,
+acceptance 2): the numbers and the chart appear, and a screenshot is saved
+under test-output/ (ignored by git).
+
+The test starts Debian's ``chromium`` itself and drives it over the DevTools
+protocol (a WebSocket, with aiohttp); it is skipped only when no Chromium
+binary is installed (``apt-get install chromium``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from protocols.bson.client import BsonClient
+from protocols.reactivesocket.client import ReactiveSocketClient
+
+REPO = Path(__file__).resolve().parents[2]
+OUTPUT = REPO / "test-output"
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def find_browser() -> str | None:
+    for name in BROWSERS:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+class DevTools:
+    """The few DevTools protocol calls this test needs, over one page target."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.ids = itertools.count(1)
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        msg_id = next(self.ids)
+        await self.ws.send_json({"id": msg_id, "method": method, "params": params})
+        while True:
+            msg = await asyncio.wait_for(self.ws.receive(), 20)
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                raise ConnectionError(f"DevTools connection ended: {msg.type}")
+            data = json.loads(msg.data)
+            if data.get("id") == msg_id:
+                if "error" in data:
+                    raise RuntimeError(f"{method}: {data['error']}")
+                result: dict[str, Any] = data["result"]
+                return result
+
+    async def evaluate(self, expression: str) -> Any:
+        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"page script failed: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+
+@contextlib.asynccontextmanager
+async def browser(binary: str) -> AsyncIterator[tuple[aiohttp.ClientSession, DevTools]]:
+    profile = Path(tempfile.mkdtemp(prefix="polyport-chromium-"))
+    proc = await asyncio.create_subprocess_exec(
+        binary,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        "--remote-debugging-address=127.0.0.1",
+        "--remote-debugging-port=0",
+        "--window-size=1280,1500",
+        "about:blank",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        port_file = profile / "DevToolsActivePort"
+        for _ in range(300):
+            if port_file.exists() and port_file.read_text().strip():
+                break
+            if proc.returncode is not None:
+                raise RuntimeError(f"chromium exited with {proc.returncode}")
+            await asyncio.sleep(0.05)
+        port = int(port_file.read_text().split()[0])
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/json/list") as r:
+                targets = await r.json(content_type=None)
+            page = next(t for t in targets if t["type"] == "page")
+            async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                yield http, DevTools(ws)
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+READ_PAGE = """
+(() => {
+  if (!document.body || document.body.dataset.loaded !== 'true') return { loaded: false };
+  const text = id => document.getElementById(id).textContent;
+  const rows = {};
+  for (const tr of document.querySelectorAll('#listeners tbody tr')) {
+    const row = {};
+    for (const td of tr.querySelectorAll('td[data-field]')) row[td.dataset.field] = td.textContent;
+    rows[tr.dataset.listener] = row;
+  }
+  const svg = document.querySelector('#chart svg');
+  return {
+    loaded: document.body.dataset.loaded === 'true',
+    problem: document.getElementById('problem').hidden ? null : text('problem'),
+    ready: text('ready'),
+    version: text('version'),
+    rateAppend: text('rate-append'),
+    head: text('head'),
+    connections: text('connections'),
+    liveSubs: text('live-subs'),
+    listeners: rows,
+    chartSource: svg ? svg.dataset.source : null,
+    chartTotal: svg ? Number(svg.dataset.total) : 0,
+    bars: svg ? svg.querySelectorAll('rect.bar').length : 0,
+    tallBars: svg ? [...svg.querySelectorAll('rect.bar')].filter(
+      b => Number(b.getAttribute('height')) > 0).length : 0,
+    subscriptions: document.querySelectorAll('#subscriptions tbody tr').length,
+  };
+})()
+"""
+
+
+def number(text: str) -> float:
+    return float(text.replace(",", "").lstrip("≤ "))
+
+
+async def test_status_page_in_headless_chromium(gateway_factory) -> None:
+    binary = find_browser()
+    if binary is None:
+        pytest.skip("no Chromium binary installed (apt-get install chromium)")
+    gw = await gateway_factory()
+    host, port = gw.http_address
+    bson = await BsonClient.connect(*gw.listeners["bson"].address)
+    rs = await ReactiveSocketClient.connect(*gw.listeners["reactivesocket"].address)
+    sub = await rs.subscribe(prefix="page-", start="beginning")
+    sent = 0
+    stop = asyncio.Event()
+    enough = asyncio.Event()
+
+    async def traffic() -> None:
+        nonlocal sent
+        while not stop.is_set():
+            await bson.emit("page-orders", "placed", {"n": sent})
+            sent += 1
+            if sent >= 20:
+                enough.set()
+            await asyncio.sleep(0.01)
+
+    async def consume() -> None:
+        while await sub.next(30) is not None:
+            pass
+
+    producer = asyncio.create_task(traffic())
+    consumer = asyncio.create_task(consume())
+    try:
+        await asyncio.wait_for(enough.wait(), 10)
+        async with browser(binary) as (_http, devtools):
+            await devtools.call("Page.enable")
+            await devtools.call("Page.navigate", url=f"http://{host}:{port}/")
+            seen: dict[str, Any] = {}
+            for _ in range(200):
+                seen = await devtools.evaluate(READ_PAGE) or {}
+                if (seen.get("loaded") and seen.get("tallBars")
+                        and number(seen["rateAppend"]) > 0):
+                    break
+                await asyncio.sleep(0.1)
+            assert seen.get("loaded"), f"the page never rendered /status: {seen}"
+            assert seen["problem"] is None
+            # Numbers: every listener, with this traffic's counts.
+            assert set(seen["listeners"]) == set(gw.listeners)
+            row = seen["listeners"]["bson"]
+            assert row["address"] == "{}:{}".format(*gw.listeners["bson"].address)
+            assert number(row["connections_open"]) == 1
+            assert 20 <= number(row["events_appended"]) <= sent
+            assert number(seen["listeners"]["reactivesocket"]["events_delivered"]) > 0
+            assert number(seen["rateAppend"]) > 0
+            assert number(seen["head"]) >= 20
+            assert number(seen["connections"]) == 2
+            assert number(seen["liveSubs"]) >= 1
+            assert seen["ready"] == "ready" and seen["version"] not in ("", "–")
+            assert seen["subscriptions"] >= 1
+            # The chart: live counters (no event_stats table here), 60 bars,
+            # the events sent so far among them.
+            assert seen["chartSource"] == "live"
+            assert seen["bars"] == 60 and seen["tallBars"] >= 1
+            assert 20 <= seen["chartTotal"] <= sent
+            shot = await devtools.call("Page.captureScreenshot", format="png")
+        png = base64.b64decode(shot["data"])
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+        OUTPUT.mkdir(exist_ok=True)
+        (OUTPUT / "status-page.png").write_bytes(png)
+    finally:
+        stop.set()
+        await producer
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await consumer
+        await rs.close()
+        await bson.close()

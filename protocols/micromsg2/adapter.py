@@ -28,7 +28,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from core.bodies import JSON, OCTETS, body_json_text
+import bson
+from bson import json_util
+from bson.codec_options import CodecOptions, DatetimeConversion
+
+from core.bodies import BSON, JSON, OCTETS, body_json_text
 from core.commands import END, Append, AppendBatch, Principal, Selector
 from core.commands import Subscribe as CoreSubscribe
 from core.errors import Busy, Forbidden, NotFound, PolyportError
@@ -152,12 +156,28 @@ def event_properties(ev: RecordedEvent) -> dict[str, PropertyValue]:
     return props
 
 
+# BSON bodies for text: dates outside Python's range stay dates ({"$date":
+# {"$numberLong": …}}) instead of failing the decode (core.bodies decodes with
+# the default options, so such a document would come out as {"data": {"$binary": …}}).
+_BSON_TEXT_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
+    document_class=dict, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
+_RELAXED = json_util.JSONOptions(json_mode=json_util.JSONMode.RELAXED)
+
+
 def event_payload(ev: RecordedEvent, *, json_negotiated: bool) -> bytes:
     """With ``json`` the body as JSON text (BSON / MessagePack documents become
-    relaxed Extended JSON); without it, the stored bytes."""
-    if json_negotiated:
-        return body_json_text(ev.content_type, ev.body).encode("utf-8")
-    return ev.body
+    relaxed Extended JSON, every BSON date included); without it, the stored
+    bytes."""
+    if not json_negotiated:
+        return ev.body
+    if ev.content_type == BSON:
+        try:
+            doc = bson.decode(ev.body, codec_options=_BSON_TEXT_OPTIONS)
+            return json_util.dumps(doc, json_options=_RELAXED).encode("utf-8")
+        except Exception:  # not a BSON document: the general rules below
+            pass
+    return body_json_text(ev.content_type, ev.body).encode("utf-8")
 
 
 def filter_selector(context: str, stream: str, flt: Filter | None) -> Selector:

@@ -163,11 +163,31 @@ class Writer:
         """Commit everything already accepted, then stop."""
         self._closing = True
         self._wake.set()
+        abandoned = False
         if self._task is not None:
-            await self._task
+            # Bounded: a commit stuck on a lock must not hang shutdown forever.
+            # What is abandoned was never acknowledged, so nothing is lost.
+            try:
+                async with asyncio.timeout(self.limits.commit_timeout + 5):
+                    await asyncio.shield(self._task)
+            except TimeoutError:
+                log.error("writer did not drain in time; %d queued events were not "
+                          "committed and their clients got storage_unavailable",
+                          self._queued_events)
+                self._task.cancel()
+                abandoned = True
+                err = StorageUnavailable("the store shut down before this append committed")
+                for p in (*self._queue, *(q for b in self._inflight.values() for q in b)):
+                    if not p.future.done():
+                        p.future.set_exception(err)
         if self._expiry is not None:
             self._expiry.cancel()
-        await self.close()
+        if abandoned:
+            for conn in self._conns:
+                if conn is not None and not conn.is_closed():
+                    conn.terminate()
+        else:
+            await self.close()
 
     async def submit(self, appends: Sequence[Append]) -> list[AppendResult]:
         if self._closing:

@@ -1,0 +1,18 @@
+"""``python -m pipeline JOB …`` = ``polyport pipeline JOB …``; also the file
+to hand to ``spark-submit`` (``spark-submit [--master URL] --jars DRIVER.jar
+pipeline/__main__.py export --out DIR``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# spark-submit runs this file as a script, which puts pipeline/ itself first
+# on sys.path; its modules must be imported as pipeline.*, never top-level.
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
+from gateway.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["pipeline", *sys.argv[1:]]))

@@ -1,0 +1,103 @@
+"""``polyport pipeline export|stats|rebuild-binder``: the command-line side.
+
+Imports nothing from pyspark at module level, so ``polyport`` runs without
+the optional ``pipeline`` extra; the jobs import it when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from core import migrate
+from gateway.database import database_url
+from pipeline.db import PipelineError
+from pipeline.session import SparkSettings, parse_conf
+
+if TYPE_CHECKING:
+    from gateway.config import GatewayConfig
+
+
+def _spark_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--master",
+        help="Spark master URL (e.g. spark://host:7077); default: spark-submit's, else local[*]",
+    )
+    p.add_argument(
+        "--jdbc-jar",
+        help="PostgreSQL JDBC driver jar (default: $POLYPORT_JDBC_JAR, ~/.m2, "
+        "/usr/share/java/postgresql.jar, else Maven Central)",
+    )
+    p.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE",
+        help="a Spark configuration property (repeat)",
+    )
+    p.add_argument(
+        "--partitions", type=int,
+        help="JDBC read partitions (default: by row count and cores)",
+    )
+
+
+def add_pipeline_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    pipeline = sub.add_parser("pipeline", help="Spark jobs over the event log")
+    jobs = pipeline.add_subparsers(dest="action", required=True)
+    export = jobs.add_parser("export", help="incremental export to Parquet (context/date)")
+    export.add_argument("--out", required=True, help="output directory (any Hadoop filesystem)")
+    stats = jobs.add_parser("stats", help="events and bytes per context/category/type/hour")
+    stats.add_argument("--full", action="store_true", help="recompute from the first event")
+    rebuild = jobs.add_parser("rebuild-binder", help="recompute a binder from the whole log")
+    rebuild.add_argument("name")
+    for job in (export, stats, rebuild):
+        common(job)
+        _spark_options(job)
+
+
+def run(args: argparse.Namespace, config: GatewayConfig) -> int:
+    try:
+        settings = SparkSettings(
+            master=args.master,
+            jdbc_jar=args.jdbc_jar,
+            conf=tuple(parse_conf(args.conf).items()),
+        )
+        with database_url(config, say=False) as (url, embedded):
+            if embedded:
+                migrate.upgrade(url, "head")
+            else:
+                asyncio.run(migrate.check_current(url))
+            return _run_job(args, settings, url)
+    except PipelineError as exc:
+        print(f"polyport pipeline: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run_job(args: argparse.Namespace, settings: SparkSettings, url: str) -> int:
+    from pipeline.session import spark_session
+
+    spark = spark_session(settings)
+    try:
+        if args.action == "export":
+            from pipeline.export import export_events
+
+            export_events(spark, url, args.out, partitions=args.partitions)
+        elif args.action == "stats":
+            from pipeline.stats import compute_stats
+
+            compute_stats(spark, url, full=args.full, partitions=args.partitions)
+        else:
+            from pipeline.binders import rebuild_binder
+
+            rebuild_binder(spark, url, args.name, partitions=args.partitions)
+    except PipelineError:
+        raise
+    except Exception as exc:  # Spark's own failures: the first line says what broke
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise PipelineError(f"the Spark job failed: {first}") from exc
+    finally:
+        spark.stop()
+    return 0

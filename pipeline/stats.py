@@ -1,0 +1,128 @@
+"""``polyport pipeline stats``: events and body bytes per context, stream
+category (the stream name up to its first ``-``), type and hour (UTC), in
+``event_stats`` for ``/status`` and the status page.
+
+Incremental and exactly once: Spark aggregates (checkpoint, high-water mark]
+into ``pipeline_stats_staging``; one PostgreSQL transaction then adds the
+staged counts to ``event_stats`` and advances the checkpoint, or does
+neither.  ``full`` recomputes everything from position 0 in that transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+from pyspark.sql import Observation, SparkSession
+from pyspark.sql import functions as F
+
+from pipeline.db import (
+    COUNT_RANGE,
+    LOCK_CHECKPOINT,
+    Pg,
+    PipelineError,
+    advance_in,
+    jdbc_target,
+)
+from pipeline.progress import Progress
+from pipeline.source import default_partitions, read_events
+
+JOB = "stats"
+COLUMNS = "position, context, stream, type, recorded_at, octet_length(body)::bigint AS bytes"
+WRITE_PARTITIONS = 4
+
+CLEAR_STAGING = "DELETE FROM pipeline_stats_staging"
+STAGED_EVENTS = "SELECT coalesce(sum(events), 0)::bigint FROM pipeline_stats_staging"
+MERGE = """
+INSERT INTO event_stats (context, category, type, hour, events, bytes)
+SELECT context, category, type, hour, sum(events), sum(bytes)
+FROM pipeline_stats_staging GROUP BY context, category, type, hour
+ON CONFLICT (context, category, type, hour) DO UPDATE
+SET events = event_stats.events + EXCLUDED.events, bytes = event_stats.bytes + EXCLUDED.bytes
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StatsResult:
+    first: int  # first position counted (0 when nothing was new)
+    last: int  # the new checkpoint
+    events: int
+    rows: int  # (context, category, type, hour) rows written to staging
+    seconds: float
+
+
+async def _merge(
+    conn: asyncpg.Connection, checkpoint: int, start: int, head: int, full: bool
+) -> None:
+    async with conn.transaction():
+        await conn.fetchval(LOCK_CHECKPOINT, JOB)
+        staged = await conn.fetchval(STAGED_EVENTS)
+        expected = await conn.fetchval(COUNT_RANGE, start, head)
+        if staged != expected:
+            # e.g. a JDBC write task that committed and was then retried
+            raise PipelineError(
+                f"staged statistics count {staged} events where ({start}, {head}] has "
+                f"{expected}; nothing was changed, run stats again"
+            )
+        if full:
+            await conn.execute("DELETE FROM event_stats")
+        await conn.execute(MERGE)
+        await advance_in(conn, JOB, checkpoint, head)
+        await conn.execute(CLEAR_STAGING)
+
+
+def compute_stats(
+    spark: SparkSession,
+    database_url: str,
+    *,
+    full: bool = False,
+    partitions: int | None = None,
+) -> StatsResult:
+    target = jdbc_target(database_url)
+    with Pg(database_url) as pg, Progress(spark, "stats") as progress:
+        pg.lock_job(JOB)
+        pg.execute(CLEAR_STAGING)
+        checkpoint, _pending = pg.checkpoint(JOB)
+        start = 0 if full else checkpoint
+        head = pg.head()
+        if head <= start:
+            progress.say(f"nothing new: event_stats counts every event up to position {start}")
+            return StatsResult(0, checkpoint, 0, 0, progress.elapsed())
+        n = partitions or default_partitions(spark, head - start)
+        progress.phase(
+            "aggregate",
+            f"positions {start + 1}..{head} in {n} JDBC partitions, by context, category, "
+            "type and hour -> pipeline_stats_staging",
+        )
+        read = Observation("stats-read")
+        events = read_events(
+            spark, target, columns=COLUMNS, after=start, through=head, partitions=n
+        ).observe(read, F.count(F.lit(1)).alias("rows"))
+        hourly = events.groupBy(
+            "context",
+            F.substring_index("stream", "-", 1).alias("category"),
+            "type",
+            F.date_trunc("hour", "recorded_at").alias("hour"),
+        ).agg(F.count(F.lit(1)).alias("events"), F.sum("bytes").alias("bytes"))
+        written = Observation("stats-written")
+        (
+            hourly.observe(written, F.count(F.lit(1)).alias("rows"))
+            .coalesce(WRITE_PARTITIONS)
+            .write.format("jdbc")
+            .options(**target.options())
+            .option("dbtable", "pipeline_stats_staging")
+            .option("batchsize", 5000)
+            .mode("append")
+            .save()
+        )
+        rows_read = int(read.get["rows"])
+        rows = int(written.get["rows"])
+        progress.phase("merge", f"{rows:,} hourly rows into event_stats")
+        pg.call(_merge, checkpoint, start, head, full)
+        seconds = progress.elapsed()
+        progress.phase(
+            "done",
+            f"positions {start + 1}..{head}, {rows_read:,} rows read, {rows:,} rows "
+            f"written, checkpoint {checkpoint} -> {head} ({seconds:.1f} s)"
+        )
+        return StatsResult(start + 1, head, rows_read, rows, seconds)

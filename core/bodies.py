@@ -14,6 +14,7 @@ from typing import Any
 import bson
 import msgpack
 from bson import json_util
+from bson.codec_options import CodecOptions, DatetimeConversion
 
 from core.events import RecordedEvent
 
@@ -24,6 +25,11 @@ TEXT = "text/plain"
 OCTETS = "application/octet-stream"
 
 _RELAXED = json_util.JSONOptions(json_mode=json_util.JSONMode.RELAXED)
+# For text consumers: dates outside Python's range stay dates (as DatetimeMS)
+# and so still become {"$date": ...} in relaxed Extended JSON.
+_BSON_TEXT_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
+    document_class=dict, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
 
 
 def guess_text_content_type(body: bytes) -> str:
@@ -68,7 +74,8 @@ def body_json_text(content_type: str, body: bytes) -> str:
     MessagePack documents become (relaxed Extended) JSON; other text as is."""
     if content_type == BSON:
         try:
-            return json_util.dumps(bson.decode(body), json_options=_RELAXED)
+            doc = bson.decode(body, codec_options=_BSON_TEXT_OPTIONS)
+            return json_util.dumps(doc, json_options=_RELAXED)
         except Exception:
             pass
     if content_type == MSGPACK:

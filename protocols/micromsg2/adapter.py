@@ -28,11 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import bson
-from bson import json_util
-from bson.codec_options import CodecOptions, DatetimeConversion
-
-from core.bodies import BSON, JSON, OCTETS, body_json_text
+from core.bodies import JSON, OCTETS, body_json_text
 from core.commands import END, Append, AppendBatch, Principal, Selector
 from core.commands import Subscribe as CoreSubscribe
 from core.errors import Busy, Forbidden, NotFound, PolyportError
@@ -156,13 +152,6 @@ def event_properties(ev: RecordedEvent) -> dict[str, PropertyValue]:
     return props
 
 
-# BSON bodies for text: dates outside Python's range stay dates ({"$date":
-# {"$numberLong": …}}) instead of failing the decode (core.bodies decodes with
-# the default options, so such a document would come out as {"data": {"$binary": …}}).
-_BSON_TEXT_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
-    document_class=dict, datetime_conversion=DatetimeConversion.DATETIME_AUTO
-)
-_RELAXED = json_util.JSONOptions(json_mode=json_util.JSONMode.RELAXED)
 
 
 def event_payload(ev: RecordedEvent, *, json_negotiated: bool) -> bytes:
@@ -171,12 +160,6 @@ def event_payload(ev: RecordedEvent, *, json_negotiated: bool) -> bytes:
     bytes."""
     if not json_negotiated:
         return ev.body
-    if ev.content_type == BSON:
-        try:
-            doc = bson.decode(ev.body, codec_options=_BSON_TEXT_OPTIONS)
-            return json_util.dumps(doc, json_options=_RELAXED).encode("utf-8")
-        except Exception:  # not a BSON document: the general rules below
-            pass
     return body_json_text(ev.content_type, ev.body).encode("utf-8")
 
 

@@ -19,9 +19,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import asyncpg
-import bson
-from bson import json_util
-from bson.codec_options import CodecOptions, DatetimeConversion
 
 from core import bodies
 from core.commands import (
@@ -289,25 +286,6 @@ def subscription_name(subscriber_id: str, context: str, filter_: str) -> str:
     return name
 
 
-# BSON bodies for text: dates outside Python's range stay dates ({"$date":
-# {"$numberLong": …}}) instead of failing the decode (core.bodies decodes with
-# the default options, so such a document would come out as {"data": {"$binary": …}}).
-_BSON_TEXT_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
-    document_class=dict, datetime_conversion=DatetimeConversion.DATETIME_AUTO
-)
-_RELAXED = json_util.JSONOptions(json_mode=json_util.JSONMode.RELAXED)
-
-
-def body_text(content_type: str, body: bytes) -> str:
-    """EF's Body: ``core.bodies.body_json_text``, BSON documents decoded so
-    that every BSON date survives (relaxed Extended JSON)."""
-    if content_type == bodies.BSON:
-        try:
-            doc = bson.decode(body, codec_options=_BSON_TEXT_OPTIONS)
-            return json_util.dumps(doc, json_options=_RELAXED)
-        except Exception:  # not a BSON document: the general rules below
-            pass
-    return bodies.body_json_text(content_type, body)
 
 
 def fetched_event(ev: RecordedEvent) -> FetchedEvent:
@@ -321,7 +299,7 @@ def fetched_event(ev: RecordedEvent) -> FetchedEvent:
         timestamp=ev.recorded_at,
         type=ev.type,
         headers=headers_to_text(ev.headers),
-        body=body_text(ev.content_type, ev.body),
+        body=bodies.body_json_text(ev.content_type, ev.body),
     )
 
 

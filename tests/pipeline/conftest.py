@@ -32,6 +32,11 @@ SKIP_REASON = "PySpark is not installed: pip install -e '.[test,pipeline]' runs 
 # Spark binds the driver and block manager here; nothing leaves loopback.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+# The command-line runs in these tests are short: the JIT's quick tier and the
+# serial collector leave the two cores to the work, not to compiling.  (The
+# shared session below keeps the defaults: it exports 100,000 rows many times.)
+TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 TEST_CONF = (
     ("spark.sql.shuffle.partitions", "4"),
     ("spark.ui.enabled", "false"),
@@ -52,7 +57,9 @@ def spark() -> Iterator[SparkSession]:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "POLYPORT_LOG_LEVEL": "warning"}
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "POLYPORT_LOG_LEVEL": "warning",
+           # every JVM these commands start: driver, master, worker, executors
+           "JAVA_TOOL_OPTIONS": TEST_JAVA_OPTIONS}
     env.update(extra)
     return env
 

@@ -15,13 +15,12 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from core import sql
-from core.aio import wait_event
 from core.commands import Selector
 from core.events import RecordedEvent
+from core.reader import BufferedReader
 from core.subscriptions import Subscription
 
 if TYPE_CHECKING:
@@ -30,32 +29,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("polyport.groups")
 
 
-class GroupMember:
+class GroupMember(BufferedReader):
     """The consumer's handle: same reading interface as a Subscription, plus acks."""
 
     def __init__(self, group: ConsumerGroup, buffer_size: int, credit: bool) -> None:
+        super().__init__(buffer_size, credit)
         self._group = group
-        self._limit = max(1, buffer_size)
-        self._buffer: deque[RecordedEvent] = deque()
-        self._credits: int | None = 0 if credit else None
-        self._readable = asyncio.Event()
-        self.closed = False
-        self.delivered = 0
         self.selector = group.selector
-        # Optional: called with each event handed to the consumer (metrics).
-        self.on_deliver: Callable[[RecordedEvent], None] | None = None
+
+    def _on_room(self) -> None:
+        self._group.member_has_room()
 
     @property
     def name(self) -> str:
         return self._group.name
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buffer)
-
-    @property
-    def oldest_buffered(self) -> RecordedEvent | None:
-        return self._buffer[0] if self._buffer else None
 
     @property
     def capacity(self) -> int:
@@ -64,51 +51,9 @@ class GroupMember:
             room = min(room, self._credits - len(self._buffer))
         return room
 
-    def grant(self, n: int) -> None:
-        if self._credits is None:
-            return
-        self._credits = min(self._credits + max(0, n), 1 << 62)
-        self._readable.set()
-        self._group.member_has_room()
-
     def _push(self, ev: RecordedEvent) -> None:
         self._buffer.append(ev)
         self._readable.set()
-
-    def _take(self) -> RecordedEvent | None:
-        if not self._buffer or (self._credits is not None and self._credits <= 0):
-            return None
-        ev = self._buffer.popleft()
-        if self._credits is not None:
-            self._credits -= 1
-        self.delivered += 1
-        self._group.member_has_room()
-        if self.on_deliver is not None:
-            self.on_deliver(ev)
-        return ev
-
-    async def next(self, timeout: float | None = None) -> RecordedEvent | None:
-        while True:
-            if self.closed:
-                return None
-            ev = self._take()
-            if ev is not None:
-                return ev
-            self._readable.clear()
-            if not await wait_event(self._readable, timeout):
-                return None
-
-    async def next_batch(self, max_count: int, timeout: float | None = None) -> list[RecordedEvent]:
-        first = await self.next(timeout)
-        if first is None:
-            return []
-        out = [first]
-        while len(out) < max_count:
-            ev = self._take()
-            if ev is None:
-                break
-            out.append(ev)
-        return out
 
     def ack(self, position: int) -> None:
         """Acknowledge one delivered event."""

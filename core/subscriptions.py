@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
@@ -27,6 +26,7 @@ from core.aio import wait_event
 from core.commands import Selector
 from core.errors import StorageUnavailable
 from core.events import RecordedEvent
+from core.reader import BufferedReader
 from core.records import record_from_row
 
 log = logging.getLogger("polyport.subscriptions")
@@ -35,7 +35,7 @@ CATCH_UP_BATCH = 500
 TAIL_BATCH = 500
 
 
-class Subscription:
+class Subscription(BufferedReader):
     """One reader's view of the log.
 
     Pull-style protocols call :meth:`next` or :meth:`next_batch`.  Push
@@ -52,97 +52,16 @@ class Subscription:
         buffer_size: int = 1000,
         credit: bool = False,
     ) -> None:
+        super().__init__(buffer_size, credit)
         self._tailer = tailer
         self.selector = selector
         self.cursor = cursor
-        self._limit = max(1, buffer_size)
-        self._buffer: deque[RecordedEvent] = deque()
-        self._credits: int | None = 0 if credit else None
-        self._readable = asyncio.Event()
         self._space = asyncio.Event()
         self._catch_up_task: asyncio.Task[None] | None = None
         self.live = False
-        self.closed = False
-        self._interrupted = False
-        self.delivered = 0
-        self.last_delivered: RecordedEvent | None = None
-        # Optional: called with each event handed to the consumer (metrics).
-        self.on_deliver: Callable[[RecordedEvent], None] | None = None
 
-    # --- consumer side ----------------------------------------------------
-
-    @property
-    def credits(self) -> int | None:
-        return self._credits
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buffer)
-
-    @property
-    def oldest_buffered(self) -> RecordedEvent | None:
-        return self._buffer[0] if self._buffer else None
-
-    def grant(self, n: int) -> None:
-        if self._credits is None:
-            return
-        self._credits = min(self._credits + max(0, n), 1 << 62)
-        self._readable.set()
-
-    def _take(self) -> RecordedEvent | None:
-        if not self._buffer or (self._credits is not None and self._credits <= 0):
-            return None
-        ev = self._buffer.popleft()
-        if self._credits is not None:
-            self._credits -= 1
+    def _on_room(self) -> None:
         self._space.set()
-        self.delivered += 1
-        self.last_delivered = ev
-        if self.on_deliver is not None:
-            self.on_deliver(ev)
-        return ev
-
-    async def next(self, timeout: float | None = None) -> RecordedEvent | None:
-        """The next event, waiting up to ``timeout`` seconds (None = forever).
-        Returns None on timeout or when the subscription is closed."""
-        while True:
-            if self.closed:
-                return None
-            if self._interrupted:
-                self._interrupted = False
-                return None
-            ev = self._take()
-            if ev is not None:
-                return ev
-            self._readable.clear()
-            if not await wait_event(self._readable, timeout):
-                return None
-
-    async def next_batch(self, max_count: int, timeout: float | None = None) -> list[RecordedEvent]:
-        first = await self.next(timeout)
-        if first is None:
-            return []
-        out = [first]
-        while len(out) < max_count:
-            ev = self._take()
-            if ev is None:
-                break
-            out.append(ev)
-        return out
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> RecordedEvent:
-        ev = await self.next()
-        if ev is None:
-            raise StopAsyncIteration
-        return ev
-
-    def interrupt(self) -> None:
-        """Make a pending (or the next) :meth:`next` return None once."""
-        self._interrupted = True
-        self._readable.set()
 
     def close(self) -> None:
         if self.closed:

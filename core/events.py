@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from types import MappingProxyType
 
 # Each event in a stream's segment view is framed as a segment-wire EVENT
@@ -37,6 +37,11 @@ class EventData:
         object.__setattr__(self, "headers", _frozen_headers(self.headers))
         if not isinstance(self.body, bytes):
             object.__setattr__(self, "body", bytes(self.body))
+        # A client time without a zone is UTC (the database driver would
+        # otherwise read it as the server machine's local time).
+        ct = self.client_time
+        if ct is not None and ct.tzinfo is None:
+            object.__setattr__(self, "client_time", ct.replace(tzinfo=UTC))
 
     @property
     def segment_size(self) -> int:

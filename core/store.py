@@ -52,6 +52,10 @@ class StoreConfig:
     pool_min: int = 2
     pool_max: int = 20
     poll_interval: float = 1.0
+    # At most one NOTIFY per interval: under load it coalesces many commits
+    # into one wake-up for other processes (in-process readers are woken
+    # directly at commit).  Bounds their extra latency to this interval.
+    notify_interval: float = 0.005
     writer: WriterLimits = field(default_factory=WriterLimits)
     # Bound on concurrent reads; more waiting than this and reads answer Busy.
     max_concurrent_reads: int = 16
@@ -196,6 +200,7 @@ class EventStore:
                     conn = await asyncpg.connect(self._dsn)
                 await conn.execute(sql.NOTIFY, str(target))
                 sent = target
+                await asyncio.sleep(self.config.notify_interval)
             except asyncio.CancelledError:
                 if conn is not None:
                     conn.terminate()

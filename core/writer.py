@@ -11,7 +11,6 @@ has built it so far: an append that fails its check fails alone; an
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import time
@@ -19,8 +18,8 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 
 import asyncpg
 
@@ -50,8 +49,10 @@ class WriterLimits:
     max_batch_bytes: int = 32 << 20
     max_event_bytes: int = 16 << 20
     cached_streams: int = 100_000
-    # Commits in flight at once (each on its own connection).
-    pipeline_depth: int = 1
+    # Batches in flight at once, each on its own connection.  With 2, the
+    # next batch is planned and encoded while the previous one is in the
+    # database; the head-row lock still makes them commit one after another.
+    pipeline_depth: int = 2
     commit_timeout: float = 30.0
     slow_commit_seconds: float = 1.0
 
@@ -112,20 +113,26 @@ class Writer:
         self._dsn = dsn
         self.limits = limits or WriterLimits()
         self._queue: deque[_Pending] = deque()
-        self._queued_events = 0
+        # Events accepted but not yet sent to the database: the queue plus
+        # batches planned while their predecessor commits.  max_pending_events
+        # bounds this.
+        self._waiting_events = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
         self._inflight: dict[int, list[_Pending]] = {}
+        # Outcomes of a batch, settled only after the next batch may go to
+        # the database, so waking the appenders never delays the next commit.
+        self._settle: dict[int, list[tuple[asyncio.Future[list[AppendResult]],
+                                           list[AppendResult] | PolyportError]]] = {}
         self._last_done: asyncio.Future[None] | None = None
         self._closing = False
         self._on_commit = on_commit
         self.stats = WriterStats()
         # Optional: called after every commit (metrics); must not block.
         self.observer: Callable[[CommitObservation], None] | None = None
-        # The writer's own connection: taking one from the pool per commit
-        # costs a reset round trip each time.
-        # One connection per commit in flight (see pipeline_depth).
+        # The writer's own connections, one per batch in flight: taking one
+        # from the pool per commit costs a reset round trip each time.
         self._conns: list[asyncpg.Connection | None] = [None] * self.limits.pipeline_depth
         self._free_slots: deque[int] = deque(range(self.limits.pipeline_depth))
         # Last known state of recently written streams.  Only a hint for the
@@ -135,7 +142,7 @@ class Writer:
 
     @property
     def queue_depth(self) -> int:
-        return self._queued_events
+        return self._waiting_events
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="polyport-writer")
@@ -173,7 +180,7 @@ class Writer:
             except TimeoutError:
                 log.error("writer did not drain in time; %d queued events were not "
                           "committed and their clients got storage_unavailable",
-                          self._queued_events)
+                          self._waiting_events)
                 self._task.cancel()
                 abandoned = True
                 err = StorageUnavailable("the store shut down before this append committed")
@@ -216,15 +223,14 @@ class Writer:
                         f"{self.limits.max_event_bytes} bytes"
                     )
                 size += len(e.body)
-        if self._queued_events + n > self.limits.max_pending_events and self._queue:
-            raise Busy(
-                f"writer queue full ({self._queued_events} events waiting); retry shortly"
-            )
+        waiting = self._waiting_events
+        if waiting and waiting + n > self.limits.max_pending_events:
+            raise Busy(f"writer queue full ({waiting} events waiting); retry shortly")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[AppendResult]] = loop.create_future()
         deadline = loop.time() + self.limits.commit_timeout
         self._queue.append(_Pending(tuple(appends), fut, n, size, deadline, time.monotonic()))
-        self._queued_events += n
+        self._waiting_events += n
         self._wake.set()
         # The deadline is enforced by _expire(): one timer for all waiters is
         # much cheaper than a wait_for() per append.
@@ -244,7 +250,10 @@ class Writer:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            batch = self._take_batch()
+            # With every slot free, share the queue out so that the batches
+            # overlap (plan one while the other commits) instead of one big
+            # batch leaving the other slot idle.
+            batch = self._take_batch(len(self._free_slots))
             if not batch:
                 continue
             slot = self._free_slots.popleft()
@@ -267,12 +276,27 @@ class Writer:
         done_future: asyncio.Future[None],
     ) -> None:
         self._inflight[slot] = batch
+        self._settle[slot] = []
+        events = sum(p.events for p in batch)
+        if previous is None or previous.done():
+            self._waiting_events -= events
+        else:
+            previous.add_done_callback(lambda _: self._sent(events))
         started = time.monotonic()
         written = self.stats.events
         try:
             await self._commit_or_isolate(batch, slot, previous)
         finally:
+            # The next batch may go to the database now; then wake this one's
+            # appenders (their callbacks queue behind the next batch's send).
             done_future.set_result(None)
+            for fut, outcome in self._settle.pop(slot):
+                if fut.done():
+                    continue
+                if isinstance(outcome, PolyportError):
+                    fut.set_exception(outcome)
+                else:
+                    fut.set_result(outcome)
             del self._inflight[slot]
             self._free_slots.append(slot)
             self._wake.set()
@@ -282,6 +306,9 @@ class Writer:
             log.warning("slow commit: %.2fs for %d events", elapsed, sum(p.events for p in batch))
         if self.observer is not None:
             self._observe(batch, self.stats.events - written, elapsed, done)
+
+    def _sent(self, events: int) -> None:
+        self._waiting_events -= events
 
     def _observe(self, batch: list[_Pending], events: int, elapsed: float, done: float) -> None:
         assert self.observer is not None
@@ -351,19 +378,25 @@ class Writer:
             conn.terminate()
             self._conns[slot] = None
 
-    def _take_batch(self) -> list[_Pending]:
+    def _take_batch(self, share: int = 1) -> list[_Pending]:
+        """Take up to 1/``share`` of the queued events (at least one unit),
+        within the batch limits."""
         batch: list[_Pending] = []
         events = size = 0
+        queued = sum(p.events for p in self._queue) if share > 1 else 0
+        max_events = min(self.limits.max_batch_events, max(1, -(-queued // share)))
+        if share <= 1:
+            max_events = self.limits.max_batch_events
         while self._queue:
             p = self._queue[0]
             if batch and (
-                events + p.events > self.limits.max_batch_events
+                events + p.events > max_events
                 or size + p.size > self.limits.max_batch_bytes
             ):
                 break
             self._queue.popleft()
-            self._queued_events -= p.events
             if p.future.cancelled():
+                self._waiting_events -= p.events
                 continue
             batch.append(p)
             events += p.events
@@ -407,7 +440,7 @@ class Writer:
                 if exc.sqlstate != STALE_STATE_SQLSTATE:
                     raise
             else:
-                self._finish(batch, plan, position, t0)
+                self._finish(batch, plan, position, t0, slot)
                 return
         if previous is not None:
             await previous
@@ -416,27 +449,23 @@ class Writer:
     async def _write_fast(
         self, plan: _Plan, slot: int, previous: asyncio.Future[None] | None
     ) -> tuple[int, datetime]:
-        b64 = base64.b64encode
-        rows = [
-            [
-                str(r[0]), r[1], r[2], r[3], r[4], r[5], b64(r[6]).decode("ascii"), r[7],
-                _iso(r[8]), r[9], r[10],
-            ]
-            for r in plan.rows
-        ]
+        rows = plan.rows
+        dumps = json.dumps
+        columns = [list(c) for c in zip(*rows, strict=True)]
+        columns[5] = ["{}" if not h else dumps(h, ensure_ascii=False) for h in columns[5]]
         touched = sorted(plan.touched)
-        streams = [
-            [k[0], k[1], plan.before[k].last_version, plan.after[k].last_version,
-             plan.after[k].segment_length]
-            for k in touched
-        ]
-        checkpoints = [[str(c[0]), c[1], c[2], c[3]] for c in plan.checkpoints]
-        args = (
-            len(rows),
-            json.dumps(rows, ensure_ascii=False, separators=(",", ":")),
-            json.dumps(streams, ensure_ascii=False, separators=(",", ":")),
-            json.dumps(checkpoints, separators=(",", ":")),
+        before, after = plan.before, plan.after
+        streams = (
+            [k[0] for k in touched],
+            [k[1] for k in touched],
+            [before[k].last_version for k in touched],
+            [after[k].last_version for k in touched],
+            [after[k].segment_length for k in touched],
         )
+        cps = plan.checkpoints
+        checkpoints = ([c[0] for c in cps], [c[1] for c in cps], [c[2] for c in cps],
+                       [c[3] for c in cps])
+        args = (len(rows), *columns, *streams, *checkpoints)
         # Everything above ran while the previous batch was in the database.
         if previous is not None:
             await previous
@@ -491,7 +520,7 @@ class Writer:
         for k, st in state.items():
             if st.exists:
                 self._remember(k, st)
-        self._finish(batch, plan, base, t0)
+        self._finish(batch, plan, base, t0, slot)
 
     def _remember(self, key: tuple[str, str], st: _StreamState) -> None:
         self._streams[key] = st
@@ -499,7 +528,9 @@ class Writer:
         while len(self._streams) > self.limits.cached_streams:
             self._streams.popitem(last=False)
 
-    def _finish(self, batch: list[_Pending], plan: _Plan, base: int, t0: datetime) -> None:
+    def _finish(
+        self, batch: list[_Pending], plan: _Plan, base: int, t0: datetime, slot: int
+    ) -> None:
         for k in plan.touched:
             self._remember(k, plan.after[k])
         n = len(plan.rows)
@@ -507,27 +538,20 @@ class Writer:
         self.stats.events += n
         self.stats.last_batch_size = n
         self.stats.batch_sizes.append(n)
+        settle = self._settle[slot]
         for p, outcome in zip(batch, plan.outcomes, strict=True):
             if p.future.done():
                 continue
             if isinstance(outcome, PolyportError):
-                p.future.set_exception(outcome)
+                settle.append((p.future, outcome))
             else:
-                p.future.set_result([r.resolve(base, t0) for r in outcome])
+                settle.append((p.future, [r.resolve(base, t0) for r in outcome]))
         if n and self._on_commit is not None:
             self._on_commit(base + n)
 
 
 STALE_STATE_SQLSTATE = "PP001"
 _NO_HEADERS: dict[str, str] = {}
-
-
-def _iso(t: datetime | None) -> str | None:
-    if t is None:
-        return None
-    if t.tzinfo is None:  # naive client times are taken as UTC, as asyncpg does
-        t = t.replace(tzinfo=UTC)
-    return t.isoformat()
 
 
 def _check_text(value: str, what: str) -> None:
@@ -600,7 +624,7 @@ def _plan(
     outcomes: list[list[_Planned] | PolyportError] = []
     touched: set[tuple[str, str]] = set()
     checkpoints: list[tuple[uuid.UUID, str, str, int]] = []
-    seen: dict[uuid.UUID, RecordedEvent] = dict(existing)
+    seen: dict[uuid.UUID, RecordedEvent | _Earlier] = dict(existing)
     any_failed = False
     commit_id = uuid.uuid4()
     for p in batch:
@@ -648,7 +672,8 @@ def _plan(
                     )
                 )
                 index = len(rows) + len(trial_rows)
-                seen[e.event_id] = _placeholder(a, e.event_id, st.last_version, index)
+                seen[e.event_id] = _Earlier(e.event_id, a.context, a.stream,
+                                            st.last_version, index)
                 added.append(e.event_id)
                 st.segment_length += e.segment_size
             last_index = len(rows) + len(trial_rows)
@@ -689,27 +714,16 @@ def _plan(
     return _Plan(rows, outcomes, before, after, touched, unique, any_failed)
 
 
-_PLACEHOLDER = "\x00pending"
+class _Earlier(NamedTuple):
+    """An event written earlier in this same batch (``position`` is its
+    1-based row index), so a duplicate append later in the batch is
+    recognised as idempotent."""
 
-
-def _placeholder(a: Append, event_id: uuid.UUID, version: int, index: int) -> RecordedEvent:
-    """Stands for an event written earlier in this same batch, so a duplicate
-    append later in the batch is recognised as idempotent."""
-    return RecordedEvent(
-        position=index,
-        event_id=event_id,
-        context=a.context,
-        stream=a.stream,
-        version=version,
-        type="",
-        headers={},
-        body=b"",
-        content_type="",
-        client_time=None,
-        recorded_at=datetime.min,
-        origin=_PLACEHOLDER,
-        segment_offset=0,
-    )
+    event_id: uuid.UUID
+    context: str
+    stream: str
+    version: int
+    position: int
 
 
 def _check_expected(a: Append, current: int) -> WrongExpectedVersion | None:
@@ -735,8 +749,8 @@ def _check_expected(a: Append, current: int) -> WrongExpectedVersion | None:
 
 
 def _idempotent_match(
-    a: Append, seen: dict[uuid.UUID, RecordedEvent]
-) -> list[RecordedEvent] | PolyportError | None:
+    a: Append, seen: dict[uuid.UUID, RecordedEvent | _Earlier]
+) -> list[RecordedEvent | _Earlier] | PolyportError | None:
     """None: none of the ids appended before.  The earlier records: all of them
     appended before, to this stream.  An error: only some, or elsewhere."""
     if not a.events:
@@ -754,14 +768,21 @@ def _idempotent_match(
         return WrongExpectedVersion(
             f"event id {recs[0].event_id} was already appended to another stream"
         )
+    earlier = sum(isinstance(r, _Earlier) for r in recs)
+    if earlier and earlier != len(recs):
+        return WrongExpectedVersion(
+            "these event ids were appended by different earlier appends; "
+            "re-send exactly the original append"
+        )
     return recs
 
 
 def _idempotent_planned(
-    a: Append, recs: list[RecordedEvent], commit_id: uuid.UUID
+    a: Append, recs: list[RecordedEvent | _Earlier], commit_id: uuid.UUID
 ) -> _Planned:
     first, last = recs[0], recs[-1]
-    if first.origin == _PLACEHOLDER:  # written earlier in this same batch
+    if isinstance(first, _Earlier) or isinstance(last, _Earlier):
+        # Written earlier in this same batch (never mixed: see _idempotent_match).
         return _Planned(a.context, a.stream, first.version, last.version,
                         first.position, last.position, commit_id, idempotent=True)
     return _Planned(

@@ -15,12 +15,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import asyncpg
 import pytest
 import zmq
 import zmq.asyncio
 
-from core.migrate import asyncpg_dsn
 from gateway.config import DEFAULT_PORTS
 from protocols.res01 import (
     AppendCommit,
@@ -35,6 +33,7 @@ from protocols.res01 import (
 )
 from protocols.res01.client import Res01Client, Res01ServerError, new_event
 from protocols.res01.values import encode_datetime
+from tests.pg import HEAD_LOCK, SUBSCRIPTION_LOCK, row_locked
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,24 +72,6 @@ async def exchange(sock: zmq.asyncio.Socket, frames: list[bytes]) -> list[bytes]
     return list(await asyncio.wait_for(sock.recv_multipart(), 10))
 
 
-@contextlib.asynccontextmanager
-async def row_locked(db_url: str, query: str, *args: Any) -> AsyncIterator[None]:
-    """Hold ``SELECT … FOR UPDATE`` locks until the block ends."""
-    conn = await asyncpg.connect(asyncpg_dsn(db_url))
-    try:
-        tx = conn.transaction()
-        await tx.start()
-        await conn.fetch(query, *args)
-        try:
-            yield
-        finally:
-            await tx.rollback()
-    finally:
-        await conn.close()
-
-
-HEAD_LOCK = "SELECT * FROM log_head WHERE id = 1 FOR UPDATE"
-SUBSCRIPTION_LOCK = "SELECT * FROM subscriptions WHERE id = $1 FOR UPDATE"
 
 
 def stream_name(prefix: str = "orders-") -> str:

@@ -1,0 +1,49 @@
+"""The group-commit writer's pipeline: a batch planned while its predecessor
+commits still counts as waiting, and batches commit in the order taken."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from core.errors import Busy
+from core.store import EventStore, StoreConfig
+from core.writer import WriterLimits
+from tests.core.helpers import append, ev, unique
+from tests.pg import HEAD_LOCK, row_locked
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_planned_batches_count_as_waiting_and_commit_in_order(db_url: str) -> None:
+    limits = WriterLimits(max_pending_events=2, pipeline_depth=2, commit_timeout=20)
+    store = EventStore(StoreConfig(db_url, writer=limits))
+    await store.start()
+    try:
+        streams = [unique("pipe") for _ in range(3)]
+        async with row_locked(db_url, HEAD_LOCK):
+            first = asyncio.create_task(store.append(append(streams[0], ev(1))))
+            await asyncio.sleep(0.2)  # in the database, waiting for the head lock
+            second = asyncio.create_task(store.append(append(streams[1], ev(2))))
+            await asyncio.sleep(0.2)  # planned on the second connection, not sent
+            third = asyncio.create_task(store.append(append(streams[2], ev(3))))
+            await asyncio.sleep(0.2)  # queued
+            assert store.writer.queue_depth == 2
+            with pytest.raises(Busy):
+                await store.append(append(unique("refused"), ev(4)))
+        results = await asyncio.gather(first, second, third)
+        positions = [r.first_position for r in results]
+        assert positions == sorted(positions)
+        assert positions[2] - positions[0] == 2
+        assert store.writer.queue_depth == 0
+    finally:
+        await store.close()
+
+
+async def test_pipelined_appends_to_one_stream_keep_their_order(store: EventStore) -> None:
+    stream = unique("order")
+    results = await asyncio.gather(*(store.append(append(stream, ev(i))) for i in range(200)))
+    assert [r.first_version for r in results] == list(range(1, 201))
+    positions = [r.first_position for r in results]
+    assert positions == sorted(positions)

@@ -62,8 +62,6 @@ streams = Table(
     metadata,
     Column("context", Text, primary_key=True),
     Column("stream", Text, primary_key=True),
-    Column("last_version", BigInteger, nullable=False),
-    Column("segment_length", BigInteger, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
 

@@ -7,6 +7,8 @@ The tables are described in :mod:`core.schema` and created by ``migrations/``.
 
 from __future__ import annotations
 
+from core.events import SEGMENT_EVENT_HEADER_SIZE
+
 EVENT_COLUMNS = (
     "position",
     "event_id",
@@ -35,22 +37,31 @@ FROM log_head WHERE id = 1 FOR UPDATE
 
 UPDATE_HEAD = "UPDATE log_head SET last_position = $1, last_recorded_at = $2 WHERE id = 1"
 
-STREAM_STATES = """
-SELECT s.context, s.stream, s.last_version, s.segment_length
-FROM streams s
-JOIN unnest($1::text[], $2::text[]) AS k(context, stream)
-  ON s.context = k.context AND s.stream = k.stream
+# A stream's state is its last event: the version, and where the segment view
+# ends (that event's offset plus its framed size).  Derived from ``events``
+# rather than kept in a row per stream, so appends write no stream rows.
+_LAST_EVENT_STATE = f"""
+    SELECT e.version AS last_version,
+           e.segment_offset + {SEGMENT_EVENT_HEADER_SIZE} + octet_length(e.body) AS segment_length
+    FROM events e
+    WHERE e.context = k.context AND e.stream = k.stream
+    ORDER BY e.version DESC LIMIT 1
+"""
+
+STREAM_STATES = f"""
+SELECT k.context, k.stream, st.last_version, st.segment_length
+FROM unnest($1::text[], $2::text[]) AS k(context, stream)
+CROSS JOIN LATERAL ({_LAST_EVENT_STATE}) st
 """
 
 EXISTING_EVENT_IDS = f"SELECT {_COLS} FROM events WHERE event_id = ANY($1::uuid[])"
 
-UPSERT_STREAMS = """
-INSERT INTO streams (context, stream, last_version, segment_length, created_at)
-SELECT k.context, k.stream, k.last_version, k.segment_length, $5
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
-     AS k(context, stream, last_version, segment_length)
-ON CONFLICT (context, stream) DO UPDATE
-SET last_version = EXCLUDED.last_version, segment_length = EXCLUDED.segment_length
+# The stream registry: one row per stream, written by its first append.
+INSERT_STREAMS = """
+INSERT INTO streams (context, stream, created_at)
+SELECT k.context, k.stream, $3
+FROM unnest($1::text[], $2::text[]) AS k(context, stream)
+ON CONFLICT (context, stream) DO NOTHING
 """
 
 UPSERT_PRODUCER_CHECKPOINT = """
@@ -81,8 +92,10 @@ WHERE context = $1 AND stream = $2 AND version >= $3
 ORDER BY version LIMIT $4
 """
 
-STREAM_STATE = """
-SELECT last_version, segment_length FROM streams WHERE context = $1 AND stream = $2
+STREAM_STATE = f"""
+SELECT st.last_version, st.segment_length
+FROM (SELECT $1::text AS context, $2::text AS stream) k
+CROSS JOIN LATERAL ({_LAST_EVENT_STATE}) st
 """
 
 # The event whose framed bytes contain ``offset``, and those after it.
@@ -247,19 +260,21 @@ DROP_BINDER = "DELETE FROM binders WHERE name = $1 RETURNING name"
 
 # The group commit's fast path: one statement, one round trip, its own
 # transaction.  The head row is updated first (every other CTE reads ``h``, so
-# it runs first and its row lock serialises committers); stream versions are
-# written only if they still hold the values the writer planned against, else
-# polyport_assert aborts the whole statement and the writer falls back to the
-# checked path.  Columns travel as typed arrays: asyncpg encodes them in
-# binary and the server reads them without parsing (measured faster on both
-# sides than one JSON document; see bench/core.py).
+# it runs first and its row lock serialises committers).  The writer planned
+# against cached stream versions and writes no stream row: a stream that
+# moved past the cached version already holds the first new version, which
+# the unique index on (context, stream, version) refuses; the writer then
+# takes the checked path.  (The cache is never ahead of the database: see
+# Writer._cache_epoch.)  Columns travel as typed arrays: asyncpg encodes them
+# in binary and the server reads them without parsing (measured
+# cheaper on both sides than one JSON document).
 #   $1 number of events
 #   $2..$12 one array per event column: event_id, context, stream, version, type,
 #           headers (jsonb text), body, content_type, client_time, origin,
 #           segment_offset
-#   $13..$17 one array per touched stream: context, stream, old_version
-#           (0 = new stream), new_version, new_length
-#   $18..$21 producer checkpoints: producer_id, context, stream, ack_level
+#   $13..$15 one array per touched stream: context, stream, cached last version
+#           (0 = new stream)
+#   $16..$19 producer checkpoints: producer_id, context, stream, ack_level
 FAST_APPEND = """
 WITH h AS (
     UPDATE log_head
@@ -285,28 +300,18 @@ ins AS (
     RETURNING 1
 ),
 v AS (
-    SELECT s.context, s.stream, s.old_version, s.new_version, s.new_length
-    FROM h, unnest($13::text[], $14::text[], $15::bigint[], $16::bigint[], $17::bigint[])
-            AS s(context, stream, old_version, new_version, new_length)
-),
-upd AS (
-    UPDATE streams s SET last_version = v.new_version, segment_length = v.new_length
-    FROM v
-    WHERE v.old_version > 0 AND s.context = v.context AND s.stream = v.stream
-      AND s.last_version = v.old_version
-    RETURNING 1
+    SELECT s.context, s.stream, s.cached_version
+    FROM h, unnest($13::text[], $14::text[], $15::bigint[]) AS s(context, stream, cached_version)
 ),
 fresh AS (
-    INSERT INTO streams (context, stream, last_version, segment_length, created_at)
-    SELECT v.context, v.stream, v.new_version, v.new_length, now()
-    FROM v WHERE v.old_version = 0
+    INSERT INTO streams (context, stream, created_at)
+    SELECT v.context, v.stream, now() FROM v WHERE v.cached_version = 0
     ON CONFLICT (context, stream) DO NOTHING
-    RETURNING 1
 ),
 pc AS (
     INSERT INTO producer_checkpoints (producer_id, context, stream, ack_level, updated_at)
     SELECT c.producer_id, c.context, c.stream, c.ack_level, now()
-    FROM h, unnest($18::uuid[], $19::text[], $20::text[], $21::bigint[])
+    FROM h, unnest($16::uuid[], $17::text[], $18::text[], $19::bigint[])
             AS c(producer_id, context, stream, ack_level)
     ON CONFLICT (producer_id, context, stream) DO UPDATE
     SET ack_level = GREATEST(producer_checkpoints.ack_level, EXCLUDED.ack_level),
@@ -315,9 +320,8 @@ pc AS (
 )
 SELECT h.base, h.t0,
        polyport_assert(
-           (SELECT count(*) FROM upd) + (SELECT count(*) FROM fresh) = cardinality($13::text[])
-           AND (SELECT count(*) FROM ins) = $1
-           AND (SELECT count(*) FROM pc) = cardinality($18::uuid[]),
-           'stream state changed since the writer cached it') AS checked
+           (SELECT count(*) FROM ins) = $1
+           AND (SELECT count(*) FROM pc) = cardinality($16::uuid[]),
+           'the append statement wrote fewer rows than planned') AS checked
 FROM h
 """

@@ -135,10 +135,15 @@ class Writer:
         # from the pool per commit costs a reset round trip each time.
         self._conns: list[asyncpg.Connection | None] = [None] * self.limits.pipeline_depth
         self._free_slots: deque[int] = deque(range(self.limits.pipeline_depth))
-        # Last known state of recently written streams.  Only a hint for the
-        # fast path: the commit statement checks it and a mismatch falls back
-        # to reading fresh state (another process may have written).
+        # Last known state of recently written streams, for the fast path.
+        # Another process can only move a stream past what is cached (events
+        # are never deleted), which the database's unique index refuses.  The
+        # cache can be *ahead* of the database only through this writer's own
+        # optimistic entries for a batch that then failed: every failure
+        # forgets the cache and bumps the epoch, and a batch planned under an
+        # older epoch takes the checked path instead of the fast one.
         self._streams: OrderedDict[tuple[str, str], _StreamState] = OrderedDict()
+        self._cache_epoch = 0
 
     @property
     def queue_depth(self) -> int:
@@ -356,8 +361,12 @@ class Writer:
             except Exception as exc:
                 self._fail([p], exc, slot)
 
-    def _fail(self, batch: list[_Pending], exc: BaseException, slot: int) -> None:
+    def _forget_streams(self) -> None:
         self._streams.clear()
+        self._cache_epoch += 1
+
+    def _fail(self, batch: list[_Pending], exc: BaseException, slot: int) -> None:
+        self._forget_streams()
         err: PolyportError
         if isinstance(exc, asyncpg.DataError):
             err = Malformed(f"the database rejected this append's data: {exc}")
@@ -425,42 +434,46 @@ class Writer:
         on the authoritative path, which reads fresh state under the head lock."""
         keys = {(a.context, a.stream) for p in batch for a in p.appends}
         cached = {k: self._streams.get(k, _StreamState(0, 0, False)) for k in keys}
+        epoch = self._cache_epoch
         plan = _plan(batch, cached, {})
         if plan.rows and not plan.any_failed:
             # Optimistic: the next batch, planned while this one is in flight,
-            # builds on it.  If this one fails, the next one's check fails too.
+            # builds on it.  If this one fails, the epoch moves on and the
+            # next one takes the checked path.
             for k in plan.touched:
                 self._remember(k, plan.after[k])
             try:
-                position, t0 = await self._write_fast(plan, slot, previous)
+                written = await self._write_fast(plan, slot, previous, epoch)
             except asyncpg.UniqueViolationError:
-                self._streams.clear()  # a re-sent event id
+                # A re-sent event id, or a stream another process moved on.
+                self._forget_streams()
             except asyncpg.PostgresError as exc:
-                self._streams.clear()
+                self._forget_streams()
                 if exc.sqlstate != STALE_STATE_SQLSTATE:
                     raise
             else:
-                self._finish(batch, plan, position, t0, slot)
-                return
+                if written is not None:
+                    self._finish(batch, plan, *written, slot)
+                    return
         if previous is not None:
             await previous
         await self._commit_checked(batch, keys, slot)
 
     async def _write_fast(
-        self, plan: _Plan, slot: int, previous: asyncio.Future[None] | None
-    ) -> tuple[int, datetime]:
+        self, plan: _Plan, slot: int, previous: asyncio.Future[None] | None, epoch: int
+    ) -> tuple[int, datetime] | None:
+        """(base position, first recorded_at), or None if the plan was made
+        against cache entries that a failure has since withdrawn."""
         rows = plan.rows
         dumps = json.dumps
         columns = [list(c) for c in zip(*rows, strict=True)]
         columns[5] = ["{}" if not h else dumps(h, ensure_ascii=False) for h in columns[5]]
         touched = sorted(plan.touched)
-        before, after = plan.before, plan.after
+        before = plan.before
         streams = (
             [k[0] for k in touched],
             [k[1] for k in touched],
             [before[k].last_version for k in touched],
-            [after[k].last_version for k in touched],
-            [after[k].segment_length for k in touched],
         )
         cps = plan.checkpoints
         checkpoints = ([c[0] for c in cps], [c[1] for c in cps], [c[2] for c in cps],
@@ -469,6 +482,8 @@ class Writer:
         # Everything above ran while the previous batch was in the database.
         if previous is not None:
             await previous
+        if self._cache_epoch != epoch:
+            return None
         conn = await self._connection(slot)
         row = await conn.fetchrow(sql.FAST_APPEND, *args)
         return int(row["base"]), row["t0"]
@@ -503,15 +518,11 @@ class Writer:
                 await conn.copy_records_to_table(
                     "events", records=records, columns=sql.EVENT_COLUMNS
                 )
-                touched = sorted(plan.touched)
-                await conn.execute(
-                    sql.UPSERT_STREAMS,
-                    [k[0] for k in touched],
-                    [k[1] for k in touched],
-                    [plan.after[k].last_version for k in touched],
-                    [plan.after[k].segment_length for k in touched],
-                    head["now"],
-                )
+                new = sorted(k for k in plan.touched if not plan.before[k].exists)
+                if new:
+                    await conn.execute(
+                        sql.INSERT_STREAMS, [k[0] for k in new], [k[1] for k in new], head["now"]
+                    )
                 await conn.execute(
                     sql.UPDATE_HEAD, base + n, t0 + (n - 1) * ONE_MICROSECOND
                 )

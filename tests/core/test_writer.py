@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from core.errors import Busy
+from core.commands import ReadStream
+from core.errors import Busy, WrongExpectedVersion
 from core.store import EventStore, StoreConfig
 from core.writer import WriterLimits
 from tests.core.helpers import append, ev, unique
@@ -47,3 +48,32 @@ async def test_pipelined_appends_to_one_stream_keep_their_order(store: EventStor
     assert [r.first_version for r in results] == list(range(1, 201))
     positions = [r.first_position for r in results]
     assert positions == sorted(positions)
+
+
+async def test_batch_planned_on_a_failed_batch_leaves_no_version_gap(db_url: str) -> None:
+    """The second batch is planned on the first one's expected stream state.
+    When the first fails in the database, the second must not write the
+    versions it planned (they would leave a gap): it re-reads the stream."""
+    store = EventStore(StoreConfig(db_url, writer=WriterLimits(pipeline_depth=2)))
+    await store.start()
+    try:
+        stream, other = unique("gap"), unique("other")
+        await store.append(append(stream, ev(1)))
+        taken = ev(2)
+        await store.append(append(other, taken))
+        async with row_locked(db_url, HEAD_LOCK):
+            # Planned as version 2; fails in the database: the id is already
+            # stored, in another stream.
+            first = asyncio.create_task(store.append(append(stream, taken)))
+            await asyncio.sleep(0.2)
+            # Planned as version 3 while the first waits for the lock.
+            second = asyncio.create_task(store.append(append(stream, ev(3))))
+            await asyncio.sleep(0.2)
+        with pytest.raises(WrongExpectedVersion):
+            await first
+        result = await second
+        assert result.first_version == 2
+        events = await store.read_stream(ReadStream("default", stream))
+        assert [e.version for e in events] == [1, 2]
+    finally:
+        await store.close()

@@ -272,10 +272,13 @@ DROP_BINDER = "DELETE FROM binders WHERE name = $1 RETURNING name"
 #   $2..$12 one array per event column: event_id, context, stream, version, type,
 #           headers (jsonb text), body, content_type, client_time, origin,
 #           segment_offset
-#   $13..$15 one array per touched stream: context, stream, cached last version
-#           (0 = new stream)
-#   $16..$19 producer checkpoints: producer_id, context, stream, ack_level
-FAST_APPEND = """
+# and, in the variants that need them (a CTE costs its executor set-up even
+# when it has no rows, so the common case leaves them out):
+#   new streams to register: context[], stream[]
+#   producer checkpoints: producer_id[], context[], stream[], ack_level[]
+def _fast_append(new_streams: bool, checkpoints: bool) -> str:
+    n = 12
+    parts = ["""
 WITH h AS (
     UPDATE log_head
     SET last_position = last_position + $1,
@@ -298,30 +301,39 @@ ins AS (
             WITH ORDINALITY AS k(event_id, context, stream, version, type, headers, body,
                                  content_type, client_time, origin, segment_offset, i)
     RETURNING 1
-),
-v AS (
-    SELECT s.context, s.stream, s.cached_version
-    FROM h, unnest($13::text[], $14::text[], $15::bigint[]) AS s(context, stream, cached_version)
-),
+)"""]
+    checks = ["(SELECT count(*) FROM ins) = $1"]
+    if new_streams:
+        parts.append(f"""
 fresh AS (
     INSERT INTO streams (context, stream, created_at)
-    SELECT v.context, v.stream, now() FROM v WHERE v.cached_version = 0
+    SELECT s.context, s.stream, now()
+    FROM h, unnest(${n + 1}::text[], ${n + 2}::text[]) AS s(context, stream)
     ON CONFLICT (context, stream) DO NOTHING
-),
+)""")
+        n += 2
+    if checkpoints:
+        parts.append(f"""
 pc AS (
     INSERT INTO producer_checkpoints (producer_id, context, stream, ack_level, updated_at)
     SELECT c.producer_id, c.context, c.stream, c.ack_level, now()
-    FROM h, unnest($16::uuid[], $17::text[], $18::text[], $19::bigint[])
+    FROM h, unnest(${n + 1}::uuid[], ${n + 2}::text[], ${n + 3}::text[], ${n + 4}::bigint[])
             AS c(producer_id, context, stream, ack_level)
     ON CONFLICT (producer_id, context, stream) DO UPDATE
     SET ack_level = GREATEST(producer_checkpoints.ack_level, EXCLUDED.ack_level),
         updated_at = now()
     RETURNING 1
-)
+)""")
+        checks.append(f"(SELECT count(*) FROM pc) = cardinality(${n + 1}::uuid[])")
+    return ",".join(parts) + f"""
 SELECT h.base, h.t0,
-       polyport_assert(
-           (SELECT count(*) FROM ins) = $1
-           AND (SELECT count(*) FROM pc) = cardinality($16::uuid[]),
-           'the append statement wrote fewer rows than planned') AS checked
+       polyport_assert({" AND ".join(checks)},
+                       'the append statement wrote fewer rows than planned') AS checked
 FROM h
 """
+
+
+FAST_APPEND = _fast_append(new_streams=False, checkpoints=False)
+FAST_APPEND_NEW_STREAMS = _fast_append(new_streams=True, checkpoints=False)
+FAST_APPEND_CHECKPOINTS = _fast_append(new_streams=False, checkpoints=True)
+FAST_APPEND_NEW_STREAMS_CHECKPOINTS = _fast_append(new_streams=True, checkpoints=True)

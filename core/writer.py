@@ -468,24 +468,24 @@ class Writer:
         dumps = json.dumps
         columns = [list(c) for c in zip(*rows, strict=True)]
         columns[5] = ["{}" if not h else dumps(h, ensure_ascii=False) for h in columns[5]]
-        touched = sorted(plan.touched)
-        before = plan.before
-        streams = (
-            [k[0] for k in touched],
-            [k[1] for k in touched],
-            [before[k].last_version for k in touched],
-        )
+        args: list[Any] = [len(rows), *columns]
+        # Streams this writer has not seen written: registered if they are new
+        # (a stream that already exists conflicts harmlessly).
+        new = sorted(k for k in plan.touched if plan.before[k].last_version == 0)
+        if new:
+            args += [[k[0] for k in new], [k[1] for k in new]]
         cps = plan.checkpoints
-        checkpoints = ([c[0] for c in cps], [c[1] for c in cps], [c[2] for c in cps],
-                       [c[3] for c in cps])
-        args = (len(rows), *columns, *streams, *checkpoints)
+        if cps:
+            args += [[c[0] for c in cps], [c[1] for c in cps], [c[2] for c in cps],
+                     [c[3] for c in cps]]
+        statement = _FAST_APPEND[bool(new), bool(cps)]
         # Everything above ran while the previous batch was in the database.
         if previous is not None:
             await previous
         if self._cache_epoch != epoch:
             return None
         conn = await self._connection(slot)
-        row = await conn.fetchrow(sql.FAST_APPEND, *args)
+        row = await conn.fetchrow(statement, *args)
         return int(row["base"]), row["t0"]
 
     async def _commit_checked(
@@ -562,6 +562,12 @@ class Writer:
 
 
 STALE_STATE_SQLSTATE = "PP001"
+_FAST_APPEND = {
+    (False, False): sql.FAST_APPEND,
+    (True, False): sql.FAST_APPEND_NEW_STREAMS,
+    (False, True): sql.FAST_APPEND_CHECKPOINTS,
+    (True, True): sql.FAST_APPEND_NEW_STREAMS_CHECKPOINTS,
+}
 _NO_HEADERS: dict[str, str] = {}
 
 

@@ -465,10 +465,16 @@ class Writer:
         """(base position, first recorded_at), or None if the plan was made
         against cache entries that a failure has since withdrawn."""
         rows = plan.rows
-        dumps = json.dumps
-        columns = [list(c) for c in zip(*rows, strict=True)]
-        columns[5] = ["{}" if not h else dumps(h, ensure_ascii=False) for h in columns[5]]
-        args: list[Any] = [len(rows), *columns]
+        document = json.dumps(
+            [
+                [str(r[0]), r[1], r[2], r[3], r[4], r[5], r[7],
+                 None if r[8] is None else r[8].isoformat(), r[9], r[10]]
+                for r in rows
+            ],
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+        args: list[Any] = [len(rows), document, [r[6] for r in rows]]
         # Streams this writer has not seen written: registered if they are new
         # (a stream that already exists conflicts harmlessly).
         new = sorted(k for k in plan.touched if plan.before[k].last_version == 0)

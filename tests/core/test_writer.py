@@ -77,3 +77,26 @@ async def test_batch_planned_on_a_failed_batch_leaves_no_version_gap(db_url: str
         assert [e.version for e in events] == [1, 2]
     finally:
         await store.close()
+
+
+async def test_fast_path_round_trips_every_column(store: EventStore) -> None:
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from core.events import EventData
+
+    stream = unique("cols")
+    ct = datetime(1999, 12, 31, 23, 59, 59, 123456, tzinfo=timezone(timedelta(hours=5, minutes=30)))
+    events = (
+        EventData("tÿpe \"quoted\" \\ back", b"\x00\xff binary \x00", headers={
+            "ключ": "значение 🎉", "quote\"": "back\\slash", "ctl": "\t\n\x1f"},
+            content_type="application/x-odd; charset=utf-8", client_time=ct),
+        EventData("naive", b"", client_time=datetime(2020, 1, 2, 3, 4, 5, 6)),
+        EventData("none", b"{}"),
+    )
+    result = await store.append(append(stream, *events))
+    assert (result.first_version, result.last_version) == (1, 3)
+    read = await store.read_stream(ReadStream("default", stream))
+    assert [(e.type, e.body, dict(e.headers), e.content_type, e.client_time) for e in read] == [
+        (e.type, e.body, dict(e.headers), e.content_type, e.client_time) for e in events]
+    assert read[1].client_time == datetime(2020, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
+    assert [e.segment_offset for e in read] == [0, 8 + 11, 8 + 11 + 8]

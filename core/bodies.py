@@ -8,7 +8,9 @@ not protocols: no wire framing lives here.
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import bson
@@ -32,10 +34,70 @@ _BSON_TEXT_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
 )
 
 
+# Other names for the same formats (registered, legacy x- and vnd. forms).
+_ALIASES = {
+    "application/json": JSON,
+    "text/json": JSON,
+    "application/bson": BSON,
+    "application/msgpack": MSGPACK,
+    "application/x-msgpack": MSGPACK,
+    "application/vnd.msgpack": MSGPACK,
+}
+
+
+@functools.lru_cache(maxsize=1024)
+def media_type(content_type: str) -> str:
+    """The format a content type names: parameters dropped and case folded
+    (``Application/JSON; charset=utf-8`` is JSON, RFC 9110 8.3.1), aliases
+    mapped, and structured ``+json`` types (RFC 6839) taken as JSON."""
+    essence = content_type.split(";", 1)[0].strip().lower()
+    if essence in _ALIASES:
+        return _ALIASES[essence]
+    if essence.endswith("+json"):
+        return JSON
+    return essence
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads_json(data: bytes | str) -> Any:
+    """Strict JSON: Python's parser also accepts NaN and Infinity, which no
+    other JSON consumer does."""
+    return json.loads(data, parse_constant=_no_constants)
+
+
+def _msgpack_key(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bytes):
+        try:
+            return key.decode("utf-8")
+        except UnicodeDecodeError:
+            return "0x" + key.hex()
+    if key is None or isinstance(key, bool | int | float):
+        return json.dumps(key)
+    return str(key)
+
+
+def _msgpack_map(pairs: Iterable[tuple[Any, Any]]) -> dict[str, Any]:
+    # Documents (BSON, JSON, matchers) have text keys; MessagePack allows any.
+    return {_msgpack_key(k): v for k, v in pairs}
+
+
+def loads_msgpack(body: bytes) -> Any:
+    """MessagePack with text map keys (binary keys as UTF-8, else ``0x`` hex;
+    numbers as their JSON text) and timestamps as datetimes."""
+    return msgpack.unpackb(
+        body, raw=False, strict_map_key=False, object_pairs_hook=_msgpack_map, timestamp=3
+    )
+
+
 def guess_text_content_type(body: bytes) -> str:
     """Res01-style bodies: JSON when they parse as JSON, else plain text."""
     try:
-        json.loads(body)
+        loads_json(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return TEXT
     return JSON
@@ -44,16 +106,17 @@ def guess_text_content_type(body: bytes) -> str:
 def body_document(content_type: str, body: bytes) -> dict[str, Any]:
     """The body as a document: JSON objects, BSON documents and MessagePack
     maps as themselves; anything else as ``{"data": <string or bytes>}``."""
+    kind = media_type(content_type)
     try:
-        if content_type == BSON:
+        if kind == BSON:
             return dict(bson.decode(body))
-        if content_type == MSGPACK:
-            value = msgpack.unpackb(body, raw=False)
+        if kind == MSGPACK:
+            value = loads_msgpack(body)
             if isinstance(value, dict):
-                return {str(k): v for k, v in value.items()}
+                return value
             return {"data": value}
-        if content_type == JSON:
-            value = json.loads(body)
+        if kind == JSON:
+            value = loads_json(body)
             if isinstance(value, dict):
                 return value
             return {"data": value}
@@ -72,15 +135,16 @@ def event_document(ev: RecordedEvent) -> dict[str, Any]:
 def body_json_text(content_type: str, body: bytes) -> str:
     """The body as text for text consumers: JSON stays as written; BSON and
     MessagePack documents become (relaxed Extended) JSON; other text as is."""
-    if content_type == BSON:
+    kind = media_type(content_type)
+    if kind == BSON:
         try:
             doc = bson.decode(body, codec_options=_BSON_TEXT_OPTIONS)
             return json_util.dumps(doc, json_options=_RELAXED)
         except Exception:
             pass
-    if content_type == MSGPACK:
+    if kind == MSGPACK:
         try:
-            return json_util.dumps(msgpack.unpackb(body, raw=False), json_options=_RELAXED)
+            return json_util.dumps(loads_msgpack(body), json_options=_RELAXED)
         except Exception:
             pass
     try:

@@ -33,7 +33,7 @@ import bson
 from bson.binary import Binary
 
 from core.binders import BinderQuery, to_jsonable
-from core.bodies import BSON, event_document
+from core.bodies import BSON, event_document, media_type
 from core.commands import (
     END,
     Append,
@@ -153,7 +153,7 @@ def recev_document(ev: RecordedEvent) -> dict[str, Any]:
     across protocols", via core.bodies).  BSON bodies are decoded with the
     codec's options so that dates outside Python's range survive the round
     trip instead of degrading to ``{"data": <bytes>}``."""
-    if ev.content_type == BSON:
+    if media_type(ev.content_type) == BSON:
         try:
             return dict(bson.decode(ev.body, codec_options=DECODE_OPTIONS))
         except Exception:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from core.bodies import JSON, OCTETS, body_json_text
+from core.bodies import JSON, OCTETS, body_json_text, loads_json
 from core.commands import END, Append, AppendBatch, Principal, Selector
 from core.commands import Subscribe as CoreSubscribe
 from core.errors import Busy, Forbidden, NotFound, PolyportError
@@ -132,9 +131,9 @@ def message_to_event(message: Message, *, json_negotiated: bool) -> EventData:
     content_type = OCTETS
     if json_negotiated:
         try:
-            json.loads(message.payload)
+            loads_json(message.payload)
             content_type = JSON
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             pass
     return EventData(
         type=event_type, body=message.payload, headers=headers, content_type=content_type

@@ -185,7 +185,7 @@ def headers_from_text(text: str) -> dict[str, str]:
     if text == "" or text == "{}":  # the common cases, without a JSON parse
         return {}
     try:
-        value = json.loads(text)
+        value = bodies.loads_json(text)
     except (ValueError, RecursionError):
         value = None
     if not isinstance(value, dict):

@@ -54,6 +54,10 @@ LAG_TTL = 1.0
 # Lag of a durable subscription: matching events counted among at most this
 # many positions after its checkpoint (beyond that the count is a bound).
 LAG_SCAN_POSITIONS = 10_000
+# A subscription with a matcher is counted by reading its candidate events
+# (the matcher runs in Python): at most this many per refresh, beyond that
+# the count is a bound.
+LAG_MATCHER_SCAN = 1_000
 # Durable subscriptions examined in detail per refresh (largest lag first).
 LAG_DETAILED = 100
 DB_TIMEOUT = 2.0
@@ -389,6 +393,23 @@ class Telemetry:
                                            exact=False, checkpoint=checkpoint))
                 continue
             sel = selector_from_json(sel_json)
+            if sel.matcher is not None:
+                events, _, exhausted = await self.gw.store.tailer.read_selected(
+                    sel, checkpoint, head, LAG_MATCHER_SCAN
+                )
+                first = events[0].recorded_at if events else None
+                if first is None and not exhausted:
+                    first = await pool.fetchval(
+                        "SELECT recorded_at FROM events WHERE position = $1", checkpoint + 1
+                    )
+                out.append(
+                    SubscriptionLag(
+                        "durable", r["name"], _clean(sel_json),
+                        len(events) if exhausted else behind,
+                        _age(first, now), exact=exhausted, checkpoint=checkpoint,
+                    )
+                )
+                continue
             upper = min(head, checkpoint + LAG_SCAN_POSITIONS)
             row = await pool.fetchrow(
                 LAG_WINDOW_SQL,

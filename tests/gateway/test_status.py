@@ -200,3 +200,23 @@ async def test_status_page_assets_are_served(gateway_factory) -> None:
             assert r.status == 200 and "fetch(\"/status\"" in await r.text()
         async with http.get(base(gw) + "/static/../app.py") as r:
             assert r.status == 404
+
+
+async def test_durable_lag_counts_only_what_the_matcher_selects(gateway_factory) -> None:
+    from core.matcher import event_matcher
+
+    gw = await gateway_factory()
+    store = gw.store
+    await store.append(Append("default", "matched", events(7, prefix="n")))
+    spec = {"n": {"$gte": 5}}
+    await store.register_fetch_subscription(
+        "big-ones",
+        Selector(context="default", stream="matched", matcher=event_matcher(spec),
+                 matcher_spec=spec),
+        FromBeginning(),
+    )
+    gw.telemetry.lag.taken = 0
+    st = await get_status(gw)
+    [sub] = [d for d in st["subscriptions"]["durable"] if d["name"] == "big-ones"]
+    assert sub["lag_events"] == 2 and sub["lag_exact"] is True
+    assert sub["lag_seconds"] >= 0

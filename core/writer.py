@@ -447,10 +447,9 @@ class Writer:
             except asyncpg.UniqueViolationError:
                 # A re-sent event id, or a stream another process moved on.
                 self._forget_streams()
-            except asyncpg.PostgresError as exc:
+            except asyncpg.PostgresError:
                 self._forget_streams()
-                if exc.sqlstate != STALE_STATE_SQLSTATE:
-                    raise
+                raise
             else:
                 if written is not None:
                     self._finish(batch, plan, *written, slot)
@@ -567,7 +566,6 @@ class Writer:
             self._on_commit(base + n)
 
 
-STALE_STATE_SQLSTATE = "PP001"
 _FAST_APPEND = {
     (False, False): sql.FAST_APPEND,
     (True, False): sql.FAST_APPEND_NEW_STREAMS,

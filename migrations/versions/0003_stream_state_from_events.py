@@ -1,5 +1,7 @@
 """Stream state comes from each stream's last event, not a row kept per stream.
 
+Also drops polyport_assert(), which only the old check used.
+
 Appends used to update ``streams.last_version`` and ``segment_length`` for
 every touched stream in every commit; the unique index on events (context,
 stream, version) already guards versions, so that write is dropped and
@@ -24,9 +26,23 @@ depends_on = None
 def upgrade() -> None:
     op.drop_column("streams", "last_version")
     op.drop_column("streams", "segment_length")
+    # Only the old fast path's stream-state check called it.
+    op.execute("DROP FUNCTION IF EXISTS polyport_assert(boolean, text)")
 
 
 def downgrade() -> None:
+    op.execute(
+        """
+        CREATE FUNCTION polyport_assert(ok boolean, message text) RETURNS boolean
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NOT ok THEN
+                RAISE EXCEPTION USING ERRCODE = 'PP001', MESSAGE = message;
+            END IF;
+            RETURN true;
+        END $$
+        """
+    )
     op.add_column("streams", sa.Column("last_version", sa.BigInteger))
     op.add_column("streams", sa.Column("segment_length", sa.BigInteger))
     # 8 = the segment wire's event frame header (type i32 + length u32),

@@ -182,6 +182,11 @@ class Tailer:
         if position > self._known_head:
             self._known_head = position
         if position > self.head:
+            if not self._live and not self.listeners and not self.on_advance:
+                # Nobody to feed or tell: move the head here rather than wake
+                # the tailer task once per commit (what _advance would do).
+                self.head = position
+                return
             self._wake.set()
 
     def join(self, sub: Subscription) -> None:

@@ -245,10 +245,7 @@ class BinderService:
                 sql.READ_SELECTED,
                 spec.position,
                 head,
-                sel.context,
-                None,
-                sel.prefix or None,
-                sorted(sel.types) if sel.types else None,
+                *sql.selected_params(sel.context, None, sel.prefix or None, sel.types),
                 PROJECT_BATCH,
             )
             if not rows:

@@ -7,6 +7,8 @@ The tables are described in :mod:`core.schema` and created by ``migrations/``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from core.events import SEGMENT_EVENT_HEADER_SIZE
 
 EVENT_COLUMNS = (
@@ -84,6 +86,9 @@ NOTIFY = "SELECT pg_notify('polyport_events', $1)"
 
 HEAD_POSITION = "SELECT last_position FROM log_head WHERE id = 1"
 
+RECORDED_AT = "SELECT recorded_at FROM events WHERE position = $1"
+RECORDED_AT_MANY = "SELECT position, recorded_at FROM events WHERE position = ANY($1::bigint[])"
+
 READ_ALL_AFTER = f"SELECT {_COLS} FROM events WHERE position > $1 ORDER BY position LIMIT $2"
 
 READ_STREAM = f"""
@@ -108,10 +113,11 @@ WHERE context = $1 AND stream = $2
 ORDER BY segment_offset LIMIT $4
 """
 
-# Catch-up read for subscriptions: the selector's indexable parts in SQL, the
-# matcher in Python.  $3..$6 are NULL when the selector does not constrain them.
-READ_SELECTED = f"""
-SELECT {_COLS} FROM events
+# The events in positions ($1, $2] that a selector's indexable parts pick,
+# at most $7 of them; the matcher runs in Python.  $3..$6 (selected_params)
+# are NULL when the selector does not constrain them.
+_SELECTED = """
+FROM events
 WHERE position > $1 AND position <= $2
   AND ($3::text IS NULL OR context = $3)
   AND ($4::text IS NULL OR stream = $4)
@@ -119,6 +125,22 @@ WHERE position > $1 AND position <= $2
   AND ($6::text[] IS NULL OR type = ANY($6))
 ORDER BY position LIMIT $7
 """
+
+# Catch-up reads for subscriptions and binders.
+READ_SELECTED = f"SELECT {_COLS} {_SELECTED}"
+
+# Subscription lag: how many of those events there are, and the oldest one's time.
+COUNT_SELECTED = f"""
+SELECT count(*) AS n, min(recorded_at) AS oldest FROM (SELECT recorded_at {_SELECTED}) t
+"""
+
+
+def selected_params(
+    context: str | None, stream: str | None, prefix: str | None, types: Collection[str]
+) -> tuple[str | None, str | None, str | None, list[str] | None]:
+    """$3..$6 of READ_SELECTED and COUNT_SELECTED."""
+    return context, stream, prefix, sorted(types) if types else None
+
 
 POSITION_BEFORE_TIME = """
 SELECT coalesce(max(position), 0) FROM events WHERE recorded_at < $1

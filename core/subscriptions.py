@@ -209,10 +209,9 @@ class Tailer:
                 sql.READ_SELECTED,
                 after,
                 upper,
-                selector.context,
-                selector.stream,
-                selector.prefix,
-                sorted(selector.types) if selector.types else None,
+                *sql.selected_params(
+                    selector.context, selector.stream, selector.prefix, selector.types
+                ),
                 limit,
             )
         except asyncpg.TooManyConnectionsError as exc:

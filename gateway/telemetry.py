@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from core import sql
 from core.commands import Selector
 from core.events import RecordedEvent
 from core.groups import GroupMember
@@ -67,25 +68,10 @@ LATENCY_BUCKETS = (
 )
 SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
-LAG_WINDOW_SQL = """
-SELECT count(*) AS n, min(recorded_at) AS oldest
-FROM (
-    SELECT recorded_at FROM events
-    WHERE position > $1 AND position <= $2
-      AND ($3::text IS NULL OR context = $3)
-      AND ($4::text IS NULL OR stream = $4)
-      AND ($5::text IS NULL OR starts_with(stream, $5))
-      AND ($6::text[] IS NULL OR type = ANY($6))
-    ORDER BY position LIMIT $7
-) t
-"""
-
 DURABLE_SQL = """
 SELECT s.name, s.selector, s.checkpoint, s.updated_at, h.last_position
 FROM subscriptions s CROSS JOIN log_head h ORDER BY s.name
 """
-
-TIMES_SQL = "SELECT position, recorded_at FROM events WHERE position = ANY($1::bigint[])"
 
 
 def polyport_version() -> str:
@@ -365,7 +351,7 @@ class Telemetry:
         times: dict[int, datetime] = {}
         if need:
             with contextlib.suppress(Exception):
-                rows = await asyncio.wait_for(pool.fetch(TIMES_SQL, need), DB_TIMEOUT)
+                rows = await asyncio.wait_for(pool.fetch(sql.RECORDED_AT_MANY, need), DB_TIMEOUT)
                 times = {r["position"]: r["recorded_at"] for r in rows}
         for lag, ask in pending:
             if ask is not None and ask in times:
@@ -399,9 +385,7 @@ class Telemetry:
                 )
                 first = events[0].recorded_at if events else None
                 if first is None and not exhausted:
-                    first = await pool.fetchval(
-                        "SELECT recorded_at FROM events WHERE position = $1", checkpoint + 1
-                    )
+                    first = await pool.fetchval(sql.RECORDED_AT, checkpoint + 1)
                 out.append(
                     SubscriptionLag(
                         "durable", r["name"], _clean(sel_json),
@@ -412,22 +396,17 @@ class Telemetry:
                 continue
             upper = min(head, checkpoint + LAG_SCAN_POSITIONS)
             row = await pool.fetchrow(
-                LAG_WINDOW_SQL,
+                sql.COUNT_SELECTED,
                 checkpoint,
                 upper,
-                sel.context,
-                sel.stream,
-                sel.prefix,
-                sorted(sel.types) if sel.types else None,
+                *sql.selected_params(sel.context, sel.stream, sel.prefix, sel.types),
                 LAG_SCAN_POSITIONS,
             )
             exact = upper == head
             n = int(row["n"]) if row else 0
             oldest = row["oldest"] if row else None
             if oldest is None and not exact:
-                oldest = await pool.fetchval(
-                    "SELECT recorded_at FROM events WHERE position = $1", upper
-                )
+                oldest = await pool.fetchval(sql.RECORDED_AT, upper)
             out.append(
                 SubscriptionLag(
                     "durable", r["name"], _clean(sel_json), n if exact else behind,

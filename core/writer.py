@@ -69,9 +69,13 @@ class _Pending:
 
 @dataclass
 class _StreamState:
-    last_version: int
-    segment_length: int
-    exists: bool
+    """A stream as its last event left it; version 0: no events, no stream."""
+
+    last_version: int = 0
+    segment_length: int = 0
+
+    def copy(self) -> _StreamState:
+        return _StreamState(self.last_version, self.segment_length)
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,10 +396,10 @@ class Writer:
         within the batch limits."""
         batch: list[_Pending] = []
         events = size = 0
-        queued = sum(p.events for p in self._queue) if share > 1 else 0
-        max_events = min(self.limits.max_batch_events, max(1, -(-queued // share)))
-        if share <= 1:
-            max_events = self.limits.max_batch_events
+        max_events = self.limits.max_batch_events
+        if share > 1:
+            queued = sum(p.events for p in self._queue)
+            max_events = min(max_events, -(-queued // share))
         while self._queue:
             p = self._queue[0]
             if batch and (
@@ -433,7 +437,7 @@ class Writer:
         unusual (a failed check, a re-sent event id, a stale cache) is redone
         on the authoritative path, which reads fresh state under the head lock."""
         keys = {(a.context, a.stream) for p in batch for a in p.appends}
-        cached = {k: self._streams.get(k, _StreamState(0, 0, False)) for k in keys}
+        cached = {k: self._streams.get(k) or _StreamState() for k in keys}
         epoch = self._cache_epoch
         plan = _plan(batch, cached, {})
         if plan.rows and not plan.any_failed:
@@ -474,9 +478,9 @@ class Writer:
             separators=(",", ":"),
         )
         args: list[Any] = [len(rows), document, [r[6] for r in rows]]
-        # Streams this writer has not seen written: registered if they are new
-        # (a stream that already exists conflicts harmlessly).
-        new = sorted(k for k in plan.touched if plan.before[k].last_version == 0)
+        # Planned as new from the cache; one that exists after all conflicts
+        # harmlessly here (and its events' versions do not, see FAST_APPEND).
+        new = plan.new_streams()
         if new:
             args += [[k[0] for k in new], [k[1] for k in new]]
         cps = plan.checkpoints
@@ -500,11 +504,11 @@ class Writer:
         conn = await self._connection(slot)
         async with conn.transaction():
             head = await conn.fetchrow(sql.LOCK_HEAD)
-            state = {k: _StreamState(0, 0, False) for k in keys}
+            state = {k: _StreamState() for k in keys}
             ks = sorted(keys)
             for r in await conn.fetch(sql.STREAM_STATES, [k[0] for k in ks], [k[1] for k in ks]):
                 state[(r["context"], r["stream"])] = _StreamState(
-                    r["last_version"], r["segment_length"], True
+                    r["last_version"], r["segment_length"]
                 )
             existing: dict[uuid.UUID, RecordedEvent] = {}
             if ids:
@@ -523,7 +527,7 @@ class Writer:
                 await conn.copy_records_to_table(
                     "events", records=records, columns=sql.EVENT_COLUMNS
                 )
-                new = sorted(k for k in plan.touched if not plan.before[k].exists)
+                new = plan.new_streams()
                 if new:
                     await conn.execute(
                         sql.INSERT_STREAMS, [k[0] for k in new], [k[1] for k in new], head["now"]
@@ -534,7 +538,7 @@ class Writer:
             for cp in plan.checkpoints:
                 await conn.execute(sql.UPSERT_PRODUCER_CHECKPOINT, *cp)
         for k, st in state.items():
-            if st.exists:
+            if st.last_version:
                 self._remember(k, st)
         self._finish(batch, plan, base, t0, slot)
 
@@ -633,6 +637,10 @@ class _Plan:
     checkpoints: list[tuple[uuid.UUID, str, str, int]]
     any_failed: bool
 
+    def new_streams(self) -> list[tuple[str, str]]:
+        """Streams this batch creates (no events before it), in key order."""
+        return sorted(k for k in self.touched if not self.before[k].last_version)
+
 
 def _plan(
     batch: list[_Pending],
@@ -640,8 +648,8 @@ def _plan(
     existing: dict[uuid.UUID, RecordedEvent],
 ) -> _Plan:
     """Decide each pending unit's fate against ``state`` (pure; no I/O)."""
-    before = {k: _StreamState(v.last_version, v.segment_length, v.exists) for k, v in state.items()}
-    after = {k: _StreamState(v.last_version, v.segment_length, v.exists) for k, v in before.items()}
+    before = {k: v.copy() for k, v in state.items()}
+    after = {k: v.copy() for k, v in before.items()}
     rows: list[tuple[Any, ...]] = []
     outcomes: list[list[_Planned] | PolyportError] = []
     touched: set[tuple[str, str]] = set()
@@ -655,8 +663,7 @@ def _plan(
         for a in p.appends:
             k = (a.context, a.stream)
             if k not in trial:
-                v = after[k]
-                trial[k] = _StreamState(v.last_version, v.segment_length, v.exists)
+                trial[k] = after[k].copy()
         trial_rows: list[tuple[Any, ...]] = []
         planned: list[_Planned] = []
         added: list[uuid.UUID] = []

@@ -10,7 +10,10 @@ import sys
 import asyncpg
 
 from core import migrate
+from core.commands import Append
+from core.events import EventData
 from core.migrate import asyncpg_dsn
+from core.store import EventStore, StoreConfig
 
 
 def polyport(*args: str) -> subprocess.CompletedProcess[str]:
@@ -82,10 +85,6 @@ async def test_schema_matches_metadata(db_url: str) -> None:
 async def test_stream_state_survives_downgrade_past_0003(empty_db_url: str) -> None:
     """0003 drops the per-stream state columns; going back recomputes them from
     the events, and the store reads the same state before and after."""
-    from core.commands import Append
-    from core.events import EventData
-    from core.store import EventStore, StoreConfig
-
     await asyncio.to_thread(migrate.upgrade, empty_db_url, "head")
     store = EventStore(StoreConfig(empty_db_url, run_binders=False))
     await store.start()

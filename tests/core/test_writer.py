@@ -4,11 +4,13 @@ commits still counts as waiting, and batches commit in the order taken."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
 from core.commands import ReadStream
 from core.errors import Busy, WrongExpectedVersion
+from core.events import EventData
 from core.store import EventStore, StoreConfig
 from core.writer import WriterLimits
 from tests.core.helpers import append, ev, unique
@@ -80,10 +82,6 @@ async def test_batch_planned_on_a_failed_batch_leaves_no_version_gap(db_url: str
 
 
 async def test_fast_path_round_trips_every_column(store: EventStore) -> None:
-    from datetime import UTC, datetime, timedelta, timezone
-
-    from core.events import EventData
-
     stream = unique("cols")
     ct = datetime(1999, 12, 31, 23, 59, 59, 123456, tzinfo=timezone(timedelta(hours=5, minutes=30)))
     events = (

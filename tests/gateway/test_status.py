@@ -13,6 +13,7 @@ import pytest
 
 from core.commands import Append, FromBeginning, Selector, Subscribe
 from core.events import EventData
+from core.matcher import event_matcher
 from gateway.cli import JsonFormatter
 from protocols.bson.client import BsonClient, BsonError
 
@@ -203,8 +204,6 @@ async def test_status_page_assets_are_served(gateway_factory) -> None:
 
 
 async def test_durable_lag_counts_only_what_the_matcher_selects(gateway_factory) -> None:
-    from core.matcher import event_matcher
-
     gw = await gateway_factory()
     store = gw.store
     await store.append(Append("default", "matched", events(7, prefix="n")))

@@ -3,6 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Generic, Self, TypeVar
+
+T = TypeVar("T")
+
+
+class IterateUntilNone(Generic[T]):
+    """``async for`` over a reader whose ``next()`` returns None at the end."""
+
+    async def next(self) -> T | None:
+        raise NotImplementedError
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> T:
+        item = await self.next()
+        if item is None:
+            raise StopAsyncIteration
+        return item
 
 
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:

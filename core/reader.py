@@ -8,13 +8,13 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-from core.aio import wait_event
+from core.aio import IterateUntilNone, wait_event
 from core.events import RecordedEvent
 
 MAX_CREDITS = 1 << 62
 
 
-class BufferedReader:
+class BufferedReader(IterateUntilNone[RecordedEvent]):
     def __init__(self, buffer_size: int, credit: bool) -> None:
         self._limit = max(1, buffer_size)
         self._buffer: deque[RecordedEvent] = deque()
@@ -90,14 +90,6 @@ class BufferedReader:
             out.append(ev)
         return out
 
-    def __aiter__(self) -> BufferedReader:
-        return self
-
-    async def __anext__(self) -> RecordedEvent:
-        ev = await self.next()
-        if ev is None:
-            raise StopAsyncIteration
-        return ev
 
     def interrupt(self) -> None:
         """Make a pending (or the next) :meth:`next` return None once."""

@@ -30,11 +30,12 @@ import asyncio
 import contextlib
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, cast
 
+from core.aio import IterateUntilNone
 from protocols.bson.connection import ClientConnection
 from protocols.bson.errors import LocalProtocolError, ProtocolError
 from protocols.bson.frames import (
@@ -389,7 +390,7 @@ class Transaction:
                     fut.exception()
 
 
-class ClientSubscription:
+class ClientSubscription(IterateUntilNone[Recev]):
     """RECEV frames of one subscription, oldest first."""
 
     def __init__(self, client: BsonClient, *, auto_ack: bool, ack_bytes: int) -> None:
@@ -452,17 +453,9 @@ class ClientSubscription:
         self.client._subs.pop(self.sub_id, None)
         self._end()
 
-    def __aiter__(self) -> AsyncIterator[Recev]:
-        return self
-
-    async def __anext__(self) -> Recev:
-        frame = await self.next()
-        if frame is None:
-            raise StopAsyncIteration
-        return frame
 
 
-class QueryResults:
+class QueryResults(IterateUntilNone[Any]):
     def __init__(self, client: BsonClient, query_id: int, *, auto_ack: bool) -> None:
         self.client = client
         self.query_id = query_id
@@ -513,11 +506,3 @@ class QueryResults:
             self.client._write(QueryAck(self.query_id))
         self._pending_acks = max(0, self._pending_acks - count)
 
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self
-
-    async def __anext__(self) -> Any:
-        doc = await self.next()
-        if doc is None:
-            raise StopAsyncIteration
-        return doc

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from core.aio import IterateUntilNone
+
 from . import payloads
 from .connection import ClientConnection, StreamError
 from .errors import LocalProtocolError, PayloadError, ProtocolError
@@ -150,7 +152,7 @@ _END = _End()
 _Item = bytes | _End | BaseException
 
 
-class ResponseStream:
+class ResponseStream(IterateUntilNone[bytes]):
     """The responses of one REQUEST_STREAM or REQUEST_SUB, in order."""
 
     def __init__(self, client: ReactiveSocketClient, stream_id: int) -> None:
@@ -179,14 +181,6 @@ class ResponseStream:
             raise item
         return item
 
-    def __aiter__(self) -> ResponseStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        item = await self.next()
-        if item is None:
-            raise StopAsyncIteration
-        return item
 
     async def request(self, n: int) -> None:
         """Grant ``n`` more responses (REQUEST_N)."""
@@ -199,7 +193,7 @@ class ResponseStream:
         self._put(_END)
 
 
-class EventStream:
+class EventStream(IterateUntilNone[EventMap]):
     """A ResponseStream whose items are event maps."""
 
     def __init__(self, stream: ResponseStream) -> None:
@@ -213,14 +207,6 @@ class EventStream:
         data = await self.raw.next(timeout)
         return None if data is None else payloads.decode_event(data)
 
-    def __aiter__(self) -> EventStream:
-        return self
-
-    async def __anext__(self) -> EventMap:
-        ev = await self.next()
-        if ev is None:
-            raise StopAsyncIteration
-        return ev
 
     async def request(self, n: int) -> None:
         await self.raw.request(n)

@@ -38,6 +38,7 @@ from bench.common import (
     _prepare_raw,
     bench_cluster,
     fresh_database,
+    percentile,
     raw_single_row_rate,
     report,
 )
@@ -48,12 +49,6 @@ from protocols.bson.client import BsonClient
 REPO = str(Path(__file__).resolve().parent.parent)
 EVENT = {"amount": 42, "currency": "EUR", "note": "benchmark event"}
 BODY = b'{"amount": 42, "currency": "EUR", "note": "benchmark event"}'
-
-
-def percentile(samples: list[float], p: float) -> float:
-    ordered = sorted(samples)
-    k = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
-    return ordered[k]
 
 
 # --- raw PostgreSQL baselines ----------------------------------------------------------
@@ -224,7 +219,7 @@ async def run(args: argparse.Namespace) -> None:
             bson_rate = await bson_throughput(addr, args.connections, args.window, args.seconds)
 
     def p(xs: list[float], q: float) -> float:
-        return percentile(xs, q)
+        return percentile(xs, q / 100)
 
     rows = [
         (f"raw asyncpg, {args.raw_clients} clients x 1 row/tx", raw_rate, "rows/s"),

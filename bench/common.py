@@ -181,6 +181,12 @@ async def timed_rate(
     return sum(counts) / elapsed
 
 
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile, ``q`` in [0, 1]."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def report(title: str, rows: list[tuple[str, float, str]]) -> None:
     """Print the result table: (measurement, value, unit)."""
     print(f"\n{title}")

@@ -30,6 +30,7 @@ from bench.common import (
     _prepare_raw,
     bench_cluster,
     fresh_database,
+    percentile,
     raw_single_row_rate,
     report,
 )
@@ -41,11 +42,6 @@ from protocols.micromsg2.frames import PropertyValue
 
 BODY = b'{"amount": 42, "currency": "EUR", "note": "benchmark event"}'
 PROPS: dict[str, PropertyValue] = {"type": "BenchEvent", "amount": 42}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def raw_notify_latencies(url: str, seconds: float) -> list[float]:

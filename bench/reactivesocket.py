@@ -29,6 +29,7 @@ from bench.common import (
     Progress,
     bench_cluster,
     fresh_database,
+    percentile,
     raw_copy_rate,
     raw_single_row_rate,
     report,
@@ -49,11 +50,6 @@ VALUES (nextval('bench_latency_position'), $1, 'bench', $2, $3, 'bench', '{}'::j
 RETURNING position
 """
 _RAW_FETCH = "SELECT body FROM events WHERE position = $1"
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def raw_delivery_latency(url: str, seconds: float) -> list[float]:
@@ -199,7 +195,7 @@ async def run(seconds: float, connections: int, appenders: int) -> None:
         copy_rate = await raw_copy_rate(raw_url, max(50_000, int(batch_rate * 2)), BODY)
 
     raw_p50, rs_p50 = statistics.median(raw_latency), statistics.median(rs_latency)
-    raw_p99, rs_p99 = _percentile(raw_latency, 0.99), _percentile(rs_latency, 0.99)
+    raw_p99, rs_p99 = percentile(raw_latency, 0.99), percentile(rs_latency, 0.99)
     report(
         "ReactiveSocket vs raw PostgreSQL (fsync on; same cluster, same table)",
         [

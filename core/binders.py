@@ -52,6 +52,12 @@ class BinderSpec:
     documents: int = 0
 
     @property
+    def definition(self) -> tuple[str, str, tuple[str, ...] | None, str]:
+        """What the binder projects, without its progress: equal definitions
+        give equal documents."""
+        return self.context, self.stream_prefix, self.types, self.fold
+
+    @property
     def selector(self) -> Selector:
         return Selector(
             context=self.context,
@@ -71,7 +77,7 @@ class BinderSpec:
         }
 
 
-def _spec(row: asyncpg.Record) -> BinderSpec:
+def spec_from_row(row: asyncpg.Record) -> BinderSpec:
     return BinderSpec(
         name=row["name"],
         context=row["context"],
@@ -169,10 +175,10 @@ class BinderService:
         row = await self._pool.fetchrow(sql.GET_BINDER, name)
         if row is None:
             raise NotFound(f"no binder named {name!r}")
-        return _spec(row)
+        return spec_from_row(row)
 
     async def list(self) -> list[BinderSpec]:
-        return [_spec(r) for r in await self._pool.fetch(sql.LIST_BINDERS)]
+        return [spec_from_row(r) for r in await self._pool.fetch(sql.LIST_BINDERS)]
 
     async def drop(self, name: str) -> None:
         async with self._pool.acquire() as conn, conn.transaction():
@@ -238,7 +244,7 @@ class BinderService:
             row = await conn.fetchrow(sql.LOCK_BINDER, name)
             if row is None:
                 return False  # dropped, or another process is on it
-            spec = _spec(row)
+            spec = spec_from_row(row)
             head = await conn.fetchval(sql.HEAD_POSITION)
             sel = spec.selector
             rows = await conn.fetch(

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from core import sql
-from core.binders import fold_document, to_jsonable
+from core.binders import BinderSpec, fold_document, spec_from_row, to_jsonable
 from core.bodies import body_document
 from pipeline.db import Pg, PipelineError, jdbc_target, sql_text, sql_text_array
 from pipeline.progress import Progress
@@ -46,7 +46,8 @@ WRITE_PARTITIONS = 4
 
 CLEAR_STAGING = "DELETE FROM pipeline_binder_staging WHERE binder = $1"
 LOCK_BINDER = """
-SELECT name, context, stream_prefix, types, fold FROM binders WHERE name = $1 FOR UPDATE
+SELECT name, context, stream_prefix, types, fold, position FROM binders
+WHERE name = $1 FOR UPDATE
 """
 STAGED = "SELECT count(*) FROM pipeline_binder_staging WHERE binder = $1"
 SWAP_IN = """
@@ -55,27 +56,14 @@ SELECT binder, key, document::jsonb, position FROM pipeline_binder_staging WHERE
 """
 
 
-@dataclass(frozen=True, slots=True)
-class BinderDef:
-    name: str
-    context: str
-    stream_prefix: str
-    types: tuple[str, ...] | None
-    fold: str
-
-    @classmethod
-    def from_row(cls, row: Any) -> BinderDef:
-        types = tuple(row["types"]) if row["types"] is not None else None
-        return cls(row["name"], row["context"], row["stream_prefix"], types, row["fold"])
-
-    def where(self) -> str:
-        """The binder's selector as SQL over the events table."""
-        parts = [f"context = {sql_text(self.context)}"]
-        if self.stream_prefix:
-            parts.append(f"starts_with(stream, {sql_text(self.stream_prefix)})")
-        if self.types:  # an empty list selects every type, as in the projector
-            parts.append(f"type = ANY({sql_text_array(self.types)})")
-        return " AND ".join(parts)
+def binder_where(binder: BinderSpec) -> str:
+    """The binder's selector as SQL over the events table."""
+    parts = [f"context = {sql_text(binder.context)}"]
+    if binder.stream_prefix:
+        parts.append(f"starts_with(stream, {sql_text(binder.stream_prefix)})")
+    if binder.types:  # an empty list selects every type, as in the projector
+        parts.append(f"type = ANY({sql_text_array(binder.types)})")
+    return " AND ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +94,10 @@ def fold_streams(fold: str, binder: str, rows: Iterable[Any]) -> Iterator[tuple[
         yield (binder, key, json.dumps(doc), last, events)
 
 
-async def _swap(conn: asyncpg.Connection, binder: BinderDef, head: int) -> int:
+async def _swap(conn: asyncpg.Connection, binder: BinderSpec, head: int) -> int:
     async with conn.transaction():
         row = await conn.fetchrow(LOCK_BINDER, binder.name)
-        if row is None or BinderDef.from_row(row) != binder:
+        if row is None or spec_from_row(row).definition != binder.definition:
             raise PipelineError(
                 f"binder {binder.name!r} was dropped or redefined during the rebuild; "
                 "nothing was changed"
@@ -135,7 +123,7 @@ def rebuild_binder(
         row = pg.fetchrow(sql.GET_BINDER, name)
         if row is None:
             raise PipelineError(f"no binder named {name!r}")
-        binder = BinderDef.from_row(row)
+        binder = spec_from_row(row)
         pg.execute(CLEAR_STAGING, name)
         head = pg.head()
         n = partitions or default_partitions(spark, head)
@@ -147,7 +135,7 @@ def rebuild_binder(
         )
         events = read_events(
             spark, target, columns=COLUMNS, after=0, through=head, partitions=n,
-            where=binder.where(),
+            where=binder_where(binder),
         )
         ordered = events.repartition("stream").sortWithinPartitions("stream", "position")
         documents = spark.createDataFrame(

@@ -415,6 +415,22 @@ async def test_queue_keeps_messages_for_later_consumers(gateway_factory: Gateway
         await c.close()
 
 
+async def leave_three_unacked(gw: Gateway, a: MicroMsg2Client, b: MicroMsg2Client,
+                              stream: str) -> None:
+    """``a`` takes messages 0..4 of queue/<stream> and acknowledges 0 and 1; ``b``
+    subscribes too; ``a`` leaves with 2..4 unacknowledged."""
+    await a.subscribe(f"queue/{stream}")
+    await wait_subscriptions(gw, 1)
+    await gw.store.append(
+        Append("default", stream, tuple(EventData("t", str(i).encode()) for i in range(5)))
+    )
+    first = await receive_n(a, 5)
+    await a.ack(first[1])
+    await b.subscribe(f"queue/{stream}")
+    await wait_subscriptions(gw, 2)
+    await a.unsubscribe(f"queue/{stream}")
+
+
 async def test_unacked_queue_messages_go_to_the_other_consumer(
     gateway_factory: GatewayFactory,
 ) -> None:
@@ -422,16 +438,7 @@ async def test_unacked_queue_messages_go_to_the_other_consumer(
     a = await connect(gw, required=["pubsub", "batch-ack:max-count=5"])
     b = await connect(gw, required=["pubsub", "batch-ack:max-count=5"])
     try:
-        await a.subscribe("queue/retry")
-        await wait_subscriptions(gw, 1)
-        await gw.store.append(
-            Append("default", "retry", tuple(EventData("t", str(i).encode()) for i in range(5)))
-        )
-        first = await receive_n(a, 5)
-        await a.ack(first[1])  # 0 and 1 done; 2..4 not acknowledged
-        await b.subscribe("queue/retry")
-        await wait_subscriptions(gw, 2)
-        await a.unsubscribe("queue/retry")
+        await leave_three_unacked(gw, a, b, "retry")
         await gw.store.append(Append("default", "retry", (EventData("t", b"5"),)))
         got = await receive_n(b, 4, ack=True)
         assert sorted(m.payload for m in got) == [b"2", b"3", b"4", b"5"]
@@ -448,16 +455,7 @@ async def test_unacked_queue_messages_are_redelivered_without_new_traffic(
     a = await connect(gw, required=["pubsub", "batch-ack:max-count=5"])
     b = await connect(gw, required=["pubsub", "batch-ack:max-count=5"])
     try:
-        await a.subscribe("queue/retry2")
-        await wait_subscriptions(gw, 1)
-        await gw.store.append(
-            Append("default", "retry2", tuple(EventData("t", str(i).encode()) for i in range(5)))
-        )
-        first = await receive_n(a, 5)
-        await a.ack(first[1])
-        await b.subscribe("queue/retry2")
-        await wait_subscriptions(gw, 2)
-        await a.unsubscribe("queue/retry2")
+        await leave_three_unacked(gw, a, b, "retry2")
         got = []
         for _ in range(3):
             msg = await b.receive(timeout=1)

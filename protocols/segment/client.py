@@ -203,6 +203,15 @@ class _Link:
             await self._task
 
 
+def _usable(link: _Link | None) -> _Link:
+    """The connection, if there is one and it has not failed."""
+    if link is None:
+        raise ConnectionLost("not connected")
+    if link.error is not None:
+        raise link.error
+    return link
+
+
 class _KeepAlives:
     def __init__(self) -> None:
         self.pending: deque[asyncio.Future[bytes]] = deque()
@@ -360,11 +369,7 @@ class SegmentWriter:
     # --- internals ------------------------------------------------------------------
 
     def _current(self) -> _Link:
-        if self._link is None:
-            raise ConnectionLost("not connected")
-        if self._link.error is not None:
-            raise self._link.error
-        return self._link
+        return _usable(self._link)
 
     async def _setup_and_resume(self, link: _Link, appender: SegmentAppender) -> None:
         writer = appender.writer
@@ -456,11 +461,7 @@ class SegmentReader:
         return reader
 
     def _current(self) -> _Link:
-        if self._link is None:
-            raise ConnectionLost("not connected")
-        if self._link.error is not None:
-            raise self._link.error
-        return self._link
+        return _usable(self._link)
 
     async def read(
         self, segment: str, offset: int = 0, suggested_length: int = 1 << 20

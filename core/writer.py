@@ -34,7 +34,7 @@ from core.errors import (
     TooLarge,
     WrongExpectedVersion,
 )
-from core.events import RecordedEvent
+from core.events import SEGMENT_EVENT_HEADER_SIZE, RecordedEvent
 from core.records import record_from_row
 
 log = logging.getLogger("polyport.writer")
@@ -218,9 +218,10 @@ class Writer:
             _check_text(a.stream, "stream name")
             _check_text(a.origin, "origin")
             for e in a.events:
-                if e.event_id in ids:
-                    raise Malformed(f"event id {e.event_id} appears twice in one append")
-                ids.add(e.event_id)
+                if n > 1:
+                    if e.event_id in ids:
+                        raise Malformed(f"event id {e.event_id} appears twice in one append")
+                    ids.add(e.event_id)
                 _check_text(e.type, "event type")
                 _check_text(e.content_type, "content type")
                 for key, value in e.headers.items():
@@ -456,7 +457,7 @@ class Writer:
                 raise
             else:
                 if written is not None:
-                    self._finish(batch, plan, *written, slot)
+                    self._finish(batch, plan, *written, slot, remembered=True)
                     return
         if previous is not None:
             await previous
@@ -470,7 +471,7 @@ class Writer:
         rows = plan.rows
         document = json.dumps(
             [
-                [str(r[0]), r[1], r[2], r[3], r[4], r[5], r[7],
+                [r[0].hex, r[1], r[2], r[3], r[4], r[5], r[7],
                  None if r[8] is None else r[8].isoformat(), r[9], r[10]]
                 for r in rows
             ],
@@ -549,10 +550,12 @@ class Writer:
             self._streams.popitem(last=False)
 
     def _finish(
-        self, batch: list[_Pending], plan: _Plan, base: int, t0: datetime, slot: int
+        self, batch: list[_Pending], plan: _Plan, base: int, t0: datetime, slot: int,
+        remembered: bool = False,
     ) -> None:
-        for k in plan.touched:
-            self._remember(k, plan.after[k])
+        if not remembered:
+            for k in plan.touched:
+                self._remember(k, plan.after[k])
         n = len(plan.rows)
         self.stats.commits += 1
         self.stats.events += n
@@ -579,9 +582,18 @@ _FAST_APPEND = {
 _NO_HEADERS: dict[str, str] = {}
 
 
+# Names already found valid.  Contexts, streams, types and content types
+# repeat from append to append, so most checks are one set lookup.  Bounded:
+# cleared when full.
+_VALID_TEXT: set[str] = set()
+_VALID_TEXT_MAX = 4096
+
+
 def _check_text(value: str, what: str) -> None:
     """PostgreSQL text cannot hold NUL or unpaired surrogates; refuse them up
     front so they fail their own append rather than the whole group commit."""
+    if type(value) is str and value in _VALID_TEXT:
+        return
     if not isinstance(value, str):
         raise Malformed(f"{what} must be text")
     if "\x00" in value:
@@ -590,6 +602,9 @@ def _check_text(value: str, what: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise Malformed(f"{what} is not valid Unicode (unpaired surrogate)") from None
+    if len(_VALID_TEXT) >= _VALID_TEXT_MAX:
+        _VALID_TEXT.clear()
+    _VALID_TEXT.add(value)
 
 
 class _Planned(NamedTuple):
@@ -648,8 +663,10 @@ def _plan(
     existing: dict[uuid.UUID, RecordedEvent],
 ) -> _Plan:
     """Decide each pending unit's fate against ``state`` (pure; no I/O)."""
-    before = {k: v.copy() for k, v in state.items()}
-    after = {k: v.copy() for k, v in before.items()}
+    # ``state`` is only read: ``after`` holds copies, made when a stream is
+    # first touched.
+    before = state
+    after: dict[tuple[str, str], _StreamState] = {}
     rows: list[tuple[Any, ...]] = []
     outcomes: list[list[_Planned] | PolyportError] = []
     touched: set[tuple[str, str]] = set()
@@ -663,7 +680,7 @@ def _plan(
         for a in p.appends:
             k = (a.context, a.stream)
             if k not in trial:
-                trial[k] = after[k].copy()
+                trial[k] = (after.get(k) or before[k]).copy()
         trial_rows: list[tuple[Any, ...]] = []
         planned: list[_Planned] = []
         added: list[uuid.UUID] = []
@@ -681,41 +698,35 @@ def _plan(
             if mismatch is not None:
                 error = mismatch
                 break
-            first_version = st.last_version + 1
-            first_index = len(rows) + len(trial_rows) + 1
+            context, stream = a.context, a.stream
+            version, offset = st.last_version, st.segment_length
+            index = len(rows) + len(trial_rows)
+            first_version, first_index = version + 1, index + 1
             for e in a.events:
-                st.last_version += 1
+                version += 1
+                index += 1
+                event_id, body = e.event_id, e.body
                 trial_rows.append(
                     (
-                        e.event_id,
-                        a.context,
-                        a.stream,
-                        st.last_version,
+                        event_id,
+                        context,
+                        stream,
+                        version,
                         e.type,
                         dict(e.headers) if e.headers else _NO_HEADERS,
-                        e.body,
+                        body,
                         e.content_type,
                         e.client_time,
                         a.origin,
-                        st.segment_length,
+                        offset,
                     )
                 )
-                index = len(rows) + len(trial_rows)
-                seen[e.event_id] = _Earlier(e.event_id, a.context, a.stream,
-                                            st.last_version, index)
-                added.append(e.event_id)
-                st.segment_length += e.segment_size
-            last_index = len(rows) + len(trial_rows)
+                seen[event_id] = _Earlier(event_id, context, stream, version, index)
+                added.append(event_id)
+                offset += SEGMENT_EVENT_HEADER_SIZE + len(body)
+            st.last_version, st.segment_length = version, offset
             planned.append(
-                _Planned(
-                    a.context,
-                    a.stream,
-                    first_version,
-                    st.last_version,
-                    first_index,
-                    last_index,
-                    commit_id,
-                )
+                _Planned(context, stream, first_version, version, first_index, index, commit_id)
             )
         if error is not None:
             for event_id in added:
@@ -782,11 +793,14 @@ def _idempotent_match(
 ) -> list[RecordedEvent | _Earlier] | PolyportError | None:
     """None: none of the ids appended before.  The earlier records: all of them
     appended before, to this stream.  An error: only some, or elsewhere."""
-    if not a.events:
+    if not seen:
         return None
+    for e in a.events:
+        if e.event_id in seen:
+            break
+    else:
+        return None  # the common case, kept cheap
     found = [seen.get(e.event_id) for e in a.events]
-    if all(f is None for f in found):
-        return None
     if any(f is None for f in found):
         return WrongExpectedVersion(
             "some of these event ids were already appended and others were not; "

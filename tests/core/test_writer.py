@@ -12,7 +12,7 @@ from core.commands import ReadStream
 from core.errors import Busy, WrongExpectedVersion
 from core.events import EventData
 from core.store import EventStore, StoreConfig
-from core.writer import WriterLimits
+from core.writer import _VALID_TEXT, _VALID_TEXT_MAX, WriterLimits, _check_text
 from tests.core.helpers import append, ev, unique
 from tests.pg import HEAD_LOCK, row_locked
 
@@ -98,3 +98,32 @@ async def test_fast_path_round_trips_every_column(store: EventStore) -> None:
         (e.type, e.body, dict(e.headers), e.content_type, e.client_time) for e in events]
     assert read[1].client_time == datetime(2020, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
     assert [e.segment_offset for e in read] == [0, 8 + 11, 8 + 11 + 8]
+
+
+async def test_a_bad_name_is_refused_after_good_ones_were_remembered(db_url: str) -> None:
+    """Valid names are remembered so repeats skip the check; a NUL or an
+    unpaired surrogate must still fail its own append, and only that one."""
+    store = EventStore(StoreConfig(db_url))
+    await store.start()
+    try:
+        stream = unique("names")
+        for _ in range(3):
+            await store.append(append(stream, ev(1)))
+        bad = [stream + "\x00", stream + "\ud800"]
+        outcomes = await asyncio.gather(
+            *(store.append(append(name, ev(2))) for name in bad),
+            store.append(append(stream, ev(3))),
+            return_exceptions=True,
+        )
+        assert [type(o).__name__ for o in outcomes] == ["Malformed", "Malformed", "AppendResult"]
+        assert "NUL" in str(outcomes[0]) and "surrogate" in str(outcomes[1])
+    finally:
+        await store.close()
+
+
+def test_the_remembered_names_are_bounded() -> None:
+    _VALID_TEXT.clear()
+    for i in range(_VALID_TEXT_MAX + 10):
+        _check_text(f"name-{i}", "stream name")
+    assert len(_VALID_TEXT) <= _VALID_TEXT_MAX
+    assert "name-0" not in _VALID_TEXT  # cleared when it filled up

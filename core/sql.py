@@ -293,8 +293,8 @@ DROP_BINDER = "DELETE FROM binders WHERE name = $1 RETURNING name"
 # encodes one by one (measured in the running system: faster overall, the
 # server's jsonb parse included).
 #   $1 number of events
-#   $2 [[event_id, context, stream, version, type, headers{}, content_type,
-#        client_time (ISO 8601) | null, origin, segment_offset], ...]
+#   $2 [[event_id (32 hex digits), context, stream, version, type, headers{},
+#        content_type, client_time (ISO 8601) | null, origin, segment_offset], ...]
 #   $3 bodies, in the same order
 # and, in the variants that need them (a CTE costs its executor set-up even
 # when it has no rows, so the common case leaves them out):

@@ -34,7 +34,7 @@ from core.errors import (
     TooLarge,
     WrongExpectedVersion,
 )
-from core.events import SEGMENT_EVENT_HEADER_SIZE, RecordedEvent
+from core.events import RecordedEvent
 from core.records import record_from_row
 
 log = logging.getLogger("polyport.writer")
@@ -457,7 +457,7 @@ class Writer:
                 raise
             else:
                 if written is not None:
-                    self._finish(batch, plan, *written, slot, remembered=True)
+                    self._finish(batch, plan, *written, slot)
                     return
         if previous is not None:
             await previous
@@ -538,7 +538,9 @@ class Writer:
                 )
             for cp in plan.checkpoints:
                 await conn.execute(sql.UPSERT_PRODUCER_CHECKPOINT, *cp)
+        # Fresh from the database, as this commit left them.
         for k, st in state.items():
+            st = plan.after.get(k, st)
             if st.last_version:
                 self._remember(k, st)
         self._finish(batch, plan, base, t0, slot)
@@ -550,12 +552,8 @@ class Writer:
             self._streams.popitem(last=False)
 
     def _finish(
-        self, batch: list[_Pending], plan: _Plan, base: int, t0: datetime, slot: int,
-        remembered: bool = False,
+        self, batch: list[_Pending], plan: _Plan, base: int, t0: datetime, slot: int
     ) -> None:
-        if not remembered:
-            for k in plan.touched:
-                self._remember(k, plan.after[k])
         n = len(plan.rows)
         self.stats.commits += 1
         self.stats.events += n
@@ -705,7 +703,7 @@ def _plan(
             for e in a.events:
                 version += 1
                 index += 1
-                event_id, body = e.event_id, e.body
+                event_id = e.event_id
                 trial_rows.append(
                     (
                         event_id,
@@ -714,7 +712,7 @@ def _plan(
                         version,
                         e.type,
                         dict(e.headers) if e.headers else _NO_HEADERS,
-                        body,
+                        e.body,
                         e.content_type,
                         e.client_time,
                         a.origin,
@@ -723,7 +721,7 @@ def _plan(
                 )
                 seen[event_id] = _Earlier(event_id, context, stream, version, index)
                 added.append(event_id)
-                offset += SEGMENT_EVENT_HEADER_SIZE + len(body)
+                offset += e.segment_size
             st.last_version, st.segment_length = version, offset
             planned.append(
                 _Planned(context, stream, first_version, version, first_index, index, commit_id)
@@ -793,8 +791,6 @@ def _idempotent_match(
 ) -> list[RecordedEvent | _Earlier] | PolyportError | None:
     """None: none of the ids appended before.  The earlier records: all of them
     appended before, to this stream.  An error: only some, or elsewhere."""
-    if not seen:
-        return None
     for e in a.events:
         if e.event_id in seen:
             break

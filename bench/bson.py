@@ -42,9 +42,9 @@ from bench.common import (
     raw_single_row_rate,
     report,
 )
-from core import migrate
-from gateway.config import DEFAULT_PORTS
-from protocols.bson.client import BsonClient
+from polyport.core import migrate
+from polyport.gateway.config import DEFAULT_PORTS
+from polyport.protocols.bson.client import BsonClient
 
 REPO = str(Path(__file__).resolve().parent.parent)
 EVENT = {"amount": 42, "currency": "EUR", "note": "benchmark event"}
@@ -90,7 +90,7 @@ async def raw_latencies(url: str, samples: int) -> tuple[list[float], list[float
 
 @asynccontextmanager
 async def gateway_process(url: str) -> AsyncIterator[tuple[str, int]]:
-    args = [sys.executable, "-m", "gateway.cli", "serve", "--database-url", url,
+    args = [sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", url,
             "--host", "127.0.0.1", "--http-port", "off", "--bson-port", "0"]
     for name in DEFAULT_PORTS:
         if name != "bson":

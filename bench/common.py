@@ -23,8 +23,8 @@ from pathlib import Path
 
 import asyncpg
 
-from core import migrate, sql
-from gateway.embedded_pg import EmbeddedPostgres
+from polyport.core import migrate, sql
+from polyport.gateway.embedded_pg import EmbeddedPostgres
 
 _db_counter = itertools.count()
 

@@ -23,9 +23,9 @@ from bench.common import (
     report,
     timed_rate,
 )
-from core.commands import Append
-from core.events import EventData
-from core.store import EventStore, StoreConfig
+from polyport.core.commands import Append
+from polyport.core.events import EventData
+from polyport.core.store import EventStore, StoreConfig
 
 BODY = b'{"amount": 42, "currency": "EUR", "note": "benchmark event"}'
 

@@ -34,11 +34,11 @@ from bench.common import (
     raw_single_row_rate,
     report,
 )
-from core import migrate
-from gateway.app import Gateway
-from gateway.config import DEFAULT_PORTS, GatewayConfig
-from protocols.micromsg2.client import MicroMsg2Client
-from protocols.micromsg2.frames import PropertyValue
+from polyport.core import migrate
+from polyport.gateway.app import Gateway
+from polyport.gateway.config import DEFAULT_PORTS, GatewayConfig
+from polyport.protocols.micromsg2.client import MicroMsg2Client
+from polyport.protocols.micromsg2.frames import PropertyValue
 
 BODY = b'{"amount": 42, "currency": "EUR", "note": "benchmark event"}'
 PROPS: dict[str, PropertyValue] = {"type": "BenchEvent", "amount": 42}

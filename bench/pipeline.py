@@ -25,11 +25,11 @@ from pathlib import Path
 import asyncpg
 
 from bench.common import Progress, bench_cluster, fresh_database, report
-from core import migrate
-from core.commands import Append
-from core.events import EventData
-from core.sql import EVENT_COLUMNS
-from core.store import EventStore, StoreConfig
+from polyport.core import migrate
+from polyport.core.commands import Append
+from polyport.core.events import EventData
+from polyport.core.sql import EVENT_COLUMNS
+from polyport.core.store import EventStore, StoreConfig
 
 BODY = b'{"amount": 42, "currency": "EUR", "note": "benchmark event"}'
 CONTEXTS = ("shop", "billing", "metrics")
@@ -89,8 +89,8 @@ async def copy_rate(url: str, head: int, target: Path) -> float:
 def run_exports(url: str, work: Path, master: str | None, partitions: int | None
                 ) -> tuple[float, list[tuple[int, float]]]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pipeline.export import export_events
-    from pipeline.session import SparkSettings, spark_session
+    from polyport.pipeline.export import export_events
+    from polyport.pipeline.session import SparkSettings, spark_session
 
     started = time.monotonic()
     spark = spark_session(SparkSettings(master=master, conf=(("spark.ui.enabled", "false"),)))

@@ -35,10 +35,10 @@ from bench.common import (
     report,
     timed_rate,
 )
-from core import migrate
-from gateway.app import Gateway
-from gateway.config import DEFAULT_PORTS, GatewayConfig
-from protocols.reactivesocket.client import NewEvent, ReactiveSocketClient
+from polyport.core import migrate
+from polyport.gateway.app import Gateway
+from polyport.gateway.config import DEFAULT_PORTS, GatewayConfig
+from polyport.protocols.reactivesocket.client import NewEvent, ReactiveSocketClient
 
 BODY = b'{"amount": 42, "currency": "EUR", "note": "benchmark event"}'
 

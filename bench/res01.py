@@ -28,8 +28,8 @@ from bench.common import (
     report,
     timed_rate,
 )
-from gateway.config import DEFAULT_PORTS, GatewayConfig
-from protocols.res01.client import Res01Client, new_event
+from polyport.gateway.config import DEFAULT_PORTS, GatewayConfig
+from polyport.protocols.res01.client import Res01Client, new_event
 
 BODY = '{"amount": 42, "currency": "EUR", "note": "benchmark event"}'
 BATCH = 100
@@ -41,7 +41,7 @@ async def gateway_process(url: str) -> AsyncIterator[tuple[str, int]]:
     """``polyport serve`` with only the Res01 listener, on a free port."""
     off = [a for n in DEFAULT_PORTS if n != "res01" for a in (f"--{n}-port", "off")]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "serve", "--database-url", url,
+        sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", url,
         "--res01-port", "0", "--http-port", "off", *off,
         stdout=asyncio.subprocess.PIPE,
         env={**os.environ, "POLYPORT_LOG_LEVEL": "warning"},
@@ -68,7 +68,7 @@ async def gateway_process(url: str) -> AsyncIterator[tuple[str, int]]:
 
 @contextlib.asynccontextmanager
 async def gateway_here(url: str) -> AsyncIterator[tuple[str, int]]:
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
     ports: dict[str, Any] = {f"{n}_port": (0 if n == "res01" else None) for n in DEFAULT_PORTS}
     cfg = GatewayConfig(database_url=url, http_port=None, **ports)

@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 from bench.common import Progress, bench_cluster, fresh_database, raw_copy_rate, report
-from gateway.app import Gateway
-from gateway.config import DEFAULT_PORTS, GatewayConfig
-from protocols.segment.client import SegmentWriter
+from polyport.gateway.app import Gateway
+from polyport.gateway.config import DEFAULT_PORTS, GatewayConfig
+from polyport.protocols.segment.client import SegmentWriter
 
 BODY = b'{"amount": 42, "currency": "EUR", "note": "benchmark event"}'
 FRAMED = 8 + len(BODY)

@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 from bson import json_util
 
-from core import sql
-from core.aio import wait_event
-from core.bodies import event_document
-from core.commands import Selector
-from core.errors import Malformed, NotFound
-from core.matcher import Predicate, compile_matcher
-from core.records import record_from_row
+from polyport.core import sql
+from polyport.core.aio import wait_event
+from polyport.core.bodies import event_document
+from polyport.core.commands import Selector
+from polyport.core.errors import Malformed, NotFound
+from polyport.core.matcher import Predicate, compile_matcher
+from polyport.core.records import record_from_row
 
 if TYPE_CHECKING:
-    from core.store import EventStore
+    from polyport.core.store import EventStore
 
 log = logging.getLogger("polyport.binders")
 

@@ -18,7 +18,7 @@ import msgpack
 from bson import json_util
 from bson.codec_options import CodecOptions, DatetimeConversion
 
-from core.events import RecordedEvent
+from polyport.core.events import RecordedEvent
 
 JSON = "application/json"
 BSON = "application/bson"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from core.events import EventData, RecordedEvent
+from polyport.core.events import EventData, RecordedEvent
 
 # --- expected version -------------------------------------------------------
 

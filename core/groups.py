@@ -17,14 +17,14 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-from core import sql
-from core.commands import Selector
-from core.events import RecordedEvent
-from core.reader import BufferedReader
-from core.subscriptions import Subscription
+from polyport.core import sql
+from polyport.core.commands import Selector
+from polyport.core.events import RecordedEvent
+from polyport.core.reader import BufferedReader
+from polyport.core.subscriptions import Subscription
 
 if TYPE_CHECKING:
-    from core.store import EventStore
+    from polyport.core.store import EventStore
 
 log = logging.getLogger("polyport.groups")
 

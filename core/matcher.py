@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from core.errors import Malformed
-from core.events import RecordedEvent
+from polyport.core.errors import Malformed
+from polyport.core.events import RecordedEvent
 
 Predicate = Callable[[Mapping[str, Any]], bool]
 
@@ -111,7 +111,7 @@ def _any_of(preds: list[Predicate]) -> Predicate:
 def event_matcher(spec: Mapping[str, Any]) -> Callable[[RecordedEvent], bool]:
     """A matcher over an event's body document (what BSON ``matcher`` and
     persisted durable subscriptions mean by "the event fields")."""
-    from core.bodies import event_document
+    from polyport.core.bodies import event_document
 
     predicate = compile_matcher(spec)
     return lambda ev: predicate(event_document(ev))

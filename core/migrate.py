@@ -14,7 +14,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-import migrations
+from polyport import migrations
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 

@@ -8,8 +8,8 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-from core.aio import IterateUntilNone, wait_event
-from core.events import RecordedEvent
+from polyport.core.aio import IterateUntilNone, wait_event
+from polyport.core.events import RecordedEvent
 
 MAX_CREDITS = 1 << 62
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from core.events import RecordedEvent
+from polyport.core.events import RecordedEvent
 
 
 def record_from_row(row: Mapping[str, Any]) -> RecordedEvent:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from core.events import SEGMENT_EVENT_HEADER_SIZE
+from polyport.core.events import SEGMENT_EVENT_HEADER_SIZE
 
 EVENT_COLUMNS = (
     "position",

@@ -14,9 +14,9 @@ from typing import Any
 
 import asyncpg
 
-from core import sql
-from core.binders import BinderQuery, BinderService
-from core.commands import (
+from polyport.core import sql
+from polyport.core.binders import BinderQuery, BinderService
+from polyport.core.commands import (
     Append,
     AppendBatch,
     AppendResult,
@@ -33,15 +33,15 @@ from core.commands import (
     Start,
     Subscribe,
 )
-from core.errors import Busy, Malformed, NotFound, StorageUnavailable, Timeout
-from core.events import RecordedEvent
-from core.groups import ConsumerGroup, GroupMember
-from core.matcher import event_matcher
-from core.migrate import asyncpg_dsn
-from core.records import record_from_row
-from core.subscriptions import Subscription, Tailer
-from core.users import UserService
-from core.writer import Writer, WriterLimits
+from polyport.core.errors import Busy, Malformed, NotFound, StorageUnavailable, Timeout
+from polyport.core.events import RecordedEvent
+from polyport.core.groups import ConsumerGroup, GroupMember
+from polyport.core.matcher import event_matcher
+from polyport.core.migrate import asyncpg_dsn
+from polyport.core.records import record_from_row
+from polyport.core.subscriptions import Subscription, Tailer
+from polyport.core.users import UserService
+from polyport.core.writer import Writer, WriterLimits
 
 log = logging.getLogger("polyport.store")
 

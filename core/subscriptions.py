@@ -21,13 +21,13 @@ from datetime import datetime
 
 import asyncpg
 
-from core import sql
-from core.aio import wait_event
-from core.commands import Selector
-from core.errors import StorageUnavailable
-from core.events import RecordedEvent
-from core.reader import BufferedReader
-from core.records import record_from_row
+from polyport.core import sql
+from polyport.core.aio import wait_event
+from polyport.core.commands import Selector
+from polyport.core.errors import StorageUnavailable
+from polyport.core.events import RecordedEvent
+from polyport.core.reader import BufferedReader
+from polyport.core.records import record_from_row
 
 log = logging.getLogger("polyport.subscriptions")
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import asyncpg
 
-from core import sql
-from core.commands import Principal
-from core.errors import Malformed, NotFound, Unauthenticated
-from core.events import DEFAULT_CONTEXT
+from polyport.core import sql
+from polyport.core.commands import Principal
+from polyport.core.errors import Malformed, NotFound, Unauthenticated
+from polyport.core.events import DEFAULT_CONTEXT
 
 # Interactive-login strength (about 50 ms); parameters are stored with each hash.
 SCRYPT_N = 1 << 14

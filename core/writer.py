@@ -23,9 +23,9 @@ from typing import Any, NamedTuple
 
 import asyncpg
 
-from core import sql
-from core.commands import AnyVersion, Append, AppendResult, ExactVersion, NoStream
-from core.errors import (
+from polyport.core import sql
+from polyport.core.commands import AnyVersion, Append, AppendResult, ExactVersion, NoStream
+from polyport.core.errors import (
     Busy,
     Malformed,
     PolyportError,
@@ -34,8 +34,8 @@ from core.errors import (
     TooLarge,
     WrongExpectedVersion,
 )
-from core.events import RecordedEvent
-from core.records import record_from_row
+from polyport.core.events import RecordedEvent
+from polyport.core.records import record_from_row
 
 log = logging.getLogger("polyport.writer")
 

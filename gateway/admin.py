@@ -21,12 +21,12 @@ import asyncpg
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from core.commands import FromPosition, FromTime
-from core.errors import Malformed, NotFound, PolyportError, StorageUnavailable
-from gateway.telemetry import polyport_version
+from polyport.core.commands import FromPosition, FromTime
+from polyport.core.errors import Malformed, NotFound, PolyportError, StorageUnavailable
+from polyport.gateway.telemetry import polyport_version
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
 log = logging.getLogger("polyport.admin")
 

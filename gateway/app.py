@@ -10,15 +10,15 @@ from typing import Any
 
 from aiohttp import web
 
-from core import migrate
-from core.store import EventStore, StoreConfig
-from core.writer import WriterLimits
-from gateway.config import GatewayConfig
-from gateway.database import database_url
-from gateway.http import build_app
-from gateway.registry import ListenerDef, RunningListener, discover
-from gateway.telemetry import Telemetry
-from protocols.session import ListenerStats, SessionContext
+from polyport.core import migrate
+from polyport.core.store import EventStore, StoreConfig
+from polyport.core.writer import WriterLimits
+from polyport.gateway.config import GatewayConfig
+from polyport.gateway.database import database_url
+from polyport.gateway.http import build_app
+from polyport.gateway.registry import ListenerDef, RunningListener, discover
+from polyport.gateway.telemetry import Telemetry
+from polyport.protocols.session import ListenerStats, SessionContext
 
 log = logging.getLogger("polyport.gateway")
 

@@ -12,16 +12,16 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from core import migrate
-from core.commands import FromPosition, FromTime
-from core.errors import PolyportError
-from core.store import EventStore, StoreConfig
-from gateway.config import DEFAULT_PORTS, ConfigError, GatewayConfig, load_config
-from gateway.database import database_url
-from gateway.embedded_pg import EmbeddedPostgresError
-from gateway.status_cli import add_status_parser, run_status
-from pipeline.cli import add_pipeline_parser
-from pipeline.cli import run as run_pipeline
+from polyport.core import migrate
+from polyport.core.commands import FromPosition, FromTime
+from polyport.core.errors import PolyportError
+from polyport.core.store import EventStore, StoreConfig
+from polyport.gateway.config import DEFAULT_PORTS, ConfigError, GatewayConfig, load_config
+from polyport.gateway.database import database_url
+from polyport.gateway.embedded_pg import EmbeddedPostgresError
+from polyport.gateway.status_cli import add_status_parser, run_status
+from polyport.pipeline.cli import add_pipeline_parser
+from polyport.pipeline.cli import run as run_pipeline
 
 log = logging.getLogger("polyport")
 
@@ -149,7 +149,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
 
 
 async def _serve(config: GatewayConfig) -> int:
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
     gw = Gateway(config)
     await gw.start()

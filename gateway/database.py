@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gateway.config import GatewayConfig
-from gateway.embedded_pg import EmbeddedPostgres
+from polyport.gateway.config import GatewayConfig
+from polyport.gateway.embedded_pg import EmbeddedPostgres
 
 log = logging.getLogger("polyport.database")
 

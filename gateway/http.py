@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from core.migrate import SchemaBehind, check_current
-from gateway import admin, metrics, status
+from polyport.core.migrate import SchemaBehind, check_current
+from polyport.gateway import admin, metrics, status
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
 READY_CHECK_TIMEOUT = 1.5

@@ -12,7 +12,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
 
 def setup(app: web.Application, gw: Gateway) -> None:

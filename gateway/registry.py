@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from gateway.app import Gateway
-    from protocols.session import ListenerStats
+    from polyport.gateway.app import Gateway
+    from polyport.protocols.session import ListenerStats
 
 
 class RunningListener(Protocol):
@@ -42,11 +42,11 @@ class ListenerDef:
 
 
 def discover() -> list[ListenerDef]:
-    import gateway.listeners as pkg
+    import polyport.gateway.listeners as pkg
 
     found: list[ListenerDef] = []
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"gateway.listeners.{info.name}")
+        module = importlib.import_module(f"polyport.gateway.listeners.{info.name}")
         definition = getattr(module, "LISTENER", None)
         if isinstance(definition, ListenerDef):
             found.append(definition)

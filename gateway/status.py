@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from gateway.telemetry import CHART_BUCKET, DB_TIMEOUT, polyport_version
+from polyport.gateway.telemetry import CHART_BUCKET, DB_TIMEOUT, polyport_version
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_FILES = {

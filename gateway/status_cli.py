@@ -12,9 +12,9 @@ from typing import Any
 
 import aiohttp
 
-from core import migrate
-from core.store import EventStore
-from gateway.config import GatewayConfig
+from polyport.core import migrate
+from polyport.core.store import EventStore
+from polyport.gateway.config import GatewayConfig
 
 HTTP_TIMEOUT = 2.0
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
+from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
 
 log = logging.getLogger("polyport.tcp")
 

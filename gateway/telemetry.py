@@ -33,16 +33,16 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from core import sql
-from core.commands import Selector
-from core.events import RecordedEvent
-from core.groups import GroupMember
-from core.store import selector_from_json
-from core.writer import CommitObservation
-from protocols.session import CURRENT_PEER
+from polyport.core import sql
+from polyport.core.commands import Selector
+from polyport.core.events import RecordedEvent
+from polyport.core.groups import GroupMember
+from polyport.core.store import selector_from_json
+from polyport.core.writer import CommitObservation
+from polyport.protocols.session import CURRENT_PEER
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
 log = logging.getLogger("polyport.telemetry")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
+from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
 
 log = logging.getLogger("polyport.websocket")
 

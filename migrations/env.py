@@ -12,7 +12,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from core.schema import metadata
+from polyport.core.schema import metadata
 
 config = context.config
 target_metadata = metadata

@@ -24,12 +24,12 @@ from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from core import sql
-from core.binders import BinderSpec, fold_document, spec_from_row, to_jsonable
-from core.bodies import body_document
-from pipeline.db import Pg, PipelineError, jdbc_target, sql_text, sql_text_array
-from pipeline.progress import Progress
-from pipeline.source import default_partitions, read_events
+from polyport.core import sql
+from polyport.core.binders import BinderSpec, fold_document, spec_from_row, to_jsonable
+from polyport.core.bodies import body_document
+from polyport.pipeline.db import Pg, PipelineError, jdbc_target, sql_text, sql_text_array
+from polyport.pipeline.progress import Progress
+from polyport.pipeline.source import default_partitions, read_events
 
 COLUMNS = "position, stream, content_type, body"
 STAGING_SCHEMA = StructType(

@@ -12,13 +12,13 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from core import migrate
-from gateway.database import database_url
-from pipeline.db import PipelineError
-from pipeline.session import SparkSettings, parse_conf
+from polyport.core import migrate
+from polyport.gateway.database import database_url
+from polyport.pipeline.db import PipelineError
+from polyport.pipeline.session import SparkSettings, parse_conf
 
 if TYPE_CHECKING:
-    from gateway.config import GatewayConfig
+    from polyport.gateway.config import GatewayConfig
 
 
 def _spark_options(p: argparse.ArgumentParser) -> None:
@@ -77,20 +77,20 @@ def run(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 
 def _run_job(args: argparse.Namespace, settings: SparkSettings, url: str) -> int:
-    from pipeline.session import spark_session
+    from polyport.pipeline.session import spark_session
 
     spark = spark_session(settings)
     try:
         if args.action == "export":
-            from pipeline.export import export_events
+            from polyport.pipeline.export import export_events
 
             export_events(spark, url, args.out, partitions=args.partitions)
         elif args.action == "stats":
-            from pipeline.stats import compute_stats
+            from polyport.pipeline.stats import compute_stats
 
             compute_stats(spark, url, full=args.full, partitions=args.partitions)
         else:
-            from pipeline.binders import rebuild_binder
+            from polyport.pipeline.binders import rebuild_binder
 
             rebuild_binder(spark, url, args.name, partitions=args.partitions)
     except PipelineError:

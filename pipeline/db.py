@@ -15,8 +15,8 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import asyncpg
 
-from core import migrate
-from core.sql import HEAD_POSITION
+from polyport.core import migrate
+from polyport.core.sql import HEAD_POSITION
 
 T = TypeVar("T")
 

@@ -29,9 +29,9 @@ from typing import Any
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.db import COUNT_RANGE, Pg, PipelineError, jdbc_target
-from pipeline.progress import Progress
-from pipeline.source import default_partitions, read_events
+from polyport.pipeline.db import COUNT_RANGE, Pg, PipelineError, jdbc_target
+from polyport.pipeline.progress import Progress
+from polyport.pipeline.source import default_partitions, read_events
 
 STAGING = "_staging"
 FILE_NAME = re.compile(r"^events-(\d+)-(\d+)-(\d+)\.parquet$")

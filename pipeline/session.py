@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.db import PipelineError
+from polyport.pipeline.db import PipelineError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -7,7 +7,7 @@ import math
 
 from pyspark.sql import DataFrame, SparkSession
 
-from pipeline.db import JdbcTarget
+from polyport.pipeline.db import JdbcTarget
 
 # Rows each JDBC partition aims for, and rows per round trip inside one.
 ROWS_PER_PARTITION = 25_000

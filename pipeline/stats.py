@@ -16,7 +16,7 @@ import asyncpg
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.db import (
+from polyport.pipeline.db import (
     COUNT_RANGE,
     LOCK_CHECKPOINT,
     Pg,
@@ -24,8 +24,8 @@ from pipeline.db import (
     advance_in,
     jdbc_target,
 )
-from pipeline.progress import Progress
-from pipeline.source import default_partitions, read_events
+from polyport.pipeline.progress import Progress
+from polyport.pipeline.source import default_partitions, read_events
 
 JOB = "stats"
 COLUMNS = "position, context, stream, type, recorded_at, octet_length(body)::bigint AS bytes"

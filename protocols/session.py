@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from core.store import EventStore
+    from polyport.core.store import EventStore
 
 
 class Outbound(Protocol):

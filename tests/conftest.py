@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import pytest
 
-from core import migrate
-from core.store import EventStore, StoreConfig
-from gateway.embedded_pg import EmbeddedPostgres
+from polyport.core import migrate
+from polyport.core.store import EventStore, StoreConfig
+from polyport.gateway.embedded_pg import EmbeddedPostgres
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
 TEMPLATE_DB = "polyport_template"
 _counter = itertools.count()
@@ -103,8 +103,8 @@ async def gateway_factory(db_url: str) -> AsyncIterator[Callable[..., Awaitable[
     ``await gateway_factory(bson_port="off", idle_timeout=2)`` overrides config."""
     from dataclasses import replace
 
-    from gateway.app import Gateway
-    from gateway.config import DEFAULT_PORTS, GatewayConfig
+    from polyport.gateway.app import Gateway
+    from polyport.gateway.config import DEFAULT_PORTS, GatewayConfig
 
     started: list[Gateway] = []
 

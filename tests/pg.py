@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from core.migrate import asyncpg_dsn
+from polyport.core.migrate import asyncpg_dsn
 
 HEAD_LOCK = "SELECT * FROM log_head WHERE id = 1 FOR UPDATE"
 SUBSCRIPTION_LOCK = "SELECT * FROM subscriptions WHERE id = $1 FOR UPDATE"

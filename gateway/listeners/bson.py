@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway.registry import ListenerDef
-from gateway.tcp import TcpListener
-from protocols.bson.adapter import session_factory
-from protocols.bson.frames import DEFAULT_PORT, PROTOCOL_NAME
-from protocols.session import ListenerStats
+from polyport.gateway.registry import ListenerDef
+from polyport.gateway.tcp import TcpListener
+from polyport.protocols.bson.adapter import session_factory
+from polyport.protocols.bson.frames import DEFAULT_PORT, PROTOCOL_NAME
+from polyport.protocols.session import ListenerStats
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
 
 async def start(gw: Gateway, host: str, port: int) -> TcpListener:

@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.registry import ListenerDef
-from gateway.tcp import TcpListener
-from protocols.micromsg2.adapter import PROTOCOL, MicroMsg2Session, SessionOptions
-from protocols.micromsg2.frames import DEFAULT_PORT
-from protocols.session import ListenerStats, Outbound
+from polyport.gateway.registry import ListenerDef
+from polyport.gateway.tcp import TcpListener
+from polyport.protocols.micromsg2.adapter import PROTOCOL, MicroMsg2Session, SessionOptions
+from polyport.protocols.micromsg2.frames import DEFAULT_PORT
+from polyport.protocols.session import ListenerStats, Outbound
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
 
 @dataclass

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway.registry import ListenerDef
-from gateway.tcp import TcpListener
-from gateway.websocket import WebSocketEndpoint
-from protocols.reactivesocket.adapter import PROTOCOL, AdapterLimits, ReactiveSocketSession
-from protocols.reactivesocket.frames import DEFAULT_PORT, WEBSOCKET_PATH
-from protocols.session import ListenerStats, Outbound
+from polyport.gateway.registry import ListenerDef
+from polyport.gateway.tcp import TcpListener
+from polyport.gateway.websocket import WebSocketEndpoint
+from polyport.protocols.reactivesocket.adapter import PROTOCOL, AdapterLimits, ReactiveSocketSession
+from polyport.protocols.reactivesocket.frames import DEFAULT_PORT, WEBSOCKET_PATH
+from polyport.protocols.session import ListenerStats, Outbound
 
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
 # aiohttp buffers a message up to this much above the codec's frame limit, so
 # an oversized frame still reaches the codec and gets the protocol's ERROR

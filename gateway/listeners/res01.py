@@ -30,21 +30,26 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from gateway.registry import ListenerDef
-from protocols.res01 import DEFAULT_PORT, Error, Request, Res01Error, Response
-from protocols.res01.adapter import (
+from polyport.gateway.registry import ListenerDef
+from polyport.protocols.res01 import DEFAULT_PORT, Error, Request, Res01Error, Response
+from polyport.protocols.res01.adapter import (
     Res01Handler,
     Res01Limits,
     codec_error_name,
     error_reply,
     is_write,
 )
-from protocols.res01.codec import Routing, decode_request, encode_error_reply, encode_response
-from protocols.res01.errors import ErrorCode
-from protocols.session import CURRENT_PEER, ListenerStats, Peer, SessionContext
+from polyport.protocols.res01.codec import (
+    Routing,
+    decode_request,
+    encode_error_reply,
+    encode_response,
+)
+from polyport.protocols.res01.errors import ErrorCode
+from polyport.protocols.session import CURRENT_PEER, ListenerStats, Peer, SessionContext
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
 log = logging.getLogger("polyport.res01")
 

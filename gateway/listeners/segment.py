@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway.registry import ListenerDef
-from gateway.tcp import TcpListener
-from protocols.segment.adapter import AppenderRegistry, SegmentSession, SegmentSettings
-from protocols.segment.frames import DEFAULT_PORT
-from protocols.session import ListenerStats, Outbound
+from polyport.gateway.registry import ListenerDef
+from polyport.gateway.tcp import TcpListener
+from polyport.protocols.segment.adapter import AppenderRegistry, SegmentSession, SegmentSettings
+from polyport.protocols.segment.frames import DEFAULT_PORT
+from polyport.protocols.session import ListenerStats, Outbound
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
 
 async def start(gw: Gateway, host: str, port: int) -> TcpListener:

@@ -15,7 +15,7 @@ if __name__ == "bson":  # pragma: no cover
         "bson: remove the protocols/ directory from sys.path"
     )
 
-from protocols.bson.codec import (  # noqa: E402
+from polyport.protocols.bson.codec import (  # noqa: E402
     DECODE_OPTIONS,
     ENCODE_OPTIONS,
     decode_frame,
@@ -25,9 +25,9 @@ from protocols.bson.codec import (  # noqa: E402
     frame_to_document,
     is_supported_version,
 )
-from protocols.bson.connection import ClientConnection, ServerConnection  # noqa: E402
-from protocols.bson.errors import LocalProtocolError, ProtocolError, RequestError  # noqa: E402
-from protocols.bson.frames import (  # noqa: E402
+from polyport.protocols.bson.connection import ClientConnection, ServerConnection  # noqa: E402
+from polyport.protocols.bson.errors import LocalProtocolError, ProtocolError, RequestError  # noqa: E402
+from polyport.protocols.bson.frames import (  # noqa: E402
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_PORT,
@@ -49,7 +49,7 @@ from protocols.bson.frames import (  # noqa: E402
     Subscribe,
     Unsubscribe,
 )
-from protocols.bson.state import State, TransactionTable  # noqa: E402
+from polyport.protocols.bson.state import State, TransactionTable  # noqa: E402
 
 __all__ = [
     "DECODE_OPTIONS",

@@ -32,9 +32,9 @@ from typing import Any
 import bson
 from bson.binary import Binary
 
-from core.binders import BinderQuery, to_jsonable
-from core.bodies import BSON, event_document, media_type
-from core.commands import (
+from polyport.core.binders import BinderQuery, to_jsonable
+from polyport.core.bodies import BSON, event_document, media_type
+from polyport.core.commands import (
     END,
     Append,
     AppendBatch,
@@ -44,18 +44,18 @@ from core.commands import (
     Selector,
     Start,
 )
-from core.commands import (
+from polyport.core.commands import (
     Subscribe as CoreSubscribe,
 )
-from core.errors import Busy, Malformed, NotFound, PolyportError, TooLarge, Unsupported
-from core.events import EventData, RecordedEvent
-from core.groups import GroupMember
-from core.matcher import compile_matcher
-from core.subscriptions import Subscription
-from protocols.bson.codec import DECODE_OPTIONS, ENCODE_OPTIONS, is_supported_version
-from protocols.bson.connection import ServerConnection
-from protocols.bson.errors import ERR_TOO_LARGE, LocalProtocolError, ProtocolError
-from protocols.bson.frames import (
+from polyport.core.errors import Busy, Malformed, NotFound, PolyportError, TooLarge, Unsupported
+from polyport.core.events import EventData, RecordedEvent
+from polyport.core.groups import GroupMember
+from polyport.core.matcher import compile_matcher
+from polyport.core.subscriptions import Subscription
+from polyport.protocols.bson.codec import DECODE_OPTIONS, ENCODE_OPTIONS, is_supported_version
+from polyport.protocols.bson.connection import ServerConnection
+from polyport.protocols.bson.errors import ERR_TOO_LARGE, LocalProtocolError, ProtocolError
+from polyport.protocols.bson.frames import (
     DEFAULT_FLOW_PAUSE_BYTES,
     DEFAULT_FLOW_RESUME_BYTES,
     DEFAULT_MAX_EVENT_SIZE,
@@ -80,8 +80,8 @@ from protocols.bson.frames import (
     Subscribe,
     Unsubscribe,
 )
-from protocols.bson.state import State
-from protocols.session import Outbound, SessionContext
+from polyport.protocols.bson.state import State
+from polyport.protocols.session import Outbound, SessionContext
 
 log = logging.getLogger("polyport.bson")
 

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, cast
 
-from core.aio import IterateUntilNone
-from protocols.bson.connection import ClientConnection
-from protocols.bson.errors import LocalProtocolError, ProtocolError
-from protocols.bson.frames import (
+from polyport.core.aio import IterateUntilNone
+from polyport.protocols.bson.connection import ClientConnection
+from polyport.protocols.bson.errors import LocalProtocolError, ProtocolError
+from polyport.protocols.bson.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_PORT,
     AbortTx,

@@ -41,14 +41,14 @@ from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
-from protocols.bson.errors import (
+from polyport.protocols.bson.errors import (
     ERR_MALFORMED,
     ERR_TOO_LARGE,
     ERR_UNSUPPORTED,
     LocalProtocolError,
     ProtocolError,
 )
-from protocols.bson.frames import (
+from polyport.protocols.bson.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     FRAME_CLASSES,
     INT32_MAX,

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from protocols.bson.codec import check_length, decode_frame, encode_frame, read_length
-from protocols.bson.errors import (
+from polyport.protocols.bson.codec import check_length, decode_frame, encode_frame, read_length
+from polyport.protocols.bson.errors import (
     ERR_BUSY,
     ERR_MALFORMED,
     ERR_TOO_LARGE,
@@ -34,7 +34,7 @@ from protocols.bson.errors import (
     LocalProtocolError,
     ProtocolError,
 )
-from protocols.bson.frames import (
+from polyport.protocols.bson.frames import (
     CLIENT_FRAME_TYPES,
     CONNECT,
     DEFAULT_FLOW_PAUSE_BYTES,
@@ -54,7 +54,7 @@ from protocols.bson.frames import (
     SubResponse,
     Unsubscribe,
 )
-from protocols.bson.state import (
+from polyport.protocols.bson.state import (
     CLIENT_RECEIVE,
     CLIENT_SEND,
     ON_CONNECT_REFUSED,

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from protocols.bson.frames import Response
+from polyport.protocols.bson.frames import Response
 
 # Canonical error names used by the codec (mirrors core.errors codes; a test
 # keeps them in step without the codec importing the core).

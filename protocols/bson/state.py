@@ -13,8 +13,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from protocols.bson.errors import ERR_MALFORMED, ERR_NOT_FOUND, RequestError
-from protocols.bson.frames import (
+from polyport.protocols.bson.errors import ERR_MALFORMED, ERR_NOT_FOUND, RequestError
+from polyport.protocols.bson.frames import (
     ABORTTX,
     ACKEV,
     CLIENT_FRAME_TYPES,

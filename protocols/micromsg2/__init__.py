@@ -1,9 +1,9 @@
 """MicroMsg2: sans-IO codec (frames, handshake negotiation, acks, filters)."""
 
-from .acks import AckWindow, decode_ack_payload, encode_ack_payload
-from .codec import ClientConnection, ServerConnection, error_frame
-from .errors import ProtocolError
-from .filters import (
+from polyport.protocols.micromsg2.acks import AckWindow, decode_ack_payload, encode_ack_payload
+from polyport.protocols.micromsg2.codec import ClientConnection, ServerConnection, error_frame
+from polyport.protocols.micromsg2.errors import ProtocolError
+from polyport.protocols.micromsg2.filters import (
     Condition,
     Filter,
     decode_properties,
@@ -12,7 +12,7 @@ from .filters import (
     parse_filter,
     parse_value,
 )
-from .frames import (
+from polyport.protocols.micromsg2.frames import (
     DEFAULT_PORT,
     Ack,
     Command,
@@ -24,10 +24,21 @@ from .frames import (
     Message,
     PropertyValue,
 )
-from .negotiation import Negotiated, NegotiatedExtension
-from .pubsub import Destination, Subscribe, Unsubscribe, parse_pubsub_command, to_command
-from .state import State
-from .wire import decode_frame, decode_handshake, encode_frame, encode_handshake
+from polyport.protocols.micromsg2.negotiation import Negotiated, NegotiatedExtension
+from polyport.protocols.micromsg2.pubsub import (
+    Destination,
+    Subscribe,
+    Unsubscribe,
+    parse_pubsub_command,
+    to_command,
+)
+from polyport.protocols.micromsg2.state import State
+from polyport.protocols.micromsg2.wire import (
+    decode_frame,
+    decode_handshake,
+    encode_frame,
+    encode_handshake,
+)
 
 __all__ = [
     "DEFAULT_PORT",

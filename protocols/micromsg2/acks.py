@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import struct
 
-from .errors import ProtocolError
-from .frames import SEQ_FIRST, SEQ_LAST
+from polyport.protocols.micromsg2.errors import ProtocolError
+from polyport.protocols.micromsg2.frames import SEQ_FIRST, SEQ_LAST
 
 ACK_PAYLOAD = struct.Struct(">H")
 

@@ -27,19 +27,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from core.bodies import JSON, OCTETS, body_json_text, loads_json
-from core.commands import END, Append, AppendBatch, Principal, Selector
-from core.commands import Subscribe as CoreSubscribe
-from core.errors import Busy, Forbidden, NotFound, PolyportError
-from core.events import EventData, RecordedEvent
-from core.groups import GroupMember
-from core.subscriptions import Subscription
-from protocols.session import Outbound, SessionContext
-
-from .codec import ServerConnection, error_frame
-from .errors import UNSUPPORTED, ProtocolError
-from .filters import INT64_MAX, INT64_MIN, Filter
-from .frames import (
+from polyport.core.bodies import JSON, OCTETS, body_json_text, loads_json
+from polyport.core.commands import END, Append, AppendBatch, Principal, Selector
+from polyport.core.commands import Subscribe as CoreSubscribe
+from polyport.core.errors import Busy, Forbidden, NotFound, PolyportError
+from polyport.core.events import EventData, RecordedEvent
+from polyport.core.groups import GroupMember
+from polyport.core.subscriptions import Subscription
+from polyport.protocols.micromsg2.codec import ServerConnection, error_frame
+from polyport.protocols.micromsg2.errors import UNSUPPORTED, ProtocolError
+from polyport.protocols.micromsg2.filters import INT64_MAX, INT64_MIN, Filter
+from polyport.protocols.micromsg2.frames import (
     EXT_JSON,
     EXT_PUBSUB,
     SEQ_FIRST,
@@ -53,9 +51,16 @@ from .frames import (
     Message,
     PropertyValue,
 )
-from .negotiation import Negotiated, parse_extensions
-from .pubsub import QUEUE, Destination, Subscribe, Unsubscribe, parse_pubsub_command
-from .state import State
+from polyport.protocols.micromsg2.negotiation import Negotiated, parse_extensions
+from polyport.protocols.micromsg2.pubsub import (
+    QUEUE,
+    Destination,
+    Subscribe,
+    Unsubscribe,
+    parse_pubsub_command,
+)
+from polyport.protocols.micromsg2.state import State
+from polyport.protocols.session import Outbound, SessionContext
 
 PROTOCOL = "micromsg2"
 SERVER_IDENTITY = "polyport"

@@ -21,10 +21,10 @@ import contextlib
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 
-from .codec import ClientConnection, error_frame
-from .errors import ProtocolError
-from .filters import Filter, parse_filter
-from .frames import (
+from polyport.protocols.micromsg2.codec import ClientConnection, error_frame
+from polyport.protocols.micromsg2.errors import ProtocolError
+from polyport.protocols.micromsg2.filters import Filter, parse_filter
+from polyport.protocols.micromsg2.frames import (
     AUTH_PASSWORD,
     AUTH_USER,
     EXT_AUTH,
@@ -37,8 +37,8 @@ from .frames import (
     Message,
     PropertyValue,
 )
-from .negotiation import Negotiated, as_spec
-from .pubsub import Destination, Subscribe, Unsubscribe, to_command
+from polyport.protocols.micromsg2.negotiation import Negotiated, as_spec
+from polyport.protocols.micromsg2.pubsub import Destination, Subscribe, Unsubscribe, to_command
 
 READ_CHUNK = 64 * 1024
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .acks import AckWindow, decode_ack_payload, encode_ack_payload
-from .errors import ProtocolError
-from .frames import (
+from polyport.protocols.micromsg2.acks import AckWindow, decode_ack_payload, encode_ack_payload
+from polyport.protocols.micromsg2.errors import ProtocolError
+from polyport.protocols.micromsg2.frames import (
     DEFAULT_MAX_PAYLOAD,
     FRAGMENT_SIZE,
     PROTOCOL_VERSION,
@@ -29,7 +29,7 @@ from .frames import (
     Handshake,
     Message,
 )
-from .negotiation import (
+from polyport.protocols.micromsg2.negotiation import (
     Negotiated,
     as_spec,
     build_negotiated,
@@ -40,7 +40,7 @@ from .negotiation import (
     negotiate_version,
     server_reply,
 )
-from .state import (
+from polyport.protocols.micromsg2.state import (
     CLIENT_TRANSITIONS,
     HANDSHAKE_STATES,
     RECEIVE,
@@ -50,7 +50,7 @@ from .state import (
     State,
     Transitions,
 )
-from .wire import (
+from polyport.protocols.micromsg2.wire import (
     Reassembler,
     decode_fragment,
     decode_handshake,

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from .errors import ProtocolError
-from .frames import PropertyValue
-from .text import decode_utf8, url_decode, url_encode
+from polyport.protocols.micromsg2.errors import ProtocolError
+from polyport.protocols.micromsg2.frames import PropertyValue
+from polyport.protocols.micromsg2.text import decode_utf8, url_decode, url_encode
 
 NUMBER_PREFIX = "N"
 DATE_PREFIX = "D"

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .errors import UNSUPPORTED, ProtocolError
-from .frames import (
+from polyport.protocols.micromsg2.errors import UNSUPPORTED, ProtocolError
+from polyport.protocols.micromsg2.frames import (
     AUTH_PASSWORD,
     AUTH_USER,
     BATCH_ACK_MAX_COUNT,
@@ -27,7 +27,7 @@ from .frames import (
     ExtensionSpec,
     Handshake,
 )
-from .text import check_field, url_decode, url_encode
+from polyport.protocols.micromsg2.text import check_field, url_decode, url_encode
 
 _COUNT = re.compile(r"[0-9]{1,5}")
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import UNSUPPORTED, ProtocolError
-from .filters import Filter, parse_filter
-from .frames import Command
+from polyport.protocols.micromsg2.errors import UNSUPPORTED, ProtocolError
+from polyport.protocols.micromsg2.filters import Filter, parse_filter
+from polyport.protocols.micromsg2.frames import Command
 
 TOPIC = "topic"
 QUEUE = "queue"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 
-from .frames import Ack, Command, Error, Extension, Handshake, Message
+from polyport.protocols.micromsg2.frames import Ack, Command, Error, Extension, Handshake, Message
 
 
 class State(enum.Enum):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from urllib.parse import quote, unquote_plus
 
-from .errors import ProtocolError
+from polyport.protocols.micromsg2.errors import ProtocolError
 
 # FIELD in the spec is lower-case ASCII letters, digits and '-', but the spec's
 # own examples use upper case ("extensionName1") and '_' ("first_name"), so

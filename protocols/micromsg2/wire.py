@@ -16,9 +16,9 @@ import struct
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from .errors import TOO_LARGE, ProtocolError
-from .filters import decode_properties, encode_properties
-from .frames import (
+from polyport.protocols.micromsg2.errors import TOO_LARGE, ProtocolError
+from polyport.protocols.micromsg2.filters import decode_properties, encode_properties
+from polyport.protocols.micromsg2.frames import (
     DEFAULT_MAX_PAYLOAD,
     FLAG_COMMAND,
     FLAG_CONTINUED,
@@ -40,8 +40,8 @@ from .frames import (
     Handshake,
     Message,
 )
-from .negotiation import format_extensions, parse_extensions
-from .text import check_field, decode_utf8, url_decode, url_encode
+from polyport.protocols.micromsg2.negotiation import format_extensions, parse_extensions
+from polyport.protocols.micromsg2.text import check_field, decode_utf8, url_decode, url_encode
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
 

@@ -3,7 +3,7 @@
 See docs/protocols/reactivesocket.md for layouts, state machines and decisions.
 """
 
-from .codec import (
+from polyport.protocols.reactivesocket.codec import (
     decode_frame,
     encode_for,
     encode_frame,
@@ -11,7 +11,7 @@ from .codec import (
     fragment,
     split_tcp_frames,
 )
-from .connection import (
+from polyport.protocols.reactivesocket.connection import (
     ClientConnection,
     ConnectionState,
     Event,
@@ -19,8 +19,8 @@ from .connection import (
     StreamError,
     error_frame,
 )
-from .errors import LocalProtocolError, PayloadError, ProtocolError
-from .frames import (
+from polyport.protocols.reactivesocket.errors import LocalProtocolError, PayloadError, ProtocolError
+from polyport.protocols.reactivesocket.frames import (
     DEFAULT_PORT,
     WEBSOCKET_PATH,
     Cancel,
@@ -37,7 +37,7 @@ from .frames import (
     Setup,
     UnknownFrame,
 )
-from .state import Kind, Phase, StreamInfo
+from polyport.protocols.reactivesocket.state import Kind, Phase, StreamInfo
 
 __all__ = [
     "DEFAULT_PORT",

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from core.commands import (
+from polyport.core.commands import (
     ANY,
     BEGINNING,
     END,
@@ -42,16 +42,14 @@ from core.commands import (
     Start,
     Subscribe,
 )
-from core.errors import Forbidden, PolyportError, TooLarge, Unsupported
-from core.events import DEFAULT_CONTENT_TYPE, EventData, RecordedEvent
-from core.groups import GroupMember
-from core.subscriptions import Subscription
-from protocols.session import Outbound, SessionContext
-
-from . import payloads
-from .connection import ServerConnection, StreamError
-from .errors import LocalProtocolError, PayloadError, ProtocolError
-from .frames import (
+from polyport.core.errors import Forbidden, PolyportError, TooLarge, Unsupported
+from polyport.core.events import DEFAULT_CONTENT_TYPE, EventData, RecordedEvent
+from polyport.core.groups import GroupMember
+from polyport.core.subscriptions import Subscription
+from polyport.protocols.reactivesocket import payloads
+from polyport.protocols.reactivesocket.connection import ServerConnection, StreamError
+from polyport.protocols.reactivesocket.errors import LocalProtocolError, PayloadError, ProtocolError
+from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
     DEFAULT_MAX_FRAGMENT,
     DEFAULT_MAX_FRAME_SIZE,
@@ -65,6 +63,7 @@ from .frames import (
     RequestSub,
     Setup,
 )
+from polyport.protocols.session import Outbound, SessionContext
 
 ORIGIN = "reactivesocket"
 PROTOCOL = "reactivesocket"

@@ -28,12 +28,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from core.aio import IterateUntilNone
-
-from . import payloads
-from .connection import ClientConnection, StreamError
-from .errors import LocalProtocolError, PayloadError, ProtocolError
-from .frames import (
+from polyport.core.aio import IterateUntilNone
+from polyport.protocols.reactivesocket import payloads
+from polyport.protocols.reactivesocket.connection import ClientConnection, StreamError
+from polyport.protocols.reactivesocket.errors import LocalProtocolError, PayloadError, ProtocolError
+from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
     DEFAULT_MAX_FRAGMENT,
     DEFAULT_MAX_FRAME_SIZE,
@@ -42,7 +41,7 @@ from .frames import (
     ErrorFrame,
     Response,
 )
-from .payloads import (
+from polyport.protocols.reactivesocket.payloads import (
     AppendEvent,
     AppendRequest,
     AppendResponse,

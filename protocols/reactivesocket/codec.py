@@ -12,8 +12,14 @@ import struct
 from collections.abc import Callable
 from dataclasses import replace
 
-from .errors import MALFORMED, TOO_LARGE, UNSUPPORTED, LocalProtocolError, ProtocolError
-from .frames import (
+from polyport.protocols.reactivesocket.errors import (
+    MALFORMED,
+    TOO_LARGE,
+    UNSUPPORTED,
+    LocalProtocolError,
+    ProtocolError,
+)
+from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
     FLAG_BEGIN,
     FLAG_COMPLETE,

@@ -17,8 +17,8 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from . import payloads
-from .codec import (
+from polyport.protocols.reactivesocket import payloads
+from polyport.protocols.reactivesocket.codec import (
     TRANSPORTS,
     add_tcp_length,
     check_message_size,
@@ -28,8 +28,14 @@ from .codec import (
     encode_frame,
     fragment,
 )
-from .errors import MALFORMED, TOO_LARGE, UNSUPPORTED, LocalProtocolError, ProtocolError
-from .frames import (
+from polyport.protocols.reactivesocket.errors import (
+    MALFORMED,
+    TOO_LARGE,
+    UNSUPPORTED,
+    LocalProtocolError,
+    ProtocolError,
+)
+from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
     DEFAULT_MAX_FRAGMENT,
     DEFAULT_MAX_FRAME_SIZE,
@@ -51,7 +57,7 @@ from .frames import (
     Setup,
     UnknownFrame,
 )
-from .state import (
+from polyport.protocols.reactivesocket.state import (
     REQUESTER_LIVE,
     REQUESTER_TABLE,
     RESPONDER_LIVE,

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-from .errors import MALFORMED, UNSUPPORTED, PayloadError
+from polyport.protocols.reactivesocket.errors import MALFORMED, UNSUPPORTED, PayloadError
 
 CANONICAL_ERROR_CODES = frozenset(
     {

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from .frames import (
+from polyport.protocols.reactivesocket.frames import (
     MAX_I64,
     TYPE_REQUEST_FNF,
     TYPE_REQUEST_RESPONSE,

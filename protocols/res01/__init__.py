@@ -3,7 +3,7 @@
 See ``docs/protocols/res01.md``.
 """
 
-from protocols.res01.codec import (
+from polyport.protocols.res01.codec import (
     Routing,
     decode_request,
     decode_response,
@@ -11,8 +11,8 @@ from protocols.res01.codec import (
     encode_request,
     encode_response,
 )
-from protocols.res01.errors import ErrorCode, ProtocolError, Res01Error
-from protocols.res01.frames import (
+from polyport.protocols.res01.errors import ErrorCode, ProtocolError, Res01Error
+from polyport.protocols.res01.frames import (
     ACCEPTED_PROTOCOLS,
     DEFAULT_PORT,
     PROTOCOL,
@@ -37,7 +37,7 @@ from protocols.res01.frames import (
     SubscriptionProgressed,
     SubscriptionSet,
 )
-from protocols.res01.values import DateTimeKind, datetime_to_ticks, ticks_to_datetime
+from polyport.protocols.res01.values import DateTimeKind, datetime_to_ticks, ticks_to_datetime
 
 __all__ = [
     "ACCEPTED_PROTOCOLS",

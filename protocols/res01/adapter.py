@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from core import bodies
-from core.commands import (
+from polyport.core import bodies
+from polyport.core.commands import (
     ANY,
     NO_STREAM,
     Append,
@@ -30,7 +30,7 @@ from core.commands import (
     FromTime,
     Selector,
 )
-from core.errors import (
+from polyport.core.errors import (
     Busy,
     Malformed,
     NotFound,
@@ -41,10 +41,10 @@ from core.errors import (
     Unsupported,
     WrongExpectedVersion,
 )
-from core.events import EventData, RecordedEvent
-from core.store import EventStore
-from protocols.res01.errors import ErrorCode, Res01Error
-from protocols.res01.frames import (
+from polyport.core.events import EventData, RecordedEvent
+from polyport.core.store import EventStore
+from polyport.protocols.res01.errors import ErrorCode, Res01Error
+from polyport.protocols.res01.frames import (
     EXPECTED_VERSION_ANY,
     EXPECTED_VERSION_NEW_STREAM,
     FILTER_ALL,
@@ -63,7 +63,7 @@ from protocols.res01.frames import (
     SubscriptionProgressed,
     SubscriptionSet,
 )
-from protocols.session import ListenerStats
+from polyport.protocols.session import ListenerStats
 
 ORIGIN = "res01"
 

@@ -27,9 +27,9 @@ from datetime import UTC, datetime
 import zmq
 import zmq.asyncio
 
-from protocols.res01.codec import decode_response, encode_request
-from protocols.res01.errors import ErrorCode, Res01Error
-from protocols.res01.frames import (
+from polyport.protocols.res01.codec import decode_response, encode_request
+from polyport.protocols.res01.errors import ErrorCode, Res01Error
+from polyport.protocols.res01.frames import (
     PROTOCOL,
     AppendCommit,
     CommitResult,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from protocols.res01.errors import ErrorCode, Res01Error
-from protocols.res01.frames import (
+from polyport.protocols.res01.errors import ErrorCode, Res01Error
+from polyport.protocols.res01.frames import (
     ACCEPTED_PROTOCOLS,
     CMD_APPEND_COMMIT,
     CMD_COMMIT_RESULT,
@@ -53,7 +53,7 @@ from protocols.res01.frames import (
     SubscriptionProgressed,
     SubscriptionSet,
 )
-from protocols.res01.values import (
+from polyport.protocols.res01.values import (
     decode_datetime,
     decode_guid,
     decode_int,

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 from typing import Final
 
-from protocols.res01.errors import ErrorCode, Res01Error
+from polyport.protocols.res01.errors import ErrorCode, Res01Error
 
 INT32_MIN: Final = -(2**31)
 INT32_MAX: Final = 2**31 - 1

@@ -1,9 +1,14 @@
 """Segment wire: the append/read protocol of a segment store (spec:
 specs/segment-wire.md), as a sans-IO codec.  See docs/protocols/segment.md."""
 
-from protocols.segment.codec import ClientConnection, ClientInput, ServerConnection, ServerInput
-from protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
-from protocols.segment.frames import (
+from polyport.protocols.segment.codec import (
+    ClientConnection,
+    ClientInput,
+    ServerConnection,
+    ServerInput,
+)
+from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
+from polyport.protocols.segment.frames import (
     DEFAULT_PORT,
     AppendSetup,
     AuthFailed,
@@ -21,9 +26,9 @@ from protocols.segment.frames import (
     SegmentRead,
     SetupAppend,
 )
-from protocols.segment.state import BlockEvents, BlockState
-from protocols.segment.wire import decode_frame, encode_frame, split_segment_name
-from protocols.segment.writer import AppendWriter, block_frames, encode_block
+from polyport.protocols.segment.state import BlockEvents, BlockState
+from polyport.protocols.segment.wire import decode_frame, encode_frame, split_segment_name
+from polyport.protocols.segment.writer import AppendWriter, block_frames, encode_block
 
 __all__ = [
     "DEFAULT_PORT",

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.commands import (
+from polyport.core.commands import (
     END,
     Append,
     Principal,
@@ -43,12 +43,19 @@ from core.commands import (
     Selector,
     Subscribe,
 )
-from core.commands import ReadSegment as CoreReadSegment
-from core.errors import Busy, Forbidden, Malformed, NotFound, PolyportError, WrongExpectedVersion
-from core.events import EventData
-from protocols.segment.codec import ServerConnection
-from protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
-from protocols.segment.frames import (
+from polyport.core.commands import ReadSegment as CoreReadSegment
+from polyport.core.errors import (
+    Busy,
+    Forbidden,
+    Malformed,
+    NotFound,
+    PolyportError,
+    WrongExpectedVersion,
+)
+from polyport.core.events import EventData
+from polyport.protocols.segment.codec import ServerConnection
+from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
+from polyport.protocols.segment.frames import (
     DEFAULT_MAX_BLOCK_SIZE,
     MAX_WIRE_LENGTH,
     AppendSetup,
@@ -60,9 +67,9 @@ from protocols.segment.frames import (
     SegmentRead,
     SetupAppend,
 )
-from protocols.segment.state import BlockEvents
-from protocols.segment.wire import split_segment_name
-from protocols.session import ListenerStats, Outbound, SessionContext
+from polyport.protocols.segment.state import BlockEvents
+from polyport.protocols.segment.wire import split_segment_name
+from polyport.protocols.session import ListenerStats, Outbound, SessionContext
 
 # Segment data carries no type or content type of its own.
 EVENT_TYPE = "segment-event"

@@ -36,9 +36,9 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
-from protocols.segment.codec import ClientConnection, ClientInput
-from protocols.segment.errors import ProtocolError
-from protocols.segment.frames import (
+from polyport.protocols.segment.codec import ClientConnection, ClientInput
+from polyport.protocols.segment.errors import ProtocolError
+from polyport.protocols.segment.frames import (
     EVENT,
     HEADER_SIZE,
     MAX_WIRE_LENGTH,
@@ -52,7 +52,7 @@ from protocols.segment.frames import (
     RequestFrame,
     SegmentRead,
 )
-from protocols.segment.writer import AppendWriter
+from polyport.protocols.segment.writer import AppendWriter
 
 READ_CHUNK = 64 * 1024
 DEFAULT_WINDOW_BYTES = 4 << 20

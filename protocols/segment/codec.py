@@ -14,8 +14,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 
-from protocols.segment.errors import LocalProtocolError, ProtocolError
-from protocols.segment.frames import (
+from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError
+from polyport.protocols.segment.frames import (
     DEFAULT_MAX_BLOCK_SIZE,
     DEFAULT_MAX_CONNECTION_IDS,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -40,8 +40,8 @@ from protocols.segment.frames import (
     SegmentRead,
     SetupAppend,
 )
-from protocols.segment.state import AppendTracker, BlockEvents, BlockState
-from protocols.segment.wire import (
+from polyport.protocols.segment.state import AppendTracker, BlockEvents, BlockState
+from polyport.protocols.segment.wire import (
     FrameReader,
     check_header,
     decode_body,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocols.segment.frames import (
+from polyport.protocols.segment.frames import (
     AUTH_FAILED,
     ERROR_MESSAGE,
     MAX_STRING_BYTES,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from protocols.segment.errors import ProtocolError
+from polyport.protocols.segment.errors import ProtocolError
 
 _SUPPLEMENTARY = re.compile("[\U00010000-\U0010ffff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -9,8 +9,8 @@ import uuid
 from dataclasses import dataclass, field
 from enum import Enum
 
-from protocols.segment.errors import ProtocolError
-from protocols.segment.frames import (
+from polyport.protocols.segment.errors import ProtocolError
+from polyport.protocols.segment.frames import (
     DEFAULT_MAX_BLOCK_SIZE,
     DEFAULT_MAX_CONNECTION_IDS,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -29,7 +29,7 @@ from protocols.segment.frames import (
     event_size,
     type_name,
 )
-from protocols.segment.wire import peek_header
+from polyport.protocols.segment.wire import peek_header
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,9 @@ import struct
 import uuid
 from collections.abc import Callable, Collection
 
-from protocols.segment import mutf8
-from protocols.segment.errors import LocalProtocolError, ProtocolError
-from protocols.segment.frames import (
+from polyport.protocols.segment import mutf8
+from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError
+from polyport.protocols.segment.frames import (
     APPEND_SETUP,
     AUTH_FAILED,
     BEGIN_APPEND_BLOCK,

@@ -12,8 +12,8 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 
-from protocols.segment.errors import ProtocolError
-from protocols.segment.frames import (
+from polyport.protocols.segment.errors import ProtocolError
+from polyport.protocols.segment.frames import (
     PARTIAL_OVERHEAD,
     BeginAppendBlock,
     EndAppendBlock,
@@ -24,7 +24,7 @@ from protocols.segment.frames import (
     SetupAppend,
     event_size,
 )
-from protocols.segment.wire import encode_event, encode_frame
+from polyport.protocols.segment.wire import encode_event, encode_frame
 
 
 def block_frames(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from core.commands import ANY, Append, Expected
-from core.events import EventData
+from polyport.core.commands import ANY, Append, Expected
+from polyport.core.events import EventData
 
 
 def ev(n: int = 0, *, type: str = "thing-happened", body: bytes | None = None) -> EventData:

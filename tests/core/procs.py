@@ -7,9 +7,9 @@ import json
 import random
 import sys
 
-from core.commands import BEGINNING, Append, Selector, Subscribe
-from core.events import EventData
-from core.store import EventStore, StoreConfig
+from polyport.core.commands import BEGINNING, Append, Selector, Subscribe
+from polyport.core.events import EventData
+from polyport.core.store import EventStore, StoreConfig
 
 
 def planned(writer: int, appends: int) -> list[tuple[int, int]]:

@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from core.commands import NO_STREAM, AppendBatch, ExactVersion, ReadSegment, ReadStream
-from core.errors import Malformed, WrongExpectedVersion
-from core.store import EventStore, segment_frame
+from polyport.core.commands import NO_STREAM, AppendBatch, ExactVersion, ReadSegment, ReadStream
+from polyport.core.errors import Malformed, WrongExpectedVersion
+from polyport.core.store import EventStore, segment_frame
 from tests.core.helpers import append, ev
 
 
@@ -117,7 +117,7 @@ async def test_read_segment_by_byte_offset(store: EventStore) -> None:
 
 
 async def test_bad_text_fails_alone_not_its_batch(store: EventStore) -> None:
-    from core.events import EventData
+    from polyport.core.events import EventData
 
     bad = [
         append("nul\x00stream", ev(1)),

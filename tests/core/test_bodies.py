@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core import bodies
+from polyport.core import bodies
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,9 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from core.commands import Append
-from core.events import EventData
-from core.store import EventStore, StoreConfig
+from polyport.core.commands import Append
+from polyport.core.events import EventData
+from polyport.core.store import EventStore, StoreConfig
 
 WRITER_PROCESSES = 4
 APPENDS_PER_WRITER = 200

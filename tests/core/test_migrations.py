@@ -9,15 +9,15 @@ import sys
 
 import asyncpg
 
-from core import migrate
-from core.commands import Append
-from core.events import EventData
-from core.migrate import asyncpg_dsn
-from core.store import EventStore, StoreConfig
+from polyport.core import migrate
+from polyport.core.commands import Append
+from polyport.core.events import EventData
+from polyport.core.migrate import asyncpg_dsn
+from polyport.core.store import EventStore, StoreConfig
 
 
 def polyport(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args],
+    return subprocess.run([sys.executable, "-m", "polyport.gateway.cli", *args],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -66,7 +66,7 @@ async def test_migrate_round_trip_and_stale_serve(empty_db_url: str) -> None:
 
 async def test_schema_matches_metadata(db_url: str) -> None:
     """The migrations and core.schema describe the same tables and columns."""
-    from core.schema import metadata
+    from polyport.core.schema import metadata
 
     conn = await asyncpg.connect(asyncpg_dsn(db_url))
     try:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 
-from core.commands import (
+from polyport.core.commands import (
     BEGINNING,
     FromPosition,
     FromTime,
@@ -10,7 +10,7 @@ from core.commands import (
     Selector,
     Subscribe,
 )
-from core.store import EventStore, StoreConfig
+from polyport.core.store import EventStore, StoreConfig
 from tests.core.helpers import append, ev
 
 

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from core.commands import Principal
-from core.errors import Malformed, NotFound, Unauthenticated
-from core.matcher import compile_matcher
-from core.store import EventStore, StoreConfig
-from core.users import hash_password, verify_password
+from polyport.core.commands import Principal
+from polyport.core.errors import Malformed, NotFound, Unauthenticated
+from polyport.core.matcher import compile_matcher
+from polyport.core.store import EventStore, StoreConfig
+from polyport.core.users import hash_password, verify_password
 from tests.core.helpers import append, ev
 
 

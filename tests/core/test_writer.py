@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from core.commands import ReadStream
-from core.errors import Busy, WrongExpectedVersion
-from core.events import EventData
-from core.store import EventStore, StoreConfig
-from core.writer import _VALID_TEXT, _VALID_TEXT_MAX, WriterLimits, _check_text
+from polyport.core.commands import ReadStream
+from polyport.core.errors import Busy, WrongExpectedVersion
+from polyport.core.events import EventData
+from polyport.core.store import EventStore, StoreConfig
+from polyport.core.writer import _VALID_TEXT, _VALID_TEXT_MAX, WriterLimits, _check_text
 from tests.core.helpers import append, ev, unique
 from tests.pg import HEAD_LOCK, row_locked
 

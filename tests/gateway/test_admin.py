@@ -15,10 +15,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from core.commands import Append, FromBeginning, Selector
-from core.errors import Malformed
-from core.events import EventData
-from gateway.admin import SUBSCRIPTION_RESET, USER_CREATE, parse_date_time, validate
+from polyport.core.commands import Append, FromBeginning, Selector
+from polyport.core.errors import Malformed
+from polyport.core.events import EventData
+from polyport.gateway.admin import SUBSCRIPTION_RESET, USER_CREATE, parse_date_time, validate
 
 TOKEN = "s3cret-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -14,10 +14,10 @@ import pytest
 from bson.binary import Binary
 from bson.int64 import Int64
 
-from core.commands import Append, ReadStream
-from core.events import EventData
-from protocols.bson.client import BsonClient, BsonError, ClientSubscription
-from protocols.bson.frames import DEFAULT_FLOW_PAUSE_BYTES, DEFAULT_FLOW_RESUME_BYTES
+from polyport.core.commands import Append, ReadStream
+from polyport.core.events import EventData
+from polyport.protocols.bson.client import BsonClient, BsonError, ClientSubscription
+from polyport.protocols.bson.frames import DEFAULT_FLOW_PAUSE_BYTES, DEFAULT_FLOW_RESUME_BYTES
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
@@ -358,7 +358,7 @@ async def test_subscriber_that_stops_acking_pauses_others_keep_receiving(gateway
 
 async def _cli(*args: str) -> str:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", *args, cwd=REPO,
+        sys.executable, "-m", "polyport.gateway.cli", *args, cwd=REPO,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await proc.communicate()

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from core.commands import Append, FromBeginning, Selector
-from core.events import EventData
-from gateway.cli import main
+from polyport.core.commands import Append, FromBeginning, Selector
+from polyport.core.events import EventData
+from polyport.gateway.cli import main
 
 
 async def test_status_command_reads_database_and_running_gateway(

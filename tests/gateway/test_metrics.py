@@ -12,11 +12,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from protocols.bson.client import BsonClient, BsonError
-from protocols.micromsg2.client import MicroMsg2Client
-from protocols.reactivesocket.client import NewEvent, ReactiveSocketClient, RemoteError
-from protocols.res01.client import Res01Client, Res01ServerError, new_event
-from protocols.segment.client import NoSuchSegmentError, SegmentReader, SegmentWriter
+from polyport.protocols.bson.client import BsonClient, BsonError
+from polyport.protocols.micromsg2.client import MicroMsg2Client
+from polyport.protocols.reactivesocket.client import NewEvent, ReactiveSocketClient, RemoteError
+from polyport.protocols.res01.client import Res01Client, Res01ServerError, new_event
+from polyport.protocols.segment.client import NoSuchSegmentError, SegmentReader, SegmentWriter
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

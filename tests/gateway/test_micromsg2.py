@@ -11,12 +11,12 @@ from typing import Any, cast
 
 import pytest
 
-from core.commands import Append, ReadStream
-from core.events import EventData
-from gateway.app import Gateway
-from gateway.listeners.micromsg2 import MicroMsg2Listener
-from protocols.micromsg2 import Command, Handshake, Message, encode_frame, encode_handshake
-from protocols.micromsg2.client import ConnectionClosed, MicroMsg2Client, MicroMsg2Error
+from polyport.core.commands import Append, ReadStream
+from polyport.core.events import EventData
+from polyport.gateway.app import Gateway
+from polyport.gateway.listeners.micromsg2 import MicroMsg2Listener
+from polyport.protocols.micromsg2 import Command, Handshake, Message, encode_frame, encode_handshake
+from polyport.protocols.micromsg2.client import ConnectionClosed, MicroMsg2Client, MicroMsg2Error
 
 OTHERS_OFF = {
     "res01_port": None,
@@ -678,7 +678,7 @@ async def test_handshake_timeout_and_idle_subscribers(gateway_factory: GatewayFa
 
 
 def test_default_port_is_7090() -> None:
-    from gateway.listeners.micromsg2 import LISTENER
+    from polyport.gateway.listeners.micromsg2 import LISTENER
 
     assert LISTENER.default_port == 7090 and LISTENER.name == "micromsg2"
 

@@ -19,12 +19,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from core.commands import Append
-from core.events import EventData
-from protocols.reactivesocket import payloads
-from protocols.reactivesocket.client import NewEvent, ReactiveSocketClient, RemoteError
-from protocols.reactivesocket.codec import decode_frame, encode_frame, split_tcp_frames
-from protocols.reactivesocket.frames import (
+from polyport.core.commands import Append
+from polyport.core.events import EventData
+from polyport.protocols.reactivesocket import payloads
+from polyport.protocols.reactivesocket.client import NewEvent, ReactiveSocketClient, RemoteError
+from polyport.protocols.reactivesocket.codec import decode_frame, encode_frame, split_tcp_frames
+from polyport.protocols.reactivesocket.frames import (
     Cancel,
     ErrorFrame,
     Frame,

@@ -14,10 +14,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from core import migrate
-from core.commands import Append, ReadStream
-from core.events import EventData
-from gateway.embedded_pg import EmbeddedPostgres
+from polyport.core import migrate
+from polyport.core.commands import Append, ReadStream
+from polyport.core.events import EventData
+from polyport.gateway.embedded_pg import EmbeddedPostgres
 
 
 @pytest.fixture
@@ -55,8 +55,8 @@ async def wait_status(
 
 
 async def test_readyz_follows_the_database(own_cluster: EmbeddedPostgres) -> None:
-    from gateway.app import Gateway
-    from gateway.config import DEFAULT_PORTS, GatewayConfig
+    from polyport.gateway.app import Gateway
+    from polyport.gateway.config import DEFAULT_PORTS, GatewayConfig
 
     pg = own_cluster
     port = pg.running_port()

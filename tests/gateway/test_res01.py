@@ -19,8 +19,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from gateway.config import DEFAULT_PORTS
-from protocols.res01 import (
+from polyport.gateway.config import DEFAULT_PORTS
+from polyport.protocols.res01 import (
     AppendCommit,
     CommitResult,
     Error,
@@ -31,8 +31,8 @@ from protocols.res01 import (
     decode_response,
     encode_request,
 )
-from protocols.res01.client import Res01Client, Res01ServerError, new_event
-from protocols.res01.values import encode_datetime
+from polyport.protocols.res01.client import Res01Client, Res01ServerError, new_event
+from polyport.protocols.res01.values import encode_datetime
 from tests.pg import HEAD_LOCK, SUBSCRIPTION_LOCK, row_locked
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from core.commands import Append, ReadStream
-from core.events import EventData
-from core.store import EventStore, segment_frame
-from protocols.segment.client import (
+from polyport.core.commands import Append, ReadStream
+from polyport.core.events import EventData
+from polyport.core.store import EventStore, segment_frame
+from polyport.protocols.segment.client import (
     NoSuchSegmentError,
     SegmentError,
     SegmentReader,
     SegmentWriter,
     iter_events,
 )
-from protocols.segment.frames import (
+from polyport.protocols.segment.frames import (
     MAX_WIRE_LENGTH,
     REPLY_TYPES,
     AppendSetup,
@@ -41,7 +41,7 @@ from protocols.segment.frames import (
     ReadSegment,
     SetupAppend,
 )
-from protocols.segment.wire import FrameReader, encode_frame
+from polyport.protocols.segment.wire import FrameReader, encode_frame
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST_READS = {"segment_read_wait": 0.5}
@@ -178,7 +178,7 @@ async def test_resent_data_at_or_below_ack_level_is_dropped(gateway_factory, sto
 
 
 class GatewayProcess:
-    """``python -m gateway.cli serve`` in a subprocess with only the segment listener."""
+    """``python -m polyport.gateway.cli serve`` in a subprocess with only the segment listener."""
 
     def __init__(self, db_url: str) -> None:
         off = ["--http-port", "off"] + [
@@ -186,7 +186,7 @@ class GatewayProcess:
             for arg in (f"--{name}-port", "off")
         ]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--database-url", db_url,
+            [sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", db_url,
              "--segment-port", "0", *off],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from core import migrate
+from polyport.core import migrate
 
 
 async def test_health_and_ready(gateway_factory) -> None:
@@ -19,8 +19,8 @@ async def test_health_and_ready(gateway_factory) -> None:
 async def test_serve_refuses_stale_schema(empty_db_url: str) -> None:
     import pytest
 
-    from gateway.app import Gateway
-    from gateway.config import GatewayConfig
+    from polyport.gateway.app import Gateway
+    from polyport.gateway.config import GatewayConfig
 
     gw = Gateway(GatewayConfig(database_url=empty_db_url, http_port=0))
     with pytest.raises(migrate.SchemaBehind, match="polyport migrate"):

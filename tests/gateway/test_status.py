@@ -11,11 +11,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from core.commands import Append, FromBeginning, Selector, Subscribe
-from core.events import EventData
-from core.matcher import event_matcher
-from gateway.cli import JsonFormatter
-from protocols.bson.client import BsonClient, BsonError
+from polyport.core.commands import Append, FromBeginning, Selector, Subscribe
+from polyport.core.events import EventData
+from polyport.core.matcher import event_matcher
+from polyport.gateway.cli import JsonFormatter
+from polyport.protocols.bson.client import BsonClient, BsonError
 
 
 def base(gw: Any) -> str:

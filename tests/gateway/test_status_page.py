@@ -23,8 +23,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from protocols.bson.client import BsonClient
-from protocols.reactivesocket.client import ReactiveSocketClient
+from polyport.protocols.bson.client import BsonClient
+from polyport.protocols.reactivesocket.client import ReactiveSocketClient
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUT = REPO / "test-output"

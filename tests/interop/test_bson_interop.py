@@ -17,10 +17,10 @@ from bson.binary import Binary
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 
-from core.bodies import body_json_text, event_document
-from core.commands import Append, ReadStream
-from core.events import EventData
-from protocols.bson.client import BsonClient
+from polyport.core.bodies import body_json_text, event_document
+from polyport.core.commands import Append, ReadStream
+from polyport.core.events import EventData
+from polyport.protocols.bson.client import BsonClient
 
 
 async def connect(gw: Any) -> BsonClient:

@@ -35,17 +35,17 @@ from bson.binary import Binary
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 
-from core.commands import ReadStream
-from core.events import RecordedEvent
-from gateway.app import Gateway
-from gateway.config import DEFAULT_PORTS, GatewayConfig
-from protocols.bson.client import BsonClient, ClientSubscription
-from protocols.micromsg2.client import MicroMsg2Client
-from protocols.reactivesocket.client import NewEvent, ReactiveSocketClient
-from protocols.reactivesocket.payloads import EventMap, StartAt
-from protocols.res01.client import Res01Client, new_event
-from protocols.res01.frames import FetchedEvent
-from protocols.segment.client import SegmentAppender, SegmentReader, SegmentWriter
+from polyport.core.commands import ReadStream
+from polyport.core.events import RecordedEvent
+from polyport.gateway.app import Gateway
+from polyport.gateway.config import DEFAULT_PORTS, GatewayConfig
+from polyport.protocols.bson.client import BsonClient, ClientSubscription
+from polyport.protocols.micromsg2.client import MicroMsg2Client
+from polyport.protocols.reactivesocket.client import NewEvent, ReactiveSocketClient
+from polyport.protocols.reactivesocket.payloads import EventMap, StartAt
+from polyport.protocols.res01.client import Res01Client, new_event
+from polyport.protocols.res01.frames import FetchedEvent
+from polyport.protocols.segment.client import SegmentAppender, SegmentReader, SegmentWriter
 from tests.conftest import create_database
 
 pytestmark = pytest.mark.timeout(60)

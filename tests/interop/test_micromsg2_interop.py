@@ -12,13 +12,13 @@ import bson
 import msgpack
 import pytest
 
-from core.commands import Append, ReadStream
-from core.events import EventData
-from gateway.app import Gateway
-from gateway.config import DEFAULT_PORTS
-from protocols.micromsg2 import Message, encode_frame
-from protocols.micromsg2.client import MicroMsg2Client
-from protocols.micromsg2.filters import decode_properties
+from polyport.core.commands import Append, ReadStream
+from polyport.core.events import EventData
+from polyport.gateway.app import Gateway
+from polyport.gateway.config import DEFAULT_PORTS
+from polyport.protocols.micromsg2 import Message, encode_frame
+from polyport.protocols.micromsg2.client import MicroMsg2Client
+from polyport.protocols.micromsg2.filters import decode_properties
 
 pytestmark = pytest.mark.timeout(60)
 

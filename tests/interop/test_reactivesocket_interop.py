@@ -14,9 +14,9 @@ import bson
 import msgpack
 import pytest
 
-from core.commands import Append, ReadStream
-from core.events import EventData
-from protocols.reactivesocket.client import NewEvent, ReactiveSocketClient
+from polyport.core.commands import Append, ReadStream
+from polyport.core.events import EventData
+from polyport.protocols.reactivesocket.client import NewEvent, ReactiveSocketClient
 
 BODIES: list[tuple[str, bytes]] = [
     ("application/json", b'{"amount": 42, "note": "caf\xc3\xa9"}'),

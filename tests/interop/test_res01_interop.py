@@ -12,10 +12,10 @@ import bson
 import msgpack
 import pytest
 
-from core.commands import Append, ReadStream
-from core.events import EventData
-from gateway.config import DEFAULT_PORTS
-from protocols.res01.client import Res01Client, new_event
+from polyport.core.commands import Append, ReadStream
+from polyport.core.events import EventData
+from polyport.gateway.config import DEFAULT_PORTS
+from polyport.protocols.res01.client import Res01Client, new_event
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,9 +11,9 @@ import bson
 import msgpack
 import pytest
 
-from core.commands import Append, FromBeginning, ReadStream, Selector, Subscribe
-from core.events import EventData
-from protocols.segment.client import SegmentReader, SegmentWriter, iter_events
+from polyport.core.commands import Append, FromBeginning, ReadStream, Selector, Subscribe
+from polyport.core.events import EventData
+from polyport.protocols.segment.client import SegmentReader, SegmentWriter, iter_events
 
 CONTENT_TYPES = {
     "application/json": json.dumps({"name": "Ada", "n": 1}).encode(),

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import pytest
 
-from core.migrate import asyncpg_dsn
+from polyport.core.migrate import asyncpg_dsn
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from gateway.app import Gateway
+    from polyport.gateway.app import Gateway
 
 REPO = Path(__file__).resolve().parents[2]
 SKIP_REASON = "PySpark is not installed: pip install -e '.[test,pipeline]' runs these tests"
@@ -49,7 +49,7 @@ TEST_CONF = (
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     pytest.importorskip("pyspark", reason=SKIP_REASON)
-    from pipeline.session import SparkSettings, spark_session
+    from polyport.pipeline.session import SparkSettings, spark_session
 
     session = spark_session(SparkSettings(master="local[2]", conf=TEST_CONF), say=False)
     yield session
@@ -65,7 +65,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def polyport_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gateway.cli", *args]
+    return [sys.executable, "-m", "polyport.gateway.cli", *args]
 
 
 def run_cli(
@@ -136,7 +136,7 @@ async def write_res01(gw: Gateway, context: str, streams: int, commits: int, bat
                       in_flight: int = 8) -> int:
     """``commits`` Res01 AC commits of ``batch`` JSON events, round robin
     over ``streams`` streams ``cart-<n>``."""
-    from protocols.res01.client import Res01Client, new_event
+    from polyport.protocols.res01.client import Res01Client, new_event
 
     client = await Res01Client.connect(gw.listeners["res01"].address, timeout=60)
     sem = asyncio.Semaphore(in_flight)
@@ -162,7 +162,7 @@ async def write_res01(gw: Gateway, context: str, streams: int, commits: int, bat
 
 async def write_bson(gw: Gateway, count: int, streams: int, window: int = 500) -> int:
     """``count`` pipelined BSON EMITs (context ``default``) over ``order-<n>`` streams."""
-    from protocols.bson.client import BsonClient
+    from polyport.protocols.bson.client import BsonClient
 
     host, port = gw.listeners["bson"].address
     client = await BsonClient.connect(host, port)
@@ -189,7 +189,7 @@ async def write_reactivesocket(gw: Gateway, context: str, appends: int, batch: i
     """ReactiveSocket appends of ``batch`` events with varied content types."""
     import msgpack
 
-    from protocols.reactivesocket.client import NewEvent, ReactiveSocketClient
+    from polyport.protocols.reactivesocket.client import NewEvent, ReactiveSocketClient
 
     host, port = gw.listeners["reactivesocket"].address
     client = await ReactiveSocketClient.connect(host, port, context=context)

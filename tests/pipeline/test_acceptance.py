@@ -22,12 +22,12 @@ pytest.importorskip("pyspark", reason="PySpark is not installed: pip install -e 
 
 from pyspark.sql import SparkSession  # noqa: E402
 
-from gateway.app import Gateway  # noqa: E402
-from gateway.config import GatewayConfig  # noqa: E402
-from pipeline.binders import rebuild_binder  # noqa: E402
-from pipeline.db import Pg, PipelineBusy  # noqa: E402
-from pipeline.export import FAULT_ENV, InjectedFault, export_events  # noqa: E402
-from pipeline.stats import compute_stats  # noqa: E402
+from polyport.gateway.app import Gateway  # noqa: E402
+from polyport.gateway.config import GatewayConfig  # noqa: E402
+from polyport.pipeline.binders import rebuild_binder  # noqa: E402
+from polyport.pipeline.db import Pg, PipelineBusy  # noqa: E402
+from polyport.pipeline.export import FAULT_ENV, InjectedFault, export_events  # noqa: E402
+from polyport.pipeline.stats import compute_stats  # noqa: E402
 from tests.conftest import create_database  # noqa: E402
 from tests.pipeline.conftest import (  # noqa: E402
     assert_exported_once,

@@ -25,10 +25,10 @@ pyspark = pytest.importorskip(
 
 from pyspark.sql import SparkSession  # noqa: E402
 
-from core.commands import Append  # noqa: E402
-from core.events import EventData  # noqa: E402
-from core.store import EventStore  # noqa: E402
-from pipeline.session import find_jdbc_driver  # noqa: E402
+from polyport.core.commands import Append  # noqa: E402
+from polyport.core.events import EventData  # noqa: E402
+from polyport.core.store import EventStore  # noqa: E402
+from polyport.pipeline.session import find_jdbc_driver  # noqa: E402
 from tests.pipeline.conftest import (  # noqa: E402
     assert_exported_once,
     cli_env,

@@ -13,9 +13,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from core.migrate import asyncpg_dsn
-from pipeline.db import PipelineError, jdbc_target, sql_text, sql_text_array
-from pipeline.session import (
+from polyport.core.migrate import asyncpg_dsn
+from polyport.pipeline.db import PipelineError, jdbc_target, sql_text, sql_text_array
+from polyport.pipeline.session import (
     DEBIAN_JAR,
     DRIVER_PACKAGE,
     SparkSetupError,
@@ -141,8 +141,8 @@ async def test_cli_says_how_to_get_java_or_the_driver(db_url: str, tmp_path: Pat
 
 def test_gateway_runs_without_pyspark() -> None:
     probe = (
-        "import sys, gateway.cli, gateway.app\n"
-        "gateway.cli.build_parser().parse_args(['pipeline', 'export', '--out', 'x'])\n"
+        "import sys, polyport.gateway.cli, polyport.gateway.app\n"
+        "polyport.gateway.cli.build_parser().parse_args(['pipeline', 'export', '--out', 'x'])\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j'))\n"
         "assert not loaded, loaded\n"
     )

@@ -18,7 +18,7 @@ from bson.regex import Regex
 from bson.timestamp import Timestamp
 from hypothesis import strategies as st
 
-from protocols.bson.frames import (
+from polyport.protocols.bson.frames import (
     FRAME_CLASSES,
     INT32_MAX,
     INT32_MIN,
@@ -138,7 +138,7 @@ def accepted(field: Field, value: Any) -> bool:
 
 def wire_body(frame: Frame) -> dict[str, Any]:
     """The frame's body as a plain document (what a peer would send)."""
-    from protocols.bson.codec import frame_to_document
+    from polyport.protocols.bson.codec import frame_to_document
 
     body = frame_to_document(frame)["frame"]
     assert isinstance(body, dict)

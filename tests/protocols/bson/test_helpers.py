@@ -15,9 +15,9 @@ import pytest
 from bson.binary import Binary
 from bson.datetime_ms import DatetimeMS
 
-import protocols.bson
-from core.errors import ERROR_BY_CODE
-from protocols.bson import (
+import polyport.protocols.bson
+from polyport.core.errors import ERROR_BY_CODE
+from polyport.protocols.bson import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_PORT,
     Emit,
@@ -28,12 +28,12 @@ from protocols.bson import (
     event_size,
     is_supported_version,
 )
-from protocols.bson import codec as codec_module
-from protocols.bson import errors as errors_module
-from protocols.bson.errors import LocalProtocolError, RequestError
+from polyport.protocols.bson import codec as codec_module
+from polyport.protocols.bson import errors as errors_module
+from polyport.protocols.bson.errors import LocalProtocolError, RequestError
 from tests.protocols.bson.strategies import raw
 
-PACKAGE_DIR = Path(protocols.bson.__file__).parent
+PACKAGE_DIR = Path(polyport.protocols.bson.__file__).parent
 REPO_ROOT = PACKAGE_DIR.parent.parent
 
 
@@ -130,7 +130,7 @@ def test_cannot_encode_foreign_objects() -> None:
 def test_bson_is_pymongo() -> None:
     assert "site-packages" in (bson.__file__ or "")
     assert codec_module.bson is sys.modules["bson"] is bson
-    assert protocols.bson.__name__ == "protocols.bson"
+    assert polyport.protocols.bson.__name__ == "polyport.protocols.bson"
     assert hasattr(bson, "encode") and hasattr(bson, "decode")
 
 
@@ -155,9 +155,9 @@ def _run(code: str, *, cwd: Path, pythonpath: str) -> subprocess.CompletedProces
 
 def test_import_from_elsewhere_uses_pymongo(tmp_path: Path) -> None:
     result = _run(
-        "import protocols.bson, bson, sys; "
+        "import polyport.protocols.bson, bson, sys; "
         "assert hasattr(bson, 'decode'), bson; "
-        "assert sys.modules['protocols.bson'] is not bson; print('ok')",
+        "assert sys.modules['polyport.protocols.bson'] is not bson; print('ok')",
         cwd=tmp_path,
         pythonpath=str(REPO_ROOT),
     )

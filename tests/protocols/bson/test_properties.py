@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocols.bson import (
+from polyport.protocols.bson import (
     ClientConnection,
     Connect,
     Ping,
@@ -27,7 +27,7 @@ from protocols.bson import (
     decode_frame,
     encode_frame,
 )
-from protocols.bson.frames import (
+from polyport.protocols.bson.frames import (
     CLIENT_FRAME_TYPES,
     CONNECT,
     DEFAULT_MAX_FRAME_SIZE,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocols.bson import (
+from polyport.protocols.bson import (
     AbortTx,
     AckEv,
     ClientConnection,
@@ -31,8 +31,8 @@ from protocols.bson import (
     decode_frame,
     encode_frame,
 )
-from protocols.bson.frames import CLIENT_FRAME_TYPES, CONNECT, SERVER_FRAME_TYPES, Frame
-from protocols.bson.state import (
+from polyport.protocols.bson.frames import CLIENT_FRAME_TYPES, CONNECT, SERVER_FRAME_TYPES, Frame
+from polyport.protocols.bson.state import (
     CLIENT_RECEIVE,
     CLIENT_SEND,
     REPLIES,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from bson.int64 import Int64
 
-from protocols.bson import (
+from polyport.protocols.bson import (
     AbortTx,
     AckEv,
     CommitTx,
@@ -31,7 +31,7 @@ from protocols.bson import (
     decode_frame,
     encode_frame,
 )
-from protocols.bson.frames import FRAME_CLASSES, Frame
+from polyport.protocols.bson.frames import FRAME_CLASSES, Frame
 from tests.protocols.bson.strategies import h
 
 # The example in the spec: CONNECT {version "1.0", username "tim", password "1234"}.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from protocols.micromsg2 import ClientConnection, ExtensionSpec, ServerConnection
-from protocols.micromsg2.frames import DEFAULT_MAX_PAYLOAD, SERVER_EXTENSIONS
+from polyport.protocols.micromsg2 import ClientConnection, ExtensionSpec, ServerConnection
+from polyport.protocols.micromsg2.frames import DEFAULT_MAX_PAYLOAD, SERVER_EXTENSIONS
 
 
 def run_handshake(server: ServerConnection, client: ClientConnection) -> None:

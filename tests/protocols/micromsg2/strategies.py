@@ -6,8 +6,15 @@ from datetime import UTC, datetime
 
 from hypothesis import strategies as st
 
-from protocols.micromsg2 import Command, Error, Extension, ExtensionSpec, Handshake, Message
-from protocols.micromsg2.filters import INT64_MAX, INT64_MIN
+from polyport.protocols.micromsg2 import (
+    Command,
+    Error,
+    Extension,
+    ExtensionSpec,
+    Handshake,
+    Message,
+)
+from polyport.protocols.micromsg2.filters import INT64_MAX, INT64_MIN
 
 FIELD_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
 

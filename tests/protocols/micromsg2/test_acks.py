@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.micromsg2 import (
+from polyport.protocols.micromsg2 import (
     Ack,
     AckWindow,
     Message,
@@ -15,7 +15,7 @@ from protocols.micromsg2 import (
     encode_ack_payload,
     encode_frame,
 )
-from protocols.micromsg2.acks import next_seq
+from polyport.protocols.micromsg2.acks import next_seq
 
 from ._support import open_pair
 
@@ -225,7 +225,7 @@ def test_window_through_two_full_wraps(size: int) -> None:
 
 
 def test_connection_pair_with_first_seq_wraps() -> None:
-    from protocols.micromsg2 import ClientConnection, ServerConnection
+    from polyport.protocols.micromsg2 import ClientConnection, ServerConnection
 
     from ._support import run_handshake
 

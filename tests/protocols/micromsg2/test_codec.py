@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocols.micromsg2 import (
+from polyport.protocols.micromsg2 import (
     Ack,
     ClientConnection,
     Command,
@@ -21,7 +21,7 @@ from protocols.micromsg2 import (
     encode_frame,
     encode_handshake,
 )
-from protocols.micromsg2.wire import WireFrame, starts_error_frame
+from polyport.protocols.micromsg2.wire import WireFrame, starts_error_frame
 
 from ._support import open_pair
 from .strategies import commands, errors, extensions, handshakes, messages, wire_frames

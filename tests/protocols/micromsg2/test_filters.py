@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.micromsg2 import (
+from polyport.protocols.micromsg2 import (
     Command,
     Condition,
     Destination,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocols.micromsg2 import (
+from polyport.protocols.micromsg2 import (
     ClientConnection,
     Error,
     ExtensionSpec,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocols.micromsg2 import (
+from polyport.protocols.micromsg2 import (
     Ack,
     ClientConnection,
     Command,
@@ -19,7 +19,7 @@ from protocols.micromsg2 import (
     encode_handshake,
     error_frame,
 )
-from protocols.micromsg2.state import CLIENT_TRANSITIONS, SERVER_TRANSITIONS, Direction
+from polyport.protocols.micromsg2.state import CLIENT_TRANSITIONS, SERVER_TRANSITIONS, Direction
 
 from ._support import open_pair
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from protocols.micromsg2 import (
+from polyport.protocols.micromsg2 import (
     Ack,
     ClientConnection,
     Command,
@@ -28,7 +28,7 @@ from protocols.micromsg2 import (
     format_value,
     parse_value,
 )
-from protocols.micromsg2.negotiation import parse_extensions
+from polyport.protocols.micromsg2.negotiation import parse_extensions
 
 from ._support import open_pair
 

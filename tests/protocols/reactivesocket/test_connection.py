@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocols.reactivesocket import (
+from polyport.protocols.reactivesocket import (
     Cancel,
     ClientConnection,
     ConnectionState,
@@ -26,8 +26,8 @@ from protocols.reactivesocket import (
     UnknownFrame,
     encode_frame,
 )
-from protocols.reactivesocket import payloads as P
-from protocols.reactivesocket.frames import MAX_I64
+from polyport.protocols.reactivesocket import payloads as P
+from polyport.protocols.reactivesocket.frames import MAX_I64
 
 from .util import SETUP_TCP, SETUP_WS, deliver, h, open_pair, open_server, tcp
 

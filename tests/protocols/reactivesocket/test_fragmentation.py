@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocols.reactivesocket import (
+from polyport.protocols.reactivesocket import (
     Cancel,
     LocalProtocolError,
     Phase,

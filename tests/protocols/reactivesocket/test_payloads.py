@@ -7,9 +7,9 @@ import uuid
 import msgpack
 import pytest
 
-from core.errors import ERROR_BY_CODE
-from protocols.reactivesocket import PayloadError, ProtocolError
-from protocols.reactivesocket import payloads as P
+from polyport.core.errors import ERROR_BY_CODE
+from polyport.protocols.reactivesocket import PayloadError, ProtocolError
+from polyport.protocols.reactivesocket import payloads as P
 
 from .util import h
 

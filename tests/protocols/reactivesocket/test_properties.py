@@ -14,7 +14,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from protocols.reactivesocket import (
+from polyport.protocols.reactivesocket import (
     Cancel,
     ClientConnection,
     ErrorFrame,
@@ -36,8 +36,8 @@ from protocols.reactivesocket import (
     encode_tcp_frame,
     split_tcp_frames,
 )
-from protocols.reactivesocket.frames import MAX_I64, MIN_I64
-from protocols.reactivesocket.state import Kind
+from polyport.protocols.reactivesocket.frames import MAX_I64, MIN_I64
+from polyport.protocols.reactivesocket.state import Kind
 
 from .util import SETUP_TCP, SETUP_WS, deliver, open_pair
 

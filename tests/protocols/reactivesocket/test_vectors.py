@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocols.reactivesocket import (
+from polyport.protocols.reactivesocket import (
     Cancel,
     ErrorFrame,
     Ext,
@@ -27,9 +27,9 @@ from protocols.reactivesocket import (
     encode_tcp_frame,
     split_tcp_frames,
 )
-from protocols.reactivesocket.codec import encode_for
-from protocols.reactivesocket.errors import LocalProtocolError
-from protocols.reactivesocket.frames import DEFAULT_PORT, WEBSOCKET_PATH
+from polyport.protocols.reactivesocket.codec import encode_for
+from polyport.protocols.reactivesocket.errors import LocalProtocolError
+from polyport.protocols.reactivesocket.frames import DEFAULT_PORT, WEBSOCKET_PATH
 
 from .util import h
 

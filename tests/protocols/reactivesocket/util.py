@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from protocols.reactivesocket import ClientConnection, ServerConnection, encode_frame
-from protocols.reactivesocket.frames import Frame
+from polyport.protocols.reactivesocket import ClientConnection, ServerConnection, encode_frame
+from polyport.protocols.reactivesocket.frames import Frame
 
 
 def h(text: str) -> bytes:

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from protocols.res01 import (
+from polyport.protocols.res01 import (
     ErrorCode,
     ProtocolError,
     Res01Error,
@@ -15,7 +15,7 @@ from protocols.res01 import (
     encode_error_reply,
     encode_response,
 )
-from protocols.res01.frames import CommitResult
+from polyport.protocols.res01.frames import CommitResult
 
 R = (b"peer", b"hop")
 GUID = bytes(range(16))

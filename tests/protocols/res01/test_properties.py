@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocols.res01 import (
+from polyport.protocols.res01 import (
     AppendCommit,
     CommitResult,
     DateTimeKind,
@@ -37,7 +37,7 @@ from protocols.res01 import (
     encode_response,
     ticks_to_datetime,
 )
-from protocols.res01.values import MAX_TICKS
+from polyport.protocols.res01.values import MAX_TICKS
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from protocols.res01 import DateTimeKind, Res01Error, datetime_to_ticks, ticks_to_datetime
-from protocols.res01.values import (
+from polyport.protocols.res01 import DateTimeKind, Res01Error, datetime_to_ticks, ticks_to_datetime
+from polyport.protocols.res01.values import (
     decode_datetime,
     decode_guid,
     decode_int,

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from protocols.res01 import (
+from polyport.protocols.res01 import (
     AppendCommit,
     CommitResult,
     Error,

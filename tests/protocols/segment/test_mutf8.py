@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.segment import mutf8
-from protocols.segment.errors import ProtocolError
+from polyport.protocols.segment import mutf8
+from polyport.protocols.segment.errors import ProtocolError
 
 
 def java_write_utf(text: str) -> bytes:

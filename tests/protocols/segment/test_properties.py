@@ -8,9 +8,9 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocols.segment.codec import ClientConnection, ServerConnection
-from protocols.segment.errors import ProtocolError
-from protocols.segment.frames import (
+from polyport.protocols.segment.codec import ClientConnection, ServerConnection
+from polyport.protocols.segment.errors import ProtocolError
+from polyport.protocols.segment.frames import (
     MAX_WIRE_LENGTH,
     TYPE_NAMES,
     AppendSetup,
@@ -30,9 +30,9 @@ from protocols.segment.frames import (
     SetupAppend,
     event_size,
 )
-from protocols.segment.state import BlockEvents
-from protocols.segment.wire import FrameReader, decode_frame, encode_frame
-from protocols.segment.writer import AppendWriter
+from polyport.protocols.segment.state import BlockEvents
+from polyport.protocols.segment.wire import FrameReader, decode_frame, encode_frame
+from polyport.protocols.segment.writer import AppendWriter
 
 SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from protocols.segment.codec import ClientConnection, ServerConnection
-from protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
-from protocols.segment.frames import (
+from polyport.protocols.segment.codec import ClientConnection, ServerConnection
+from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
+from polyport.protocols.segment.frames import (
     AppendSetup,
     AuthFailed,
     BeginAppendBlock,
@@ -25,8 +25,8 @@ from protocols.segment.frames import (
     SegmentRead,
     SetupAppend,
 )
-from protocols.segment.state import TRANSITIONS, BlockEvents, BlockState
-from protocols.segment.wire import encode_frame, split_segment_name
+from polyport.protocols.segment.state import TRANSITIONS, BlockEvents, BlockState
+from polyport.protocols.segment.wire import encode_frame, split_segment_name
 
 A = uuid.UUID(int=0xA)
 B = uuid.UUID(int=0xB)

@@ -6,10 +6,10 @@ import uuid
 
 import pytest
 
-from protocols.segment import frames as f
-from protocols.segment.codec import ClientConnection, ServerConnection
-from protocols.segment.errors import ProtocolError
-from protocols.segment.frames import (
+from polyport.protocols.segment import frames as f
+from polyport.protocols.segment.codec import ClientConnection, ServerConnection
+from polyport.protocols.segment.errors import ProtocolError
+from polyport.protocols.segment.frames import (
     AppendSetup,
     AuthFailed,
     BeginAppendBlock,
@@ -25,8 +25,8 @@ from protocols.segment.frames import (
     SegmentRead,
     SetupAppend,
 )
-from protocols.segment.state import BlockEvents
-from protocols.segment.wire import decode_frame, encode_frame
+from polyport.protocols.segment.state import BlockEvents
+from polyport.protocols.segment.wire import decode_frame, encode_frame
 
 CID = uuid.UUID("00112233-4455-6677-8899-aabbccddeeff")
 CID_HEX = "00112233445566778899aabbccddeeff"
@@ -106,7 +106,7 @@ def test_uuid_is_most_significant_byte_first() -> None:
 
 def test_split_block_wire_bytes() -> None:
     """The spec's trick: [Begin][Event][Partial Begin][End][Partial End]."""
-    from protocols.segment.writer import encode_block
+    from polyport.protocols.segment.writer import encode_block
 
     # Event "ab" framed: 00000000 00000002 6162 (10 bytes); event "xyz": 11 bytes,
     # cut after 4 bytes.  Boundary = 10 + (9 + 4) = 23 wire bytes before End.

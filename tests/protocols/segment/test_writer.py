@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from protocols.segment.errors import ProtocolError
-from protocols.segment.frames import (
+from polyport.protocols.segment.errors import ProtocolError
+from polyport.protocols.segment.frames import (
     BeginAppendBlock,
     EndAppendBlock,
     Event,
@@ -15,7 +15,7 @@ from protocols.segment.frames import (
     PartialMessage,
     SetupAppend,
 )
-from protocols.segment.writer import AppendWriter, block_frames
+from polyport.protocols.segment.writer import AppendWriter, block_frames
 
 CID = uuid.UUID(int=7)
 

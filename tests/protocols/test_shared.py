@@ -1,0 +1,67 @@
+"""The pieces every protocol package shares: error classes and settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from polyport.protocols.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from polyport.protocols.settings import settings_from
+
+
+def test_local_and_remote_are_siblings() -> None:
+    assert issubclass(LocalProtocolError, ProtocolError)
+    assert issubclass(RemoteProtocolError, ProtocolError)
+    assert not issubclass(LocalProtocolError, RemoteProtocolError)
+    assert not issubclass(RemoteProtocolError, LocalProtocolError)
+    with pytest.raises(LocalProtocolError):
+        try:
+            raise LocalProtocolError("our bug")
+        except RemoteProtocolError:  # pragma: no cover - must not catch
+            pytest.fail("a peer-error handler caught our own bug")
+
+
+@dataclass(frozen=True)
+class _Limits:
+    max_frames: int = 10
+    idle_timeout: float | None = 300.0
+    required: tuple[str, ...] = ()
+    strict: bool = False
+    block: int = field(default=5, metadata={"setting": "demo_block_bytes"})
+    max_event_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.max_frames < 1:
+            raise ValueError("demo_max_frames must be at least 1")
+
+
+def test_defaults_when_nothing_is_set() -> None:
+    assert settings_from(_Limits, {}, prefix="demo") == _Limits()
+
+
+def test_prefixed_shared_and_renamed_keys_from_text() -> None:
+    got = settings_from(
+        _Limits,
+        {"demo_max_frames": "7", "idle_timeout": "2.5", "demo_required": "json, ack",
+         "demo_strict": "yes", "demo_block_bytes": 9, "max_event_bytes": 4096,
+         "other_max_frames": 1},
+        prefix="demo", shared=("idle_timeout", "max_event_bytes"),
+    )
+    assert got == _Limits(max_frames=7, idle_timeout=2.5, required=("json", "ack"),
+                          strict=True, block=9, max_event_bytes=4096)
+
+
+def test_protocol_key_wins_over_shared_key() -> None:
+    got = settings_from(_Limits, {"demo_idle_timeout": 1, "idle_timeout": 9},
+                        prefix="demo", shared=("idle_timeout",))
+    assert got.idle_timeout == 1.0
+
+
+def test_bad_values_name_the_setting() -> None:
+    with pytest.raises(ValueError, match="demo_max_frames: expected int"):
+        settings_from(_Limits, {"demo_max_frames": "many"}, prefix="demo")
+    with pytest.raises(ValueError, match="demo_strict"):
+        settings_from(_Limits, {"demo_strict": "maybe"}, prefix="demo")
+    with pytest.raises(ValueError, match="at least 1"):
+        settings_from(_Limits, {"demo_max_frames": 0}, prefix="demo")

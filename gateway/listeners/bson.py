@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from polyport.gateway.registry import ListenerDef
 from polyport.gateway.tcp import TcpListener
 from polyport.protocols.bson.adapter import session_factory
-from polyport.protocols.bson.frames import DEFAULT_PORT, PROTOCOL_NAME
+from polyport.protocols.bson.frames import DEFAULT_PORT, PROTOCOL
 from polyport.protocols.session import ListenerStats
 
 if TYPE_CHECKING:
@@ -15,11 +15,11 @@ if TYPE_CHECKING:
 
 
 async def start(gw: Gateway, host: str, port: int) -> TcpListener:
-    stats = ListenerStats(PROTOCOL_NAME)
-    ctx = gw.context(PROTOCOL_NAME, stats)
+    stats = ListenerStats(PROTOCOL)
+    ctx = gw.context(PROTOCOL, stats)
     idle = gw.settings.get("idle_timeout")
     listener = TcpListener(
-        PROTOCOL_NAME,
+        PROTOCOL,
         session_factory(ctx),
         host,
         port,
@@ -30,4 +30,4 @@ async def start(gw: Gateway, host: str, port: int) -> TcpListener:
     return listener
 
 
-LISTENER = ListenerDef(PROTOCOL_NAME, DEFAULT_PORT, start)
+LISTENER = ListenerDef(PROTOCOL, DEFAULT_PORT, start)

@@ -1,4 +1,4 @@
-"""BSON frames protocol: sans-IO codec (frames, wire format, connection state).
+"""BSON frames protocol: sans-IO frames, wire format, state table and connections.
 
 This package is ``protocols.bson``; pymongo's BSON library is the top-level
 ``bson``.  Every module here uses absolute imports, so ``import bson`` always
@@ -15,22 +15,13 @@ if __name__ == "bson":  # pragma: no cover
         "bson: remove the protocols/ directory from sys.path"
     )
 
-from polyport.protocols.bson.codec import (  # noqa: E402
-    DECODE_OPTIONS,
-    ENCODE_OPTIONS,
-    decode_frame,
-    encode_frame,
-    event_size,
-    frame_from_document,
-    frame_to_document,
-    is_supported_version,
-)
 from polyport.protocols.bson.connection import ClientConnection, ServerConnection  # noqa: E402
 from polyport.protocols.bson.errors import LocalProtocolError, ProtocolError, RequestError  # noqa: E402
 from polyport.protocols.bson.frames import (  # noqa: E402
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_PORT,
+    PROTOCOL,
     AbortTx,
     AckEv,
     CommitTx,
@@ -50,6 +41,16 @@ from polyport.protocols.bson.frames import (  # noqa: E402
     Unsubscribe,
 )
 from polyport.protocols.bson.state import State, TransactionTable  # noqa: E402
+from polyport.protocols.bson.wire import (  # noqa: E402
+    DECODE_OPTIONS,
+    ENCODE_OPTIONS,
+    decode_frame,
+    encode_frame,
+    event_size,
+    frame_from_document,
+    frame_to_document,
+    is_supported_version,
+)
 
 __all__ = [
     "DECODE_OPTIONS",
@@ -65,6 +66,7 @@ __all__ = [
     "Emit",
     "Frame",
     "LocalProtocolError",
+    "PROTOCOL",
     "Ping",
     "ProtocolError",
     "Query",

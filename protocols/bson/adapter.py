@@ -52,7 +52,6 @@ from polyport.core.events import EventData, RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.matcher import compile_matcher
 from polyport.core.subscriptions import Subscription
-from polyport.protocols.bson.codec import DECODE_OPTIONS, ENCODE_OPTIONS, is_supported_version
 from polyport.protocols.bson.connection import ServerConnection
 from polyport.protocols.bson.errors import ERR_TOO_LARGE, LocalProtocolError, ProtocolError
 from polyport.protocols.bson.frames import (
@@ -61,7 +60,7 @@ from polyport.protocols.bson.frames import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_UNACKED_QUERY_RESULTS,
-    PROTOCOL_NAME,
+    PROTOCOL,
     AbortTx,
     AckEv,
     CommitTx,
@@ -81,12 +80,13 @@ from polyport.protocols.bson.frames import (
     Unsubscribe,
 )
 from polyport.protocols.bson.state import State
+from polyport.protocols.bson.wire import DECODE_OPTIONS, ENCODE_OPTIONS, is_supported_version
 from polyport.protocols.session import Outbound, SessionContext
 
 log = logging.getLogger("polyport.bson")
 
 MIB = 1024 * 1024
-ORIGIN = PROTOCOL_NAME
+ORIGIN = PROTOCOL
 # Replies already decided that go out in one write.
 REPLY_BATCH = 256
 
@@ -141,7 +141,7 @@ class BsonSettings:
 
 def encode_event(event: Mapping[str, Any]) -> bytes:
     """The stored body of an EMIT: the ``event`` document as BSON bytes.  The
-    codec decodes losslessly, so these are the bytes the client sent."""
+    wire decoding is lossless, so these are the bytes the client sent."""
     try:
         return bson.encode(event, codec_options=ENCODE_OPTIONS)
     except Exception as exc:  # InvalidDocument, OverflowError, ...
@@ -151,7 +151,7 @@ def encode_event(event: Mapping[str, Any]) -> bytes:
 def recev_document(ev: RecordedEvent) -> dict[str, Any]:
     """The RECEV ``event`` document of a stored event (design brief, "Bodies
     across protocols", via core.bodies).  BSON bodies are decoded with the
-    codec's options so that dates outside Python's range survive the round
+    wire options so that dates outside Python's range survive the round
     trip instead of degrading to ``{"data": <bytes>}``."""
     if media_type(ev.content_type) == BSON:
         try:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from polyport.protocols.bson.codec import check_length, decode_frame, encode_frame, read_length
 from polyport.protocols.bson.errors import (
     ERR_BUSY,
     ERR_MALFORMED,
@@ -68,6 +67,7 @@ from polyport.protocols.bson.state import (
     Table,
     TransactionTable,
 )
+from polyport.protocols.bson.wire import check_length, decode_frame, encode_frame, read_length
 
 _ENDED = (State.MUST_CLOSE, State.CLOSED)
 

@@ -2,7 +2,7 @@
 
 On the wire every frame is one BSON document ``{type: <TYPE>, frame: <body>}``.
 Each class lists its body fields in ``FIELDS`` (wire name, attribute, BSON kind,
-mandatory or not); the codec validates and encodes from that table, so the
+mandatory or not); ``wire.py`` validates and encodes from that table, so the
 classes themselves stay plain values.
 """
 
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 DEFAULT_PORT = 7451
-PROTOCOL_NAME = "bson"
+PROTOCOL = "bson"
 
 MIB = 1024 * 1024
 # A frame is refused as soon as its length prefix says it is larger than this.
 DEFAULT_MAX_FRAME_SIZE = 16 * MIB
-# Enforced by the adapter on EMIT (see codec.event_size), not by the framing.
+# Enforced by the adapter on EMIT (see wire.event_size), not by the framing.
 DEFAULT_MAX_EVENT_SIZE = 1 * MIB
 # ACKEV flow control (design brief): delivery pauses above, resumes below.
 DEFAULT_FLOW_PAUSE_BYTES = 4 * MIB

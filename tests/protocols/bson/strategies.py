@@ -138,7 +138,7 @@ def accepted(field: Field, value: Any) -> bool:
 
 def wire_body(frame: Frame) -> dict[str, Any]:
     """The frame's body as a plain document (what a peer would send)."""
-    from polyport.protocols.bson.codec import frame_to_document
+    from polyport.protocols.bson.wire import frame_to_document
 
     body = frame_to_document(frame)["frame"]
     assert isinstance(body, dict)

@@ -28,8 +28,8 @@ from polyport.protocols.bson import (
     event_size,
     is_supported_version,
 )
-from polyport.protocols.bson import codec as codec_module
 from polyport.protocols.bson import errors as errors_module
+from polyport.protocols.bson import wire as wire_module
 from polyport.protocols.bson.errors import LocalProtocolError, RequestError
 from tests.protocols.bson.strategies import raw
 
@@ -129,7 +129,7 @@ def test_cannot_encode_foreign_objects() -> None:
 
 def test_bson_is_pymongo() -> None:
     assert "site-packages" in (bson.__file__ or "")
-    assert codec_module.bson is sys.modules["bson"] is bson
+    assert wire_module.bson is sys.modules["bson"] is bson
     assert polyport.protocols.bson.__name__ == "polyport.protocols.bson"
     assert hasattr(bson, "encode") and hasattr(bson, "decode")
 

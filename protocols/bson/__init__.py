@@ -16,7 +16,12 @@ if __name__ == "bson":  # pragma: no cover
     )
 
 from polyport.protocols.bson.connection import ClientConnection, ServerConnection  # noqa: E402
-from polyport.protocols.bson.errors import LocalProtocolError, ProtocolError, RequestError  # noqa: E402
+from polyport.protocols.bson.errors import (  # noqa: E402
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    RequestError,
+)
 from polyport.protocols.bson.frames import (  # noqa: E402
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_MAX_FRAME_SIZE,
@@ -74,6 +79,7 @@ __all__ = [
     "QueryResponse",
     "QueryResult",
     "Recev",
+    "RemoteProtocolError",
     "RequestError",
     "Response",
     "ServerConnection",

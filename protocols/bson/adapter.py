@@ -53,7 +53,12 @@ from polyport.core.groups import GroupMember
 from polyport.core.matcher import compile_matcher
 from polyport.core.subscriptions import Subscription
 from polyport.protocols.bson.connection import ServerConnection
-from polyport.protocols.bson.errors import ERR_TOO_LARGE, LocalProtocolError, ProtocolError
+from polyport.protocols.bson.errors import (
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    RequestError,
+)
 from polyport.protocols.bson.frames import (
     DEFAULT_FLOW_PAUSE_BYTES,
     DEFAULT_FLOW_RESUME_BYTES,
@@ -81,6 +86,7 @@ from polyport.protocols.bson.frames import (
 )
 from polyport.protocols.bson.state import State
 from polyport.protocols.bson.wire import DECODE_OPTIONS, ENCODE_OPTIONS, is_supported_version
+from polyport.protocols.errors import TOO_LARGE
 from polyport.protocols.session import Outbound, SessionContext
 
 log = logging.getLogger("polyport.bson")
@@ -164,7 +170,7 @@ def recev_document(ev: RecordedEvent) -> dict[str, Any]:
 def _error_response(exc: BaseException) -> Response:
     if isinstance(exc, PolyportError):
         return Response(ok=False, err_code=exc.code, err_msg=exc.message)
-    if isinstance(exc, ProtocolError):
+    if isinstance(exc, RemoteProtocolError):
         return exc.to_response()
     log.error("unexpected error in the BSON adapter", exc_info=exc)
     return Response(ok=False, err_code="internal", err_msg=f"internal error: {exc}")
@@ -324,12 +330,12 @@ class BsonSession:
                     if self._closing:
                         return
                 frames = self.conn.receive_data(b"")
-        except ProtocolError as err:
-            if isinstance(err, LocalProtocolError):
-                # Our own bug, never the peer's fault: say so rather than blame them.
-                log.error("%s: BSON adapter error: %s", self.out.peer, err)
-                err = ProtocolError(f"internal error: {err.message}", "internal")
+        except RemoteProtocolError as err:
             await self._fatal(err)
+        except LocalProtocolError as err:
+            # Our own bug, never the peer's fault: say so rather than blame them.
+            log.error("%s: BSON adapter error: %s", self.out.peer, err)
+            await self._fatal(ProtocolError(f"internal error: {err.message}", code="internal"))
 
     async def connection_lost(self) -> None:
         self._lost = True
@@ -433,7 +439,9 @@ class BsonSession:
                     chunks.append(self._encode(reply))
             except LocalProtocolError as err:
                 log.error("%s: cannot send a reply: %s", self.out.peer, err)
-                await self._send_fatal(ProtocolError(f"internal error: {err.message}", "internal"))
+                await self._send_fatal(
+                    ProtocolError(f"internal error: {err.message}", code="internal")
+                )
                 return
             await self.out.send(b"".join(chunks))
             for done_item, reply in batch:
@@ -463,7 +471,7 @@ class BsonSession:
         self._closing = True
         self._stop_streams()
         if self.conn.state is not State.CLOSED:
-            self.ctx.stats.error(err.err_code)
+            self.ctx.stats.error(err.code)
             self.ctx.stats.frames_out += 1
             await self.out.send(self.conn.send_error(err))
         self.out.close()
@@ -579,7 +587,7 @@ class BsonSession:
                     "per connection"
                 )
             self.conn.transactions.start(sess_id)
-        except (ProtocolError, PolyportError) as exc:
+        except (RequestError, PolyportError) as exc:
             return _error_response(exc)
         self._txs[sess_id] = _Transaction()
         return OK
@@ -596,14 +604,14 @@ class BsonSession:
     def _abort_tx(self, sess_id: int) -> Response:
         try:
             self._finish_tx(sess_id, commit=False)
-        except ProtocolError as exc:
+        except RequestError as exc:
             return _error_response(exc)
         return OK
 
     async def _commit_tx(self, sess_id: int) -> None:
         try:
             tx = self._finish_tx(sess_id, commit=True)
-        except ProtocolError as exc:
+        except RequestError as exc:
             await self._reply(_done(_error_response(exc)))
             return
         if tx.failure is not None:
@@ -734,7 +742,7 @@ class BsonSession:
                     ProtocolError(
                         f"subscription {sub.sub_id}: event at position {ev.position} cannot "
                         f"be delivered: {err.message}",
-                        err.err_code,
+                        code=err.code,
                     )
                 )
                 return
@@ -757,7 +765,7 @@ class BsonSession:
         try:
             return self.conn.send(frame(recev_document(ev)))
         except LocalProtocolError as err:
-            if err.err_code == ERR_TOO_LARGE:
+            if err.code == TOO_LARGE:
                 raise
             # A body document BSON cannot hold (integers beyond int64 in JSON,
             # non-string MessagePack keys, ...): the raw form of "Bodies across
@@ -874,7 +882,7 @@ class BsonSession:
                 ProtocolError(
                     f"QUERY {qid}: only {sent} of {count} results could be sent "
                     "(binder changed or storage failed)",
-                    "storage_unavailable",
+                    code="storage_unavailable",
                 )
             )
 

@@ -37,7 +37,7 @@ from typing import Any, cast
 
 from polyport.core.aio import IterateUntilNone
 from polyport.protocols.bson.connection import ClientConnection
-from polyport.protocols.bson.errors import LocalProtocolError, ProtocolError
+from polyport.protocols.bson.errors import LocalProtocolError, RemoteProtocolError
 from polyport.protocols.bson.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_PORT,
@@ -172,7 +172,7 @@ class BsonClient:
         try:
             data = self.conn.send(frame)
         except LocalProtocolError as exc:
-            raise BsonError(exc.err_code, exc.message) from exc
+            raise BsonError(exc.code, exc.message) from exc
         self._writer.write(data)
 
     def _request(
@@ -211,8 +211,8 @@ class BsonClient:
                         for frame, size in frames:
                             self._dispatch(frame, size)
                         frames = self.conn.receive_sized(b"")
-                except ProtocolError as exc:
-                    self._shutdown(BsonError(exc.err_code, f"bad frame from server: {exc}"))
+                except RemoteProtocolError as exc:
+                    self._shutdown(BsonError(exc.code, f"bad frame from server: {exc}"))
                     self._writer.close()
                     return
         except (ConnectionError, OSError) as exc:

@@ -15,9 +15,9 @@ are handled, because it stops early in two cases:
 * after CONNECT, the server parses nothing more until it has sent the verdict
   RESPONSE (pipelined requests are judged in the state the verdict creates);
 * when bytes after some good frames are bad, the good frames are returned
-  first and the ProtocolError is raised by the next call.
+  first and the RemoteProtocolError is raised by the next call.
 
-A ProtocolError from ``receive_data`` is fatal (the state becomes
+A RemoteProtocolError from ``receive_data`` is fatal (the state becomes
 MUST_CLOSE): the server answers with ``send_error(err)`` and closes.
 """
 
@@ -26,12 +26,9 @@ from __future__ import annotations
 from collections import deque
 
 from polyport.protocols.bson.errors import (
-    ERR_BUSY,
-    ERR_MALFORMED,
-    ERR_TOO_LARGE,
-    ERR_UNAUTHENTICATED,
     LocalProtocolError,
     ProtocolError,
+    RemoteProtocolError,
 )
 from polyport.protocols.bson.frames import (
     CLIENT_FRAME_TYPES,
@@ -68,6 +65,7 @@ from polyport.protocols.bson.state import (
     TransactionTable,
 )
 from polyport.protocols.bson.wire import check_length, decode_frame, encode_frame, read_length
+from polyport.protocols.errors import BUSY, MALFORMED, TOO_LARGE, UNAUTHENTICATED
 
 _ENDED = (State.MUST_CLOSE, State.CLOSED)
 
@@ -163,7 +161,7 @@ class _Connection:
                 offset += length
                 frames.append((frame, length))
             self._check_paused_buffer(len(self._buffer) - offset)
-        except ProtocolError:
+        except RemoteProtocolError:
             del self._buffer[:offset]
             if frames:
                 # The bad bytes stay at the head of the buffer; the next call
@@ -204,7 +202,7 @@ class _Connection:
             raise LocalProtocolError(
                 f"cannot send {frame_type}: {len(data)} bytes exceed the maximum frame size "
                 f"of {self.max_frame_size}",
-                ERR_TOO_LARGE,
+                code=TOO_LARGE,
             )
         self._apply_send(frame, len(data), next_state)
         return data
@@ -220,62 +218,62 @@ class _Connection:
         """Validate a received frame against the state; must not mutate."""
         frame_type = _type(frame)
         if frame_type in self._own_types:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"{frame_type} is sent by the {_other(self._peer_name)}, "
                 f"not by the {self._peer_name}",
-                ERR_MALFORMED,
+                code=MALFORMED,
             )
         next_state = self._receive_table.get((self.state, frame_type))
         if next_state is None:
             raise self._illegal_receive(frame_type)
         return next_state
 
-    def _illegal_receive(self, frame_type: str) -> ProtocolError:
-        return ProtocolError(
-            f"{frame_type} is not allowed in state {self.state.name}", ERR_MALFORMED
+    def _illegal_receive(self, frame_type: str) -> RemoteProtocolError:
+        return RemoteProtocolError(
+            f"{frame_type} is not allowed in state {self.state.name}", code=MALFORMED
         )
 
     def _check_reply(self, frame: Frame, *, local: bool) -> Frame:
         """The pending request ``frame`` answers; must not mutate."""
-        error: type[ProtocolError] = LocalProtocolError if local else ProtocolError
+        error: type[ProtocolError] = LocalProtocolError if local else RemoteProtocolError
         frame_type = _type(frame)
         if not self._pending:
-            raise error(f"{frame_type} answers no request: none is pending", ERR_MALFORMED)
+            raise error(f"{frame_type} answers no request: none is pending", code=MALFORMED)
         request = self._pending[0]
         request_type = _type(request)
         if frame_type not in REPLIES[request_type]:
             raise error(
-                f"{frame_type} cannot answer the pending {request_type}", ERR_MALFORMED
+                f"{frame_type} cannot answer the pending {request_type}", code=MALFORMED
             )
         if isinstance(frame, Response) and frame.ok and isinstance(request, Query):
-            raise error("a successful QUERY is answered by QUERYRESPONSE", ERR_MALFORMED)
+            raise error("a successful QUERY is answered by QUERYRESPONSE", code=MALFORMED)
         if isinstance(frame, Response) and frame.ok and request_type == SUBSCRIBE:
-            raise error("a successful SUBSCRIBE is answered by SUBRESPONSE", ERR_MALFORMED)
+            raise error("a successful SUBSCRIBE is answered by SUBRESPONSE", code=MALFORMED)
         if isinstance(frame, SubResponse) and frame.ok:
             if frame.sub_id is None:
-                raise error("SUBRESPONSE ok=true must carry subID", ERR_MALFORMED)
+                raise error("SUBRESPONSE ok=true must carry subID", code=MALFORMED)
             if frame.sub_id in self._subscriptions:
-                raise error(f"subID {frame.sub_id} is already in use", ERR_MALFORMED)
+                raise error(f"subID {frame.sub_id} is already in use", code=MALFORMED)
         if isinstance(frame, QueryResponse):
             assert isinstance(request, Query)
             if frame.query_id != request.query_id:
                 raise error(
                     f"QUERYRESPONSE for queryID {frame.query_id} but the pending QUERY "
                     f"has queryID {request.query_id}",
-                    ERR_MALFORMED,
+                    code=MALFORMED,
                 )
             if self.is_query_active(frame.query_id):
-                raise error(f"queryID {frame.query_id} is still active", ERR_MALFORMED)
+                raise error(f"queryID {frame.query_id} is still active", code=MALFORMED)
         return request
 
     def _check_unsolicited(self, frame: Frame, *, local: bool) -> None:
-        error: type[ProtocolError] = LocalProtocolError if local else ProtocolError
+        error: type[ProtocolError] = LocalProtocolError if local else RemoteProtocolError
         if isinstance(frame, Recev) and frame.sub_id not in self._subscriptions:
-            raise error(f"RECEV for unknown subID {frame.sub_id}", ERR_MALFORMED)
+            raise error(f"RECEV for unknown subID {frame.sub_id}", code=MALFORMED)
         if isinstance(frame, QueryResult) and not self.is_query_active(frame.query_id):
             raise error(
                 f"QUERYRESULT for queryID {frame.query_id}, which has no results due",
-                ERR_MALFORMED,
+                code=MALFORMED,
             )
 
     def _apply_reply(self, frame: Frame) -> None:
@@ -377,19 +375,19 @@ class ServerConnection(_Connection):
 
     def _check_paused_buffer(self, size: int) -> None:
         if self._paused() and size > self.max_frame_size:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"more than {self.max_frame_size} bytes sent before the CONNECT verdict",
-                ERR_BUSY,
+                code=BUSY,
             )
 
-    def _illegal_receive(self, frame_type: str) -> ProtocolError:
+    def _illegal_receive(self, frame_type: str) -> RemoteProtocolError:
         if self.state is State.AWAIT_CONNECT:
-            return ProtocolError(
+            return RemoteProtocolError(
                 f"{frame_type} before CONNECT: the first frame must be CONNECT",
-                ERR_UNAUTHENTICATED,
+                code=UNAUTHENTICATED,
             )
         if frame_type == CONNECT:
-            return ProtocolError("CONNECT on a connection that is already connected")
+            return RemoteProtocolError("CONNECT on a connection that is already connected")
         return super()._illegal_receive(frame_type)
 
     def _apply_receive(self, frame: Frame, size: int, next_state: State) -> None:
@@ -448,11 +446,11 @@ class ClientConnection(_Connection):
             return ON_CONNECT_REFUSED
         return next_state
 
-    def _illegal_receive(self, frame_type: str) -> ProtocolError:
+    def _illegal_receive(self, frame_type: str) -> RemoteProtocolError:
         if self.state is State.AWAIT_CONNECT:
-            return ProtocolError(f"server sent {frame_type} before the client sent CONNECT")
+            return RemoteProtocolError(f"server sent {frame_type} before the client sent CONNECT")
         if self.state is State.CONNECTING:
-            return ProtocolError(f"server sent {frame_type} before answering CONNECT")
+            return RemoteProtocolError(f"server sent {frame_type} before answering CONNECT")
         return super()._illegal_receive(frame_type)
 
     def _apply_receive(self, frame: Frame, size: int, next_state: State) -> None:

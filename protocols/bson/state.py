@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from polyport.protocols.bson.errors import ERR_MALFORMED, ERR_NOT_FOUND, RequestError
+from polyport.protocols.bson.errors import RequestError
 from polyport.protocols.bson.frames import (
     ABORTTX,
     ACKEV,
@@ -36,6 +36,7 @@ from polyport.protocols.bson.frames import (
     SUBSCRIBE,
     UNSUBSCRIBE,
 )
+from polyport.protocols.errors import MALFORMED, NOT_FOUND
 
 
 class State(enum.Enum):
@@ -129,7 +130,7 @@ class TransactionTable:
         if sess_id in self._open:
             raise RequestError(
                 f"STARTTX: a transaction is already in progress for sessID {sess_id}",
-                ERR_MALFORMED,
+                code=MALFORMED,
             )
         self._open.add(sess_id)
 
@@ -142,7 +143,7 @@ class TransactionTable:
     def _finish(self, frame_type: str, sess_id: int) -> None:
         if sess_id not in self._open:
             raise RequestError(
-                f"{frame_type}: no transaction in progress for sessID {sess_id}", ERR_NOT_FOUND
+                f"{frame_type}: no transaction in progress for sessID {sess_id}", code=NOT_FOUND
             )
         self._open.discard(sess_id)
 

@@ -41,13 +41,7 @@ from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
-from polyport.protocols.bson.errors import (
-    ERR_MALFORMED,
-    ERR_TOO_LARGE,
-    ERR_UNSUPPORTED,
-    LocalProtocolError,
-    ProtocolError,
-)
+from polyport.protocols.bson.errors import LocalProtocolError, RemoteProtocolError
 from polyport.protocols.bson.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     FRAME_CLASSES,
@@ -64,6 +58,7 @@ from polyport.protocols.bson.frames import (
     Frame,
     Kind,
 )
+from polyport.protocols.errors import MALFORMED, TOO_LARGE, UNSUPPORTED
 
 if not hasattr(bson, "decode") or not hasattr(bson, "encode"):  # pragma: no cover
     raise ImportError(
@@ -105,15 +100,15 @@ def read_length(buffer: bytes | bytearray | memoryview, offset: int = 0) -> int 
 def check_length(length: int, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
     """Refuse a declared length before any of the body is waited for."""
     if length < MIN_DOCUMENT_SIZE:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"invalid frame length {length}: a BSON document is at least "
             f"{MIN_DOCUMENT_SIZE} bytes",
-            ERR_MALFORMED,
+            code=MALFORMED,
         )
     if length > max_frame_size:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"frame length {length} exceeds the maximum frame size of {max_frame_size} bytes",
-            ERR_TOO_LARGE,
+            code=TOO_LARGE,
         )
 
 
@@ -169,14 +164,14 @@ def _check_wire_value(frame_type: str, field: Field, value: Any) -> Any:
         result = dict(value.as_doc())
     else:
         expected = "int32 or int64" if kind is Kind.INT64 else kind.value
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"{frame_type}: field '{field.wire}' must be {expected}, got {bson_type_name(value)}",
-            ERR_MALFORMED,
+            code=MALFORMED,
         )
     if field.min_value is not None and result < field.min_value:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"{frame_type}: field '{field.wire}' must be >= {field.min_value}, got {result}",
-            ERR_MALFORMED,
+            code=MALFORMED,
         )
     return result
 
@@ -216,38 +211,38 @@ def _check_local_value(frame_type: str, field: Field, value: Any) -> Any:
 
 
 def decode_document(data: bytes | bytearray | memoryview) -> Document:
-    """Decode exactly one BSON document; any defect is a ProtocolError."""
+    """Decode exactly one BSON document; any defect is a RemoteProtocolError."""
     try:
         return bson.decode(bytes(data), codec_options=DECODE_OPTIONS)
     except Exception as exc:  # the C decoder raises several exception types
-        raise ProtocolError(f"invalid BSON document: {exc}", ERR_MALFORMED) from exc
+        raise RemoteProtocolError(f"invalid BSON document: {exc}", code=MALFORMED) from exc
 
 
 def frame_from_document(document: Mapping[str, Any]) -> Frame:
     """Validate a decoded envelope ``{type, frame}`` and build its frame."""
     if KEY_TYPE not in document:
-        raise ProtocolError("frame document has no 'type' field", ERR_MALFORMED)
+        raise RemoteProtocolError("frame document has no 'type' field", code=MALFORMED)
     frame_type = document[KEY_TYPE]
     if type(frame_type) is not str:
-        raise ProtocolError(
-            f"frame field 'type' must be string, got {bson_type_name(frame_type)}", ERR_MALFORMED
+        raise RemoteProtocolError(
+            f"frame field 'type' must be string, got {bson_type_name(frame_type)}", code=MALFORMED
         )
     cls = FRAME_CLASSES.get(frame_type)
     if cls is None:
-        raise ProtocolError(f"unknown frame type {frame_type!r}", ERR_UNSUPPORTED)
+        raise RemoteProtocolError(f"unknown frame type {frame_type!r}", code=UNSUPPORTED)
     if KEY_FRAME not in document:
-        raise ProtocolError(f"{frame_type}: missing 'frame' document", ERR_MALFORMED)
+        raise RemoteProtocolError(f"{frame_type}: missing 'frame' document", code=MALFORMED)
     body = document[KEY_FRAME]
     if type(body) is not dict:
-        raise ProtocolError(
-            f"{frame_type}: 'frame' must be document, got {bson_type_name(body)}", ERR_MALFORMED
+        raise RemoteProtocolError(
+            f"{frame_type}: 'frame' must be document, got {bson_type_name(body)}", code=MALFORMED
         )
     kwargs: dict[str, Any] = {}
     for field in cls.FIELDS:
         if field.wire not in body:
             if field.required:
-                raise ProtocolError(
-                    f"{frame_type}: missing mandatory field '{field.wire}'", ERR_MALFORMED
+                raise RemoteProtocolError(
+                    f"{frame_type}: missing mandatory field '{field.wire}'", code=MALFORMED
                 )
             continue
         value = body[field.wire]
@@ -293,11 +288,11 @@ def decode_frame(
     """Decode exactly one complete frame (no more, no less)."""
     length = read_length(data)
     if length is None:
-        raise ProtocolError(f"truncated frame: {len(data)} bytes", ERR_MALFORMED)
+        raise RemoteProtocolError(f"truncated frame: {len(data)} bytes", code=MALFORMED)
     check_length(length, max_frame_size)
     if length != len(data):
-        raise ProtocolError(
-            f"frame length prefix says {length} bytes but {len(data)} were given", ERR_MALFORMED
+        raise RemoteProtocolError(
+            f"frame length prefix says {length} bytes but {len(data)} were given", code=MALFORMED
         )
     return frame_from_document(decode_document(data))
 

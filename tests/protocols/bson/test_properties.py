@@ -14,11 +14,11 @@ from polyport.protocols.bson import (
     ClientConnection,
     Connect,
     Ping,
-    ProtocolError,
     Query,
     QueryResponse,
     QueryResult,
     Recev,
+    RemoteProtocolError,
     Response,
     ServerConnection,
     State,
@@ -117,11 +117,11 @@ def test_event_documents_survive_byte_for_byte(event: dict[str, Any]) -> None:
 
 @SETTINGS
 @given(st.binary(max_size=200))
-def test_random_bytes_raise_only_protocol_error(data: bytes) -> None:
+def test_random_bytes_raise_only_remote_protocol_error(data: bytes) -> None:
     for conn in (ServerConnection(), connected_server(), ClientConnection()):
         try:
             drain(conn, data)
-        except ProtocolError:
+        except RemoteProtocolError:
             assert conn.state is State.MUST_CLOSE
 
 
@@ -132,7 +132,7 @@ def test_random_bodies_behind_a_plausible_length(body: bytes, length: int) -> No
     for conn in (ServerConnection(), connected_server()):
         try:
             drain(conn, data)
-        except ProtocolError:
+        except RemoteProtocolError:
             pass
 
 
@@ -149,12 +149,12 @@ def test_random_bodies_behind_a_plausible_length(body: bytes, length: int) -> No
         scalars,
     ),
 )
-def test_random_envelopes_raise_only_protocol_error(frame_type: Any, body: Any) -> None:
+def test_random_envelopes_raise_only_remote_protocol_error(frame_type: Any, body: Any) -> None:
     wire = envelope(frame_type, body)
     for conn in (connected_server(), ClientConnection()):
         try:
             drain(conn, wire)
-        except ProtocolError:
+        except RemoteProtocolError:
             pass
 
 
@@ -165,26 +165,26 @@ def test_random_envelopes_raise_only_protocol_error(frame_type: Any, body: Any) 
 @given(st.integers(DEFAULT_MAX_FRAME_SIZE + 1, 2**31 - 1))
 def test_oversized_length_prefix_fails_at_once(length: int) -> None:
     conn = ServerConnection()
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         conn.receive_data(length.to_bytes(4, "little"))
-    assert info.value.err_code == "too_large"
+    assert info.value.code == "too_large"
     assert conn.state is State.MUST_CLOSE
 
 
 @SETTINGS
 @given(st.integers(-(2**31), 4))
 def test_undersized_length_prefix_fails_at_once(length: int) -> None:
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         ServerConnection().receive_data(length.to_bytes(4, "little", signed=True))
-    assert info.value.err_code == "malformed"
+    assert info.value.code == "malformed"
 
 
 def test_configured_frame_limit() -> None:
     conn = ServerConnection(max_frame_size=64)
     wire = encode_frame(Connect("1.0", username="u" * 64))
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         conn.receive_data(wire[:4])
-    assert info.value.err_code == "too_large"
+    assert info.value.code == "too_large"
 
 
 # --- truncation and splitting --------------------------------------------------------
@@ -269,9 +269,9 @@ def test_every_wrong_bson_type_is_rejected(frame_type: str, field: Field) -> Non
         if accepted(field, value):
             decode_frame(wire)
             continue
-        with pytest.raises(ProtocolError) as info:
+        with pytest.raises(RemoteProtocolError) as info:
             decode_frame(wire)
-        assert info.value.err_code == "malformed"
+        assert info.value.code == "malformed"
         assert f"'{field.wire}'" in info.value.message
         assert frame_type in info.value.message
 
@@ -284,9 +284,9 @@ def test_missing_field(frame_type: str, field: Field) -> None:
     if not field.required:
         assert getattr(decode_frame(wire), field.attr) is None
         return
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         decode_frame(wire)
-    assert info.value.err_code == "malformed"
+    assert info.value.code == "malformed"
     assert info.value.message == f"{frame_type}: missing mandatory field '{field.wire}'"
 
 
@@ -303,7 +303,7 @@ def test_wrong_types_with_random_neighbours(
         )
     )
     body = {**wire_body(frame), field.wire: value}
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         decode_frame(envelope(frame_type, body))
     assert f"'{field.wire}'" in info.value.message
 
@@ -311,7 +311,7 @@ def test_wrong_types_with_random_neighbours(
 @SETTINGS
 @given(int32s.filter(lambda n: n < 0))
 def test_negative_ack_bytes_rejected(n: int) -> None:
-    with pytest.raises(ProtocolError, match="'bytes' must be >= 0"):
+    with pytest.raises(RemoteProtocolError, match="'bytes' must be >= 0"):
         decode_frame(envelope("ACKEV", {"subID": 1, "bytes": n}))
 
 
@@ -321,7 +321,7 @@ def test_null_optional_field_means_absent() -> None:
 
 
 def test_null_mandatory_field_is_wrong_type() -> None:
-    with pytest.raises(ProtocolError, match="'version' must be string, got null"):
+    with pytest.raises(RemoteProtocolError, match="'version' must be string, got null"):
         decode_frame(envelope("CONNECT", {"version": None}))
 
 

@@ -19,6 +19,7 @@ from polyport.protocols.bson import (
     QueryResponse,
     QueryResult,
     Recev,
+    RemoteProtocolError,
     RequestError,
     Response,
     ServerConnection,
@@ -100,9 +101,9 @@ def test_every_request_has_a_reply_or_is_an_ack() -> None:
 )
 def test_server_rejects_anything_before_connect(frame: Frame) -> None:
     conn = ServerConnection()
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         conn.receive_data(wire(frame))
-    assert info.value.err_code == "unauthenticated"
+    assert info.value.code == "unauthenticated"
     assert info.value.fatal
     assert "first frame must be CONNECT" in info.value.message
     assert conn.state is State.MUST_CLOSE
@@ -110,7 +111,7 @@ def test_server_rejects_anything_before_connect(frame: Frame) -> None:
 
 def test_fatal_error_is_answered_then_closed() -> None:
     conn = ServerConnection()
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         conn.receive_data(wire(Ping()))
     data = conn.send_error(info.value)
     assert decode_frame(data) == Response(
@@ -167,16 +168,16 @@ def test_too_much_pipelined_before_the_verdict() -> None:
     conn = ServerConnection(max_frame_size=150)
     frames = conn.receive_data(wire(Connect("1.0")) + wire(Ping()) * 10)
     assert frames == [Connect("1.0")]
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         conn.receive_data(b"")
-    assert info.value.err_code == "busy"
+    assert info.value.code == "busy"
 
 
 def test_connect_twice() -> None:
     conn = connected_server()
-    with pytest.raises(ProtocolError, match="already connected") as info:
+    with pytest.raises(RemoteProtocolError, match="already connected") as info:
         conn.receive_data(wire(Connect("1.0")))
-    assert info.value.err_code == "malformed"
+    assert info.value.code == "malformed"
 
 
 @pytest.mark.parametrize(
@@ -185,7 +186,7 @@ def test_connect_twice() -> None:
 )
 def test_server_rejects_server_frames_from_the_client(frame: Frame) -> None:
     conn = connected_server()
-    with pytest.raises(ProtocolError, match="is sent by the server, not by the client"):
+    with pytest.raises(RemoteProtocolError, match="is sent by the server, not by the client"):
         conn.receive_data(wire(frame))
 
 
@@ -194,7 +195,7 @@ def test_good_frames_come_before_the_error_that_follows_them() -> None:
     frames = conn.receive_data(wire(Ping()) + b"\x05\x00\x00\x00\x01")
     assert frames == [Ping()]
     assert conn.state is State.CONNECTED
-    with pytest.raises(ProtocolError, match="invalid BSON"):
+    with pytest.raises(RemoteProtocolError, match="invalid BSON"):
         conn.receive_data(b"")
     assert conn.state is State.MUST_CLOSE
     # In-flight requests may still be answered, then the error closes.
@@ -205,7 +206,7 @@ def test_good_frames_come_before_the_error_that_follows_them() -> None:
 
 def test_must_close_allows_no_new_deliveries() -> None:
     conn = subscribed_server()
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         conn.receive_data(b"\x00\x00\x00\x00")
     with pytest.raises(LocalProtocolError, match="MUST_CLOSE"):
         conn.send(recev())
@@ -346,7 +347,7 @@ def test_server_cannot_send_client_frames_or_bad_values() -> None:
     big.receive_data(wire(Connect("1.0")))
     with pytest.raises(LocalProtocolError) as info:
         big.send(Response(ok=True, err_msg="x" * 100))
-    assert info.value.err_code == "too_large"
+    assert info.value.code == "too_large"
     assert big.state is State.CONNECTING
 
 
@@ -359,7 +360,7 @@ def test_transaction_table() -> None:
     assert table.is_open(1)
     with pytest.raises(RequestError) as info:
         table.start(1)
-    assert info.value.err_code == "malformed"
+    assert info.value.code == "malformed"
     assert not info.value.fatal
     assert "already in progress for sessID 1" in info.value.message
     table.commit(1)
@@ -367,7 +368,7 @@ def test_transaction_table() -> None:
     for finish in (table.commit, table.abort):
         with pytest.raises(RequestError) as info:
             finish(1)
-        assert info.value.err_code == "not_found"
+        assert info.value.code == "not_found"
         assert "no transaction in progress for sessID 1" in info.value.message
     table.start(1)
     table.start(2)
@@ -411,7 +412,7 @@ def test_client_must_connect_first() -> None:
     conn = ClientConnection()
     with pytest.raises(LocalProtocolError, match="AWAIT_CONNECT"):
         conn.send(Ping())
-    with pytest.raises(ProtocolError, match="before the client sent CONNECT"):
+    with pytest.raises(RemoteProtocolError, match="before the client sent CONNECT"):
         ClientConnection().receive_data(wire(Response(ok=True)))
 
 
@@ -444,7 +445,7 @@ def test_client_refused_connect() -> None:
 def test_client_rejects_frames_before_the_connect_answer() -> None:
     conn = ClientConnection()
     conn.send(Connect("1.0"))
-    with pytest.raises(ProtocolError, match="before answering CONNECT"):
+    with pytest.raises(RemoteProtocolError, match="before answering CONNECT"):
         conn.receive_data(wire(recev()))
     assert conn.state is State.MUST_CLOSE
     with pytest.raises(LocalProtocolError):
@@ -453,7 +454,7 @@ def test_client_rejects_frames_before_the_connect_answer() -> None:
 
 def test_client_unsolicited_responses() -> None:
     conn = connected_client()
-    with pytest.raises(ProtocolError, match="none is pending"):
+    with pytest.raises(RemoteProtocolError, match="none is pending"):
         conn.receive_data(wire(Response(ok=True)))
     # A failure nobody asked for is the server's fatal-error notice.
     conn = connected_client()
@@ -465,16 +466,16 @@ def test_client_unsolicited_responses() -> None:
 def test_client_checks_replies_and_deliveries() -> None:
     conn = connected_client()
     conn.send(Subscribe("orders"))
-    with pytest.raises(ProtocolError, match="successful SUBSCRIBE"):
+    with pytest.raises(RemoteProtocolError, match="successful SUBSCRIBE"):
         conn.receive_data(wire(Response(ok=True)))
     conn = connected_client()
-    with pytest.raises(ProtocolError, match="unknown subID"):
+    with pytest.raises(RemoteProtocolError, match="unknown subID"):
         conn.receive_data(wire(recev()))
     conn = connected_client()
-    with pytest.raises(ProtocolError, match="no results due"):
+    with pytest.raises(RemoteProtocolError, match="no results due"):
         conn.receive_data(wire(QueryResult(1, {})))
     conn = connected_client()
-    with pytest.raises(ProtocolError, match="sent by the client, not by the server"):
+    with pytest.raises(RemoteProtocolError, match="sent by the client, not by the server"):
         conn.receive_data(wire(Ping()))
 
 

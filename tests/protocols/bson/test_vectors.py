@@ -16,12 +16,12 @@ from polyport.protocols.bson import (
     Connect,
     Emit,
     Ping,
-    ProtocolError,
     Query,
     QueryAck,
     QueryResponse,
     QueryResult,
     Recev,
+    RemoteProtocolError,
     Response,
     ServerConnection,
     StartTx,
@@ -384,7 +384,7 @@ def test_error_vectors(name: str, wire: bytes, code: str, message: str) -> None:
     conn = ServerConnection()
     conn.receive_data(CONNECT_MINIMAL)
     conn.send(Response(ok=True))
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         conn.receive_data(wire)
-    assert info.value.err_code == code
+    assert info.value.code == code
     assert message in info.value.message

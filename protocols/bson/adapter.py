@@ -88,6 +88,7 @@ from polyport.protocols.bson.state import State
 from polyport.protocols.bson.wire import DECODE_OPTIONS, ENCODE_OPTIONS, is_supported_version
 from polyport.protocols.errors import TOO_LARGE
 from polyport.protocols.session import Outbound, SessionContext
+from polyport.protocols.settings import settings_from
 
 log = logging.getLogger("polyport.bson")
 
@@ -99,7 +100,9 @@ REPLY_BATCH = 256
 
 @dataclass(frozen=True, slots=True)
 class BsonSettings:
-    """Per-connection limits, from the gateway settings (``gw.settings``)."""
+    """Per-connection limits, from the gateway settings (``gw.settings``):
+    each field ``<name>`` is read from the setting ``bson_<name>``;
+    ``max_event_bytes`` falls back on the gateway-wide one."""
 
     max_event_bytes: int = DEFAULT_MAX_EVENT_SIZE
     query_window: int = DEFAULT_MAX_UNACKED_QUERY_RESULTS
@@ -118,28 +121,14 @@ class BsonSettings:
     # Events the core buffers per subscription before it falls back to catch-up.
     subscription_buffer: int = 64
 
+    def __post_init__(self) -> None:
+        # A window of 0 would never let a QUERYRESULT out.
+        if self.query_window < 1:
+            object.__setattr__(self, "query_window", 1)
+
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> BsonSettings:
-        d = cls()
-
-        def get(key: str, default: int) -> int:
-            value = settings.get(key)
-            return default if value is None else int(value)
-
-        return cls(
-            max_event_bytes=get("max_event_bytes", d.max_event_bytes),
-            query_window=max(1, get("bson_query_window", d.query_window)),
-            flow_pause_bytes=get("bson_flow_pause_bytes", d.flow_pause_bytes),
-            flow_resume_bytes=get("bson_flow_resume_bytes", d.flow_resume_bytes),
-            max_frame_bytes=get("bson_max_frame_bytes", d.max_frame_bytes),
-            max_inflight_requests=get("bson_max_inflight_requests", d.max_inflight_requests),
-            max_inflight_bytes=get("bson_max_inflight_bytes", d.max_inflight_bytes),
-            max_transactions=get("bson_max_transactions", d.max_transactions),
-            max_tx_events=get("bson_max_tx_events", d.max_tx_events),
-            max_tx_bytes=get("bson_max_tx_bytes", d.max_tx_bytes),
-            max_subscriptions=get("bson_max_subscriptions", d.max_subscriptions),
-            max_queries=get("bson_max_queries", d.max_queries),
-        )
+        return settings_from(cls, settings, prefix=PROTOCOL, shared=("max_event_bytes",))
 
 
 # --- bodies -------------------------------------------------------------------
@@ -892,4 +881,10 @@ def session_factory(ctx: SessionContext) -> Callable[[Outbound], BsonSession]:
     return lambda out: BsonSession(ctx, out, settings)
 
 
-__all__ = ["BsonSession", "BsonSettings", "encode_event", "recev_document", "session_factory"]
+__all__ = [
+    "BsonSession",
+    "BsonSettings",
+    "encode_event",
+    "recev_document",
+    "session_factory",
+]

@@ -24,7 +24,9 @@ def sqlalchemy_url(database_url: str) -> str:
     for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
         if database_url.startswith(prefix):
             return "postgresql+asyncpg://" + database_url[len(prefix) :]
-    raise ValueError(f"not a PostgreSQL URL: {database_url!r}")
+    # Never echo the URL: it may carry a password.
+    scheme = database_url.partition("://")[0] if "://" in database_url else "(none)"
+    raise ValueError(f"not a PostgreSQL URL (scheme {scheme!r}); write postgresql://…")
 
 
 def asyncpg_dsn(database_url: str) -> str:
@@ -45,12 +47,19 @@ def head_revision() -> str:
     return head
 
 
-def upgrade(database_url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(database_url), revision)
+def upgrade(database_url: str, revision: str = "head", *, sql: bool = False) -> None:
+    """Run the upgrade, or with ``sql`` print its script (offline, no connection)."""
+    command.upgrade(alembic_config(database_url), revision, sql=sql)
 
 
-def downgrade(database_url: str, revision: str) -> None:
-    command.downgrade(alembic_config(database_url), revision)
+def downgrade(database_url: str, revision: str, *, sql: bool = False) -> None:
+    command.downgrade(alembic_config(database_url), revision, sql=sql)
+
+
+def stamp(database_url: str, revision: str) -> None:
+    """Record ``revision`` as current without running anything (for a schema
+    a DBA applied from the ``--sql`` script)."""
+    command.stamp(alembic_config(database_url), revision)
 
 
 def history(database_url: str, stdout: TextIO | None = None) -> None:

@@ -15,6 +15,7 @@ from polyport.core.store import EventStore, StoreConfig
 from polyport.core.writer import WriterLimits
 from polyport.gateway.config import GatewayConfig
 from polyport.gateway.database import database_url
+from polyport.gateway.fatal import bind_error
 from polyport.gateway.http import build_app
 from polyport.gateway.registry import ListenerDef, RunningListener, discover
 from polyport.gateway.telemetry import Telemetry
@@ -103,7 +104,13 @@ class Gateway:
                 port = self.config.port_for(d.name)
                 if port is None:
                     continue
-                listener = await d.start(self, self.config.host, port)
+                try:
+                    listener = await d.start(self, self.config.host, port)
+                except Exception as exc:
+                    bind = bind_error(d.name, self.config.host, port, exc)
+                    if bind is None:
+                        raise
+                    raise bind from exc
                 self.listeners[d.name] = listener
                 host, bound = listener.address
                 log.info("listener %s on %s:%d", d.name, host, bound)
@@ -115,7 +122,13 @@ class Gateway:
                 self._runner = web.AppRunner(app, access_log=None)
                 await self._runner.setup()
                 site = web.TCPSite(self._runner, self.config.host, self.config.http_port)
-                await site.start()
+                try:
+                    await site.start()
+                except Exception as exc:
+                    bind = bind_error("http", self.config.host, self.config.http_port, exc)
+                    if bind is None:
+                        raise
+                    raise bind from exc
                 server = site._server
                 assert server is not None
                 sock = server.sockets[0].getsockname()  # type: ignore[attr-defined]

@@ -1,24 +1,41 @@
-"""The ``polyport`` command."""
+"""polyport: one event store, reached in five native wire protocols.
+
+Run ``polyport COMMAND --help`` for a command's options.  Options that find
+the database and set up logging (``--config``, ``--database-url``,
+``--data-dir``, ``--log-format``, ``--log-level``, ``--debug``) are accepted
+before or after the command."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
+import importlib.metadata
 import json
 import logging
+import os
 import signal
 import sys
+import traceback
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from polyport.core import migrate
 from polyport.core.commands import FromPosition, FromTime
-from polyport.core.errors import PolyportError
 from polyport.core.store import EventStore, StoreConfig
-from polyport.gateway.config import DEFAULT_PORTS, ConfigError, GatewayConfig, load_config
+from polyport.gateway.config import (
+    DEFAULT_HTTP_PORT,
+    DEFAULT_PORTS,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    GatewayConfig,
+    load_config,
+)
 from polyport.gateway.database import database_url
-from polyport.gateway.embedded_pg import EmbeddedPostgresError
+from polyport.gateway.fatal import describe
+from polyport.gateway.ports_file import remove_ports_file, write_ports_file
 from polyport.gateway.status_cli import add_status_parser, run_status
 from polyport.pipeline.cli import add_pipeline_parser
 from polyport.pipeline.cli import run as run_pipeline
@@ -55,79 +72,158 @@ def setup_logging(fmt: str = "text", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Alembic narrates every run at INFO ("Context impl PostgresqlImpl.", …);
+    # operators want that only when they debug.
+    logging.getLogger("alembic").setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors in one line that points at --help (argparse's default is
+    the whole usage block, several lines, before the error)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No abbreviations: "--password" must never be taken for "--password-stdin".
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}; see '{self.prog} --help'\n")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("polyport")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source tree only
+        return "unknown"
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="TOML configuration file")
-    p.add_argument("--database-url", help="PostgreSQL URL (default: embedded database)")
-    p.add_argument("--data-dir", help="data directory of the embedded database")
-    p.add_argument("--log-format", choices=("text", "json"))
+    """Options every command takes, before or after its name.  SUPPRESS keeps a
+    subcommand's absent option from hiding the same option given earlier."""
+    s = argparse.SUPPRESS
+    p.add_argument("--config", default=s, metavar="FILE",
+                   help="TOML configuration file (env POLYPORT_CONFIG)")
+    p.add_argument("--database-url", default=s, metavar="URL",
+                   help="PostgreSQL URL, postgresql://user:password@host:port/db "
+                        "(default: the embedded database under --data-dir)")
+    p.add_argument("--data-dir", default=s, metavar="DIR",
+                   help="data directory of the embedded database and gateway.json "
+                        "(default ./polyport-data)")
+    p.add_argument("--log-format", default=s, choices=LOG_FORMATS,
+                   help="log lines as text (default) or JSON, fatal errors included")
+    p.add_argument("--log-level", default=s, choices=LOG_LEVELS,
+                   help="least severe level logged (default info); debug also shows tracebacks")
+    p.add_argument("--debug", action="store_true", default=s,
+                   help="show the traceback of a fatal error")
+
+
+def _leaf(sub: Any, name: str, help: str, **kw: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, **kw)
+    _common(p)
+    return p
+
+
+class _RefusePassword(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kw: Any) -> None:
+        # The value is not echoed: it is the secret.
+        parser.error("--password is not accepted (a password in argv is visible to every "
+                     "user of this machine): use the prompt or --password-stdin")
+
+
+def _password_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--password", nargs="?", action=_RefusePassword, help=argparse.SUPPRESS)
+    p.add_argument("--password-stdin", action="store_true",
+                   help="read the password from the first line of standard input "
+                        "(default: prompt on the terminal); never give it on the command line")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="polyport", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    serve = sub.add_parser("serve", help="run the gateway")
-    _common(serve)
-    serve.add_argument("--host")
-    serve.add_argument("--http-port")
-    for name in DEFAULT_PORTS:
-        serve.add_argument(f"--{name}-port", help=f"default {DEFAULT_PORTS[name]}; 'off' disables")
-
-    mig = sub.add_parser("migrate", help="upgrade, downgrade or inspect the schema")
-    _common(mig)
-    mig.add_argument("action", nargs="?", default="upgrade",
-                     choices=("upgrade", "downgrade", "current", "history"))
-    mig.add_argument(
-        "revision", nargs="?", help="target revision (upgrade: head; downgrade: required)"
+    parser = Parser(
+        prog="polyport",
+        description="polyport: one event store, reached in five native wire protocols.",
+        epilog="Run 'polyport COMMAND --help' for a command's options.  The options above "
+               "are accepted before or after the command.",
     )
+    parser.add_argument("--version", action="version", version=f"polyport {_version()}")
+    _common(parser)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    users = sub.add_parser("users", help="manage users")
+    serve = _leaf(sub, "serve", "run the gateway: every protocol listener and the HTTP port")
+    serve.add_argument("--host", help="address every listener binds (default 127.0.0.1)")
+    serve.add_argument("--http-port", metavar="N",
+                       help=f"HTTP port: health, status, metrics, admin (default "
+                            f"{DEFAULT_HTTP_PORT}; 'off' disables, 0 picks a free one)")
+    for name in DEFAULT_PORTS:
+        serve.add_argument(f"--{name}-port", metavar="N",
+                           help=f"{name} listener port (default {DEFAULT_PORTS[name]}; "
+                                "'off' disables, 0 picks a free one)")
+
+    mig = _leaf(sub, "migrate", "upgrade, downgrade or inspect the database schema")
+    mig.add_argument("action", nargs="?", default="upgrade",
+                     choices=("upgrade", "downgrade", "current", "history", "stamp", "check"),
+                     help="upgrade (default), downgrade REV, current, history, stamp REV "
+                          "(record REV without running it), check (exit 1 unless at head)")
+    mig.add_argument("revision", nargs="?",
+                     help="target revision (upgrade: default head; downgrade, stamp: required)")
+    mig.add_argument("--sql", action="store_true",
+                     help="print the SQL of upgrade/downgrade instead of running it (offline; "
+                          "downgrade takes FROM:TO)")
+
+    users = sub.add_parser("users", help="manage users", description="manage users")
     _common(users)
-    us = users.add_subparsers(dest="action", required=True)
-    add = us.add_parser("add")
-    add.add_argument("name")
-    add.add_argument("--password", required=True)
-    add.add_argument("--default-context", default="default")
-    add.add_argument("--context", action="append", dest="contexts",
+    us = users.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add = _leaf(us, "add", "add or replace a user")
+    add.add_argument("name", help="user name")
+    _password_options(add)
+    add.add_argument("--default-context", default="default",
+                     help="context the user acts in when a request names none (default "
+                          "'default')")
+    add.add_argument("--context", action="append", dest="contexts", metavar="CONTEXT",
                      help="a context the user may use (repeat; none = every context)")
-    us.add_parser("list")
-    rm = us.add_parser("remove")
-    rm.add_argument("name")
-    pw = us.add_parser("passwd")
-    pw.add_argument("name")
-    pw.add_argument("--password", required=True)
-    cx = us.add_parser("contexts")
-    cx.add_argument("name")
-    cx.add_argument("--context", action="append", dest="contexts")
-    cx.add_argument("--default-context")
+    _leaf(us, "list", "list users (never their passwords)")
+    rm = _leaf(us, "remove", "remove a user")
+    rm.add_argument("name", help="user name")
+    pw = _leaf(us, "passwd", "change a user's password")
+    pw.add_argument("name", help="user name")
+    _password_options(pw)
+    cx = _leaf(us, "contexts", "set the contexts a user may use")
+    cx.add_argument("name", help="user name")
+    cx.add_argument("--context", action="append", dest="contexts", metavar="CONTEXT",
+                    help="a context the user may use (repeat; none = every context)")
+    cx.add_argument("--default-context", help="context used when a request names none")
 
-    binders = sub.add_parser("binders", help="manage binders")
+    binders = sub.add_parser("binders", help="manage binders (queryable projections)",
+                             description="manage binders (queryable projections)")
     _common(binders)
-    bs = binders.add_subparsers(dest="action", required=True)
-    bc = bs.add_parser("create")
-    bc.add_argument("name")
-    bc.add_argument("--context", default="default")
-    bc.add_argument("--stream-prefix", default="")
-    bc.add_argument("--type", action="append", dest="types")
-    bc.add_argument("--fold", choices=("merge", "replace"), default="merge")
-    bs.add_parser("list")
-    for action in ("drop", "rebuild"):
-        b = bs.add_parser(action)
-        b.add_argument("name")
+    bs = binders.add_subparsers(dest="action", required=True, metavar="ACTION")
+    bc = _leaf(bs, "create", "create a binder kept current from the log")
+    bc.add_argument("name", help="binder name")
+    bc.add_argument("--context", default="default", help="context it reads (default 'default')")
+    bc.add_argument("--stream-prefix", default="",
+                    help="streams it reads: those starting with this prefix (default all)")
+    bc.add_argument("--type", action="append", dest="types", metavar="TYPE",
+                    help="event type it folds (repeat; none = every type)")
+    bc.add_argument("--fold", choices=("merge", "replace"), default="merge",
+                    help="merge: shallow-merge each event body into the document (default); "
+                         "replace: the last body wins")
+    _leaf(bs, "list", "list binders with their position and document count")
+    for action, text in (("drop", "drop a binder and its documents"),
+                         ("rebuild", "reset a binder so running gateways refill it")):
+        b = _leaf(bs, action, text)
+        b.add_argument("name", help="binder name")
 
-    subs = sub.add_parser("subscriptions", help="manage durable subscriptions")
+    subs = sub.add_parser("subscriptions", help="manage durable subscriptions",
+                          description="manage durable subscriptions")
     _common(subs)
-    ss = subs.add_subparsers(dest="action", required=True)
-    ss.add_parser("list")
-    reset = ss.add_parser("reset")
-    reset.add_argument("name")
+    ss = subs.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _leaf(ss, "list", "list durable subscriptions with checkpoint and lag")
+    reset = _leaf(ss, "reset", "move a subscription's checkpoint")
+    reset.add_argument("name", help="subscription name")
     where = reset.add_mutually_exclusive_group(required=True)
-    where.add_argument("--position", type=int)
-    where.add_argument("--time", help="ISO 8601 time")
-    de = ss.add_parser("delete")
-    de.add_argument("name")
+    where.add_argument("--position", type=int, help="resume after this log position")
+    where.add_argument("--time", help="resume at the first event at or after this ISO 8601 time")
+    de = _leaf(ss, "delete", "delete a subscription and its checkpoint")
+    de.add_argument("name", help="subscription name")
 
     add_status_parser(sub, _common)
 
@@ -135,24 +231,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_NOT_SETTINGS = ("command", "action", "config", "revision", "debug", "new_password")
+
+
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     overrides = {
         k: v
         for k, v in vars(args).items()
-        if k not in ("command", "action", "config", "revision") and v is not None
+        if k not in _NOT_SETTINGS and v is not None
     }
     known = set(GatewayConfig.__dataclass_fields__)
-    return load_config(args.config, overrides={k: v for k, v in overrides.items() if k in known})
+    return load_config(getattr(args, "config", None),
+                       overrides={k: v for k, v in overrides.items() if k in known})
+
+
+def read_password(args: argparse.Namespace) -> str:
+    """The new password: a line of stdin with --password-stdin, else a prompt."""
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    elif sys.stdin.isatty():
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            raise CommandError("the two passwords differ; nothing was changed")
+    else:
+        raise CommandError(
+            "no terminal to ask for the password: pipe it in with --password-stdin"
+        )
+    if not password:
+        raise CommandError("empty password; nothing was changed")
+    return password
 
 
 # --- serve ---------------------------------------------------------------------
 
 
-async def _serve(config: GatewayConfig) -> int:
+async def _serve(config: GatewayConfig, args: argparse.Namespace) -> int:
     from polyport.gateway.app import Gateway
 
     gw = Gateway(config)
     await gw.start()
+    # Written before the lines below: whoever waits for them can read it.
+    ports_file = write_ports_file(config.data_dir, gw)
     for name, listener in gw.listeners.items():
         host, port = listener.address
         print(f"polyport: {name} listening on {host}:{port}", flush=True)
@@ -162,11 +281,41 @@ async def _serve(config: GatewayConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("shutting down: no new connections, draining the writer")
-    await gw.stop()
+    loop.add_signal_handler(signal.SIGHUP, lambda: _reload(gw, args))
+    try:
+        await stop.wait()
+        log.info("shutting down: no new connections, draining the writer")
+        await gw.stop()
+    finally:
+        remove_ports_file(ports_file)
     log.info("stopped")
     return 0
+
+
+RELOADABLE = ("log_level", "log_format")
+
+
+def _reload(gw: Any, args: argparse.Namespace) -> None:
+    """SIGHUP: read the configuration again (file, environment, the original
+    flags) and apply what can change while running; never stop the process."""
+    try:
+        new = config_from_args(args)
+    except Exception as exc:
+        log.error("reload refused, nothing changed: %s", describe(exc))
+        return
+    old = gw.config
+    changed = {k: (getattr(old, k), getattr(new, k)) for k in RELOADABLE
+               if getattr(old, k) != getattr(new, k)}
+    if changed:
+        setup_logging(new.log_format, new.log_level)
+        gw.config = replace(old, **{k: v for k, (_o, v) in changed.items()})
+    pending = sorted(
+        k for k in GatewayConfig.__dataclass_fields__
+        if k not in RELOADABLE and getattr(old, k) != getattr(new, k)
+    )
+    said = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()) or "nothing changed"
+    log.info("reloaded configuration: %s%s", said,
+             f"; needs a restart: {', '.join(pending)}" if pending else "")
 
 
 # --- commands on the database --------------------------------------------------
@@ -194,7 +343,7 @@ def _print(data: Any) -> None:
 async def _users(args: argparse.Namespace, store: EventStore) -> int:
     u = store.users
     if args.action == "add":
-        await u.add(args.name, args.password, default_context=args.default_context,
+        await u.add(args.name, args.new_password, default_context=args.default_context,
                     contexts=args.contexts)
         print(f"user {args.name} saved")
     elif args.action == "list":
@@ -203,7 +352,7 @@ async def _users(args: argparse.Namespace, store: EventStore) -> int:
         await u.remove(args.name)
         print(f"user {args.name} removed")
     elif args.action == "passwd":
-        await u.set_password(args.name, args.password)
+        await u.set_password(args.name, args.new_password)
         print(f"password of {args.name} changed")
     elif args.action == "contexts":
         await u.set_contexts(args.name, args.contexts, args.default_context)
@@ -252,49 +401,98 @@ async def _subscriptions(args: argparse.Namespace, store: EventStore) -> int:
     return 0
 
 
+class CommandError(Exception):
+    """A command cannot go on; the message says what to do instead."""
+
+
 def _migrate(args: argparse.Namespace, config: GatewayConfig) -> int:
+    rev = args.revision
+    if args.action in ("downgrade", "stamp") and not rev:
+        raise CommandError(f"migrate {args.action} needs a target revision (e.g. 'base' or "
+                           f"'{migrate.head_revision()}'); 'polyport migrate history' lists them")
+    if args.sql:
+        if args.action not in ("upgrade", "downgrade"):
+            raise CommandError("--sql goes with upgrade or downgrade")
+        # Offline: Alembic writes the script; no database is contacted.
+        url = config.database_url or "postgresql://offline/polyport"
+        if args.action == "upgrade":
+            migrate.upgrade(url, rev or "head", sql=True)
+        else:
+            if ":" not in rev:
+                raise CommandError("offline downgrade needs FROM:TO, e.g. "
+                                   f"'{migrate.head_revision()}:base'")
+            migrate.downgrade(url, rev, sql=True)
+        return 0
     with database_url(config, say=False) as (url, _embedded):
         if args.action == "upgrade":
-            migrate.upgrade(url, args.revision or "head")
+            migrate.upgrade(url, rev or "head")
             print(f"schema at {asyncio.run(migrate.current_revision(url))}")
         elif args.action == "downgrade":
-            if not args.revision:
-                print("downgrade needs a target revision (e.g. 'base')", file=sys.stderr)
-                return 2
-            migrate.downgrade(url, args.revision)
+            migrate.downgrade(url, rev)
             print(f"schema at {asyncio.run(migrate.current_revision(url)) or 'base'}")
-        elif args.action == "current":
+        elif args.action == "stamp":
+            migrate.stamp(url, rev)
+            print(f"schema recorded as {asyncio.run(migrate.current_revision(url)) or 'base'} "
+                  "(nothing was run)")
+        elif args.action in ("current", "check"):
             cur = asyncio.run(migrate.current_revision(url))
             head = migrate.head_revision()
             state = "up to date" if cur == head else f"behind head {head}"
             print(f"{cur or 'base (empty)'} ({state})")
+            if args.action == "check" and cur != head:
+                print("polyport: the schema is not at head: run 'polyport migrate'",
+                      file=sys.stderr)
+                return 1
         else:
             migrate.history(url)
     return 0
 
 
+def _say_fatal(message: str, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps({"time": datetime.now(UTC).isoformat(), "level": "error",
+                          "logger": "polyport", "message": message}), file=sys.stderr)
+    else:
+        print(f"polyport: {message}", file=sys.stderr)
+
+
+def _raw_setting(args: argparse.Namespace, key: str, default: str) -> str:
+    """A logging setting before the configuration is known to be valid."""
+    value = getattr(args, key, None) or os.environ.get(f"POLYPORT_{key.upper()}") or default
+    return str(value).lower()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    config: GatewayConfig | None = None
     try:
         config = config_from_args(args)
         setup_logging(config.log_format, config.log_level)
         if args.command == "serve":
-            return asyncio.run(_serve(config))
+            return asyncio.run(_serve(config, args))
         if args.command == "migrate":
             return _migrate(args, config)
         if args.command == "status":
             return asyncio.run(_with_store(config, lambda s: run_status(args, config, s)))
         if args.command == "pipeline":
             return run_pipeline(args, config)
+        if args.command == "users" and args.action in ("add", "passwd"):
+            args.new_password = read_password(args)  # before any database work
         handler = {"users": _users, "binders": _binders, "subscriptions": _subscriptions}[
             args.command
         ]
         return asyncio.run(_with_store(config, lambda s: handler(args, s)))
-    except (ConfigError, EmbeddedPostgresError, migrate.SchemaBehind, PolyportError) as exc:
-        print(f"polyport: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        level = config.log_level if config else _raw_setting(args, "log_level", "info")
+        fmt = config.log_format if config else _raw_setting(args, "log_format", "text")
+        if getattr(args, "debug", False) or level == "debug":
+            traceback.print_exc()
+        message = str(exc) if isinstance(exc, CommandError) else describe(
+            exc, config.database_url if config else None)
+        _say_fatal(message, fmt)
+        return 1
 
 
 if __name__ == "__main__":

@@ -111,18 +111,48 @@ _FLOAT_KEYS = {
 _KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"}
 
 
-def coerce(key: str, value: Any) -> Any:
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+_CHOICES = {"log_level": LOG_LEVELS, "log_format": LOG_FORMATS}
+DATABASE_SCHEMES = ("postgresql", "postgres", "postgresql+asyncpg")
+
+
+def _check_database_url(value: str, where: str) -> str:
+    scheme, sep, _rest = value.partition("://")
+    if not sep or scheme.lower() not in DATABASE_SCHEMES:
+        # Never echo the URL: it may carry a password.
+        shown = f"scheme {scheme!r}" if sep else "a value without a scheme"
+        raise ConfigError(
+            f"{where}: {shown} is not a PostgreSQL URL; "
+            "write postgresql://user:password@host:port/database"
+        )
+    return value
+
+
+def coerce(key: str, value: Any, where: str | None = None) -> Any:
+    """``value`` as the type of setting ``key``; errors name ``where`` the value
+    came from (a flag, an environment variable, a file key), else ``key``."""
+    where = where or key
     if key in _PORT_KEYS:
-        return parse_port(value, key)
+        return parse_port(value, where)
     if key in _BOOL_KEYS:
-        return _parse_bool(value, key)
+        return _parse_bool(value, where)
     try:
         if key in _INT_KEYS:
             return int(value)
         if key in _FLOAT_KEYS:
             return float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if key in _CHOICES and value is not None:
+        text = str(value).strip().lower()
+        if text not in _CHOICES[key]:
+            raise ConfigError(
+                f"{where}: expected one of {', '.join(_CHOICES[key])}, got {value!r}"
+            )
+        return text
+    if key == "database_url" and value:
+        return _check_database_url(str(value), where)
     return value if value is None else str(value)
 
 
@@ -147,12 +177,12 @@ def load_config(
             k = key.replace("-", "_")
             if k not in _KNOWN:
                 raise ConfigError(f"config file {path}: unknown key {key!r}")
-            values[k] = coerce(k, value)
+            values[k] = coerce(k, value, f"{path}: {key}")
     for key in _KNOWN:
         env_key = f"POLYPORT_{key.upper()}"
         if env_key in env:
-            values[key] = coerce(key, env[env_key])
+            values[key] = coerce(key, env[env_key], env_key)
     for key, value in (overrides or {}).items():
         if value is not None:
-            values[key] = coerce(key, value)
+            values[key] = coerce(key, value, "--" + key.replace("_", "-"))
     return replace(GatewayConfig(), **values)

@@ -15,6 +15,7 @@ import aiohttp
 from polyport.core import migrate
 from polyport.core.store import EventStore
 from polyport.gateway.config import GatewayConfig
+from polyport.gateway.ports_file import read_ports_file
 
 HTTP_TIMEOUT = 2.0
 
@@ -70,15 +71,30 @@ async def gather(config: GatewayConfig, store: EventStore) -> dict[str, Any]:
             "bytes": int(row["bytes"]),
             "last_hour": row["last_hour"].isoformat() if row["last_hour"] else None,
         }
-    out["gateway"] = await _gateway_status(config)
     return out
 
 
-async def _gateway_status(config: GatewayConfig) -> dict[str, Any]:
+def _gateway_address(config: GatewayConfig, explicit: bool) -> tuple[str, int] | None:
+    """The running gateway's HTTP address: ``<data-dir>/gateway.json`` (written
+    by ``serve`` with the ports it really bound, so ``--http-port 0`` works),
+    unless --host/--http-port were given; else the configured port."""
+    if not explicit:
+        running = read_ports_file(config.data_dir)
+        if running is not None and running.get("http"):
+            return str(running["http"]["host"]), int(running["http"]["port"])
     if config.http_port is None:
+        return None
+    return config.host, config.http_port
+
+
+async def _gateway_status(config: GatewayConfig, explicit: bool = False) -> dict[str, Any]:
+    address = _gateway_address(config, explicit)
+    if address is None:
         return {"reachable": False, "error": "http_port is off in this configuration"}
-    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
-    url = f"http://{host}:{config.http_port}/status"
+    host = "127.0.0.1" if address[0] in ("0.0.0.0", "::", "") else address[0]
+    if ":" in host:
+        host = f"[{host}]"
+    url = f"http://{host}:{address[1]}/status"
     try:
         timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT)
         async with aiohttp.ClientSession(timeout=timeout) as http, http.get(url) as r:
@@ -133,6 +149,8 @@ def render(data: dict[str, Any]) -> str:
 
 async def run_status(args: argparse.Namespace, config: GatewayConfig, store: EventStore) -> int:
     data = await gather(config, store)
+    explicit = args.http_port is not None or args.host is not None
+    data["gateway"] = await _gateway_status(config, explicit)
     data["checked_at"] = datetime.now(UTC).isoformat()
     if args.json:
         print(json.dumps(data, indent=2, default=str))

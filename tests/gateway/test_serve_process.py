@@ -1,0 +1,78 @@
+"""``polyport serve`` as an operator runs it: the ports file that
+``polyport status`` reads, and SIGHUP reloading without stopping."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from tests.gateway.test_cli_errors import polyport
+
+ALL_PORTS_ZERO = [a for n in ("http", "res01", "bson", "reactivesocket", "micromsg2", "segment")
+                  for a in (f"--{n}-port", "0")]
+
+
+async def _start(db_url: str, data_dir: Path, conf: Path) -> asyncio.subprocess.Process:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", db_url,
+        "--data-dir", str(data_dir), "--config", str(conf), *ALL_PORTS_ZERO,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    assert proc.stdout is not None
+    while True:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        assert line, "serve exited before listening"
+        if "http listening on" in line:
+            return proc
+
+
+async def _stderr_until(proc: asyncio.subprocess.Process, needle: str) -> str:
+    assert proc.stderr is not None
+    seen = ""
+    while needle not in seen:
+        line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+        assert line, f"stderr closed before {needle!r}: {seen}"
+        seen += line
+    return seen
+
+
+async def test_status_finds_a_gateway_on_port_zero_and_sighup_reloads(
+    db_url: str, tmp_path: Path
+) -> None:
+    conf = tmp_path / "polyport.toml"
+    conf.write_text('log_level = "info"\n')
+    data_dir = tmp_path / "data"
+    proc = await _start(db_url, data_dir, conf)
+    try:
+        ports = json.loads((data_dir / "gateway.json").read_text())
+        assert ports["pid"] == proc.pid and ports["http"]["port"] > 0
+        assert set(ports["listeners"]) >= {"bson", "res01", "segment"}
+
+        done = await asyncio.to_thread(polyport, "status", "--json", "--database-url", db_url,
+                                       "--data-dir", str(data_dir))
+        assert done.returncode == 0, done.stderr
+        gateway = json.loads(done.stdout)["gateway"]
+        assert gateway["reachable"], gateway
+        assert str(ports["http"]["port"]) in gateway["url"]
+
+        conf.write_text('log_level = "debug"\nhost = "127.0.0.2"\n')
+        proc.send_signal(signal.SIGHUP)
+        said = await _stderr_until(proc, "reloaded configuration")
+        assert "log_level info -> debug" in said
+        assert "needs a restart: host" in said
+        await asyncio.sleep(0.3)
+        assert proc.returncode is None  # still serving
+
+        conf.write_text('log_level = "loud"\n')
+        proc.send_signal(signal.SIGHUP)
+        said = await _stderr_until(proc, "reload refused")
+        assert "log_level" in said and proc.returncode is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 60)
+    assert proc.returncode == 0
+    assert not (data_dir / "gateway.json").exists()

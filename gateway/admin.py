@@ -3,18 +3,15 @@
 Guarded by ``Authorization: Bearer <admin_token>``; with no ``admin_token``
 configured the API is off (every ``/admin/`` path answers 404).  The OpenAPI
 document at ``/admin/openapi.json`` is built from the same schemas that
-validate request bodies (:func:`validate`), so the two cannot drift apart.
+validate request bodies (:mod:`gateway.admin_schema`), so the two cannot drift apart.
 Every error answers JSON ``{"error": message, "code": canonical code}``.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-import re
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -23,6 +20,18 @@ from aiohttp.typedefs import Middleware
 
 from polyport.core.commands import FromPosition, FromTime
 from polyport.core.errors import Malformed, NotFound, PolyportError, StorageUnavailable
+from polyport.gateway.admin_schema import (
+    BINDER_CREATE,
+    COMPONENTS,
+    NAME,
+    SUBSCRIPTION_RESET,
+    USER_CONTEXTS,
+    USER_CREATE,
+    USER_PASSWORD,
+    parse_body,
+    parse_date_time,
+    validate,
+)
 from polyport.gateway.telemetry import polyport_version
 
 if TYPE_CHECKING:
@@ -32,239 +41,6 @@ log = logging.getLogger("polyport.admin")
 
 PREFIX = "/admin"
 OPENAPI_PATH = "/admin/openapi.json"
-MAX_POSITION = (1 << 63) - 1
-
-# --- schemas ---------------------------------------------------------------------------
-
-NAME: dict[str, Any] = {
-    "type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[^\\u0000]+$",
-}
-TEXT: dict[str, Any] = {"type": "string", "maxLength": 1000, "pattern": "^[^\\u0000]*$"}
-PASSWORD: dict[str, Any] = {
-    "type": "string", "minLength": 1, "maxLength": 1024, "pattern": "^[^\\u0000]+$",
-}
-NAME_LIST: dict[str, Any] = {"type": "array", "items": NAME, "maxItems": 100}
-
-USER_CREATE: dict[str, Any] = {
-    "type": "object",
-    "required": ["name", "password"],
-    "additionalProperties": False,
-    "properties": {
-        "name": NAME,
-        "password": PASSWORD,
-        "default_context": NAME,
-        "contexts": {**NAME_LIST, "nullable": True,
-                     "description": "contexts the user may use; null or absent = every context"},
-    },
-}
-USER_PASSWORD: dict[str, Any] = {
-    "type": "object", "required": ["password"], "additionalProperties": False,
-    "properties": {"password": PASSWORD},
-}
-USER_CONTEXTS: dict[str, Any] = {
-    "type": "object",
-    "required": ["contexts"],
-    "additionalProperties": False,
-    "properties": {
-        "contexts": {**NAME_LIST, "nullable": True},
-        "default_context": NAME,
-    },
-}
-BINDER_CREATE: dict[str, Any] = {
-    "type": "object",
-    "required": ["name"],
-    "additionalProperties": False,
-    "properties": {
-        "name": NAME,
-        "context": NAME,
-        "stream_prefix": TEXT,
-        "types": {**NAME_LIST, "nullable": True},
-        "fold": {"type": "string", "enum": ["merge", "replace"]},
-    },
-}
-SUBSCRIPTION_RESET: dict[str, Any] = {
-    "oneOf": [
-        {
-            "type": "object", "required": ["position"], "additionalProperties": False,
-            "properties": {"position": {
-                "type": "integer", "minimum": 0, "maximum": MAX_POSITION,
-                "description": "resume after this log position",
-            }},
-        },
-        {
-            "type": "object", "required": ["time"], "additionalProperties": False,
-            "properties": {"time": {
-                "type": "string", "format": "date-time",
-                "description": "resume with the first event recorded at or after this time",
-            }},
-        },
-    ]
-}
-
-USER: dict[str, Any] = {
-    "type": "object",
-    "required": ["name", "default_context", "contexts", "created_at"],
-    "properties": {
-        "name": {"type": "string"},
-        "default_context": {"type": "string"},
-        "contexts": {"type": "array", "items": {"type": "string"}, "nullable": True},
-        "created_at": {"type": "string", "format": "date-time"},
-    },
-}
-BINDER: dict[str, Any] = {
-    "type": "object",
-    "required": ["name", "context", "stream_prefix", "types", "fold", "position", "documents"],
-    "properties": {
-        "name": {"type": "string"},
-        "context": {"type": "string"},
-        "stream_prefix": {"type": "string"},
-        "types": {"type": "array", "items": {"type": "string"}, "nullable": True},
-        "fold": {"type": "string", "enum": ["merge", "replace"]},
-        "position": {"type": "integer"},
-        "documents": {"type": "integer"},
-    },
-}
-SUBSCRIPTION: dict[str, Any] = {
-    "type": "object",
-    "required": ["id", "name", "selector", "checkpoint", "lag_events", "updated_at"],
-    "properties": {
-        "id": {"type": "integer"},
-        "name": {"type": "string"},
-        "selector": {"type": "object"},
-        "checkpoint": {"type": "integer", "description": "last position consumed"},
-        "lag_events": {"type": "integer", "description": "log positions after the checkpoint"},
-        "updated_at": {"type": "string", "format": "date-time"},
-    },
-}
-ERROR: dict[str, Any] = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {"error": {"type": "string"}, "code": {"type": "string"}},
-}
-
-# --- a validator for the subset of JSON Schema used above --------------------------------
-
-_DATE_TIME = re.compile(
-    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?"
-    r"([Zz]|[+-]\d{2}:\d{2}(?::\d{2})?)$"
-)
-
-
-def parse_date_time(text: str) -> datetime:
-    """RFC 3339 date-time (as JSON Schema's ``date-time``) to an aware UTC
-    datetime; values Python cannot hold are clamped (years 0 and 9999 edges,
-    leap seconds)."""
-    m = _DATE_TIME.match(text)
-    if m is None:
-        raise ValueError(f"not an RFC 3339 date-time: {text!r}")
-    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
-    frac = m.group(7)
-    micro = int((frac[1:] + "000000")[:6]) if frac else 0
-    if hour > 23 or minute > 59 or second > 60:
-        raise ValueError(f"not an RFC 3339 date-time: {text!r}")
-    leap = second == 60
-    zone = m.group(8)
-    if zone in ("Z", "z"):
-        tz = UTC
-    else:
-        sign = -1 if zone[0] == "-" else 1
-        parts = [int(p) for p in zone[1:].split(":")]
-        if parts[0] > 23 or parts[1] > 59:
-            raise ValueError(f"not an RFC 3339 time offset: {zone!r}")
-        offset = timedelta(hours=parts[0], minutes=parts[1],
-                           seconds=parts[2] if len(parts) > 2 else 0)
-        tz = timezone(sign * offset)
-    if year == 0:
-        return datetime.min.replace(tzinfo=UTC)
-    local = datetime(year, month, day, hour, minute, 59 if leap else second, micro, tzinfo=tz)
-    if leap:
-        local = local.replace(microsecond=999999)
-    try:
-        return local.astimezone(UTC)
-    except OverflowError:
-        return (datetime.max if local.year > 1 else datetime.min).replace(tzinfo=UTC)
-
-
-def _type_ok(value: Any, kind: str) -> bool:
-    if kind == "object":
-        return isinstance(value, dict)
-    if kind == "array":
-        return isinstance(value, list)
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "integer":
-        if isinstance(value, bool):
-            return False
-        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    if kind == "boolean":
-        return isinstance(value, bool)
-    raise AssertionError(f"schema type {kind!r} not supported")
-
-
-def validate(value: Any, schema: dict[str, Any], where: str = "body") -> None:
-    """Raise :class:`Malformed` when ``value`` does not satisfy ``schema``."""
-    if "oneOf" in schema:
-        ok = 0
-        reasons = []
-        for option in schema["oneOf"]:
-            try:
-                validate(value, option, where)
-                ok += 1
-            except Malformed as exc:
-                reasons.append(exc.message)
-        if ok != 1:
-            raise Malformed(f"{where}: must match exactly one of the allowed forms "
-                            f"({'; '.join(reasons) or 'it matches several'})")
-        return
-    if value is None:
-        if schema.get("nullable"):
-            return
-        raise Malformed(f"{where}: must not be null")
-    kind = schema.get("type")
-    if kind is not None and not _type_ok(value, kind):
-        raise Malformed(f"{where}: must be of type {kind}")
-    if "enum" in schema and value not in schema["enum"]:
-        raise Malformed(f"{where}: must be one of {', '.join(map(str, schema['enum']))}")
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise Malformed(f"{where}: not valid Unicode (unpaired surrogate)") from None
-        if len(value) < schema.get("minLength", 0):
-            raise Malformed(f"{where}: must not be shorter than {schema['minLength']}")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            raise Malformed(f"{where}: must not be longer than {schema['maxLength']}")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            raise Malformed(f"{where}: must match {schema['pattern']}")
-        if schema.get("format") == "date-time":
-            try:
-                parse_date_time(value)
-            except ValueError as exc:
-                raise Malformed(f"{where}: {exc}") from None
-    if kind == "integer":
-        if "minimum" in schema and value < schema["minimum"]:
-            raise Malformed(f"{where}: must be at least {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            raise Malformed(f"{where}: must be at most {schema['maximum']}")
-    if isinstance(value, list):
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            raise Malformed(f"{where}: at most {schema['maxItems']} items")
-        for i, item in enumerate(value):
-            validate(item, schema.get("items", {}), f"{where}[{i}]")
-    if isinstance(value, dict):
-        props: dict[str, Any] = schema.get("properties", {})
-        for key in schema.get("required", ()):
-            if key not in value:
-                raise Malformed(f"{where}: {key!r} is required")
-        if schema.get("additionalProperties") is False:
-            extra = sorted(set(value) - set(props))
-            if extra:
-                raise Malformed(f"{where}: unknown field {extra[0]!r}")
-        for key, sub in props.items():
-            if key in value:
-                validate(value[key], sub, f"{where}.{key}")
-
-
 # --- the OpenAPI document ----------------------------------------------------------------
 
 
@@ -395,17 +171,7 @@ def openapi() -> dict[str, Any]:
         },
         "components": {
             "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "UserCreate": USER_CREATE,
-                "UserPassword": USER_PASSWORD,
-                "UserContexts": USER_CONTEXTS,
-                "BinderCreate": BINDER_CREATE,
-                "SubscriptionReset": SUBSCRIPTION_RESET,
-                "User": USER,
-                "Binder": BINDER,
-                "Subscription": SUBSCRIPTION,
-                "Error": ERROR,
-            },
+            "schemas": dict(COMPONENTS),
         },
     }
 
@@ -420,14 +186,7 @@ def _error(status: int, message: str, code: str, **headers: str) -> web.Response
 
 
 async def _read_body(request: web.Request, schema: dict[str, Any]) -> dict[str, Any]:
-    raw = await request.read()
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
-        raise Malformed("the body must be a JSON document") from None
-    validate(data, schema)
-    assert isinstance(data, dict)
-    return data
+    return parse_body(await request.read(), schema)
 
 
 def _name(request: web.Request) -> str:

@@ -14,11 +14,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from jsonschema import Draft4Validator
 
 from polyport.core.commands import Append, FromBeginning, Selector
 from polyport.core.errors import Malformed
 from polyport.core.events import EventData
+from polyport.gateway import admin
+from polyport.gateway.admin_routes import OPENAPI_PATH, PREFIX, Reply, Route, openapi
 from polyport.gateway.admin_schema import (
     COMPONENTS,
     SUBSCRIPTION_RESET,
@@ -232,6 +235,34 @@ def test_schemas_are_valid_json_schema() -> None:
     # OpenAPI 3.0 schemas are a draft 4 dialect; a misspelt keyword type shows here.
     for schema in COMPONENTS.values():
         Draft4Validator.check_schema(schema)
+
+
+def test_served_and_documented_operations_are_the_same() -> None:
+    app = web.Application()
+    admin.setup(app, gw=None)  # type: ignore[arg-type]  # handlers are not called here
+    served = {(r.method, r.resource.canonical) for r in app.router.routes()
+              if r.resource is not None and r.resource.canonical != OPENAPI_PATH}
+    document = openapi(admin.ROUTES)
+    documented = {(method.upper(), PREFIX + path) for path, item in document["paths"].items()
+                  for method in item if method != "parameters"}
+    assert served == documented and len(served) == len(admin.ROUTES) == 15
+    ids = [op["operationId"] for item in document["paths"].values()
+           for key, op in item.items() if key != "parameters"]
+    assert len(set(ids)) == len(ids)
+
+
+def test_a_route_must_name_known_schemas_and_parameters() -> None:
+    async def handler(call: Any) -> web.Response:
+        return web.Response()
+
+    with pytest.raises(ValueError, match="component"):
+        Route("POST", "/users", handler, "x", "x", Reply(201, "x"), body="NoSuchSchema")
+    with pytest.raises(ValueError, match="component"):
+        Route("GET", "/users", handler, "x", "x", Reply(200, "x", "Usr"))
+    with pytest.raises(ValueError, match="path parameters"):
+        Route("GET", "/users/{id}", handler, "x", "x", Reply(200, "x"))
+    with pytest.raises(ValueError, match="method"):
+        Route("get", "/users", handler, "x", "x", Reply(200, "x"))
 
 
 async def test_schemathesis_finds_no_server_error_or_schema_violation(

@@ -3,10 +3,10 @@ become canonical commands on the :class:`EventStore`; results go back as
 RESPONSE / ERROR frames.
 
 One :class:`ReactiveSocketSession` per connection, for either transport (TCP
-or WebSocket: only the codec's framing differs).  The transport loop awaits
+or WebSocket: only the wire framing differs).  The transport loop awaits
 ``data_received``, so anything that may take long (a request, a stream, a
 subscription) runs in a task of its own, one per live stream; the number of
-live streams is bounded by the codec (``max_streams``: more get ERROR
+live streams is bounded by the connection object (``max_streams``: more get ERROR
 ``busy``) and fire-and-forget appends by a semaphore (more stop the reading
 of the socket, which is the backpressure path).  Every write awaits
 ``Outbound.send``.
@@ -54,6 +54,7 @@ from polyport.protocols.reactivesocket.frames import (
     DEFAULT_MAX_FRAGMENT,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_MESSAGE_SIZE,
+    PROTOCOL,
     Cancel,
     ErrorFrame,
     RequestFnf,
@@ -65,8 +66,7 @@ from polyport.protocols.reactivesocket.frames import (
 )
 from polyport.protocols.session import Outbound, SessionContext
 
-ORIGIN = "reactivesocket"
-PROTOCOL = "reactivesocket"
+ORIGIN = PROTOCOL
 
 log = logging.getLogger("polyport.reactivesocket")
 
@@ -447,7 +447,7 @@ class ReactiveSocketSession:
         if not self.conn.is_live(sid):  # CANCEL while the subscription opened
             return
         # Initial Request N plus any REQUEST_N that came meanwhile (nothing has
-        # been sent, so the codec's count is everything granted so far).
+        # been sent, so the connection's count is everything granted so far).
         sub.grant(self.conn.credits(sid))
         while True:
             ev = await sub.next()

@@ -18,16 +18,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from polyport.protocols.reactivesocket import payloads
-from polyport.protocols.reactivesocket.codec import (
-    TRANSPORTS,
-    add_tcp_length,
-    check_message_size,
-    check_tcp_length,
-    decode_frame,
-    describe,
-    encode_frame,
-    fragment,
-)
 from polyport.protocols.reactivesocket.errors import (
     MALFORMED,
     TOO_LARGE,
@@ -72,6 +62,16 @@ from polyport.protocols.reactivesocket.state import (
     Transition,
     add_credits,
     use_credit,
+)
+from polyport.protocols.reactivesocket.wire import (
+    TRANSPORTS,
+    add_tcp_length,
+    check_message_size,
+    check_tcp_length,
+    decode_frame,
+    describe,
+    encode_frame,
+    fragment,
 )
 
 DEFAULT_MAX_STREAMS = 1024

@@ -27,9 +27,9 @@ from polyport.protocols.reactivesocket import (
     encode_tcp_frame,
     split_tcp_frames,
 )
-from polyport.protocols.reactivesocket.codec import encode_for
 from polyport.protocols.reactivesocket.errors import LocalProtocolError
 from polyport.protocols.reactivesocket.frames import DEFAULT_PORT, WEBSOCKET_PATH
+from polyport.protocols.reactivesocket.wire import encode_for
 
 from .util import h
 

@@ -5,13 +5,13 @@ See docs/protocols/reactivesocket.md for layouts, state machines and decisions.
 
 from polyport.protocols.reactivesocket.connection import (
     ClientConnection,
-    ConnectionState,
     Event,
     ServerConnection,
     StreamError,
     error_frame,
 )
 from polyport.protocols.reactivesocket.errors import LocalProtocolError, PayloadError, ProtocolError
+from polyport.protocols.reactivesocket.fragments import fragment
 from polyport.protocols.reactivesocket.frames import (
     DEFAULT_PORT,
     PROTOCOL,
@@ -30,13 +30,12 @@ from polyport.protocols.reactivesocket.frames import (
     Setup,
     UnknownFrame,
 )
-from polyport.protocols.reactivesocket.state import Kind, Phase, StreamInfo
+from polyport.protocols.reactivesocket.state import ConnectionState, Kind, Phase, StreamInfo
 from polyport.protocols.reactivesocket.wire import (
     decode_frame,
     encode_for,
     encode_frame,
     encode_tcp_frame,
-    fragment,
     split_tcp_frames,
 )
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import replace
 
 from polyport.protocols.reactivesocket.errors import (
     MALFORMED,
@@ -50,7 +49,6 @@ from polyport.protocols.reactivesocket.frames import (
     ErrorFrame,
     Ext,
     Frame,
-    Request,
     RequestFnf,
     RequestN,
     RequestResponse,
@@ -303,36 +301,6 @@ def check_message_size(message: bytes, max_frame_size: int) -> None:
             f"frame of {len(message)} bytes exceeds the limit of {max_frame_size}",
             code=TOO_LARGE,
         )
-
-
-# --- fragmentation ---------------------------------------------------------------
-
-
-def fragment(frame: Response | Request, max_fragment: int) -> list[Response | Request]:
-    """Split a whole RESPONSE or request into fragments carrying at most
-    ``max_fragment`` data bytes each.  A frame that fits comes back whole.
-
-    The first fragment has B, the last E, the ones between neither; a
-    RESPONSE's C goes on the last fragment only.  Request continuations repeat
-    the frame type (and the Initial Request N of REQUEST_STREAM/REQUEST_SUB).
-    """
-    if max_fragment < 1:
-        raise LocalProtocolError("max_fragment must be at least 1 byte")
-    data = frame.data
-    if len(data) <= max_fragment:
-        return [frame]
-    chunks = [data[i : i + max_fragment] for i in range(0, len(data), max_fragment)]
-    last = len(chunks) - 1
-    out: list[Response | Request] = []
-    for i, chunk in enumerate(chunks):
-        begin, end = i == 0, i == last
-        if isinstance(frame, Response):
-            out.append(
-                replace(frame, data=chunk, begin=begin, end=end, complete=frame.complete and end)
-            )
-        else:
-            out.append(replace(frame, data=chunk, begin=begin, end=end))
-    return out
 
 
 def describe(frame: Frame) -> str:

@@ -10,7 +10,12 @@ from polyport.protocols.reactivesocket.connection import (
     StreamError,
     error_frame,
 )
-from polyport.protocols.reactivesocket.errors import LocalProtocolError, PayloadError, ProtocolError
+from polyport.protocols.reactivesocket.errors import (
+    LocalProtocolError,
+    PayloadError,
+    ProtocolError,
+    RemoteProtocolError,
+)
 from polyport.protocols.reactivesocket.fragments import fragment
 from polyport.protocols.reactivesocket.frames import (
     DEFAULT_PORT,
@@ -55,6 +60,7 @@ __all__ = [
     "PayloadError",
     "Phase",
     "ProtocolError",
+    "RemoteProtocolError",
     "Request",
     "RequestFnf",
     "RequestN",

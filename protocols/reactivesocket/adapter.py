@@ -48,7 +48,11 @@ from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
 from polyport.protocols.reactivesocket import payloads
 from polyport.protocols.reactivesocket.connection import ServerConnection, StreamError
-from polyport.protocols.reactivesocket.errors import LocalProtocolError, PayloadError, ProtocolError
+from polyport.protocols.reactivesocket.errors import (
+    LocalProtocolError,
+    PayloadError,
+    RemoteProtocolError,
+)
 from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
     DEFAULT_MAX_FRAGMENT,
@@ -222,7 +226,7 @@ class ReactiveSocketSession:
         self._last_input = asyncio.get_running_loop().time()
         try:
             events = self.conn.receive_data(data)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             # Frames decoded before the fault are dropped with the connection.
             await self._fail_connection(exc.code, exc.message)
             return

@@ -18,7 +18,7 @@ from polyport.protocols.reactivesocket.errors import (
     TOO_LARGE,
     UNSUPPORTED,
     LocalProtocolError,
-    ProtocolError,
+    RemoteProtocolError,
 )
 from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
@@ -140,7 +140,7 @@ class BaseConnection:
     def receive_data(self, data: bytes) -> list[Event]:
         """Feed bytes (TCP) or one message (WebSocket); get every complete frame.
 
-        Raises :class:`ProtocolError` on a connection-level fault; the error's
+        Raises :class:`RemoteProtocolError` on a connection-level fault; the error's
         ``frames`` are those decoded before it.  After the fault or after an
         ERROR on stream 0, further data is discarded.
         """
@@ -153,7 +153,7 @@ class BaseConnection:
             else:
                 check_message_size(data, self.max_frame_size)
                 self._receive_message(bytes(data), out)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             self.state = ConnectionState.ERRORED
             self._buffer.clear()
             exc.frames = list(out)
@@ -183,7 +183,7 @@ class BaseConnection:
         if isinstance(frame, UnknownFrame):
             if frame.ignore:
                 return
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"unknown frame type 0x{frame.frame_type:04X} without the I (ignore) flag",
                 code=UNSUPPORTED,
             )
@@ -195,7 +195,7 @@ class BaseConnection:
             elif frame.ignore:
                 return
             else:
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"unsupported extension type 0x{frame.extended_type:08X} "
                     "without the I (ignore) flag",
                     code=UNSUPPORTED,
@@ -209,7 +209,7 @@ class BaseConnection:
     def _connection_event(self, what: str, frame: Frame) -> None:
         nxt = CONNECTION_TABLE.get((self.role, self.state, what))
         if nxt is None:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"{describe(frame)} is not allowed while the connection is {self.state.value}",
                 code=MALFORMED,
             )
@@ -217,7 +217,7 @@ class BaseConnection:
 
     def _check_stream_zero(self, frame: Frame) -> None:
         if frame.stream_id == CONNECTION_STREAM_ID:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"{describe(frame)} on stream 0, which is reserved for the connection",
                 code=MALFORMED,
             )

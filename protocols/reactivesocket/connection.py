@@ -22,7 +22,7 @@ from polyport.protocols.reactivesocket.errors import (
     MALFORMED,
     TOO_LARGE,
     LocalProtocolError,
-    ProtocolError,
+    RemoteProtocolError,
 )
 from polyport.protocols.reactivesocket.fragments import fragment
 from polyport.protocols.reactivesocket.frames import (
@@ -114,7 +114,7 @@ class ServerConnection(BaseConnection):
     def _receive_frame(self, frame: Frame, out: list[Event]) -> None:
         if self.state is ConnectionState.AWAITING_SETUP:
             if not isinstance(frame, Setup):
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"the first frame must be SETUP on stream 0, got {describe(frame)} "
                     f"on stream {frame.stream_id}",
                     code=MALFORMED,
@@ -123,7 +123,7 @@ class ServerConnection(BaseConnection):
             out.append(frame)
             return
         if isinstance(frame, Setup):
-            raise ProtocolError("SETUP may only be sent once, as the first frame")
+            raise RemoteProtocolError("SETUP may only be sent once, as the first frame")
         if isinstance(frame, (Response, ErrorFrame)):
             # We never make requests, so these answer nothing we know: dropped,
             # as the spec says of frames in an unspecified state.
@@ -438,9 +438,9 @@ class ClientConnection(BaseConnection):
 
     def _receive_frame(self, frame: Frame, out: list[Event]) -> None:
         if self.state is ConnectionState.AWAITING_SETUP:
-            raise ProtocolError(f"received {describe(frame)} before SETUP was sent")
+            raise RemoteProtocolError(f"received {describe(frame)} before SETUP was sent")
         if isinstance(frame, Setup):
-            raise ProtocolError("SETUP comes from the client, not the server")
+            raise RemoteProtocolError("SETUP comes from the client, not the server")
         self._check_stream_zero(frame)
         if isinstance(frame, Response):
             self._receive_response(frame, out)

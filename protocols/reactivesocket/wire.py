@@ -16,7 +16,7 @@ from polyport.protocols.reactivesocket.errors import (
     TOO_LARGE,
     UNSUPPORTED,
     LocalProtocolError,
-    ProtocolError,
+    RemoteProtocolError,
 )
 from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
@@ -194,8 +194,8 @@ def encode_for(transport: str, frame: Frame) -> bytes:
 # --- decoding ------------------------------------------------------------------
 
 
-def _malformed(message: str) -> ProtocolError:
-    return ProtocolError(message, code=MALFORMED)
+def _malformed(message: str) -> RemoteProtocolError:
+    return RemoteProtocolError(message, code=MALFORMED)
 
 
 def _fixed_body(name: str, body: bytes, size: int) -> None:
@@ -215,7 +215,7 @@ def _request_n_prefix(name: str, body: bytes) -> tuple[int, bytes]:
 def decode_frame(message: bytes) -> Frame:
     """Decode one frame given without the TCP length.
 
-    Raises :class:`ProtocolError` for a short header, a version other than 0
+    Raises :class:`RemoteProtocolError` for a short header, a version other than 0
     (code ``unsupported``) or a body that does not fit the frame type's layout.
     Unknown frame types come back as :class:`UnknownFrame`.
     """
@@ -223,7 +223,7 @@ def decode_frame(message: bytes) -> Frame:
         raise _malformed(f"frame of {len(message)} bytes is shorter than the 12-byte header")
     version, flags, frame_type, stream_id = _HEADER.unpack_from(message)
     if version != VERSION:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"unsupported protocol version {version} (only version {VERSION} is spoken)",
             code=UNSUPPORTED,
         )
@@ -272,7 +272,7 @@ def check_tcp_length(length: int, max_frame_size: int) -> None:
             f"frame length {length} is shorter than the {TCP_HEADER_SIZE}-byte length + header"
         )
     if length - LENGTH_SIZE > max_frame_size:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"frame of {length - LENGTH_SIZE} bytes exceeds the limit of {max_frame_size}",
             code=TOO_LARGE,
         )
@@ -297,7 +297,7 @@ def split_tcp_frames(buffer: bytearray, max_frame_size: int) -> list[bytes]:
 
 def check_message_size(message: bytes, max_frame_size: int) -> None:
     if len(message) > max_frame_size:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"frame of {len(message)} bytes exceeds the limit of {max_frame_size}",
             code=TOO_LARGE,
         )

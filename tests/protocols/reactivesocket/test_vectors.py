@@ -13,7 +13,7 @@ from polyport.protocols.reactivesocket import (
     Cancel,
     ErrorFrame,
     Ext,
-    ProtocolError,
+    RemoteProtocolError,
     RequestFnf,
     RequestN,
     RequestResponse,
@@ -154,7 +154,7 @@ def test_reserved_flag_bits_are_ignored():
     ],
 )
 def test_malformed_frames(hexdata, code, fragment):
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         decode_frame(h(hexdata))
     assert info.value.code == code
     assert fragment in info.value.message
@@ -171,7 +171,7 @@ def test_malformed_frames(hexdata, code, fragment):
 )
 def test_bad_tcp_lengths_fail_at_once(length_hex, code):
     # Only the 4 length bytes are there: no waiting for the body.
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         split_tcp_frames(bytearray(h(length_hex)), 1024)
     assert info.value.code == code
 

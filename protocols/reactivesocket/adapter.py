@@ -58,6 +58,7 @@ from polyport.protocols.reactivesocket.frames import (
     DEFAULT_MAX_FRAGMENT,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_MESSAGE_SIZE,
+    HEADER_SIZE,
     PROTOCOL,
     Cancel,
     ErrorFrame,
@@ -69,8 +70,11 @@ from polyport.protocols.reactivesocket.frames import (
     Setup,
 )
 from polyport.protocols.session import Outbound, SessionContext
+from polyport.protocols.settings import settings_from
 
 ORIGIN = PROTOCOL
+# Gateway-wide settings that apply here unless ``reactivesocket_<name>`` is set.
+SHARED_SETTINGS = ("max_event_bytes", "idle_timeout")
 
 log = logging.getLogger("polyport.reactivesocket")
 
@@ -78,7 +82,7 @@ log = logging.getLogger("polyport.reactivesocket")
 @dataclass(frozen=True, slots=True)
 class AdapterLimits:
     """Per-connection limits.  Every one can be set in the gateway config's
-    extra settings as ``reactivesocket_<name>``."""
+    extra settings as ``reactivesocket_<name>`` (see :func:`limits_from`)."""
 
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
@@ -103,18 +107,39 @@ class AdapterLimits:
     # (a subscriber that only receives is never idle).  None = never.
     idle_timeout: float | None = 300.0
 
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> AdapterLimits:
-        values: dict[str, Any] = {}
-        for name in cls.__dataclass_fields__:
-            value = settings.get(f"{PROTOCOL}_{name}")
-            if value is None and name in ("max_event_bytes", "idle_timeout"):
-                value = settings.get(name)  # the gateway-wide setting
-            if value is None:
-                continue
-            # Settings may come from text (TOML, environment).
-            values[name] = float(value) if name == "idle_timeout" else int(value)
-        return cls(**values)
+    def __post_init__(self) -> None:
+        # Checked here, so that a bad setting stops the gateway at start
+        # rather than failing (a read with read_page 0) or hanging (no
+        # fire-and-forget slot) on every connection.
+        for name, least in _LEAST.items():
+            value = getattr(self, name)
+            if value < least:
+                raise ValueError(f"{PROTOCOL}_{name} must be at least {least}, not {value}")
+        if self.idle_timeout is not None and self.idle_timeout < 0:
+            raise ValueError(f"{PROTOCOL}_idle_timeout must not be negative: {self.idle_timeout}")
+
+
+# The smallest value of each limit that works; an idle_timeout of 0 means never,
+# like None.
+_LEAST = {
+    "max_frame_size": HEADER_SIZE,
+    "max_message_size": 0,
+    "max_fragment": 1,
+    "max_streams": 1,
+    "max_fnf_inflight": 1,
+    "max_response_bytes": 0,
+    "read_page": 1,
+    "default_read_max": 1,
+    "subscription_buffer": 0,
+    "max_event_bytes": 0,
+}
+
+
+def limits_from(settings: Mapping[str, Any]) -> AdapterLimits:
+    """The limits from the gateway's settings: ``reactivesocket_<name>``, and
+    for the body limit and the idle timeout the gateway-wide setting when the
+    protocol's own is absent."""
+    return settings_from(AdapterLimits, settings, prefix=PROTOCOL, shared=SHARED_SETTINGS)
 
 
 @dataclass(eq=False)
@@ -194,7 +219,7 @@ class ReactiveSocketSession:
         self.store = ctx.store
         self.stats = ctx.stats
         self.out = out
-        self.limits = limits or AdapterLimits.from_settings(ctx.settings)
+        self.limits = limits or limits_from(ctx.settings)
         self.transport = transport
         self.conn = ServerConnection(
             transport,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from polyport.gateway.registry import ListenerDef
 from polyport.gateway.tcp import TcpListener
 from polyport.gateway.websocket import WebSocketEndpoint
-from polyport.protocols.reactivesocket.adapter import ReactiveSocketSession, limits_from
+from polyport.protocols.reactivesocket.adapter import AdapterLimits, ReactiveSocketSession
 from polyport.protocols.reactivesocket.frames import DEFAULT_PORT, PROTOCOL, WEBSOCKET_PATH
 from polyport.protocols.session import ListenerStats, Outbound
 
@@ -34,7 +34,7 @@ def _stats(gw: Gateway) -> ListenerStats:
 async def start(gw: Gateway, host: str, port: int) -> TcpListener:
     stats = ListenerStats(PROTOCOL)
     ctx = gw.context(PROTOCOL, stats)
-    limits = limits_from(gw.settings)
+    limits = AdapterLimits.from_settings(gw.settings)
 
     def factory(out: Outbound) -> ReactiveSocketSession:
         return ReactiveSocketSession(ctx, out, "tcp", limits)
@@ -49,7 +49,7 @@ async def start(gw: Gateway, host: str, port: int) -> TcpListener:
 def http_setup(gw: Gateway, app: web.Application) -> None:
     stats = _stats(gw)
     ctx = gw.context(PROTOCOL, stats)
-    limits = limits_from(gw.settings)
+    limits = AdapterLimits.from_settings(gw.settings)
 
     def factory(out: Outbound) -> ReactiveSocketSession:
         return ReactiveSocketSession(ctx, out, "websocket", limits)

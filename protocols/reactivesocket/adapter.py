@@ -73,8 +73,6 @@ from polyport.protocols.session import Outbound, SessionContext
 from polyport.protocols.settings import settings_from
 
 ORIGIN = PROTOCOL
-# Gateway-wide settings that apply here unless ``reactivesocket_<name>`` is set.
-SHARED_SETTINGS = ("max_event_bytes", "idle_timeout")
 
 log = logging.getLogger("polyport.reactivesocket")
 
@@ -82,7 +80,9 @@ log = logging.getLogger("polyport.reactivesocket")
 @dataclass(frozen=True, slots=True)
 class AdapterLimits:
     """Per-connection limits.  Every one can be set in the gateway config's
-    extra settings as ``reactivesocket_<name>`` (see :func:`limits_from`)."""
+    extra settings as ``reactivesocket_<name>``; the body limit and the idle
+    timeout fall back to the gateway-wide ``max_event_bytes`` and
+    ``idle_timeout``."""
 
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
@@ -118,6 +118,11 @@ class AdapterLimits:
         if self.idle_timeout is not None and self.idle_timeout < 0:
             raise ValueError(f"{PROTOCOL}_idle_timeout must not be negative: {self.idle_timeout}")
 
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> AdapterLimits:
+        shared = ("max_event_bytes", "idle_timeout")
+        return settings_from(cls, settings, prefix=PROTOCOL, shared=shared)
+
 
 # The smallest value of each limit that works; an idle_timeout of 0 means never,
 # like None.
@@ -133,13 +138,6 @@ _LEAST = {
     "subscription_buffer": 0,
     "max_event_bytes": 0,
 }
-
-
-def limits_from(settings: Mapping[str, Any]) -> AdapterLimits:
-    """The limits from the gateway's settings: ``reactivesocket_<name>``, and
-    for the body limit and the idle timeout the gateway-wide setting when the
-    protocol's own is absent."""
-    return settings_from(AdapterLimits, settings, prefix=PROTOCOL, shared=SHARED_SETTINGS)
 
 
 @dataclass(eq=False)
@@ -219,7 +217,7 @@ class ReactiveSocketSession:
         self.store = ctx.store
         self.stats = ctx.stats
         self.out = out
-        self.limits = limits or limits_from(ctx.settings)
+        self.limits = limits or AdapterLimits.from_settings(ctx.settings)
         self.transport = transport
         self.conn = ServerConnection(
             transport,

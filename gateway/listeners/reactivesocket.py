@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from polyport.gateway.registry import ListenerDef
 from polyport.gateway.tcp import TcpListener
 from polyport.gateway.websocket import WebSocketEndpoint
-from polyport.protocols.reactivesocket.adapter import PROTOCOL, AdapterLimits, ReactiveSocketSession
-from polyport.protocols.reactivesocket.frames import DEFAULT_PORT, WEBSOCKET_PATH
+from polyport.protocols.reactivesocket.adapter import AdapterLimits, ReactiveSocketSession
+from polyport.protocols.reactivesocket.frames import DEFAULT_PORT, PROTOCOL, WEBSOCKET_PATH
 from polyport.protocols.session import ListenerStats, Outbound
 
 if TYPE_CHECKING:

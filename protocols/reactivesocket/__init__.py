@@ -1,27 +1,25 @@
-"""ReactiveSocket (draft spec, version 0): sans-IO codec and connection objects.
+"""ReactiveSocket (draft spec, version 0): sans-IO wire codec and connection objects.
 
 See docs/protocols/reactivesocket.md for layouts, state machines and decisions.
 """
 
-from polyport.protocols.reactivesocket.codec import (
-    decode_frame,
-    encode_for,
-    encode_frame,
-    encode_tcp_frame,
-    fragment,
-    split_tcp_frames,
-)
 from polyport.protocols.reactivesocket.connection import (
     ClientConnection,
-    ConnectionState,
     Event,
     ServerConnection,
     StreamError,
     error_frame,
 )
-from polyport.protocols.reactivesocket.errors import LocalProtocolError, PayloadError, ProtocolError
+from polyport.protocols.reactivesocket.errors import (
+    LocalProtocolError,
+    PayloadError,
+    ProtocolError,
+    RemoteProtocolError,
+)
+from polyport.protocols.reactivesocket.fragments import fragment
 from polyport.protocols.reactivesocket.frames import (
     DEFAULT_PORT,
+    PROTOCOL,
     WEBSOCKET_PATH,
     Cancel,
     ErrorFrame,
@@ -37,10 +35,18 @@ from polyport.protocols.reactivesocket.frames import (
     Setup,
     UnknownFrame,
 )
-from polyport.protocols.reactivesocket.state import Kind, Phase, StreamInfo
+from polyport.protocols.reactivesocket.state import ConnectionState, Kind, Phase, StreamInfo
+from polyport.protocols.reactivesocket.wire import (
+    decode_frame,
+    encode_for,
+    encode_frame,
+    encode_tcp_frame,
+    split_tcp_frames,
+)
 
 __all__ = [
     "DEFAULT_PORT",
+    "PROTOCOL",
     "WEBSOCKET_PATH",
     "Cancel",
     "ClientConnection",
@@ -54,6 +60,7 @@ __all__ = [
     "PayloadError",
     "Phase",
     "ProtocolError",
+    "RemoteProtocolError",
     "Request",
     "RequestFnf",
     "RequestN",

@@ -3,10 +3,10 @@ become canonical commands on the :class:`EventStore`; results go back as
 RESPONSE / ERROR frames.
 
 One :class:`ReactiveSocketSession` per connection, for either transport (TCP
-or WebSocket: only the codec's framing differs).  The transport loop awaits
+or WebSocket: only the wire framing differs).  The transport loop awaits
 ``data_received``, so anything that may take long (a request, a stream, a
 subscription) runs in a task of its own, one per live stream; the number of
-live streams is bounded by the codec (``max_streams``: more get ERROR
+live streams is bounded by the connection object (``max_streams``: more get ERROR
 ``busy``) and fire-and-forget appends by a semaphore (more stop the reading
 of the socket, which is the backpressure path).  Every write awaits
 ``Outbound.send``.
@@ -48,12 +48,18 @@ from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
 from polyport.protocols.reactivesocket import payloads
 from polyport.protocols.reactivesocket.connection import ServerConnection, StreamError
-from polyport.protocols.reactivesocket.errors import LocalProtocolError, PayloadError, ProtocolError
+from polyport.protocols.reactivesocket.errors import (
+    LocalProtocolError,
+    PayloadError,
+    RemoteProtocolError,
+)
 from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
     DEFAULT_MAX_FRAGMENT,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_MESSAGE_SIZE,
+    HEADER_SIZE,
+    PROTOCOL,
     Cancel,
     ErrorFrame,
     RequestFnf,
@@ -64,9 +70,9 @@ from polyport.protocols.reactivesocket.frames import (
     Setup,
 )
 from polyport.protocols.session import Outbound, SessionContext
+from polyport.protocols.settings import settings_from
 
-ORIGIN = "reactivesocket"
-PROTOCOL = "reactivesocket"
+ORIGIN = PROTOCOL
 
 log = logging.getLogger("polyport.reactivesocket")
 
@@ -74,7 +80,9 @@ log = logging.getLogger("polyport.reactivesocket")
 @dataclass(frozen=True, slots=True)
 class AdapterLimits:
     """Per-connection limits.  Every one can be set in the gateway config's
-    extra settings as ``reactivesocket_<name>``."""
+    extra settings as ``reactivesocket_<name>``; the body limit and the idle
+    timeout fall back to the gateway-wide ``max_event_bytes`` and
+    ``idle_timeout``."""
 
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
@@ -99,18 +107,37 @@ class AdapterLimits:
     # (a subscriber that only receives is never idle).  None = never.
     idle_timeout: float | None = 300.0
 
+    def __post_init__(self) -> None:
+        # Checked here, so that a bad setting stops the gateway at start
+        # rather than failing (a read with read_page 0) or hanging (no
+        # fire-and-forget slot) on every connection.
+        for name, least in _LEAST.items():
+            value = getattr(self, name)
+            if value < least:
+                raise ValueError(f"{PROTOCOL}_{name} must be at least {least}, not {value}")
+        if self.idle_timeout is not None and self.idle_timeout < 0:
+            raise ValueError(f"{PROTOCOL}_idle_timeout must not be negative: {self.idle_timeout}")
+
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> AdapterLimits:
-        values: dict[str, Any] = {}
-        for name in cls.__dataclass_fields__:
-            value = settings.get(f"{PROTOCOL}_{name}")
-            if value is None and name in ("max_event_bytes", "idle_timeout"):
-                value = settings.get(name)  # the gateway-wide setting
-            if value is None:
-                continue
-            # Settings may come from text (TOML, environment).
-            values[name] = float(value) if name == "idle_timeout" else int(value)
-        return cls(**values)
+        shared = ("max_event_bytes", "idle_timeout")
+        return settings_from(cls, settings, prefix=PROTOCOL, shared=shared)
+
+
+# The smallest value of each limit that works; an idle_timeout of 0 means never,
+# like None.
+_LEAST = {
+    "max_frame_size": HEADER_SIZE,
+    "max_message_size": 0,
+    "max_fragment": 1,
+    "max_streams": 1,
+    "max_fnf_inflight": 1,
+    "max_response_bytes": 0,
+    "read_page": 1,
+    "default_read_max": 1,
+    "subscription_buffer": 0,
+    "max_event_bytes": 0,
+}
 
 
 @dataclass(eq=False)
@@ -222,7 +249,7 @@ class ReactiveSocketSession:
         self._last_input = asyncio.get_running_loop().time()
         try:
             events = self.conn.receive_data(data)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             # Frames decoded before the fault are dropped with the connection.
             await self._fail_connection(exc.code, exc.message)
             return
@@ -447,7 +474,7 @@ class ReactiveSocketSession:
         if not self.conn.is_live(sid):  # CANCEL while the subscription opened
             return
         # Initial Request N plus any REQUEST_N that came meanwhile (nothing has
-        # been sent, so the codec's count is everything granted so far).
+        # been sent, so the connection's count is everything granted so far).
         sub.grant(self.conn.credits(sid))
         while True:
             ev = await sub.next()

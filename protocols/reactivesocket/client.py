@@ -31,7 +31,11 @@ from typing import Any, Protocol
 from polyport.core.aio import IterateUntilNone
 from polyport.protocols.reactivesocket import payloads
 from polyport.protocols.reactivesocket.connection import ClientConnection, StreamError
-from polyport.protocols.reactivesocket.errors import LocalProtocolError, PayloadError, ProtocolError
+from polyport.protocols.reactivesocket.errors import (
+    LocalProtocolError,
+    PayloadError,
+    RemoteProtocolError,
+)
 from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
     DEFAULT_MAX_FRAGMENT,
@@ -334,7 +338,7 @@ class ReactiveSocketClient:
                     break
                 try:
                     events = self._conn.receive_data(data)
-                except ProtocolError as exc:
+                except RemoteProtocolError as exc:
                     reason = exc
                     with contextlib.suppress(Exception):
                         async with self._lock:

@@ -4,7 +4,8 @@
 requester its client uses.  ``receive_data(bytes)`` returns frames (requests
 and responses whole: fragments are reassembled) plus :class:`StreamError`
 events; ``send(frame)`` checks the frame against the state tables of
-``state.py`` and returns the bytes to write.
+``state.py`` and returns the bytes to write.  Fragments are cut and glued by
+``fragments.py``; the bytes of single frames are ``wire.py``'s.
 
 Transports: ``"tcp"`` (a byte stream; frames carry a u32 length) or
 ``"websocket"`` (every ``receive_data`` call is exactly one binary message,
@@ -13,39 +14,26 @@ and every ``bytes`` from ``send`` is one message to send).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from polyport.protocols.reactivesocket import payloads
-from polyport.protocols.reactivesocket.codec import (
-    TRANSPORTS,
-    add_tcp_length,
-    check_message_size,
-    check_tcp_length,
-    decode_frame,
-    describe,
-    encode_frame,
-    fragment,
-)
+from polyport.protocols.reactivesocket.base import BaseConnection, Event, StreamError, error_frame
 from polyport.protocols.reactivesocket.errors import (
     MALFORMED,
     TOO_LARGE,
-    UNSUPPORTED,
     LocalProtocolError,
-    ProtocolError,
+    RemoteProtocolError,
 )
+from polyport.protocols.reactivesocket.fragments import fragment
 from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
     DEFAULT_MAX_FRAGMENT,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_MESSAGE_SIZE,
     FRAME_TYPE_OF,
-    LENGTH_SIZE,
     MAX_STREAM_ID,
     Cancel,
     ErrorFrame,
-    Ext,
     Frame,
     Request,
     RequestFnf,
@@ -55,302 +43,40 @@ from polyport.protocols.reactivesocket.frames import (
     RequestSub,
     Response,
     Setup,
-    UnknownFrame,
 )
 from polyport.protocols.reactivesocket.state import (
+    CONNECTION_TABLE,
     REQUESTER_LIVE,
     REQUESTER_TABLE,
     RESPONDER_LIVE,
     RESPONDER_TABLE,
     Action,
+    ConnectionState,
     Ev,
     Kind,
     Phase,
-    StreamInfo,
     StreamRecord,
-    Table,
-    Transition,
     add_credits,
     use_credit,
 )
+from polyport.protocols.reactivesocket.wire import describe
+
+__all__ = [
+    "DEFAULT_MAX_STREAMS",
+    "ClientConnection",
+    "ConnectionState",
+    "Event",
+    "ServerConnection",
+    "StreamError",
+    "error_frame",
+]
 
 DEFAULT_MAX_STREAMS = 1024
 
 _REQUEST_CLASSES = (RequestResponse, RequestFnf, RequestStream, RequestSub)
 
 
-@dataclass(frozen=True, slots=True)
-class StreamError:
-    """The peer broke one stream's rules; the connection lives on.
-
-    The codec has already terminated the stream's normal flow.  The
-    application stops any work for ``stream_id`` and answers: a server sends
-    ``conn.send_error(e.stream_id, e.code, e.message)``, a client sends
-    ``conn.cancel(e.stream_id)``.
-    """
-
-    stream_id: int
-    code: str
-    message: str
-
-
-Event = Frame | StreamError
-
-
-class ConnectionState(enum.Enum):
-    AWAITING_SETUP = "awaiting_setup"
-    OPEN = "open"
-    # We found the peer at fault (ProtocolError raised): only ERROR on stream
-    # 0 may still be sent, then the connection closes.
-    ERRORED = "errored"
-    CLOSED = "closed"
-
-
-# Connection-level transitions; stream frames are in state.py.
-# (state, what) -> next state.  "recv X" / "send X" by frame name.
-CONNECTION_TABLE: dict[tuple[str, ConnectionState, str], ConnectionState] = {
-    ("server", ConnectionState.AWAITING_SETUP, "recv SETUP"): ConnectionState.OPEN,
-    ("server", ConnectionState.AWAITING_SETUP, "send ERROR 0"): ConnectionState.CLOSED,
-    ("server", ConnectionState.OPEN, "recv ERROR 0"): ConnectionState.CLOSED,
-    ("server", ConnectionState.OPEN, "send ERROR 0"): ConnectionState.CLOSED,
-    ("server", ConnectionState.ERRORED, "send ERROR 0"): ConnectionState.CLOSED,
-    ("client", ConnectionState.AWAITING_SETUP, "send SETUP"): ConnectionState.OPEN,
-    ("client", ConnectionState.OPEN, "recv ERROR 0"): ConnectionState.CLOSED,
-    ("client", ConnectionState.OPEN, "send ERROR 0"): ConnectionState.CLOSED,
-    ("client", ConnectionState.ERRORED, "send ERROR 0"): ConnectionState.CLOSED,
-}
-
-
-def error_frame(stream_id: int, code: str, message: str) -> ErrorFrame:
-    """ERROR with the service's ``{code, message}`` data."""
-    return ErrorFrame(stream_id, payloads.encode_error_data(code, message))
-
-
-class _Connection:
-    role = ""
-    table: Table = {}
-    live_phases: frozenset[Phase] = frozenset()
-
-    def __init__(
-        self,
-        transport: str = "tcp",
-        *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        max_fragment: int = DEFAULT_MAX_FRAGMENT,
-        extensions: Iterable[int] = (),
-    ) -> None:
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
-        if max_frame_size < 12 or max_fragment < 1 or max_message_size < 0:
-            raise ValueError("max_frame_size >= 12, max_fragment >= 1, max_message_size >= 0")
-        self.transport = transport
-        self.max_frame_size = max_frame_size
-        self.max_message_size = max_message_size
-        self.max_fragment = max_fragment
-        self.extensions = frozenset(extensions)
-        self.state = ConnectionState.AWAITING_SETUP
-        self._buffer = bytearray()
-        self._streams: dict[int, StreamRecord] = {}
-
-    # --- introspection -----------------------------------------------------------
-
-    @property
-    def closed(self) -> bool:
-        return self.state in (ConnectionState.CLOSED, ConnectionState.ERRORED)
-
-    @property
-    def streams(self) -> dict[int, StreamInfo]:
-        """Every stream with book-keeping, live or winding down."""
-        return {
-            sid: StreamInfo(sid, rec.kind, rec.phase, rec.credits)
-            for sid, rec in self._streams.items()
-        }
-
-    def live_streams(self) -> list[int]:
-        return sorted(sid for sid, rec in self._streams.items() if rec.phase in self.live_phases)
-
-    def is_live(self, stream_id: int) -> bool:
-        rec = self._streams.get(stream_id)
-        return rec is not None and rec.phase in self.live_phases
-
-    def credits(self, stream_id: int) -> int:
-        """Outstanding credits of a live stream (0 for an unknown one)."""
-        rec = self._streams.get(stream_id)
-        return rec.credits if rec is not None else 0
-
-    # --- receiving -------------------------------------------------------------
-
-    def receive_data(self, data: bytes) -> list[Event]:
-        """Feed bytes (TCP) or one message (WebSocket); get every complete frame.
-
-        Raises :class:`ProtocolError` on a connection-level fault; the error's
-        ``frames`` are those decoded before it.  After the fault or after an
-        ERROR on stream 0, further data is discarded.
-        """
-        out: list[Event] = []
-        if self.closed:
-            return out
-        try:
-            if self.transport == "tcp":
-                self._receive_tcp(data, out)
-            else:
-                check_message_size(data, self.max_frame_size)
-                self._receive_message(bytes(data), out)
-        except ProtocolError as exc:
-            self.state = ConnectionState.ERRORED
-            self._buffer.clear()
-            exc.frames = list(out)
-            raise
-        return out
-
-    def _receive_tcp(self, data: bytes, out: list[Event]) -> None:
-        buf = self._buffer
-        buf += data
-        pos = 0
-        try:
-            while len(buf) - pos >= LENGTH_SIZE and not self.closed:
-                length = int.from_bytes(buf[pos : pos + LENGTH_SIZE], "big")
-                check_tcp_length(length, self.max_frame_size)
-                if len(buf) - pos < length:
-                    break
-                message = bytes(buf[pos + LENGTH_SIZE : pos + length])
-                pos += length
-                self._receive_message(message, out)
-        finally:
-            del buf[:pos]
-        if self.closed:
-            buf.clear()
-
-    def _receive_message(self, message: bytes, out: list[Event]) -> None:
-        frame = decode_frame(message)
-        if isinstance(frame, UnknownFrame):
-            if frame.ignore:
-                return
-            raise ProtocolError(
-                f"unknown frame type 0x{frame.frame_type:04X} without the I (ignore) flag",
-                code=UNSUPPORTED,
-            )
-        if isinstance(frame, Ext):
-            if frame.extended_type in self.extensions:
-                if self.state is ConnectionState.OPEN:
-                    out.append(frame)
-                    return
-            elif frame.ignore:
-                return
-            else:
-                raise ProtocolError(
-                    f"unsupported extension type 0x{frame.extended_type:08X} "
-                    "without the I (ignore) flag",
-                    code=UNSUPPORTED,
-                )
-        if isinstance(frame, ErrorFrame) and frame.stream_id == CONNECTION_STREAM_ID:
-            self._connection_event("recv ERROR 0", frame)
-            out.append(frame)
-            return
-        self._receive_frame(frame, out)
-
-    def _connection_event(self, what: str, frame: Frame) -> None:
-        nxt = CONNECTION_TABLE.get((self.role, self.state, what))
-        if nxt is None:
-            raise ProtocolError(
-                f"{describe(frame)} is not allowed while the connection is {self.state.value}",
-                code=MALFORMED,
-            )
-        self.state = nxt
-
-    def _check_stream_zero(self, frame: Frame) -> None:
-        if frame.stream_id == CONNECTION_STREAM_ID:
-            raise ProtocolError(
-                f"{describe(frame)} on stream 0, which is reserved for the connection",
-                code=MALFORMED,
-            )
-
-    def _receive_frame(self, frame: Frame, out: list[Event]) -> None:
-        raise NotImplementedError
-
-    # --- sending ---------------------------------------------------------------
-
-    def send(self, frame: Frame) -> bytes:
-        """Bytes for one frame (one WebSocket message), after checking that the
-        frame is legal now.  Raises :class:`LocalProtocolError` otherwise."""
-        message = encode_frame(frame)
-        if len(message) > self.max_frame_size:
-            raise LocalProtocolError(
-                f"{describe(frame)} of {len(message)} bytes exceeds max_frame_size "
-                f"{self.max_frame_size}; fragment it",
-                code=TOO_LARGE,
-            )
-        if self.state is ConnectionState.CLOSED:
-            raise LocalProtocolError("the connection is closed")
-        if isinstance(frame, ErrorFrame) and frame.stream_id == CONNECTION_STREAM_ID:
-            nxt = CONNECTION_TABLE.get((self.role, self.state, "send ERROR 0"))
-            if nxt is None:
-                raise LocalProtocolError(
-                    f"ERROR on stream 0 is not allowed while {self.state.value}"
-                )
-            self.state = nxt
-            self._streams.clear()
-        elif self.state is ConnectionState.ERRORED:
-            raise LocalProtocolError("after a protocol error only ERROR on stream 0 may be sent")
-        elif isinstance(frame, (Ext, UnknownFrame)):
-            if self.state is not ConnectionState.OPEN:
-                raise LocalProtocolError(f"{describe(frame)} before the connection is set up")
-        else:
-            self._send_frame(frame)
-        return add_tcp_length(message) if self.transport == "tcp" else message
-
-    def send_error(self, stream_id: int, code: str, message: str) -> bytes:
-        """ERROR with ``{code, message}``; stream 0 ends the connection."""
-        return self.send(error_frame(stream_id, code, message))
-
-    def _send_frame(self, frame: Frame) -> None:
-        raise NotImplementedError
-
-    def _send_all(self, stream_id: int, frames: list[Frame]) -> list[bytes]:
-        """Send several frames of one stream all or nothing."""
-        rec = self._streams.get(stream_id)
-        saved = None if rec is None else (rec.phase, rec.credits)
-        sent: list[bytes] = []
-        try:
-            for frame in frames:
-                sent.append(self.send(frame))
-        except LocalProtocolError:
-            if saved is None:
-                self._streams.pop(stream_id, None)
-            else:
-                assert rec is not None
-                rec.phase, rec.credits = saved
-                self._streams[stream_id] = rec
-            raise
-        return sent
-
-    # --- stream table helpers ----------------------------------------------------
-
-    def _apply(self, stream_id: int, rec: StreamRecord | None, kind: Kind, to: Phase) -> None:
-        if to is Phase.CLOSED:
-            self._streams.pop(stream_id, None)
-        elif rec is None:
-            self._streams[stream_id] = StreamRecord(kind, to)
-        else:
-            rec.phase = to
-
-    def _send_transition(
-        self, rec: StreamRecord | None, kind: Kind, ev: Ev, stream_id: int, hint: str = ""
-    ) -> Transition:
-        phase = rec.phase if rec is not None else Phase.CLOSED
-        t = self.table.get((rec.kind if rec is not None else kind, phase, ev))
-        if t is None:
-            what = ev.value.replace("send_", "").replace("_", " ").upper()
-            state = f"a {rec.kind.name} stream in phase {phase.value}" if rec else "no live stream"
-            raise LocalProtocolError(
-                f"cannot send {what} on stream {stream_id}: {state}"
-                + (f" ({hint})" if hint else "")
-            )
-        return t
-
-
-class ServerConnection(_Connection):
+class ServerConnection(BaseConnection):
     """The responder side (polyport's server).
 
     Requests come out of ``receive_data`` whole, in the spec's frame classes;
@@ -388,7 +114,7 @@ class ServerConnection(_Connection):
     def _receive_frame(self, frame: Frame, out: list[Event]) -> None:
         if self.state is ConnectionState.AWAITING_SETUP:
             if not isinstance(frame, Setup):
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"the first frame must be SETUP on stream 0, got {describe(frame)} "
                     f"on stream {frame.stream_id}",
                     code=MALFORMED,
@@ -397,7 +123,7 @@ class ServerConnection(_Connection):
             out.append(frame)
             return
         if isinstance(frame, Setup):
-            raise ProtocolError("SETUP may only be sent once, as the first frame")
+            raise RemoteProtocolError("SETUP may only be sent once, as the first frame")
         if isinstance(frame, (Response, ErrorFrame)):
             # We never make requests, so these answer nothing we know: dropped,
             # as the spec says of frames in an unspecified state.
@@ -410,7 +136,7 @@ class ServerConnection(_Connection):
         elif isinstance(frame, RequestN):
             self._receive_request_n(frame, out)
         elif isinstance(frame, Cancel):
-            self._receive_cancel(frame, out)
+            self._follow(frame, Ev.RECV_CANCEL, out)
 
     def _violation(
         self,
@@ -422,18 +148,10 @@ class ServerConnection(_Connection):
         message: str,
         out: list[Event],
     ) -> None:
-        phase = rec.phase if rec is not None else Phase.CLOSED
-        lookup = rec.kind if rec is not None else kind
-        ev = Ev.VIOLATION_MID_REQUEST if more else Ev.VIOLATION
-        to, action = self.table[(lookup, phase, ev)]
         if rec is not None:
-            rec.parts.clear()
-            rec.size = 0
-            rec.first = None
-            rec.credits = 0
-        self._apply(stream_id, rec, lookup, to)
-        if action is Action.REJECT:
-            out.append(StreamError(stream_id, code, message))
+            rec.credits = 0  # a rejected stream gets no more RESPONSEs
+        ev = Ev.VIOLATION_MID_REQUEST if more else Ev.VIOLATION
+        self._reject(stream_id, rec, kind, ev, code, message, out)
 
     def _receive_request(self, frame: Request, out: list[Event]) -> None:
         sid = frame.stream_id
@@ -524,7 +242,7 @@ class ServerConnection(_Connection):
         if ev in (Ev.RECV_REQUEST_BEGIN, Ev.RECV_REQUEST_MORE, Ev.RECV_REQUEST_END) and (
             phase is not Phase.DISCARDING and phase is not Phase.REJECTED_MID_REQUEST
         ):
-            size = rec.size if rec is not None and ev is not Ev.RECV_REQUEST_BEGIN else 0
+            size = rec.reassembly.size if rec is not None and ev is not Ev.RECV_REQUEST_BEGIN else 0
             if size + len(frame.data) > self.max_message_size:
                 return self._violation(
                     rec,
@@ -536,24 +254,23 @@ class ServerConnection(_Connection):
                     out,
                 )
 
-        # Take the reassembly buffers before _apply() may drop the record.
-        first = rec.first if rec is not None else None
-        parts = rec.parts if rec is not None else []
+        # Hold on to the fragments received before _apply() may drop the record.
+        received = rec.reassembly if rec is not None else None
         self._apply(sid, rec, kind, to)
         rec = self._streams.get(sid)
         whole: Request | None = None
         if ev is Ev.RECV_REQUEST:
             whole = replace(frame, begin=False, end=False)
         elif ev is Ev.RECV_REQUEST_BEGIN and rec is not None and to is Phase.RECEIVING_REQUEST:
-            rec.first, rec.parts, rec.size = frame, [frame.data], len(frame.data)
+            rec.reassembly.begin(frame.data, first=frame)
         elif ev is Ev.RECV_REQUEST_MORE and rec is not None and to is Phase.RECEIVING_REQUEST:
-            rec.parts.append(frame.data)
-            rec.size += len(frame.data)
+            rec.reassembly.add(frame.data)
         elif ev is Ev.RECV_REQUEST_END and action is Action.DELIVER:
-            assert isinstance(first, _REQUEST_CLASSES)
-            whole = replace(first, data=b"".join([*parts, frame.data]), begin=False, end=False)
+            assert received is not None and received.first is not None
+            first = received.first
+            whole = replace(first, data=received.finish(frame.data), begin=False, end=False)
         if rec is not None and to is not Phase.RECEIVING_REQUEST:
-            rec.first, rec.parts, rec.size = None, [], 0
+            rec.reassembly.clear()
         if whole is not None and action is Action.DELIVER:
             if rec is not None and isinstance(whole, (RequestStream, RequestSub)):
                 rec.credits = add_credits(rec.credits, whole.initial_n)
@@ -586,19 +303,6 @@ class ServerConnection(_Connection):
             rec.credits = add_credits(rec.credits, frame.n)
         to, action = t
         rec.phase = to
-        if action is Action.DELIVER:
-            out.append(frame)
-
-    def _receive_cancel(self, frame: Cancel, out: list[Event]) -> None:
-        sid = frame.stream_id
-        rec = self._streams.get(sid)
-        if rec is None:
-            return  # races with completion: nothing left to cancel
-        t = self.table.get((rec.kind, rec.phase, Ev.RECV_CANCEL))
-        if t is None:
-            return
-        to, action = t
-        self._apply(sid, rec, rec.kind, to)
         if action is Action.DELIVER:
             out.append(frame)
 
@@ -694,7 +398,7 @@ class ServerConnection(_Connection):
         return self.send(Response(stream_id, b"", complete=True))
 
 
-class ClientConnection(_Connection):
+class ClientConnection(BaseConnection):
     """The requester side.  Send SETUP first (:meth:`setup`), then requests on
     ids from :meth:`next_stream_id` (odd: 1, 3, 5, ...; never reused).
     RESPONSEs come out of ``receive_data`` reassembled."""
@@ -734,9 +438,9 @@ class ClientConnection(_Connection):
 
     def _receive_frame(self, frame: Frame, out: list[Event]) -> None:
         if self.state is ConnectionState.AWAITING_SETUP:
-            raise ProtocolError(f"received {describe(frame)} before SETUP was sent")
+            raise RemoteProtocolError(f"received {describe(frame)} before SETUP was sent")
         if isinstance(frame, Setup):
-            raise ProtocolError("SETUP comes from the client, not the server")
+            raise RemoteProtocolError("SETUP comes from the client, not the server")
         self._check_stream_zero(frame)
         if isinstance(frame, Response):
             self._receive_response(frame, out)
@@ -751,11 +455,7 @@ class ClientConnection(_Connection):
     def _abandon(
         self, rec: StreamRecord, sid: int, code: str, message: str, out: list[Event]
     ) -> None:
-        to, action = self.table[(rec.kind, rec.phase, Ev.VIOLATION)]
-        rec.parts, rec.size = [], 0
-        self._apply(sid, rec, rec.kind, to)
-        if action is Action.REJECT:
-            out.append(StreamError(sid, code, message))
+        self._reject(sid, rec, rec.kind, Ev.VIOLATION, code, message, out)
 
     def _receive_response(self, frame: Response, out: list[Event]) -> None:
         sid = frame.stream_id
@@ -810,7 +510,7 @@ class ClientConnection(_Connection):
         if ev in (Ev.RECV_BEGIN, Ev.RECV_MORE, Ev.RECV_END, Ev.RECV_END_COMPLETE) and (
             rec.phase is not Phase.ABANDONED
         ):
-            size = rec.size if ev is not Ev.RECV_BEGIN else 0
+            size = rec.reassembly.size if ev is not Ev.RECV_BEGIN else 0
             if size + len(frame.data) > self.max_message_size:
                 return self._abandon(
                     rec,
@@ -826,31 +526,19 @@ class ClientConnection(_Connection):
         if ev in (Ev.RECV_NEXT, Ev.RECV_COMPLETE):
             whole = replace(frame, begin=True, end=True)
         elif ev is Ev.RECV_BEGIN:
-            rec.parts, rec.size = [frame.data], len(frame.data)
+            rec.reassembly.begin(frame.data)
         elif ev is Ev.RECV_MORE:
-            rec.parts.append(frame.data)
-            rec.size += len(frame.data)
+            rec.reassembly.add(frame.data)
         elif ev in (Ev.RECV_END, Ev.RECV_END_COMPLETE):
-            data = b"".join([*rec.parts, frame.data])
-            rec.parts, rec.size = [], 0
-            whole = Response(sid, data, frame.complete)
+            whole = Response(sid, rec.reassembly.finish(frame.data), frame.complete)
         self._apply(sid, rec, rec.kind, to)
         if whole is not None and action is Action.DELIVER:
             out.append(whole)
 
     def _receive_error(self, frame: ErrorFrame, out: list[Event]) -> None:
-        sid = frame.stream_id
-        rec = self._streams.get(sid)
-        if rec is None:
-            return
-        self.setup_accepted = True
-        t = self.table.get((rec.kind, rec.phase, Ev.RECV_ERROR))
-        if t is None:
-            return
-        to, action = t
-        self._apply(sid, rec, rec.kind, to)
-        if action is Action.DELIVER:
-            out.append(frame)
+        if frame.stream_id in self._streams:
+            self.setup_accepted = True
+        self._follow(frame, Ev.RECV_ERROR, out)
 
     # --- sending ---------------------------------------------------------------
 

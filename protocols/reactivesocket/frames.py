@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The listener's name, its settings' prefix (``reactivesocket_<name>``) and
+# the origin of the events it appends.
+PROTOCOL = "reactivesocket"
 DEFAULT_PORT = 7070
 WEBSOCKET_PATH = "/reactivesocket"
 

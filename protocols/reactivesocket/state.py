@@ -1,6 +1,10 @@
-"""Per-stream state machines ("Stream Sequences and Lifetimes" of the spec).
+"""The state machines of a ReactiveSocket connection, as explicit tables.
 
-Both tables map ``(kind, phase, event) -> (next phase, action)``.  A stream
+``CONNECTION_TABLE`` holds the connection's own states (SETUP first, ERROR on
+stream 0 last).  ``RESPONDER_TABLE`` and ``REQUESTER_TABLE`` are the per-stream
+machines ("Stream Sequences and Lifetimes" of the spec).
+
+The stream tables map ``(kind, phase, event) -> (next phase, action)``.  A stream
 with no record is CLOSED.  ``action`` says what the connection does with a
 received frame: deliver it to the application, drop it, or reject the stream
 (the application must then answer: ERROR from a responder, CANCEL from a
@@ -14,6 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from polyport.protocols.reactivesocket.fragments import Reassembly
 from polyport.protocols.reactivesocket.frames import (
     MAX_I64,
     TYPE_REQUEST_FNF,
@@ -21,6 +26,31 @@ from polyport.protocols.reactivesocket.frames import (
     TYPE_REQUEST_STREAM,
     TYPE_REQUEST_SUB,
 )
+
+
+class ConnectionState(enum.Enum):
+    AWAITING_SETUP = "awaiting_setup"
+    OPEN = "open"
+    # We found the peer at fault (RemoteProtocolError raised): only ERROR on
+    # stream 0 may still be sent, then the connection closes.
+    ERRORED = "errored"
+    CLOSED = "closed"
+
+
+# Connection-level transitions: (role, state, what) -> next state, with "recv
+# X" / "send X" by frame name.  A receive missing here is a peer fault, a send
+# a LocalProtocolError.
+CONNECTION_TABLE: dict[tuple[str, ConnectionState, str], ConnectionState] = {
+    ("server", ConnectionState.AWAITING_SETUP, "recv SETUP"): ConnectionState.OPEN,
+    ("server", ConnectionState.AWAITING_SETUP, "send ERROR 0"): ConnectionState.CLOSED,
+    ("server", ConnectionState.OPEN, "recv ERROR 0"): ConnectionState.CLOSED,
+    ("server", ConnectionState.OPEN, "send ERROR 0"): ConnectionState.CLOSED,
+    ("server", ConnectionState.ERRORED, "send ERROR 0"): ConnectionState.CLOSED,
+    ("client", ConnectionState.AWAITING_SETUP, "send SETUP"): ConnectionState.OPEN,
+    ("client", ConnectionState.OPEN, "recv ERROR 0"): ConnectionState.CLOSED,
+    ("client", ConnectionState.OPEN, "send ERROR 0"): ConnectionState.CLOSED,
+    ("client", ConnectionState.ERRORED, "send ERROR 0"): ConnectionState.CLOSED,
+}
 
 
 class Kind(enum.Enum):
@@ -312,12 +342,9 @@ class StreamRecord:
     kind: Kind
     phase: Phase
     credits: int = 0
-    # Reassembly of a fragmented message (request on the responder, RESPONSE
-    # on the requester).
-    parts: list[bytes] = field(default_factory=list)
-    size: int = 0
-    first: object = None
-    complete_seen: bool = False
+    # A fragmented message arriving (request on the responder, RESPONSE on
+    # the requester).
+    reassembly: Reassembly = field(default_factory=Reassembly)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,6 @@ from polyport.core.commands import Append
 from polyport.core.events import EventData
 from polyport.protocols.reactivesocket import payloads
 from polyport.protocols.reactivesocket.client import NewEvent, ReactiveSocketClient, RemoteError
-from polyport.protocols.reactivesocket.codec import decode_frame, encode_frame, split_tcp_frames
 from polyport.protocols.reactivesocket.frames import (
     Cancel,
     ErrorFrame,
@@ -34,6 +33,7 @@ from polyport.protocols.reactivesocket.frames import (
     Response,
     Setup,
 )
+from polyport.protocols.reactivesocket.wire import decode_frame, encode_frame, split_tcp_frames
 
 TRANSPORTS = ["tcp", "websocket"]
 QUIET = 0.3  # how long "nothing more arrives" is watched

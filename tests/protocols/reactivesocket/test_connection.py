@@ -13,7 +13,7 @@ from polyport.protocols.reactivesocket import (
     Kind,
     LocalProtocolError,
     Phase,
-    ProtocolError,
+    RemoteProtocolError,
     RequestFnf,
     RequestN,
     RequestResponse,
@@ -34,10 +34,9 @@ from .util import SETUP_TCP, SETUP_WS, deliver, h, open_pair, open_server, tcp
 # --- connection level -----------------------------------------------------------------
 
 
-def fatal(conn: ServerConnection | ClientConnection, data: bytes) -> ProtocolError:
-    with pytest.raises(ProtocolError) as info:
+def fatal(conn: ServerConnection | ClientConnection, data: bytes) -> RemoteProtocolError:
+    with pytest.raises(RemoteProtocolError) as info:
         conn.receive_data(data)
-    assert not isinstance(info.value, LocalProtocolError)
     assert conn.state is ConnectionState.ERRORED
     return info.value
 
@@ -413,7 +412,7 @@ def test_client_must_send_setup_first_and_once():
 
 def test_client_receiving_before_setup_is_fatal():
     client = ClientConnection()
-    with pytest.raises(ProtocolError):
+    with pytest.raises(RemoteProtocolError):
         client.receive_data(tcp(Response(1)))
 
 

@@ -8,7 +8,7 @@ import msgpack
 import pytest
 
 from polyport.core.errors import ERROR_BY_CODE
-from polyport.protocols.reactivesocket import PayloadError, ProtocolError
+from polyport.protocols.reactivesocket import PayloadError, RemoteProtocolError
 from polyport.protocols.reactivesocket import payloads as P
 
 from .util import h
@@ -249,7 +249,7 @@ def test_request_validation(data, fragment):
         P.decode_request(data)
     assert fragment in info.value.message
     assert info.value.code == "malformed"
-    assert isinstance(info.value, ProtocolError)
+    assert isinstance(info.value, RemoteProtocolError)
 
 
 def test_unknown_op_is_unsupported():

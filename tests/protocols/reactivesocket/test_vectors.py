@@ -13,7 +13,7 @@ from polyport.protocols.reactivesocket import (
     Cancel,
     ErrorFrame,
     Ext,
-    ProtocolError,
+    RemoteProtocolError,
     RequestFnf,
     RequestN,
     RequestResponse,
@@ -27,9 +27,9 @@ from polyport.protocols.reactivesocket import (
     encode_tcp_frame,
     split_tcp_frames,
 )
-from polyport.protocols.reactivesocket.codec import encode_for
 from polyport.protocols.reactivesocket.errors import LocalProtocolError
 from polyport.protocols.reactivesocket.frames import DEFAULT_PORT, WEBSOCKET_PATH
+from polyport.protocols.reactivesocket.wire import encode_for
 
 from .util import h
 
@@ -154,7 +154,7 @@ def test_reserved_flag_bits_are_ignored():
     ],
 )
 def test_malformed_frames(hexdata, code, fragment):
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         decode_frame(h(hexdata))
     assert info.value.code == code
     assert fragment in info.value.message
@@ -171,7 +171,7 @@ def test_malformed_frames(hexdata, code, fragment):
 )
 def test_bad_tcp_lengths_fail_at_once(length_hex, code):
     # Only the 4 length bytes are there: no waiting for the body.
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(RemoteProtocolError) as info:
         split_tcp_frames(bytearray(h(length_hex)), 1024)
     assert info.value.code == code
 

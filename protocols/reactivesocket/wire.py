@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import replace
 
 from polyport.protocols.reactivesocket.errors import (
     MALFORMED,
     TOO_LARGE,
     UNSUPPORTED,
     LocalProtocolError,
-    ProtocolError,
+    RemoteProtocolError,
 )
 from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
@@ -50,7 +49,6 @@ from polyport.protocols.reactivesocket.frames import (
     ErrorFrame,
     Ext,
     Frame,
-    Request,
     RequestFnf,
     RequestN,
     RequestResponse,
@@ -196,8 +194,8 @@ def encode_for(transport: str, frame: Frame) -> bytes:
 # --- decoding ------------------------------------------------------------------
 
 
-def _malformed(message: str) -> ProtocolError:
-    return ProtocolError(message, code=MALFORMED)
+def _malformed(message: str) -> RemoteProtocolError:
+    return RemoteProtocolError(message, code=MALFORMED)
 
 
 def _fixed_body(name: str, body: bytes, size: int) -> None:
@@ -217,7 +215,7 @@ def _request_n_prefix(name: str, body: bytes) -> tuple[int, bytes]:
 def decode_frame(message: bytes) -> Frame:
     """Decode one frame given without the TCP length.
 
-    Raises :class:`ProtocolError` for a short header, a version other than 0
+    Raises :class:`RemoteProtocolError` for a short header, a version other than 0
     (code ``unsupported``) or a body that does not fit the frame type's layout.
     Unknown frame types come back as :class:`UnknownFrame`.
     """
@@ -225,7 +223,7 @@ def decode_frame(message: bytes) -> Frame:
         raise _malformed(f"frame of {len(message)} bytes is shorter than the 12-byte header")
     version, flags, frame_type, stream_id = _HEADER.unpack_from(message)
     if version != VERSION:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"unsupported protocol version {version} (only version {VERSION} is spoken)",
             code=UNSUPPORTED,
         )
@@ -274,7 +272,7 @@ def check_tcp_length(length: int, max_frame_size: int) -> None:
             f"frame length {length} is shorter than the {TCP_HEADER_SIZE}-byte length + header"
         )
     if length - LENGTH_SIZE > max_frame_size:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"frame of {length - LENGTH_SIZE} bytes exceeds the limit of {max_frame_size}",
             code=TOO_LARGE,
         )
@@ -299,40 +297,10 @@ def split_tcp_frames(buffer: bytearray, max_frame_size: int) -> list[bytes]:
 
 def check_message_size(message: bytes, max_frame_size: int) -> None:
     if len(message) > max_frame_size:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"frame of {len(message)} bytes exceeds the limit of {max_frame_size}",
             code=TOO_LARGE,
         )
-
-
-# --- fragmentation ---------------------------------------------------------------
-
-
-def fragment(frame: Response | Request, max_fragment: int) -> list[Response | Request]:
-    """Split a whole RESPONSE or request into fragments carrying at most
-    ``max_fragment`` data bytes each.  A frame that fits comes back whole.
-
-    The first fragment has B, the last E, the ones between neither; a
-    RESPONSE's C goes on the last fragment only.  Request continuations repeat
-    the frame type (and the Initial Request N of REQUEST_STREAM/REQUEST_SUB).
-    """
-    if max_fragment < 1:
-        raise LocalProtocolError("max_fragment must be at least 1 byte")
-    data = frame.data
-    if len(data) <= max_fragment:
-        return [frame]
-    chunks = [data[i : i + max_fragment] for i in range(0, len(data), max_fragment)]
-    last = len(chunks) - 1
-    out: list[Response | Request] = []
-    for i, chunk in enumerate(chunks):
-        begin, end = i == 0, i == last
-        if isinstance(frame, Response):
-            out.append(
-                replace(frame, data=chunk, begin=begin, end=end, complete=frame.complete and end)
-            )
-        else:
-            out.append(replace(frame, data=chunk, begin=begin, end=end))
-    return out
 
 
 def describe(frame: Frame) -> str:

@@ -1,0 +1,99 @@
+"""ReactiveSocket's errors on the shared classes, and who catches which."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+import pytest
+
+from polyport.protocols import errors as shared
+from polyport.protocols.reactivesocket import (
+    LocalProtocolError,
+    PayloadError,
+    ProtocolError,
+    RemoteProtocolError,
+    decode_frame,
+)
+from polyport.protocols.reactivesocket import payloads as P
+from polyport.protocols.reactivesocket.adapter import AdapterLimits, ReactiveSocketSession
+from polyport.protocols.reactivesocket.frames import ErrorFrame
+from polyport.protocols.session import ListenerStats, SessionContext
+
+from .util import SETUP_TCP, h
+
+
+def test_error_classes_build_on_the_shared_ones() -> None:
+    assert issubclass(RemoteProtocolError, ProtocolError)
+    assert issubclass(RemoteProtocolError, shared.RemoteProtocolError)
+    assert issubclass(LocalProtocolError, ProtocolError)
+    assert issubclass(LocalProtocolError, shared.LocalProtocolError)
+    assert not issubclass(LocalProtocolError, shared.RemoteProtocolError)
+    assert issubclass(PayloadError, RemoteProtocolError)
+    err = RemoteProtocolError("bad", code=shared.TOO_LARGE, stream_id=3, frames=[1])
+    assert (err.message, err.code, err.stream_id, err.frames) == ("bad", "too_large", 3, [1])
+    assert repr(err) == "RemoteProtocolError('bad', code='too_large')"
+    assert LocalProtocolError("ours").code == shared.MALFORMED
+
+
+def test_peer_faults_are_remote_errors() -> None:
+    with pytest.raises(RemoteProtocolError) as info:
+        decode_frame(h("01 00 0001 0000000000000000"))  # version 1
+    assert info.value.code == shared.UNSUPPORTED
+    with pytest.raises(RemoteProtocolError):
+        P.decode_request(b"\xc1")  # not MessagePack
+
+
+class _Out:
+    peer = "test-peer"
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.closed = False
+
+    async def send(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _session(out: _Out) -> ReactiveSocketSession:
+    # The store is never reached: no request gets past the connection object.
+    ctx = SessionContext(
+        store=cast(Any, object()),
+        stats=ListenerStats("reactivesocket"),
+        settings={},
+        log=logging.getLogger("test.reactivesocket"),
+    )
+    return ReactiveSocketSession(ctx, out, "tcp", AdapterLimits(idle_timeout=None))
+
+
+async def test_adapter_answers_a_peer_fault_with_error_on_stream_0() -> None:
+    out = _Out()
+    session = _session(out)
+    await session.data_received(SETUP_TCP + h("00000010 01 00 0001 0000000000000000"))
+    (wire,) = out.sent
+    frame = decode_frame(wire[4:])
+    assert isinstance(frame, ErrorFrame) and frame.stream_id == 0
+    assert P.decode_error_data(frame.data).code == shared.UNSUPPORTED
+    assert out.closed
+    await session.connection_lost()
+
+
+async def test_adapter_peer_error_path_does_not_catch_our_own_bugs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = _Out()
+    session = _session(out)
+
+    def broken(data: bytes) -> list[object]:
+        raise LocalProtocolError("a bug on our side")
+
+    monkeypatch.setattr(session.conn, "receive_data", broken)
+    # Not answered as the peer's fault (ERROR on stream 0, close): it surfaces.
+    with pytest.raises(LocalProtocolError):
+        await session.data_received(SETUP_TCP)
+    assert out.sent == [] and not out.closed
+    assert session.stats.errors == {}
+    await session.connection_lost()

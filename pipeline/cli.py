@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from polyport.core import migrate
 from polyport.gateway.database import database_url
@@ -42,7 +42,7 @@ def _spark_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_pipeline_parser(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    sub: argparse._SubParsersAction[Any],
     common: Callable[[argparse.ArgumentParser], None],
 ) -> None:
     pipeline = sub.add_parser("pipeline", help="Spark jobs over the event log")

@@ -4,7 +4,7 @@ The one transport that is not a byte stream: ZeroMQ delivers whole multipart
 messages, and a ROUTER has no per-peer connection to hang a session on.  So
 this module is the transport loop for Res01:
 
-- one receive loop decodes each message (sans-IO codec) and answers what it
+- one receive loop decodes each message (sans-IO ``wire``) and answers what it
   cannot decode at once (ER 1/2/3);
 - an admitted request runs as a task of its own (``Res01Handler``), so a slow
   commit for one client never holds up another client's fetch;
@@ -39,13 +39,13 @@ from polyport.protocols.res01.adapter import (
     error_reply,
     is_write,
 )
-from polyport.protocols.res01.codec import (
+from polyport.protocols.res01.errors import ErrorCode
+from polyport.protocols.res01.wire import (
     Routing,
     decode_request,
     encode_error_reply,
     encode_response,
 )
-from polyport.protocols.res01.errors import ErrorCode
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Peer, SessionContext
 
 if TYPE_CHECKING:

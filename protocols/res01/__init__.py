@@ -1,16 +1,8 @@
-"""Res01: the event-store protocol of ZeroMQ multipart messages (sans-IO codec).
+"""Res01: the event-store protocol of ZeroMQ multipart messages (sans-IO).
 
 See ``docs/protocols/res01.md``.
 """
 
-from polyport.protocols.res01.codec import (
-    Routing,
-    decode_request,
-    decode_response,
-    encode_error_reply,
-    encode_request,
-    encode_response,
-)
 from polyport.protocols.res01.errors import ErrorCode, ProtocolError, Res01Error
 from polyport.protocols.res01.frames import (
     ACCEPTED_PROTOCOLS,
@@ -38,6 +30,14 @@ from polyport.protocols.res01.frames import (
     SubscriptionSet,
 )
 from polyport.protocols.res01.values import DateTimeKind, datetime_to_ticks, ticks_to_datetime
+from polyport.protocols.res01.wire import (
+    Routing,
+    decode_request,
+    decode_response,
+    encode_error_reply,
+    encode_request,
+    encode_response,
+)
 
 __all__ = [
     "ACCEPTED_PROTOCOLS",

@@ -1,7 +1,7 @@
 """Res01 requests ⇄ canonical core commands.
 
 The ZeroMQ ROUTER loop (``gateway/listeners/res01.py``) decodes a request with
-the codec, admits it (in-flight limits) and runs :meth:`Res01Handler.handle`
+the wire format, admits it (in-flight limits) and runs :meth:`Res01Handler.handle`
 in a task of its own; every :class:`Response` the handler yields is encoded
 and sent back to the request's routing frames.  The handler reaches storage
 only through :class:`core.store.EventStore` methods.

@@ -1,4 +1,4 @@
-"""A thin asyncio Res01 client: a pyzmq DEALER socket over the sans-IO codec.
+"""A thin asyncio Res01 client: a pyzmq DEALER socket over the sans-IO wire format.
 
 Requests are correlated with their replies by request id, so many requests
 may be outstanding on one client at once (bounded by ``max_in_flight``)::
@@ -27,7 +27,6 @@ from datetime import UTC, datetime
 import zmq
 import zmq.asyncio
 
-from polyport.protocols.res01.codec import decode_response, encode_request
 from polyport.protocols.res01.errors import ErrorCode, Res01Error
 from polyport.protocols.res01.frames import (
     PROTOCOL,
@@ -50,6 +49,7 @@ from polyport.protocols.res01.frames import (
     SubscriptionProgressed,
     SubscriptionSet,
 )
+from polyport.protocols.res01.wire import decode_response, encode_request
 
 log = logging.getLogger("polyport.res01.client")
 

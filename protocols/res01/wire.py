@@ -1,11 +1,11 @@
-"""Res01 multipart codec (sans-IO).
+"""Res01 wire format: pure encode/decode of multipart messages, no state.
 
 Request  (client → ROUTER): ``[routing…][""][protocol][command][requestId][details…]``
 Response (ROUTER → client): ``[routing…][""][protocol][requestId][command][details…]``
 
-Every message is independent: a ROUTER server needs no connection state, so
-there is no state machine here, only per-message decoding.  Request-id
-correlation belongs to the client.
+Every message decodes on its own.  Which replies may answer which request,
+and when a request is done, is ``state.py``'s table, kept per request by the
+connection objects (``connection.py``).
 """
 
 from __future__ import annotations

@@ -35,7 +35,6 @@ from polyport.protocols.res01 import DEFAULT_PORT, Error, Request, Res01Error, R
 from polyport.protocols.res01.adapter import (
     Res01Handler,
     Res01Limits,
-    codec_error_name,
     error_reply,
     is_write,
 )
@@ -199,7 +198,7 @@ class Res01Listener:
         try:
             routing, request = decode_request(frames)
         except Res01Error as exc:
-            self.stats.error(codec_error_name(exc))
+            self.stats.error(exc.code)
             await self._send(encode_error_reply(exc), wait=False)
             return
         if size > self.limits.max_request_bytes:

@@ -3,7 +3,13 @@
 See ``docs/protocols/res01.md``.
 """
 
-from polyport.protocols.res01.errors import ErrorCode, ProtocolError, Res01Error
+from polyport.protocols.res01.errors import (
+    ErrorCode,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    Res01Error,
+)
 from polyport.protocols.res01.frames import (
     ACCEPTED_PROTOCOLS,
     DEFAULT_PORT,
@@ -53,11 +59,13 @@ __all__ = [
     "FetchEntry",
     "FetchEvents",
     "FetchedEvent",
+    "LocalProtocolError",
     "NewEvent",
     "ProgressEntry",
     "ProgressSubscriptions",
     "ProtocolError",
     "RegisterSubscriptions",
+    "RemoteProtocolError",
     "Request",
     "Res01Error",
     "Response",

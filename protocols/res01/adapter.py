@@ -43,7 +43,7 @@ from polyport.core.errors import (
 )
 from polyport.core.events import EventData, RecordedEvent
 from polyport.core.store import EventStore
-from polyport.protocols.res01.errors import ErrorCode, Res01Error
+from polyport.protocols.res01.errors import ErrorCode
 from polyport.protocols.res01.frames import (
     EXPECTED_VERSION_ANY,
     EXPECTED_VERSION_NEW_STREAM,
@@ -334,18 +334,6 @@ def error_code(exc: PolyportError, *, write: bool) -> int:
     if isinstance(exc, StorageUnavailable):
         return ErrorCode.EVENT_STORAGE
     return ErrorCode.UNEXPECTED
-
-
-# Res01 codec error codes → canonical names, for the listener's counters.
-CODEC_ERROR_NAMES: dict[int, str] = {
-    ErrorCode.MALFORMED: Malformed.code,
-    ErrorCode.UNSUPPORTED_PROTOCOL: Unsupported.code,
-    ErrorCode.UNSUPPORTED_COMMAND: Unsupported.code,
-}
-
-
-def codec_error_name(exc: Res01Error) -> str:
-    return CODEC_ERROR_NAMES.get(exc.code, "internal")
 
 
 def error_reply(request: Request, code: int, message: str) -> Error:

@@ -37,6 +37,7 @@ from polyport.protocols.res01.adapter import (
     Res01Limits,
     error_reply,
     is_write,
+    limits_from,
 )
 from polyport.protocols.res01.errors import ErrorCode
 from polyport.protocols.res01.wire import (
@@ -201,7 +202,8 @@ class Res01Listener:
             self.stats.error(exc.code)
             await self._send(encode_error_reply(exc), wait=False)
             return
-        if size > self.limits.max_request_bytes:
+        limit = self.limits.max_request_bytes
+        if limit is not None and size > limit:
             self.stats.error("too_large")
             await self._reply_now(
                 routing,
@@ -209,7 +211,7 @@ class Res01Listener:
                     request,
                     ErrorCode.MALFORMED,
                     f"message of {size} bytes exceeds the limit of "
-                    f"{self.limits.max_request_bytes} bytes",
+                    f"{limit} bytes",
                 ),
             )
             return
@@ -329,7 +331,7 @@ def error_reply_for(response: Response, message: str) -> Response:
 async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
     stats = ListenerStats("res01")
     ctx = gw.context("res01", stats)
-    listener = Res01Listener("res01", ctx, host, port, Res01Limits.from_settings(gw.settings))
+    listener = Res01Listener("res01", ctx, host, port, limits_from(gw.settings))
     await listener.start()
     return listener
 

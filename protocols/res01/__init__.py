@@ -3,6 +3,12 @@
 See ``docs/protocols/res01.md``.
 """
 
+from polyport.protocols.res01.connection import (
+    Answered,
+    ClientConnection,
+    Exchange,
+    ServerConnection,
+)
 from polyport.protocols.res01.errors import (
     ErrorCode,
     LocalProtocolError,
@@ -35,6 +41,7 @@ from polyport.protocols.res01.frames import (
     SubscriptionProgressed,
     SubscriptionSet,
 )
+from polyport.protocols.res01.state import RequestProgress, RequestState
 from polyport.protocols.res01.values import DateTimeKind, datetime_to_ticks, ticks_to_datetime
 from polyport.protocols.res01.wire import (
     Routing,
@@ -46,6 +53,12 @@ from polyport.protocols.res01.wire import (
 )
 
 __all__ = [
+    "Answered",
+    "ClientConnection",
+    "Exchange",
+    "RequestProgress",
+    "RequestState",
+    "ServerConnection",
     "ACCEPTED_PROTOCOLS",
     "DEFAULT_PORT",
     "PROTOCOL",

@@ -1,9 +1,10 @@
 """Res01 requests ⇄ canonical core commands.
 
-The ZeroMQ ROUTER loop (``gateway/listeners/res01.py``) decodes a request with
-the wire format, admits it (in-flight limits) and runs :meth:`Res01Handler.handle`
-in a task of its own; every :class:`Response` the handler yields is encoded
-and sent back to the request's routing frames.  The handler reaches storage
+The ZeroMQ ROUTER loop (``gateway/listeners/res01.py``) takes a request from
+its :class:`~polyport.protocols.res01.connection.ServerConnection`, admits it
+(in-flight limits) and runs :meth:`Res01Handler.handle` in a task of its own;
+every :class:`Response` the handler yields goes back through the connection
+(which checks it answers the request) to the request's routing frames.  The handler reaches storage
 only through :class:`core.store.EventStore` methods.
 
 Mapping and decisions: ``docs/protocols/res01.md``.

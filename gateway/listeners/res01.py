@@ -4,8 +4,13 @@ The one transport that is not a byte stream: ZeroMQ delivers whole multipart
 messages, and a ROUTER has no per-peer connection to hang a session on.  So
 this module is the transport loop for Res01:
 
-- one receive loop decodes each message (sans-IO codec) and answers what it
-  cannot decode at once (ER 1/2/3);
+- one receive loop hands each message to the sans-IO
+  :class:`~polyport.protocols.res01.connection.ServerConnection`, which decodes
+  it and opens its request, and answers at once what it cannot decode or what
+  is over ``max_request_bytes`` (ER 1/2/3);
+- every reply goes out through that connection, which checks it against the
+  request (the right response command or ER, one EF per FE entry, nothing
+  after the final reply), per peer;
 - an admitted request runs as a task of its own (``Res01Handler``), so a slow
   commit for one client never holds up another client's fetch;
 - admission is bounded: at most ``res01_max_in_flight_writes`` AC and
@@ -31,21 +36,16 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from polyport.gateway.registry import ListenerDef
-from polyport.protocols.res01 import DEFAULT_PORT, Error, Request, Res01Error, Response
+from polyport.protocols.res01 import DEFAULT_PORT, Error, Res01Error, Response
 from polyport.protocols.res01.adapter import (
     Res01Handler,
     Res01Limits,
-    codec_error_name,
     error_reply,
     is_write,
+    limits_from,
 )
-from polyport.protocols.res01.codec import (
-    Routing,
-    decode_request,
-    encode_error_reply,
-    encode_response,
-)
-from polyport.protocols.res01.errors import ErrorCode
+from polyport.protocols.res01.connection import Exchange, ServerConnection
+from polyport.protocols.res01.errors import ErrorCode, LocalProtocolError
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Peer, SessionContext
 
 if TYPE_CHECKING:
@@ -78,6 +78,8 @@ class Res01Listener:
         self.host = host
         self.port = port
         self.handler = Res01Handler(ctx.store, ctx.stats, ctx.log, limits)
+        # Request/reply pairing per peer; the counters below are admission.
+        self.conn = ServerConnection(max_request_bytes=limits.max_request_bytes)
         self._zctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
@@ -197,36 +199,25 @@ class Res01Listener:
         self.stats.frames_in += 1
         self.stats.bytes_in += size
         try:
-            routing, request = decode_request(frames)
-        except Res01Error as exc:
-            self.stats.error(codec_error_name(exc))
-            await self._send(encode_error_reply(exc), wait=False)
+            exchange = self.conn.receive_message(frames)
+        except Res01Error as exc:  # undecodable or over max_request_bytes
+            self.stats.error(exc.code)
+            await self._send(self.conn.refuse(exc), wait=False)
             return
-        if size > self.limits.max_request_bytes:
-            self.stats.error("too_large")
-            await self._reply_now(
-                routing,
-                error_reply(
-                    request,
-                    ErrorCode.MALFORMED,
-                    f"message of {size} bytes exceeds the limit of "
-                    f"{self.limits.max_request_bytes} bytes",
-                ),
-            )
-            return
-        write = is_write(request)
-        refusal = self._admission(write, size)
+        write = is_write(exchange.request)
+        refusal = self._admission(write, exchange.size)
         if refusal is not None:
             self.stats.error("busy")
             code = ErrorCode.STORAGE_WRITER_BUSY if write else ErrorCode.STORAGE_READER_BUSY
-            await self._reply_now(routing, error_reply(request, code, refusal))
+            await self._reply(exchange, error_reply(exchange.request, code, refusal), wait=False)
+            self.conn.abandon(exchange)  # answered, unless the ER itself was refused
             return
         if write:
             self._writes += 1
         else:
             self._reads += 1
-        self._bytes += size
-        task = asyncio.create_task(self._serve(routing, request, write, size))
+        self._bytes += exchange.size
+        task = asyncio.create_task(self._serve(exchange, write))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -243,39 +234,57 @@ class Res01Listener:
             return f"server busy: {self._bytes} bytes of requests in progress; retry shortly"
         return None
 
-    async def _serve(self, routing: Routing, request: Request, write: bool, size: int) -> None:
+    async def _serve(self, exchange: Exchange, write: bool) -> None:
+        request = exchange.request
         try:
             async with contextlib.aclosing(self.handler.handle(request)) as replies:
                 async for response in replies:
-                    if not await self._reply(routing, response, wait=True):
+                    if not await self._reply(exchange, response, wait=True):
                         break  # the peer is gone or not reading: stop producing
+                else:
+                    if self.conn.owed(exchange):
+                        log.error(
+                            "res01: %s ended with %d replies still due",
+                            type(request).__name__,
+                            self.conn.owed(exchange),
+                        )
+                        self.stats.error("internal")
         except asyncio.CancelledError:
             pass
         except Exception:
             log.exception("res01: serving %s failed", type(request).__name__)
             self.stats.error("internal")
         finally:
+            self.conn.abandon(exchange)
             if write:
                 self._writes -= 1
             else:
                 self._reads -= 1
-            self._bytes -= size
+            self._bytes -= exchange.size
 
     # --- sending ------------------------------------------------------------
 
-    async def _reply_now(self, routing: Routing, response: Response) -> None:
-        await self._reply(routing, response, wait=False)
-
-    async def _reply(self, routing: Routing, response: Response, *, wait: bool) -> bool:
+    async def _reply(self, exchange: Exchange, response: Response, *, wait: bool) -> bool:
+        """Send one reply; False when no more should follow (the peer is gone
+        or not reading, or the request had to be ended with an ER)."""
         try:
-            frames = encode_response(routing, response)
-        except ValueError as exc:  # e.g. a value the wire cannot carry
-            log.error("res01: cannot encode %s: %s", type(response).__name__, exc)
+            frames = self.conn.send(exchange, response)
+        except LocalProtocolError as exc:  # our bug: a value the wire cannot carry, …
+            log.error("res01: cannot send %s: %s", type(response).__name__, exc)
             self.stats.error("internal")
-            frames = encode_response(
-                routing,
-                error_reply_for(response, f"reply could not be encoded: {exc}"),
+            request = exchange.request
+            substitute = Error(
+                request.request_id,
+                ErrorCode.UNEXPECTED,
+                f"reply could not be encoded: {exc}",
+                request.protocol,
             )
+            try:
+                frames = self.conn.send(exchange, substitute)
+            except LocalProtocolError:
+                return False  # already answered: nothing more may go out
+            await self._send(frames, wait=wait)
+            return False  # ER is final: the request is over
         return await self._send(frames, wait=wait)
 
     async def _send(self, frames: list[bytes], *, wait: bool) -> bool:
@@ -323,14 +332,10 @@ class Res01Listener:
                 self.stats.connections_open = max(0, self.stats.connections_open - 1)
 
 
-def error_reply_for(response: Response, message: str) -> Response:
-    return Error(response.request_id, ErrorCode.UNEXPECTED, message, response.protocol)
-
-
 async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
     stats = ListenerStats("res01")
     ctx = gw.context("res01", stats)
-    listener = Res01Listener("res01", ctx, host, port, Res01Limits.from_settings(gw.settings))
+    listener = Res01Listener("res01", ctx, host, port, limits_from(gw.settings))
     await listener.start()
     return listener
 

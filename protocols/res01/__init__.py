@@ -1,17 +1,21 @@
-"""Res01: the event-store protocol of ZeroMQ multipart messages (sans-IO codec).
+"""Res01: the event-store protocol of ZeroMQ multipart messages (sans-IO).
 
 See ``docs/protocols/res01.md``.
 """
 
-from polyport.protocols.res01.codec import (
-    Routing,
-    decode_request,
-    decode_response,
-    encode_error_reply,
-    encode_request,
-    encode_response,
+from polyport.protocols.res01.connection import (
+    Answered,
+    ClientConnection,
+    Exchange,
+    ServerConnection,
 )
-from polyport.protocols.res01.errors import ErrorCode, ProtocolError, Res01Error
+from polyport.protocols.res01.errors import (
+    ErrorCode,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    Res01Error,
+)
 from polyport.protocols.res01.frames import (
     ACCEPTED_PROTOCOLS,
     DEFAULT_PORT,
@@ -37,9 +41,24 @@ from polyport.protocols.res01.frames import (
     SubscriptionProgressed,
     SubscriptionSet,
 )
+from polyport.protocols.res01.state import RequestProgress, RequestState
 from polyport.protocols.res01.values import DateTimeKind, datetime_to_ticks, ticks_to_datetime
+from polyport.protocols.res01.wire import (
+    Routing,
+    decode_request,
+    decode_response,
+    encode_error_reply,
+    encode_request,
+    encode_response,
+)
 
 __all__ = [
+    "Answered",
+    "ClientConnection",
+    "Exchange",
+    "RequestProgress",
+    "RequestState",
+    "ServerConnection",
     "ACCEPTED_PROTOCOLS",
     "DEFAULT_PORT",
     "PROTOCOL",
@@ -53,11 +72,13 @@ __all__ = [
     "FetchEntry",
     "FetchEvents",
     "FetchedEvent",
+    "LocalProtocolError",
     "NewEvent",
     "ProgressEntry",
     "ProgressSubscriptions",
     "ProtocolError",
     "RegisterSubscriptions",
+    "RemoteProtocolError",
     "Request",
     "Res01Error",
     "Response",

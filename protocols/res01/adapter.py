@@ -1,9 +1,10 @@
 """Res01 requests ⇄ canonical core commands.
 
-The ZeroMQ ROUTER loop (``gateway/listeners/res01.py``) decodes a request with
-the codec, admits it (in-flight limits) and runs :meth:`Res01Handler.handle`
-in a task of its own; every :class:`Response` the handler yields is encoded
-and sent back to the request's routing frames.  The handler reaches storage
+The ZeroMQ ROUTER loop (``gateway/listeners/res01.py``) takes a request from
+its :class:`~polyport.protocols.res01.connection.ServerConnection`, admits it
+(in-flight limits) and runs :meth:`Res01Handler.handle` in a task of its own;
+every :class:`Response` the handler yields goes back through the connection
+(which checks it answers the request) to the request's routing frames.  The handler reaches storage
 only through :class:`core.store.EventStore` methods.
 
 Mapping and decisions: ``docs/protocols/res01.md``.
@@ -15,7 +16,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import asyncpg
@@ -43,7 +44,7 @@ from polyport.core.errors import (
 )
 from polyport.core.events import EventData, RecordedEvent
 from polyport.core.store import EventStore
-from polyport.protocols.res01.errors import ErrorCode, Res01Error
+from polyport.protocols.res01.errors import ErrorCode
 from polyport.protocols.res01.frames import (
     EXPECTED_VERSION_ANY,
     EXPECTED_VERSION_NEW_STREAM,
@@ -64,6 +65,7 @@ from polyport.protocols.res01.frames import (
     SubscriptionSet,
 )
 from polyport.protocols.session import ListenerStats
+from polyport.protocols.settings import settings_from
 
 ORIGIN = "res01"
 
@@ -80,10 +82,19 @@ MAX_SUBSCRIPTION_NAME_BYTES = 1024
 
 _T = TypeVar("_T")
 
+# Max request size unless set (or twice max_event_bytes, when that is more).
+DEFAULT_MAX_REQUEST_BYTES = 16 << 20
+# Frame limit over max_event_bytes, for the frames around a body.
+FRAME_SLACK_BYTES = 4096
+
 
 @dataclass(frozen=True, slots=True)
 class Res01Limits:
-    """Bounds of the Res01 listener; ``from_settings`` reads the gateway's."""
+    """Bounds of the Res01 listener; :func:`limits_from` reads the gateway's.
+
+    Each field is the setting ``res01_<field>`` unless its metadata names the
+    gateway-wide key it has always been read from.
+    """
 
     # Requests served at once, per kind; beyond them: ER 4 (AC) / ER 10 (others).
     max_in_flight_writes: int = 128
@@ -92,15 +103,14 @@ class Res01Limits:
     # beyond it new requests get the busy code too.  One request is always
     # admitted when nothing is in flight, so a single large message can pass.
     max_in_flight_bytes: int = 64 << 20
-    # Largest whole request (all frames); bigger ones get ER 1.
-    max_request_bytes: int = 16 << 20
+    # Largest whole request (all frames); bigger ones get ER 1.  None (the
+    # default) = max(16 MiB, 2 × max_event_bytes), set in __post_init__.
+    max_request_bytes: int | None = None
     # Largest event body (the gateway's max_event_bytes); bigger: ER 1.
-    max_event_bytes: int = 1 << 20
-    # Largest single frame (ZMQ_MAXMSGSIZE, checked per frame by libzmq: a
-    # peer that sends more is disconnected, there is no message to answer).
-    max_frame_bytes: int = (1 << 20) + 4096
+    max_event_bytes: int = field(default=1 << 20, metadata={"setting": "max_event_bytes"})
     # Storage work of a reader request (RS, FE, PS, SS) longer than this: ER 9.
-    read_timeout: float = 30.0
+    # The gateway's read_timeout, also the store's.
+    read_timeout: float = field(default=30.0, metadata={"setting": "read_timeout"})
     # SuggestedCount is capped here, and an EF batch whose bodies add up to
     # more than max_fetch_bytes is fetched again shorter: EF messages stay a
     # bounded size (at least one event is always returned).
@@ -109,33 +119,24 @@ class Res01Limits:
     # A reply the peer does not take (its queue at the high-water mark) for
     # this long is dropped.
     send_timeout: float = 10.0
+    # Largest single frame (ZMQ_MAXMSGSIZE, checked per frame by libzmq: a
+    # peer that sends more is disconnected, there is no message to answer).
+    # Derived, not a setting: max_event_bytes + 4 KiB of slack, so the frame of
+    # a body slightly too large still gets an ER 1 "too large" instead of a
+    # disconnect.
+    max_frame_bytes: int = field(init=False)
 
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> Res01Limits:
-        base = cls()
-        max_event = int(settings.get("max_event_bytes", 1 << 20))
-        return cls(
-            max_in_flight_writes=int(
-                settings.get("res01_max_in_flight_writes", base.max_in_flight_writes)
-            ),
-            max_in_flight_reads=int(
-                settings.get("res01_max_in_flight_reads", base.max_in_flight_reads)
-            ),
-            max_in_flight_bytes=int(
-                settings.get("res01_max_in_flight_bytes", base.max_in_flight_bytes)
-            ),
-            max_request_bytes=int(
-                settings.get("res01_max_request_bytes", max(base.max_request_bytes, 2 * max_event))
-            ),
-            max_event_bytes=max_event,
-            # Slack over the largest body for the frame of a body slightly too
-            # large: it still gets an ER 1 "too large" instead of a disconnect.
-            max_frame_bytes=max_event + 4096,
-            read_timeout=float(settings.get("read_timeout", base.read_timeout)),
-            max_fetch_count=int(settings.get("res01_max_fetch_count", base.max_fetch_count)),
-            max_fetch_bytes=int(settings.get("res01_max_fetch_bytes", base.max_fetch_bytes)),
-            send_timeout=float(settings.get("res01_send_timeout", base.send_timeout)),
-        )
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "max_frame_bytes", self.max_event_bytes + FRAME_SLACK_BYTES)
+        if self.max_request_bytes is None:
+            # A request must at least hold one event of the largest size.
+            derived = max(DEFAULT_MAX_REQUEST_BYTES, 2 * self.max_event_bytes)
+            object.__setattr__(self, "max_request_bytes", derived)
+
+
+def limits_from(settings: Mapping[str, Any]) -> Res01Limits:
+    """The listener's bounds from the gateway's settings."""
+    return settings_from(Res01Limits, settings, prefix=ORIGIN)
 
 
 # --- values -------------------------------------------------------------------
@@ -334,18 +335,6 @@ def error_code(exc: PolyportError, *, write: bool) -> int:
     if isinstance(exc, StorageUnavailable):
         return ErrorCode.EVENT_STORAGE
     return ErrorCode.UNEXPECTED
-
-
-# Res01 codec error codes → canonical names, for the listener's counters.
-CODEC_ERROR_NAMES: dict[int, str] = {
-    ErrorCode.MALFORMED: Malformed.code,
-    ErrorCode.UNSUPPORTED_PROTOCOL: Unsupported.code,
-    ErrorCode.UNSUPPORTED_COMMAND: Unsupported.code,
-}
-
-
-def codec_error_name(exc: Res01Error) -> str:
-    return CODEC_ERROR_NAMES.get(exc.code, "internal")
 
 
 def error_reply(request: Request, code: int, message: str) -> Error:

@@ -1,7 +1,9 @@
-"""A thin asyncio Res01 client: a pyzmq DEALER socket over the sans-IO codec.
+"""A thin asyncio Res01 client: a pyzmq DEALER socket over the sans-IO wire format.
 
-Requests are correlated with their replies by request id, so many requests
-may be outstanding on one client at once (bounded by ``max_in_flight``)::
+Requests are correlated with their replies by request id (the sans-IO
+:class:`~polyport.protocols.res01.connection.ClientConnection` keeps which are
+in flight and checks each reply against its request), so many requests may be
+outstanding on one client at once (bounded by ``max_in_flight``)::
 
     client = await Res01Client.connect("tcp://127.0.0.1:5560")
     commit_id = await client.commit("ctx", "orders-1", 1, [new_event("Placed", '{"n": 1}')])
@@ -10,7 +12,8 @@ may be outstanding on one client at once (bounded by ``max_in_flight``)::
     await client.progress([(sub_id, batch.events[-1].timestamp)])
     await client.close()
 
-A server error (ER) raises :class:`Res01ServerError` with the spec's code.
+A server error (ER) raises :class:`Res01ServerError` with the spec's code; a
+reply that breaks the protocol raises :class:`RemoteProtocolError`.
 """
 
 from __future__ import annotations
@@ -21,19 +24,17 @@ import itertools
 import logging
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import zmq
 import zmq.asyncio
 
-from polyport.protocols.res01.codec import decode_response, encode_request
-from polyport.protocols.res01.errors import ErrorCode, Res01Error
+from polyport.protocols.res01.connection import ClientConnection
+from polyport.protocols.res01.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from polyport.protocols.res01.frames import (
     PROTOCOL,
     AppendCommit,
     CommitResult,
-    Error,
     EventsFetched,
     FetchEntry,
     FetchEvents,
@@ -50,6 +51,7 @@ from polyport.protocols.res01.frames import (
     SubscriptionProgressed,
     SubscriptionSet,
 )
+from polyport.protocols.res01.state import replies_due
 
 log = logging.getLogger("polyport.res01.client")
 
@@ -88,13 +90,6 @@ def new_event(
     )
 
 
-@dataclass
-class _Pending:
-    future: asyncio.Future[list[Response]]
-    expected: int
-    replies: list[Response] = field(default_factory=list)
-
-
 def _endpoint(address: str | tuple[str, int]) -> str:
     if isinstance(address, str):
         return address
@@ -116,7 +111,8 @@ class Res01Client:
         self.timeout = timeout
         self._slots = asyncio.Semaphore(max_in_flight)
         self._ids = itertools.count(1)
-        self._pending: dict[bytes, _Pending] = {}
+        self._conn = ClientConnection()
+        self._waiters: dict[bytes, asyncio.Future[list[Response]]] = {}
         self._reader = asyncio.create_task(self._read_loop(), name="res01-client")
         self._closed = False
 
@@ -144,10 +140,10 @@ class Res01Client:
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
-        for pending in self._pending.values():
-            if not pending.future.done():
-                pending.future.set_exception(ConnectionError("Res01 client closed"))
-        self._pending.clear()
+        for future in self._waiters.values():
+            if not future.done():
+                future.set_exception(ConnectionError("Res01 client closed"))
+        self._waiters.clear()
         self._sock.close(linger=0)
 
     async def __aenter__(self) -> Res01Client:
@@ -161,25 +157,38 @@ class Res01Client:
     def next_request_id(self) -> bytes:
         return str(next(self._ids)).encode("ascii")
 
-    async def request(self, request: Request, expected_replies: int = 1) -> list[Response]:
-        """Send one request, wait for its ``expected_replies`` replies (FE gets
-        one EF per entry).  Raises Res01ServerError on ER, TimeoutError."""
+    async def request(
+        self, request: Request, expected_replies: int | None = None
+    ) -> list[Response]:
+        """Send one request and wait for all its replies (FE gets one EF per
+        entry, none without entries).  ``expected_replies``, if given, must be
+        that number.  Raises Res01ServerError on ER, RemoteProtocolError for a
+        reply that breaks the protocol, TimeoutError."""
         if self._closed:
             raise ConnectionError("Res01 client closed")
+        due = replies_due(request)
+        if expected_replies is not None and expected_replies != due:
+            raise LocalProtocolError(
+                f"{type(request).__name__} gets {due} replies, not {expected_replies}",
+                request_id=request.request_id,
+            )
         async with self._slots:
             rid = request.request_id
-            if rid in self._pending:
-                raise ValueError(f"request id {rid!r} is already in flight")
+            frames = self._conn.send(request)  # refuses an id already in flight
+            if not self._conn.is_pending(rid):  # no reply due
+                async with asyncio.timeout(self.timeout):
+                    await self._sock.send_multipart(frames)
+                return []
             fut: asyncio.Future[list[Response]] = asyncio.get_running_loop().create_future()
-            self._pending[rid] = _Pending(fut, expected_replies)
+            self._waiters[rid] = fut
             try:
                 async with asyncio.timeout(self.timeout):
-                    await self._sock.send_multipart(encode_request(request))
-                    if expected_replies == 0:
-                        return []
+                    await self._sock.send_multipart(frames)
                     return await fut
             finally:
-                self._pending.pop(rid, None)
+                self._waiters.pop(rid, None)
+                # Timed out or cancelled: replies still coming are dropped.
+                self._conn.abandon(rid)
 
     async def commit(
         self,
@@ -252,20 +261,21 @@ class Res01Client:
                 log.warning("res01 client: receive failed: %s", exc)
                 continue
             try:
-                response = decode_response(frames)
-            except Res01Error as exc:
-                pending = self._pending.get(exc.request_id) if exc.request_id else None
-                if pending is not None and not pending.future.done():
-                    pending.future.set_exception(exc)
+                answered = self._conn.receive_message(frames)
+            except RemoteProtocolError as exc:
+                fut = self._waiters.get(exc.request_id) if exc.request_id is not None else None
+                if fut is not None and not fut.done():
+                    fut.set_exception(exc)
                 else:
-                    log.warning("res01 client: undecodable reply: %s", exc)
+                    log.warning("res01 client: unusable reply: %s", exc)
                 continue
-            pending = self._pending.get(response.request_id)
-            if pending is None or pending.future.done():
-                continue  # a late reply to a request that timed out
-            if isinstance(response, Error):
-                pending.future.set_exception(Res01ServerError(response.code, response.message))
+            if answered is None:
+                continue  # more replies due, or a late reply to an abandoned request
+            fut = self._waiters.get(answered.request_id)
+            if fut is None or fut.done():
                 continue
-            pending.replies.append(response)
-            if len(pending.replies) >= pending.expected:
-                pending.future.set_result(pending.replies)
+            error = answered.error
+            if error is not None:
+                fut.set_exception(Res01ServerError(error.code, error.message))
+            else:
+                fut.set_result(list(answered.replies))

@@ -1,8 +1,22 @@
-"""Res01 error codes and the exception raised for malformed input."""
+"""Res01 error codes and exceptions, on the shared base of ``protocols/errors.py``.
+
+- :class:`RemoteProtocolError`: the peer broke the protocol (a message that
+  cannot be decoded, a reply that answers nothing we asked).
+- :class:`Res01Error`: the remote error of a message that cannot be decoded
+  (or is too large); it carries what a ROUTER needs to answer it with ER.
+- :class:`LocalProtocolError`: our own side tried to send something the
+  protocol does not allow (a bug, never the peer's fault).
+
+``code`` is the canonical error name, as for every protocol; the ER code of
+the spec's table is ``er_code`` (:class:`ErrorCode`).
+"""
 
 from __future__ import annotations
 
 from enum import IntEnum
+
+from polyport.protocols import errors as shared
+from polyport.protocols.errors import MALFORMED, UNSUPPORTED
 
 
 class ErrorCode(IntEnum):
@@ -21,39 +35,63 @@ class ErrorCode(IntEnum):
     STORAGE_READER_BUSY = 10
 
 
-class ProtocolError(ValueError):
-    """Input that does not follow the protocol."""
+# The ER codes a refused message can get → canonical names (the listener's
+# error counters, and ``code`` of :class:`Res01Error`).
+_CANONICAL: dict[int, str] = {
+    ErrorCode.MALFORMED: MALFORMED,
+    ErrorCode.UNSUPPORTED_PROTOCOL: UNSUPPORTED,
+    ErrorCode.UNSUPPORTED_COMMAND: UNSUPPORTED,
+}
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+
+class ProtocolError(shared.ProtocolError):
+    """Base of Res01's protocol errors.  ``request_id`` names the request the
+    error is about, when there is one (a client fails that request)."""
+
+    def __init__(
+        self, message: str, *, code: str = MALFORMED, request_id: bytes | None = None
+    ) -> None:
+        super().__init__(message, code=code)
+        self.request_id = request_id
 
 
-class Res01Error(ProtocolError):
-    """A Res01 message that cannot be decoded.
+class RemoteProtocolError(ProtocolError, shared.RemoteProtocolError):
+    """The peer broke the protocol."""
 
-    ``code`` is the ER code to answer with (1 malformed, 2 unsupported
-    protocol, 3 unsupported command).  A ROUTER server must still answer a
-    request it could not decode, so the exception carries what was readable:
-    ``routing`` (the frames before the empty delimiter), ``request_id`` (None
-    when the message stopped before it) and ``protocol`` (the client's
-    protocol frame when it is one we accept, else None).
+
+class LocalProtocolError(ProtocolError, shared.LocalProtocolError):
+    """This side tried to send something the protocol does not allow."""
+
+
+class Res01Error(RemoteProtocolError):
+    """A Res01 message that cannot be decoded (or is over the size limit).
+
+    ``er_code`` is the ER code to answer with (1 malformed, 2 unsupported
+    protocol, 3 unsupported command); ``code`` the matching canonical name
+    unless given.  A ROUTER server must still answer a request it could not
+    decode, so the exception carries what was readable: ``routing`` (the
+    frames before the empty delimiter), ``request_id`` (None when the message
+    stopped before it) and ``protocol`` (the client's protocol frame when it
+    is one we accept, else None).
     """
 
     def __init__(
         self,
         message: str,
-        code: int = ErrorCode.MALFORMED,
+        er_code: int = ErrorCode.MALFORMED,
         *,
+        code: str | None = None,
         routing: tuple[bytes, ...] = (),
         request_id: bytes | None = None,
         protocol: str | None = None,
     ) -> None:
-        super().__init__(message)
-        self.code = int(code)
+        er_code = int(er_code)
+        super().__init__(
+            message, code=code or _CANONICAL.get(er_code, MALFORMED), request_id=request_id
+        )
+        self.er_code = er_code
         self.routing = routing
-        self.request_id = request_id
         self.protocol = protocol
 
     def __repr__(self) -> str:
-        return f"Res01Error({self.message!r}, code={self.code})"
+        return f"Res01Error({self.message!r}, er_code={self.er_code}, code={self.code!r})"

@@ -5,8 +5,9 @@
 - datetime: ``DateTime.ToBinary()`` as decimal text;
 - string: UTF-8.
 
-Decoders raise :class:`Res01Error` (code 1, malformed); encoders raise
-``ValueError`` for values the wire cannot carry (a caller bug, not bad input).
+Decoders raise :class:`Res01Error` (ER 1, malformed); encoders raise
+:class:`LocalProtocolError` (a ``ValueError``) for values the wire cannot
+carry (a caller bug, not bad input).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 from typing import Final
 
-from polyport.protocols.res01.errors import ErrorCode, Res01Error
+from polyport.protocols.res01.errors import ErrorCode, LocalProtocolError, Res01Error
 
 INT32_MIN: Final = -(2**31)
 INT32_MAX: Final = 2**31 - 1
@@ -88,13 +89,13 @@ def decode_long(frame: bytes, what: str) -> int:
 
 def encode_int(value: int) -> bytes:
     if not INT32_MIN <= value <= INT32_MAX:
-        raise ValueError(f"{value} does not fit a 32-bit Res01 int")
+        raise LocalProtocolError(f"{value} does not fit a 32-bit Res01 int")
     return str(int(value)).encode("ascii")
 
 
 def encode_long(value: int) -> bytes:
     if not INT64_MIN <= value <= INT64_MAX:
-        raise ValueError(f"{value} does not fit a 64-bit Res01 long")
+        raise LocalProtocolError(f"{value} does not fit a 64-bit Res01 long")
     return str(int(value)).encode("ascii")
 
 
@@ -142,7 +143,7 @@ def datetime_to_ticks(dt: datetime, kind: DateTimeKind = DateTimeKind.UTC) -> in
         try:
             dt = dt.astimezone(UTC).replace(tzinfo=None)
         except OverflowError as exc:
-            raise ValueError(f"{dt!r} is outside the DateTime range in UTC") from exc
+            raise LocalProtocolError(f"{dt!r} is outside the DateTime range in UTC") from exc
     delta = dt - datetime(1, 1, 1)
     ticks = (
         (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds

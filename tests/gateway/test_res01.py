@@ -448,6 +448,7 @@ async def test_client_gone_before_its_reply(gateway_factory, db_url: str) -> Non
             break
         await asyncio.sleep(0.02)
     assert listener.in_flight == (0, 0)
+    assert listener.conn.in_flight() == 0 and listener.conn.peers == frozenset()
     client = await connect(gw)
     await client.commit("ctx", stream, 2, [new_event("Next", "{}")])  # the orphan was stored
     assert listener.stats.frames_in >= 2

@@ -6,9 +6,12 @@ import uuid
 
 import pytest
 
+from polyport.protocols import errors as shared
 from polyport.protocols.res01 import (
     ErrorCode,
+    LocalProtocolError,
     ProtocolError,
+    RemoteProtocolError,
     Res01Error,
     decode_request,
     decode_response,
@@ -32,11 +35,27 @@ def test_error_hierarchy() -> None:
     err = refuse([])
     assert isinstance(err, ProtocolError)
     assert isinstance(err, ValueError)
+    # A peer's bad message is a remote error, on Res01's and the shared base.
+    assert isinstance(err, RemoteProtocolError)
+    assert isinstance(err, shared.RemoteProtocolError)
+    assert not isinstance(err, shared.LocalProtocolError)
+    assert issubclass(LocalProtocolError, shared.LocalProtocolError)
+    assert issubclass(LocalProtocolError, ProtocolError)
+    assert not issubclass(LocalProtocolError, shared.RemoteProtocolError)
+
+
+def test_canonical_code_follows_the_er_code() -> None:
+    assert refuse([]).code == "malformed"
+    assert refuse([b"", b"Res02", b"AC", b"r"]).code == "unsupported"
+    assert refuse([b"", b"Res01", b"XX", b"r"]).code == "unsupported"
+    # A caller may name a finer canonical code for the same ER code.
+    err = Res01Error("too big", ErrorCode.MALFORMED, code="too_large", request_id=b"r")
+    assert (err.er_code, err.code, err.request_id) == (1, "too_large", b"r")
 
 
 def test_no_delimiter_answers_to_the_first_frame() -> None:
     err = refuse([b"peer", b"Res01", b"AC", b"r"])
-    assert err.code == ErrorCode.MALFORMED
+    assert err.er_code == ErrorCode.MALFORMED
     assert err.routing == (b"peer",)
     assert err.request_id is None
     assert refuse([]).routing == ()
@@ -44,35 +63,35 @@ def test_no_delimiter_answers_to_the_first_frame() -> None:
 
 def test_missing_protocol_frame() -> None:
     err = refuse([*R, b""])
-    assert (err.code, err.routing, err.request_id) == (1, R, None)
+    assert (err.er_code, err.routing, err.request_id) == (1, R, None)
 
 
 def test_unsupported_protocol() -> None:
     err = refuse([*R, b"", b"Res02", b"AC", b"r-9", b"c"])
-    assert err.code == ErrorCode.UNSUPPORTED_PROTOCOL
+    assert err.er_code == ErrorCode.UNSUPPORTED_PROTOCOL
     assert (err.routing, err.request_id, err.protocol) == (R, b"r-9", None)
     assert "Res02" in err.message
     # An empty protocol frame after the delimiter is a protocol, not routing.
-    assert refuse([*R, b"", b"", b"AC"]).code == 2
+    assert refuse([*R, b"", b"", b"AC"]).er_code == 2
 
 
 def test_missing_command() -> None:
     err = refuse([*R, b"", b"Res01"])
-    assert (err.code, err.protocol) == (1, "Res01")
+    assert (err.er_code, err.protocol) == (1, "Res01")
 
 
 def test_unsupported_command_keeps_request_id() -> None:
     err = refuse([*R, b"", b"RC0.1", b"XX", b"r-3", b"whatever"])
-    assert err.code == ErrorCode.UNSUPPORTED_COMMAND
+    assert err.er_code == ErrorCode.UNSUPPORTED_COMMAND
     assert (err.routing, err.request_id, err.protocol) == (R, b"r-3", "RC0.1")
     # A response command sent as a request is not a request.
-    assert refuse([b"", b"Res01", b"CR", b"r"]).code == 3
-    assert refuse([b"", b"Res01", b"\xff\xfe"]).code == 3
+    assert refuse([b"", b"Res01", b"CR", b"r"]).er_code == 3
+    assert refuse([b"", b"Res01", b"\xff\xfe"]).er_code == 3
 
 
 def test_missing_request_id() -> None:
     err = refuse([*R, b"", b"Res01", b"FE"])
-    assert (err.code, err.request_id, err.protocol) == (1, None, "Res01")
+    assert (err.er_code, err.request_id, err.protocol) == (1, None, "Res01")
 
 
 # fmt: off
@@ -107,7 +126,7 @@ MALFORMED = {
 @pytest.mark.parametrize("tail", MALFORMED.values(), ids=MALFORMED.keys())
 def test_malformed_bodies_keep_routing_and_request_id(tail: list[bytes]) -> None:
     err = refuse([*R, b"", b"Res01", *tail])
-    assert err.code == ErrorCode.MALFORMED
+    assert err.er_code == ErrorCode.MALFORMED
     assert err.routing == R
     assert err.request_id == (tail[1] if len(tail) > 1 else None)
     assert err.protocol == "Res01"
@@ -127,12 +146,12 @@ def test_error_reply_without_request_id_or_protocol() -> None:
 
 
 def test_encode_response_rejects_empty_routing_frames() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(LocalProtocolError):
         encode_response([b""], CommitResult(b"r", uuid.UUID(int=0)))
 
 
 def test_encode_rejects_unknown_protocol() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(LocalProtocolError):
         encode_response([], CommitResult(b"r", uuid.UUID(int=0), protocol="Res02"))
 
 
@@ -143,14 +162,14 @@ def refuse_response(frames: list[bytes]) -> Res01Error:
 
 
 def test_malformed_responses() -> None:
-    assert refuse_response([b"Res01", b"r", b"CR", GUID]).code == 1  # no delimiter
-    assert refuse_response([b""]).code == 1
-    assert refuse_response([b"", b"Res9"]).code == 2
-    assert refuse_response([b"", b"Res01"]).code == 1
+    assert refuse_response([b"Res01", b"r", b"CR", GUID]).er_code == 1  # no delimiter
+    assert refuse_response([b""]).er_code == 1
+    assert refuse_response([b"", b"Res9"]).er_code == 2
+    assert refuse_response([b"", b"Res01"]).er_code == 1
     err = refuse_response([b"", b"Res01", b"r"])
-    assert (err.code, err.request_id) == (1, b"r")
-    assert refuse_response([b"", b"Res01", b"r", b"AC"]).code == 3
+    assert (err.er_code, err.request_id) == (1, b"r")
+    assert refuse_response([b"", b"Res01", b"r", b"AC"]).er_code == 3
     err = refuse_response([b"", b"Res01", b"r", b"CR", GUID, b"x"])
-    assert (err.code, err.request_id, err.protocol) == (1, b"r", "Res01")
-    assert refuse_response([b"", b"Res01", b"r", b"ER", b"x", b"m"]).code == 1
-    assert refuse_response([b"", b"Res01", b"r", b"SR", b"2", b"1"]).code == 1
+    assert (err.er_code, err.request_id, err.protocol) == (1, b"r", "Res01")
+    assert refuse_response([b"", b"Res01", b"r", b"ER", b"x", b"m"]).er_code == 1
+    assert refuse_response([b"", b"Res01", b"r", b"SR", b"2", b"1"]).er_code == 1

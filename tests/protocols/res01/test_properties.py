@@ -148,7 +148,7 @@ multipart = st.lists(interesting_frames, max_size=16)
 
 
 def assert_refused_properly(err: Res01Error) -> None:
-    assert err.code in (1, 2, 3)
+    assert err.er_code in (1, 2, 3)
     # Whatever was refused, the server can always build its ER reply.
     reply = encode_error_reply(err)
     assert reply[len(err.routing)] == b""
@@ -185,7 +185,7 @@ def test_random_multipart_responses_only_raise_res01_error(frames: list[bytes]) 
     try:
         decode_response(frames)
     except Res01Error as err:
-        assert err.code in (1, 2, 3)
+        assert err.er_code in (1, 2, 3)
 
 
 @SETTINGS
@@ -224,7 +224,7 @@ def test_truncated_responses_are_refused(response: Response) -> None:
         try:
             decode_response(frames[:keep])
         except Res01Error as err:
-            assert err.code in (1, 2, 3)
+            assert err.er_code in (1, 2, 3)
         else:
             raise AssertionError(f"truncated to {keep} frames but decoded")
 
@@ -238,7 +238,7 @@ def test_extra_trailing_frames_are_refused(
     try:
         decode_request([*route, *encode_request(request), *extra])
     except Res01Error as err:
-        assert err.code == 1
+        assert err.er_code == 1
     else:
         raise AssertionError("extra frames accepted")
 
@@ -261,6 +261,6 @@ def test_any_binary_datetime_decodes_or_is_malformed(value: int) -> None:
     try:
         dt = ticks_to_datetime(value)
     except Res01Error as err:
-        assert err.code == 1
+        assert err.er_code == 1
     else:
         assert dt.tzinfo is UTC

@@ -7,7 +7,13 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from polyport.protocols.res01 import DateTimeKind, Res01Error, datetime_to_ticks, ticks_to_datetime
+from polyport.protocols.res01 import (
+    DateTimeKind,
+    LocalProtocolError,
+    Res01Error,
+    datetime_to_ticks,
+    ticks_to_datetime,
+)
 from polyport.protocols.res01.values import (
     decode_datetime,
     decode_guid,
@@ -38,7 +44,7 @@ def test_guid_is_dotnet_byte_order() -> None:
 def test_guid_must_be_16_bytes(frame: bytes) -> None:
     with pytest.raises(Res01Error) as info:
         decode_guid(frame, "id")
-    assert info.value.code == 1
+    assert info.value.er_code == 1
 
 
 def test_datetime_unspecified_kind_vector() -> None:
@@ -97,7 +103,7 @@ def test_local_kind_wrapped_below_min_clamps_to_min() -> None:
 def test_numbers_are_strict_decimal(frame: bytes) -> None:
     with pytest.raises(Res01Error) as info:
         decode_long(frame, "n")
-    assert info.value.code == 1
+    assert info.value.er_code == 1
 
 
 def test_number_ranges() -> None:
@@ -112,9 +118,9 @@ def test_number_ranges() -> None:
         decode_long(b"9223372036854775808", "n")
     assert encode_int(-1) == b"-1"
     assert encode_long(2**63 - 1) == b"9223372036854775807"
-    with pytest.raises(ValueError):
+    with pytest.raises(LocalProtocolError):
         encode_int(2**31)
-    with pytest.raises(ValueError):
+    with pytest.raises(LocalProtocolError):
         encode_long(-(2**63) - 1)
 
 
@@ -122,4 +128,4 @@ def test_text_is_strict_utf8() -> None:
     assert decode_text("café".encode(), "s") == "café"
     with pytest.raises(Res01Error) as info:
         decode_text(b"caf\xe9", "s")
-    assert info.value.code == 1
+    assert info.value.er_code == 1

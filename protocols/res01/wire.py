@@ -1,18 +1,18 @@
-"""Res01 multipart codec (sans-IO).
+"""Res01 wire format: pure encode/decode of multipart messages, no state.
 
 Request  (client → ROUTER): ``[routing…][""][protocol][command][requestId][details…]``
 Response (ROUTER → client): ``[routing…][""][protocol][requestId][command][details…]``
 
-Every message is independent: a ROUTER server needs no connection state, so
-there is no state machine here, only per-message decoding.  Request-id
-correlation belongs to the client.
+Every message decodes on its own.  Which replies may answer which request,
+and when a request is done, is ``state.py``'s table, kept per request by the
+connection objects (``connection.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from polyport.protocols.res01.errors import ErrorCode, Res01Error
+from polyport.protocols.res01.errors import ErrorCode, LocalProtocolError, Res01Error
 from polyport.protocols.res01.frames import (
     ACCEPTED_PROTOCOLS,
     CMD_APPEND_COMMIT,
@@ -293,7 +293,9 @@ def decode_request(frames: Sequence[bytes]) -> tuple[Routing, Request]:
 
 def _check_protocol(protocol: str) -> bytes:
     if protocol not in ACCEPTED_PROTOCOLS:
-        raise ValueError(f"protocol must be one of {sorted(ACCEPTED_PROTOCOLS)}, not {protocol!r}")
+        raise LocalProtocolError(
+            f"protocol must be one of {sorted(ACCEPTED_PROTOCOLS)}, not {protocol!r}"
+        )
     return protocol.encode("ascii")
 
 
@@ -391,7 +393,7 @@ def encode_response(routing: Sequence[bytes], response: Response) -> list[bytes]
     for frame in routing:
         if len(frame) == 0:
             # An empty routing frame would end the envelope early.
-            raise ValueError("routing frames must not be empty")
+            raise LocalProtocolError("routing frames must not be empty")
     details = _response_details(response)
     return [
         *(bytes(f) for f in routing),
@@ -411,7 +413,7 @@ def encode_error_reply(error: Res01Error) -> list[bytes]:
     """
     reply = Error(
         request_id=error.request_id if error.request_id is not None else EMPTY,
-        code=error.code,
+        code=error.er_code,
         message=error.message,
         protocol=error.protocol if error.protocol is not None else PROTOCOL,
     )

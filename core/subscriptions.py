@@ -26,10 +26,13 @@ from polyport.core.aio import wait_event
 from polyport.core.commands import Selector
 from polyport.core.errors import StorageUnavailable
 from polyport.core.events import RecordedEvent
+from polyport.core.logs import RateLimitedLog
 from polyport.core.reader import BufferedReader
 from polyport.core.records import record_from_row
 
 log = logging.getLogger("polyport.subscriptions")
+# A matcher that fails on one event tends to fail on every event.
+_matcher_failures = RateLimitedLog(log)
 
 CATCH_UP_BATCH = 500
 TAIL_BATCH = 500
@@ -127,8 +130,12 @@ class Subscription(BufferedReader):
 def _safe_match(selector: Selector, ev: RecordedEvent) -> bool:
     try:
         return selector.matches(ev)
-    except Exception:  # a user-supplied matcher must not break the fan-out
-        log.exception("subscription matcher failed on position %d; event skipped", ev.position)
+    except Exception as exc:  # a user-supplied matcher must not break the fan-out
+        _matcher_failures.error(
+            ("matcher", id(selector)),
+            "subscription matcher failed on position %d (%s: %s); event skipped",
+            ev.position, type(exc).__name__, exc,
+        )
         return False
 
 

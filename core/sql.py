@@ -236,6 +236,9 @@ DELETE_USER = "DELETE FROM users WHERE name = $1 RETURNING name"
 
 # --- binders ------------------------------------------------------------------
 
+# The schema check behind readiness (core.health), on a slow timer.
+SCHEMA_REVISION = "SELECT version_num FROM alembic_version"
+
 CREATE_BINDER = """
 INSERT INTO binders (name, context, stream_prefix, types, fold, position, created_at)
 VALUES ($1, $2, $3, $4, $5, 0, now())

@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -26,6 +28,8 @@ from polyport.core.aio import wait_event
 from polyport.core.bodies import event_document
 from polyport.core.commands import Selector
 from polyport.core.errors import Malformed, NotFound
+from polyport.core.events import RecordedEvent
+from polyport.core.logs import RateLimitedLog
 from polyport.core.matcher import Predicate, compile_matcher
 from polyport.core.records import record_from_row
 
@@ -33,12 +37,36 @@ if TYPE_CHECKING:
     from polyport.core.store import EventStore
 
 log = logging.getLogger("polyport.binders")
+# Per binder: a poison event tends to come with others like it.
+_failures_log = RateLimitedLog(log)
 
 FOLDS = ("merge", "replace")
 PROJECT_BATCH = 1000
 QUERY_PAGE = 500
 
 _JSON_OPTS = json_util.JSONOptions(json_mode=json_util.JSONMode.RELAXED)
+# A NUL character as JSON writes it (an even run of backslashes before it
+# escapes themselves, not the NUL): jsonb refuses it.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# How many of a binder's skipped events its listing shows.
+RECENT_FAILURES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class BinderFailure:
+    """An event a binder could not fold, and skipped."""
+
+    position: int
+    error: str
+    recorded_at: datetime | str
+
+    def as_json(self) -> dict[str, Any]:
+        at = self.recorded_at
+        return {
+            "position": self.position,
+            "error": self.error,
+            "recorded_at": at.isoformat() if isinstance(at, datetime) else at,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +78,9 @@ class BinderSpec:
     fold: str
     position: int = 0
     documents: int = 0
+    # Events skipped because they could not be folded: how many, latest first.
+    failures: int = 0
+    recent_failures: tuple[BinderFailure, ...] = ()
 
     @property
     def definition(self) -> tuple[str, str, tuple[str, ...] | None, str]:
@@ -74,10 +105,15 @@ class BinderSpec:
             "fold": self.fold,
             "position": self.position,
             "documents": self.documents,
+            "failures": {
+                "count": self.failures,
+                "recent": [f.as_json() for f in self.recent_failures],
+            },
         }
 
 
 def spec_from_row(row: asyncpg.Record) -> BinderSpec:
+    recent = row.get("recent_failures")
     return BinderSpec(
         name=row["name"],
         context=row["context"],
@@ -86,6 +122,11 @@ def spec_from_row(row: asyncpg.Record) -> BinderSpec:
         fold=row["fold"],
         position=row["position"],
         documents=row.get("documents", 0),
+        failures=row.get("failures", 0),
+        recent_failures=tuple(
+            BinderFailure(f["position"], f["error"], f["recorded_at"])
+            for f in (json.loads(recent) if recent else ())
+        ),
     )
 
 
@@ -101,6 +142,17 @@ def fold_document(
 def to_jsonable(doc: dict[str, Any]) -> dict[str, Any]:
     """BSON-only values (dates, binaries, ObjectIds) as relaxed Extended JSON."""
     out: dict[str, Any] = json.loads(json_util.dumps(doc, json_options=_JSON_OPTS))
+    return out
+
+
+def foldable_body(ev: RecordedEvent) -> dict[str, Any]:
+    """An event's body as a binder folds it.  Raises when it cannot be: a
+    body nested too deep for the encoder (``RecursionError``), or one holding
+    a NUL character, which PostgreSQL jsonb cannot store (it would fail the
+    whole batch's write)."""
+    out = to_jsonable(event_document(ev))
+    if _JSON_NUL.search(json.dumps(out)):
+        raise ValueError("the body holds a NUL character, which a binder (jsonb) cannot store")
     return out
 
 
@@ -183,6 +235,7 @@ class BinderService:
     async def drop(self, name: str) -> None:
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(sql.CLEAR_BINDER_DOCUMENTS, name)
+            await conn.execute(sql.CLEAR_BINDER_ERRORS, name)
             if await conn.fetchval(sql.DROP_BINDER, name) is None:
                 raise NotFound(f"no binder named {name!r}")
 
@@ -193,6 +246,8 @@ class BinderService:
             if row is None:
                 raise NotFound(f"no binder named {name!r}")
             await conn.execute(sql.CLEAR_BINDER_DOCUMENTS, name)
+            # The log is folded again from the start: what fails will fail again.
+            await conn.execute(sql.CLEAR_BINDER_ERRORS, name)
             await conn.execute(sql.SET_BINDER_POSITION, name, 0)
         self._wake.set()
 
@@ -229,14 +284,27 @@ class BinderService:
             await wait_event(self._wake, self._store.config.poll_interval * 5)
             self._wake.clear()
             try:
-                for spec in await self.list():
-                    while await self.project_once(spec.name):
-                        pass
-            except asyncio.CancelledError:
-                raise
+                names = [spec.name for spec in await self.list()]
             except Exception as exc:
-                log.warning("binder projection failed (%s); retrying", exc)
+                _failures_log.warning("list", "binder projection failed (%s); retrying", exc)
                 await asyncio.sleep(1.0)
+                self._wake.set()
+                continue
+            failed = False
+            for name in names:
+                # One binder's trouble (say, the database refusing its write)
+                # must not hold up the binders after it.
+                try:
+                    while await self.project_once(name):
+                        pass
+                except Exception as exc:
+                    failed = True
+                    _failures_log.warning(
+                        ("batch", name), "binder %s: projection failed (%s); retrying", name, exc
+                    )
+            if failed:
+                await asyncio.sleep(1.0)
+                self._wake.set()
 
     async def project_once(self, name: str) -> bool:
         """Apply the next batch of events to one binder; True if more may follow."""
@@ -265,19 +333,31 @@ class BinderService:
                 for r in await conn.fetch(sql.GET_BINDER_DOCUMENTS, name, keys)
             }
             last_pos: dict[str, int] = {}
+            failures: list[tuple[str, int, str]] = []
             for e in events:
-                current[e.stream] = fold_document(
-                    spec.fold, current.get(e.stream), to_jsonable(event_document(e))
-                )
+                try:
+                    body = foldable_body(e)
+                except Exception as exc:  # poison: record it, skip it, go on
+                    error = f"{type(exc).__name__}: {exc}"[:1000]
+                    failures.append((name, e.position, error))
+                    _failures_log.warning(
+                        ("event", name), "binder %s skipped the event at position %d: %s",
+                        name, e.position, error,
+                    )
+                    continue
+                current[e.stream] = fold_document(spec.fold, current.get(e.stream), body)
                 last_pos[e.stream] = e.position
             changed = sorted(last_pos)
-            await conn.execute(
-                sql.UPSERT_BINDER_DOCUMENTS,
-                name,
-                changed,
-                [json.dumps(current[k]) for k in changed],
-                [last_pos[k] for k in changed],
-            )
+            if changed:
+                await conn.execute(
+                    sql.UPSERT_BINDER_DOCUMENTS,
+                    name,
+                    changed,
+                    [json.dumps(current[k]) for k in changed],
+                    [last_pos[k] for k in changed],
+                )
+            if failures:
+                await conn.executemany(sql.RECORD_BINDER_ERROR, failures)
             more = len(rows) == PROJECT_BATCH
             new_position = events[-1].position if more else head
             await conn.execute(sql.SET_BINDER_POSITION, name, new_position)

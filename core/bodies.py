@@ -9,7 +9,9 @@ not protocols: no wire framing lives here.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -101,6 +103,82 @@ def guess_text_content_type(body: bytes) -> str:
     except (ValueError, UnicodeDecodeError, RecursionError):
         return TEXT
     return JSON
+
+
+# Bytes that can open a nested document or array: JSON brackets; BSON's
+# embedded document and array element types; MessagePack's map and array
+# markers.  Counting them (C speed) bounds the depth from above, so the common
+# shallow body needs no further look.
+_JSON_OPENERS = b"[{"
+_BSON_OPENERS = b"\x03\x04"
+_MSGPACK_OPENERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
+# JSON strings are dropped before brackets are counted: brackets in them do not nest.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# Openers become +1 and closers -1 (as signed bytes); everything else goes.
+_BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[{]}")
+
+
+def _openers(body: bytes, openers: bytes) -> int:
+    return len(body) - len(body.translate(None, openers))
+
+
+def _json_depth_exceeds(body: bytes, limit: int) -> bool:
+    """The deepest bracket outside strings, valid JSON or not; every step
+    runs in C (a running sum over +1/-1 bytes), no recursion, no per-byte
+    Python loop."""
+    steps = _JSON_STRING.sub(b"", body).translate(_BRACKET_STEPS, _NOT_BRACKETS)
+    return max(itertools.accumulate(memoryview(steps).cast("b")), default=0) > limit
+
+
+def _value_depth_exceeds(value: Any, limit: int) -> bool:
+    """Nesting of dicts and lists in a decoded value, one level at a time
+    (no recursion)."""
+    level = [value]
+    depth = 1
+    while level:
+        if depth > limit:
+            return True
+        below: list[Any] = []
+        for v in level:
+            below += [c for c in (v.values() if isinstance(v, dict) else v)
+                      if isinstance(c, dict | list)]
+        level = below
+        depth += 1
+    return False
+
+
+def body_depth_exceeds(content_type: str, body: bytes, limit: int) -> bool:
+    """Whether a JSON, BSON or MessagePack body nests documents and arrays
+    deeper than ``limit`` (the top level is 1).  Other content types, and
+    bodies their format cannot decode (they are stored as opaque data), never
+    exceed it.  No step recurses, so a hostile body cannot exhaust the stack."""
+    kind = media_type(content_type)
+    if kind == JSON:
+        return _openers(body, _JSON_OPENERS) > limit and _json_depth_exceeds(body, limit)
+    value: Any
+    if kind == BSON:
+        # +1: the top-level document has no type byte of its own.
+        if _openers(body, _BSON_OPENERS) + 1 <= limit:
+            return False
+        try:
+            value = bson.decode(body)
+        except Exception as exc:
+            # The C decoder's recursion guard surfaces as InvalidBSON; any
+            # other failure is a body stored as opaque data.
+            return "recursion" in str(exc)
+    elif kind == MSGPACK:
+        if _openers(body, _MSGPACK_OPENERS) <= limit:
+            return False
+        try:
+            value = loads_msgpack(body)
+        except (RecursionError, msgpack.StackError):
+            return True
+        except Exception:
+            return False
+    else:
+        return False
+    return isinstance(value, dict | list) and _value_depth_exceeds(value, limit)
 
 
 def body_document(content_type: str, body: bytes) -> dict[str, Any]:

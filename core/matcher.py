@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bson import json_util
+
 from polyport.core.errors import Malformed
 from polyport.core.events import RecordedEvent
+from polyport.core.limits import DEFAULT_MATCHER_LIMITS, MatcherLimits
 
 Predicate = Callable[[Mapping[str, Any]], bool]
 
@@ -117,11 +120,55 @@ def event_matcher(spec: Mapping[str, Any]) -> Callable[[RecordedEvent], bool]:
     return lambda ev: predicate(event_document(ev))
 
 
-def compile_matcher(spec: Mapping[str, Any] | None) -> Predicate:
+def check_matcher_size(spec: Mapping[str, Any], limits: MatcherLimits) -> None:
+    """Refuse a matcher too deep or too big to evaluate safely, walking it
+    without recursion: a predicate compiled from it can then never recurse
+    deeper than ``limits.max_depth`` on an event."""
+    stack: list[tuple[Any, int]] = [(spec, 1)]
+    nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if nodes > limits.max_nodes:
+            raise Malformed(f"matcher has more than {limits.max_nodes} parts (max_matcher_nodes)")
+        if isinstance(value, Mapping):
+            children: Any = value.values()
+        elif isinstance(value, list | tuple):
+            children = value
+        else:
+            continue
+        if depth > limits.max_depth:
+            raise Malformed(
+                f"matcher nests documents and arrays deeper than {limits.max_depth} levels "
+                "(max_matcher_depth)"
+            )
+        stack.extend((c, depth + 1) for c in children)
+    try:
+        size = len(json_util.dumps(spec).encode("utf-8"))
+    except (TypeError, ValueError):
+        size = len(repr(spec))
+    if size > limits.max_bytes:
+        raise Malformed(
+            f"matcher of {size} bytes exceeds the limit of {limits.max_bytes} bytes "
+            "(max_matcher_bytes)"
+        )
+
+
+def compile_matcher(
+    spec: Mapping[str, Any] | None, limits: MatcherLimits = DEFAULT_MATCHER_LIMITS
+) -> Predicate:
     """Compile a matcher document into a predicate over documents.
-    Raises :class:`~core.errors.Malformed` with the offending part."""
+    Raises :class:`~core.errors.Malformed` with the offending part, or the
+    limit it breaks."""
     if spec is None:
         return lambda doc: True
+    if not isinstance(spec, Mapping):
+        raise Malformed("a matcher must be a document")
+    check_matcher_size(spec, limits)
+    return _compile(spec)
+
+
+def _compile(spec: Mapping[str, Any]) -> Predicate:
     if not isinstance(spec, Mapping):
         raise Malformed("a matcher must be a document")
     parts: list[Predicate] = []
@@ -129,7 +176,7 @@ def compile_matcher(spec: Mapping[str, Any] | None) -> Predicate:
         if key in ("$and", "$or"):
             if not isinstance(cond, list) or not cond:
                 raise Malformed(f"{key} needs a non-empty array of matchers")
-            subs = [compile_matcher(c) for c in cond]
+            subs = [_compile(c) for c in cond]
             parts.append(_all_of(subs) if key == "$and" else _any_of(subs))
         elif isinstance(key, str) and key.startswith("$"):
             raise Malformed(f"unsupported top-level matcher operator {key!r}")

@@ -6,6 +6,7 @@ The gateway and the CLI call these; ``polyport migrate`` is a thin wrapper.
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 from typing import TextIO
 
@@ -40,6 +41,7 @@ def alembic_config(database_url: str, stdout: TextIO | None = None) -> Config:
     return cfg
 
 
+@functools.cache  # reads the revision files: once per process is enough
 def head_revision() -> str:
     script = ScriptDirectory.from_config(alembic_config("postgresql://unused/x"))
     head = script.get_current_head()
@@ -83,16 +85,22 @@ class SchemaBehind(RuntimeError):
     pass
 
 
+def schema_behind(current: str | None, head: str) -> str | None:
+    """What is wrong, with the remedy, when ``current`` is not ``head``; else None."""
+    if current == head:
+        return None
+    return (
+        f"database schema is at revision {current or 'none (empty database)'}, "
+        f"this polyport needs {head}: run `polyport migrate` "
+        "(with the same --database-url) and start again"
+    )
+
+
 async def check_current(database_url: str) -> None:
     """Raise :class:`SchemaBehind` with the remedy when the schema is not at head."""
-    current = await current_revision(database_url)
-    head = head_revision()
-    if current != head:
-        raise SchemaBehind(
-            f"database schema is at revision {current or 'none (empty database)'}, "
-            f"this polyport needs {head}: run `polyport migrate` "
-            "(with the same --database-url) and start again"
-        )
+    problem = schema_behind(await current_revision(database_url), head_revision())
+    if problem is not None:
+        raise SchemaBehind(problem)
 
 
 def upgrade_in_thread(database_url: str) -> asyncio.Future[None]:

@@ -126,6 +126,16 @@ binder_documents = Table(
     Column("position", BigInteger, nullable=False),
 )
 
+# Events a binder could not fold and skipped (revision 0004).
+binder_errors = Table(
+    "binder_errors",
+    metadata,
+    Column("binder", Text, primary_key=True),
+    Column("position", BigInteger, primary_key=True),
+    Column("error", Text, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+)
+
 # --- pipeline (revision 0002) ---------------------------------------------------
 
 # Events and body bytes per context, stream category (stream name up to the

@@ -236,15 +236,23 @@ DELETE_USER = "DELETE FROM users WHERE name = $1 RETURNING name"
 
 # --- binders ------------------------------------------------------------------
 
+# The schema check behind readiness (core.health), on a slow timer.
+SCHEMA_REVISION = "SELECT version_num FROM alembic_version"
+
 CREATE_BINDER = """
 INSERT INTO binders (name, context, stream_prefix, types, fold, position, created_at)
 VALUES ($1, $2, $3, $4, $5, 0, now())
 ON CONFLICT (name) DO NOTHING RETURNING name
 """
 
+# With the events each binder skipped: how many, and the latest few.
 LIST_BINDERS = """
 SELECT b.name, b.context, b.stream_prefix, b.types, b.fold, b.position,
-       (SELECT count(*) FROM binder_documents d WHERE d.binder = b.name) AS documents
+       (SELECT count(*) FROM binder_documents d WHERE d.binder = b.name) AS documents,
+       (SELECT count(*) FROM binder_errors x WHERE x.binder = b.name) AS failures,
+       (SELECT coalesce(json_agg(r ORDER BY r.position DESC), '[]')::text
+        FROM (SELECT x.position, x.error, x.recorded_at FROM binder_errors x
+              WHERE x.binder = b.name ORDER BY x.position DESC LIMIT 5) r) AS recent_failures
 FROM binders b ORDER BY b.name
 """
 
@@ -277,6 +285,14 @@ WHERE binder = $1 AND key > $2 ORDER BY key LIMIT $3
 """
 
 CLEAR_BINDER_DOCUMENTS = "DELETE FROM binder_documents WHERE binder = $1"
+
+CLEAR_BINDER_ERRORS = "DELETE FROM binder_errors WHERE binder = $1"
+
+RECORD_BINDER_ERROR = """
+INSERT INTO binder_errors (binder, position, error, recorded_at) VALUES ($1, $2, $3, now())
+ON CONFLICT (binder, position) DO UPDATE
+SET error = EXCLUDED.error, recorded_at = EXCLUDED.recorded_at
+"""
 
 DROP_BINDER = "DELETE FROM binders WHERE name = $1 RETURNING name"
 

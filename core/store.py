@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 
-from polyport.core import sql
+from polyport.core import migrate, sql
 from polyport.core.binders import BinderQuery, BinderService
 from polyport.core.commands import (
     Append,
@@ -36,6 +36,12 @@ from polyport.core.commands import (
 from polyport.core.errors import Busy, Malformed, NotFound, StorageUnavailable, Timeout
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import ConsumerGroup, GroupMember
+from polyport.core.health import (
+    DEFAULT_STALE_AFTER,
+    SCHEMA_CHECK_INTERVAL,
+    Health,
+    HealthSnapshot,
+)
 from polyport.core.matcher import event_matcher
 from polyport.core.migrate import asyncpg_dsn
 from polyport.core.records import record_from_row
@@ -63,6 +69,9 @@ class StoreConfig:
     read_timeout: float = 30.0
     allow_anonymous: bool = True
     run_binders: bool = True
+    # Readiness (core.health): the schema revision is checked at start and
+    # then this often, off the request path.
+    schema_check_interval: float = SCHEMA_CHECK_INTERVAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +124,9 @@ class EventStore:
         self._notify_latest = 0
         self._notify_task: asyncio.Task[None] | None = None
         self._notify_wake = asyncio.Event()
+        # The tailer polls at least every poll interval when idle.
+        self._health = Health(stale_after=max(DEFAULT_STALE_AFTER, 3 * config.poll_interval))
+        self._schema_task: asyncio.Task[None] | None = None
         self.started = False
         # Optional: called with each event handed to a subscriber or fetched
         # by a fetch-style subscription (delivery metrics).
@@ -133,11 +145,12 @@ class EventStore:
                 f"cannot connect to PostgreSQL ({exc}); check --database-url and that the "
                 "server is running"
             ) from exc
-        self.tailer = Tailer(self._pool, self._dsn, self.config.poll_interval)
+        self.tailer = Tailer(self._pool, self._dsn, self.config.poll_interval, self._health)
         await self.tailer.start()
         self.writer = Writer(self._pool, self._dsn, self.config.writer, on_commit=self._committed)
         self.writer.start()
         self._notify_task = asyncio.create_task(self._notifier(), name="polyport-notify")
+        self._schema_task = asyncio.create_task(self._watch_schema(), name="polyport-schema")
         self.users = UserService(self._pool, allow_anonymous=self.config.allow_anonymous)
         self.binders = BinderService(self, run_projector=self.config.run_binders)
         await self.binders.start()
@@ -154,6 +167,8 @@ class EventStore:
         await self.binders.stop()
         if self._notify_task is not None:
             self._notify_task.cancel()
+        if self._schema_task is not None:
+            self._schema_task.cancel()
         await self.tailer.stop()
         if self._lock_conn is not None:
             await self._lock_conn.close()
@@ -180,6 +195,7 @@ class EventStore:
         return await self.writer.submit(command.appends)
 
     def _committed(self, position: int) -> None:
+        self._health.ok()
         self.tailer.notify(position)
         self._notify_latest = position
         self._notify_wake.set()
@@ -210,6 +226,32 @@ class EventStore:
                 if conn is not None:
                     conn.terminate()
                 conn = None
+
+    # --- health -------------------------------------------------------------
+
+    def health(self) -> HealthSnapshot:
+        """Database reachability and schema currency as the store last saw
+        them (writer commits, tailer polls, the schema timer): no round trip."""
+        return self._health.snapshot()
+
+    async def _watch_schema(self) -> None:
+        """The schema revision against this code's head: at start, then every
+        ``schema_check_interval`` seconds (a migration run while serving, or
+        a downgrade, shows up in readiness)."""
+        # Alembic reads its revision files: off the event loop, once.
+        head = await asyncio.to_thread(migrate.head_revision)
+        while True:
+            try:
+                current = await asyncio.wait_for(self._pool.fetchval(sql.SCHEMA_REVISION), 5.0)
+            except asyncpg.UndefinedTableError:
+                self._health.ok()
+                self._health.schema(migrate.schema_behind(None, head))
+            except Exception as exc:  # timeout, lost connection: the database's health
+                self._health.failed("schema check", exc)
+            else:
+                self._health.ok()
+                self._health.schema(migrate.schema_behind(current, head))
+            await asyncio.sleep(self.config.schema_check_interval)
 
     # --- reads --------------------------------------------------------------
 

@@ -26,10 +26,14 @@ from polyport.core.aio import wait_event
 from polyport.core.commands import Selector
 from polyport.core.errors import StorageUnavailable
 from polyport.core.events import RecordedEvent
+from polyport.core.health import Health
+from polyport.core.logs import RateLimitedLog
 from polyport.core.reader import BufferedReader
 from polyport.core.records import record_from_row
 
 log = logging.getLogger("polyport.subscriptions")
+# A matcher that fails on one event tends to fail on every event.
+_matcher_failures = RateLimitedLog(log)
 
 CATCH_UP_BATCH = 500
 TAIL_BATCH = 500
@@ -127,18 +131,27 @@ class Subscription(BufferedReader):
 def _safe_match(selector: Selector, ev: RecordedEvent) -> bool:
     try:
         return selector.matches(ev)
-    except Exception:  # a user-supplied matcher must not break the fan-out
-        log.exception("subscription matcher failed on position %d; event skipped", ev.position)
+    except Exception as exc:  # a user-supplied matcher must not break the fan-out
+        _matcher_failures.error(
+            ("matcher", id(selector)),
+            "subscription matcher failed on position %d (%s: %s); event skipped",
+            ev.position, type(exc).__name__, exc,
+        )
         return False
 
 
 class Tailer:
     """Reads committed events once per process and fans them out."""
 
-    def __init__(self, pool: asyncpg.Pool, dsn: str, poll_interval: float = 1.0) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, dsn: str, poll_interval: float = 1.0,
+        health: Health | None = None,
+    ) -> None:
         self._pool = pool
         self._dsn = dsn
         self.poll_interval = poll_interval
+        # Told of every round trip's outcome: readiness answers from it.
+        self.health = health or Health()
         self.head = 0
         self.last_time: datetime | None = None
         self._known_head = 0
@@ -155,6 +168,7 @@ class Tailer:
 
     async def start(self) -> None:
         self.head = self._known_head = await self._pool.fetchval(sql.HEAD_POSITION)
+        self.health.ok()
         await self._listen()
         self._task = asyncio.create_task(self._run(), name="polyport-tailer")
 
@@ -229,6 +243,7 @@ class Tailer:
                     await self._listen()
                 await self._advance(announced=woken)
             except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+                self.health.failed("tailer", exc)
                 log.warning("tailer read failed (%s); retrying", exc)
                 await asyncio.sleep(self.poll_interval)
 
@@ -241,6 +256,7 @@ class Tailer:
             known = self._known_head
             if not announced:
                 known = max(known, await self._pool.fetchval(sql.HEAD_POSITION))
+                self.health.ok()
             if not self._live and not self.listeners:
                 if known > self.head:
                     self.head = known
@@ -248,6 +264,7 @@ class Tailer:
                 return
         while True:
             rows = await self._pool.fetch(sql.READ_ALL_AFTER, self.head, TAIL_BATCH)
+            self.health.ok()
             if not rows:
                 return
             for row in rows:

@@ -31,10 +31,10 @@ from polyport.core.errors import (
     PolyportError,
     StorageUnavailable,
     Timeout,
-    TooLarge,
     WrongExpectedVersion,
 )
 from polyport.core.events import RecordedEvent
+from polyport.core.limits import EventLimits, check_appends
 from polyport.core.records import record_from_row
 
 log = logging.getLogger("polyport.writer")
@@ -45,6 +45,10 @@ ONE_MICROSECOND = timedelta(microseconds=1)
 @dataclass(frozen=True, slots=True)
 class WriterLimits:
     max_pending_events: int = 50_000
+    # Bytes of bodies, headers and names accepted but not yet sent to the
+    # database: with the event bound alone, 50,000 events of 1 MiB each
+    # could queue 50 GB.
+    max_pending_bytes: int = 256 << 20
     max_batch_events: int = 10_000
     max_batch_bytes: int = 32 << 20
     max_event_bytes: int = 16 << 20
@@ -55,6 +59,7 @@ class WriterLimits:
     pipeline_depth: int = 2
     commit_timeout: float = 30.0
     slow_commit_seconds: float = 1.0
+    events: EventLimits = field(default_factory=EventLimits)
 
 
 @dataclass
@@ -65,6 +70,8 @@ class _Pending:
     size: int
     deadline: float
     queued_at: float = 0.0
+    # Bytes held for it until sent (bodies, headers, names): max_pending_bytes.
+    cost: int = 0
 
 
 @dataclass
@@ -121,6 +128,8 @@ class Writer:
         # batches planned while their predecessor commits.  max_pending_events
         # bounds this.
         self._waiting_events = 0
+        # The same units' bytes (see _Pending.cost); max_pending_bytes bounds it.
+        self._waiting_bytes = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
@@ -152,6 +161,11 @@ class Writer:
     @property
     def queue_depth(self) -> int:
         return self._waiting_events
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes held for appends accepted but not yet sent (max_pending_bytes)."""
+        return self._waiting_bytes
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="polyport-writer")
@@ -209,38 +223,26 @@ class Writer:
         if self._closing:
             raise StorageUnavailable("the store is shutting down; retry against a running gateway")
         n = sum(len(a.events) for a in appends)
-        size = 0
-        ids: set[uuid.UUID] = set()
-        for a in appends:
-            if not a.stream:
-                raise Malformed("stream name must not be empty")
-            _check_text(a.context, "context")
-            _check_text(a.stream, "stream name")
-            _check_text(a.origin, "origin")
-            for e in a.events:
-                if n > 1:
-                    if e.event_id in ids:
-                        raise Malformed(f"event id {e.event_id} appears twice in one append")
-                    ids.add(e.event_id)
-                _check_text(e.type, "event type")
-                _check_text(e.content_type, "content type")
-                for key, value in e.headers.items():
-                    _check_text(key, "header name")
-                    _check_text(value, f"header {key!r}")
-                if len(e.body) > self.limits.max_event_bytes:
-                    raise TooLarge(
-                        f"event body of {len(e.body)} bytes exceeds the limit of "
-                        f"{self.limits.max_event_bytes} bytes"
-                    )
-                size += len(e.body)
+        size, cost = check_appends(appends, self.limits.events, self.limits.max_event_bytes)
+        # Both bounds apply only to a queue that holds something: a single
+        # append within the per-event limits is always admitted on its own.
         waiting = self._waiting_events
         if waiting and waiting + n > self.limits.max_pending_events:
             raise Busy(f"writer queue full ({waiting} events waiting); retry shortly")
+        held = self._waiting_bytes
+        if held and held + cost > self.limits.max_pending_bytes:
+            raise Busy(
+                f"writer queue full ({held} bytes waiting, max_pending_bytes "
+                f"{self.limits.max_pending_bytes}); retry shortly"
+            )
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[AppendResult]] = loop.create_future()
         deadline = loop.time() + self.limits.commit_timeout
-        self._queue.append(_Pending(tuple(appends), fut, n, size, deadline, time.monotonic()))
+        self._queue.append(
+            _Pending(tuple(appends), fut, n, size, deadline, time.monotonic(), cost)
+        )
         self._waiting_events += n
+        self._waiting_bytes += cost
         self._wake.set()
         # The deadline is enforced by _expire(): one timer for all waiters is
         # much cheaper than a wait_for() per append.
@@ -288,10 +290,11 @@ class Writer:
         self._inflight[slot] = batch
         self._settle[slot] = []
         events = sum(p.events for p in batch)
+        cost = sum(p.cost for p in batch)
         if previous is None or previous.done():
-            self._waiting_events -= events
+            self._sent(events, cost)
         else:
-            previous.add_done_callback(lambda _: self._sent(events))
+            previous.add_done_callback(lambda _: self._sent(events, cost))
         started = time.monotonic()
         written = self.stats.events
         try:
@@ -317,8 +320,9 @@ class Writer:
         if self.observer is not None:
             self._observe(batch, self.stats.events - written, elapsed, done)
 
-    def _sent(self, events: int) -> None:
+    def _sent(self, events: int, cost: int) -> None:
         self._waiting_events -= events
+        self._waiting_bytes -= cost
 
     def _observe(self, batch: list[_Pending], events: int, elapsed: float, done: float) -> None:
         assert self.observer is not None
@@ -410,7 +414,7 @@ class Writer:
                 break
             self._queue.popleft()
             if p.future.cancelled():
-                self._waiting_events -= p.events
+                self._sent(p.events, p.cost)
                 continue
             batch.append(p)
             events += p.events
@@ -578,31 +582,6 @@ _FAST_APPEND = {
     (True, True): sql.FAST_APPEND_NEW_STREAMS_CHECKPOINTS,
 }
 _NO_HEADERS: dict[str, str] = {}
-
-
-# Names already found valid.  Contexts, streams, types and content types
-# repeat from append to append, so most checks are one set lookup.  Bounded:
-# cleared when full.
-_VALID_TEXT: set[str] = set()
-_VALID_TEXT_MAX = 4096
-
-
-def _check_text(value: str, what: str) -> None:
-    """PostgreSQL text cannot hold NUL or unpaired surrogates; refuse them up
-    front so they fail their own append rather than the whole group commit."""
-    if type(value) is str and value in _VALID_TEXT:
-        return
-    if not isinstance(value, str):
-        raise Malformed(f"{what} must be text")
-    if "\x00" in value:
-        raise Malformed(f"{what} must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise Malformed(f"{what} is not valid Unicode (unpaired surrogate)") from None
-    if len(_VALID_TEXT) >= _VALID_TEXT_MAX:
-        _VALID_TEXT.clear()
-    _VALID_TEXT.add(value)
 
 
 class _Planned(NamedTuple):

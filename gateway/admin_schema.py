@@ -104,7 +104,8 @@ USER: dict[str, Any] = {
 }
 BINDER: dict[str, Any] = {
     "type": "object",
-    "required": ["name", "context", "stream_prefix", "types", "fold", "position", "documents"],
+    "required": ["name", "context", "stream_prefix", "types", "fold", "position", "documents",
+                 "failures"],
     "properties": {
         "name": {"type": "string"},
         "context": {"type": "string"},
@@ -113,6 +114,27 @@ BINDER: dict[str, Any] = {
         "fold": {"type": "string", "enum": ["merge", "replace"]},
         "position": {"type": "integer"},
         "documents": {"type": "integer"},
+        "failures": {
+            "type": "object",
+            "description": "events the binder could not fold and skipped",
+            "required": ["count", "recent"],
+            "properties": {
+                "count": {"type": "integer"},
+                "recent": {
+                    "type": "array",
+                    "description": "the latest few, newest first",
+                    "items": {
+                        "type": "object",
+                        "required": ["position", "error", "recorded_at"],
+                        "properties": {
+                            "position": {"type": "integer"},
+                            "error": {"type": "string"},
+                            "recorded_at": {"type": "string", "format": "date-time"},
+                        },
+                    },
+                },
+            },
+        },
     },
 }
 SUBSCRIPTION: dict[str, Any] = {

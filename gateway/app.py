@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from polyport.core import migrate
+from polyport.core.limits import EventLimits
 from polyport.core.store import EventStore, StoreConfig
 from polyport.core.writer import WriterLimits
 from polyport.gateway.config import GatewayConfig
@@ -91,8 +92,16 @@ class Gateway:
                     writer=WriterLimits(
                         commit_timeout=self.config.commit_timeout,
                         max_pending_events=self.config.max_pending_events,
+                        max_pending_bytes=self.config.max_pending_bytes,
                         max_event_bytes=self.config.max_event_bytes,
                         slow_commit_seconds=self.config.slow_commit_seconds,
+                        events=EventLimits(
+                            max_name_bytes=self.config.max_name_bytes,
+                            max_headers=self.config.max_headers,
+                            max_header_name_bytes=self.config.max_header_name_bytes,
+                            max_header_value_bytes=self.config.max_header_value_bytes,
+                            max_body_depth=self.config.max_body_depth,
+                        ),
                     ),
                 )
             )

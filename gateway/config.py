@@ -74,6 +74,15 @@ class GatewayConfig:
     poll_interval: float = 1.0
     commit_timeout: float = 30.0
     max_pending_events: int = 50_000
+    # Bytes (bodies, headers, names) queued for the writer before appends
+    # answer busy; one append alone is always admitted.
+    max_pending_bytes: int = 256 << 20
+    # Structural limits checked before an append is queued (core.limits).
+    max_name_bytes: int = 256
+    max_headers: int = 64
+    max_header_name_bytes: int = 256
+    max_header_value_bytes: int = 4096
+    max_body_depth: int = 64
     # A store read (and a Res01 reader request's storage work) taking longer
     # than this fails with a reader timeout.
     read_timeout: float = 30.0
@@ -100,6 +109,12 @@ _BOOL_KEYS = {"allow_anonymous"}
 _INT_KEYS = {
     "max_event_bytes",
     "max_pending_events",
+    "max_pending_bytes",
+    "max_name_bytes",
+    "max_headers",
+    "max_header_name_bytes",
+    "max_header_value_bytes",
+    "max_body_depth",
     "bson_query_window",
     "res01_max_in_flight_writes",
     "res01_max_in_flight_reads",

@@ -115,3 +115,32 @@ async def test_stream_state_survives_downgrade_past_0003(empty_db_url: str) -> N
         assert (result.first_version, result.first_position) == (4, 5)
     finally:
         await store.close()
+
+
+async def test_binder_errors_come_and_go_with_0004(empty_db_url: str) -> None:
+    """0004 adds the table of events binders skipped; downgrading to 0003
+    drops it and leaves the binders and their documents as they were."""
+    await asyncio.to_thread(migrate.upgrade, empty_db_url, "head")
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        await conn.execute(
+            "INSERT INTO binders (name, context, stream_prefix, fold, position, created_at) "
+            "VALUES ('b', 'default', '', 'merge', 7, now())")
+        await conn.execute(
+            "INSERT INTO binder_errors (binder, position, error, recorded_at) "
+            "VALUES ('b', 3, 'RecursionError: too deep', now())")
+    finally:
+        await conn.close()
+
+    await asyncio.to_thread(migrate.downgrade, empty_db_url, "0003")
+    assert "binder_errors" not in await tables(empty_db_url)
+    assert await migrate.current_revision(empty_db_url) == "0003"
+
+    await asyncio.to_thread(migrate.upgrade, empty_db_url, "head")
+    store = EventStore(StoreConfig(empty_db_url, run_binders=False))
+    await store.start()
+    try:
+        [spec] = await store.binders.list()
+        assert (spec.name, spec.position, spec.failures, spec.recent_failures) == ("b", 7, 0, ())
+    finally:
+        await store.close()

@@ -11,8 +11,10 @@ import pytest
 from polyport.core.commands import ReadStream
 from polyport.core.errors import Busy, WrongExpectedVersion
 from polyport.core.events import EventData
+from polyport.core.limits import _VALID_TEXT, _VALID_TEXT_MAX
+from polyport.core.limits import check_text as _check_text
 from polyport.core.store import EventStore, StoreConfig
-from polyport.core.writer import _VALID_TEXT, _VALID_TEXT_MAX, WriterLimits, _check_text
+from polyport.core.writer import WriterLimits
 from tests.core.helpers import append, ev, unique
 from tests.pg import HEAD_LOCK, row_locked
 

@@ -1,6 +1,7 @@
 """/readyz follows the database (issue 8, acceptance 5): 503 within 2 s of
 PostgreSQL stopping, 200 within 2 s of its return, and the gateway works
-again afterwards (the store's pool reconnects)."""
+again afterwards (the store's pool reconnects).  It answers from state the
+store keeps current, so probing it costs the database nothing."""
 
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import asyncpg
 import pytest
 
 from polyport.core import migrate
 from polyport.core.commands import Append, ReadStream
 from polyport.core.events import EventData
+from polyport.core.health import Health
+from polyport.core.migrate import asyncpg_dsn, schema_behind
 from polyport.gateway.embedded_pg import EmbeddedPostgres
 
 
@@ -97,3 +102,76 @@ async def test_readyz_follows_the_database(own_cluster: EmbeddedPostgres) -> Non
                 assert r.status == 200 and (await r.json())["database"]["reachable"]
     finally:
         await gw.stop()
+
+
+async def _sessions(conn: asyncpg.Connection) -> int:
+    """Sessions ever established to this database (PostgreSQL 14+)."""
+    return int(await conn.fetchval(
+        "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"))
+
+
+async def test_readyz_answers_from_kept_state(gateway_factory: Any, db_url: str) -> None:
+    """1,000 probes open no database connection and run no query: /readyz
+    answers from what the writer, the tailer and the schema timer keep."""
+    gw = await gateway_factory()
+    host, port = gw.http_address
+    url = f"http://{host}:{port}/readyz"
+    conn = await asyncpg.connect(asyncpg_dsn(db_url))
+    try:
+        async with aiohttp.ClientSession() as http:
+            await wait_status(http, url, 200, 5.0)
+            before = await _sessions(conn)
+            started = time.monotonic()
+            for _ in range(1000):
+                async with http.get(url) as r:
+                    assert r.status == 200
+            took = time.monotonic() - started
+            after = await _sessions(conn)
+    finally:
+        await conn.close()
+    # Only the counting connection itself (the old probe opened one per call).
+    assert after - before <= 1, (before, after)
+    assert took < 20.0, took
+
+
+def test_readyz_reports_a_stale_round_trip_and_a_behind_schema() -> None:
+    clock = [100.0]
+    health = Health(stale_after=5.0, clock=lambda: clock[0])
+    assert health.snapshot().problems == [
+        "database unreachable: no successful round trip yet", "schema not checked yet"]
+    health.ok()
+    health.schema(None)
+    assert health.snapshot().problems == []
+    clock[0] += 6.0
+    assert health.snapshot().problems == [
+        "database unreachable: no successful round trip for 6.0s"]
+    health.ok()
+    health.failed("tailer", OSError("connection refused"))
+    assert health.snapshot().problems == [
+        "database unreachable: tailer: OSError: connection refused"]
+    clock[0] += 0.1
+    health.ok()
+    health.schema(schema_behind("0003", "0004"))
+    [problem] = health.snapshot().problems
+    assert "revision 0003" in problem and "polyport migrate" in problem
+
+
+async def test_a_schema_behind_shows_in_readyz(gateway_factory: Any, db_url: str) -> None:
+    gw = await gateway_factory()
+    host, port = gw.http_address
+    url = f"http://{host}:{port}/readyz"
+    conn = await asyncpg.connect(asyncpg_dsn(db_url))
+    try:
+        await conn.execute("UPDATE alembic_version SET version_num = '0003'")
+        # The slow timer's next look; here called at once instead of in 30 s.
+        gw.store._schema_task.cancel()
+        gw.store._schema_task = asyncio.create_task(gw.store._watch_schema())
+        async with aiohttp.ClientSession() as http:
+            await wait_status(http, url, 503, 5.0)
+            async with http.get(url) as r:
+                problems = (await r.json())["problems"]
+        assert any("revision 0003" in p for p in problems), problems
+    finally:
+        await conn.execute("UPDATE alembic_version SET version_num = $1",
+                           migrate.head_revision())
+        await conn.close()

@@ -1,0 +1,145 @@
+"""Structural limits on what a client may hand the core, checked at admission.
+
+Every protocol's appends reach :meth:`core.writer.Writer.submit`, which calls
+:func:`check_appends` before anything is queued: a name, header set or body
+that would cost the store disproportionately (a name too long for the unique
+index, a body nested deep enough to exhaust the recursion of every decoder
+downstream) is refused there, for that append alone, with a message naming
+the limit.  ``docs/operations.md`` ("Limits") lists each one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from polyport.core.bodies import body_depth_exceeds
+from polyport.core.errors import Malformed, TooLarge
+
+if TYPE_CHECKING:
+    from polyport.core.commands import Append
+
+
+@dataclass(frozen=True, slots=True)
+class EventLimits:
+    # Context, stream name, event type and content type, in UTF-8 bytes.
+    # PostgreSQL's btree entries top out near 2.7 KB: a longer stream name
+    # would fail the unique index inside the group commit instead of here.
+    max_name_bytes: int = 256
+    max_headers: int = 64
+    max_header_name_bytes: int = 256
+    max_header_value_bytes: int = 4096
+    # Nesting of documents and arrays in JSON, BSON and MessagePack bodies
+    # (the top-level document is level 1).
+    max_body_depth: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class MatcherLimits:
+    # Nesting of documents and arrays in a matcher (``{"a": 1}`` is level 1).
+    max_depth: int = 32
+    # Documents, arrays and values in a matcher, all counted.
+    max_nodes: int = 1000
+    # The matcher as (relaxed Extended) JSON text.
+    max_bytes: int = 64 << 10
+
+
+DEFAULT_EVENT_LIMITS = EventLimits()
+DEFAULT_MATCHER_LIMITS = MatcherLimits()
+
+
+def check_appends(
+    appends: Sequence[Append], limits: EventLimits, max_event_bytes: int
+) -> tuple[int, int]:
+    """Refuse a submission that breaks a limit; else return (body bytes, cost)
+    where cost adds header names and values and names to the bodies: what
+    the writer's memory budget counts.  Raises :class:`Malformed` or
+    :class:`TooLarge` naming the limit."""
+    n = sum(len(a.events) for a in appends)
+    bodies = names = 0
+    ids: set[object] = set()
+    max_name = limits.max_name_bytes
+    for a in appends:
+        if not a.stream:
+            raise Malformed("stream name must not be empty")
+        names += _name(a.context, "context", max_name)
+        names += _name(a.stream, "stream name", max_name)
+        check_text(a.origin, "origin")
+        for e in a.events:
+            if n > 1:
+                if e.event_id in ids:
+                    raise Malformed(f"event id {e.event_id} appears twice in one append")
+                ids.add(e.event_id)
+            names += _name(e.type, "event type", max_name)
+            names += _name(e.content_type, "content type", max_name)
+            headers = e.headers
+            if headers:
+                if len(headers) > limits.max_headers:
+                    raise TooLarge(
+                        f"{len(headers)} headers exceed the limit of {limits.max_headers} "
+                        "(max_headers)"
+                    )
+                for key, value in headers.items():
+                    names += _text_bytes(key, "header name", limits.max_header_name_bytes,
+                                        "max_header_name_bytes")
+                    names += _text_bytes(value, f"header {key!r}", limits.max_header_value_bytes,
+                                        "max_header_value_bytes")
+            size = len(e.body)
+            if size > max_event_bytes:
+                raise TooLarge(
+                    f"event body of {size} bytes exceeds the limit of {max_event_bytes} bytes"
+                )
+            if body_depth_exceeds(e.content_type, e.body, limits.max_body_depth):
+                raise Malformed(
+                    f"event body ({e.content_type}) is nested deeper than "
+                    f"{limits.max_body_depth} levels (max_body_depth)"
+                )
+            bodies += size
+    return bodies, bodies + names
+
+
+def _name(value: str, what: str, limit: int) -> int:
+    return _text_bytes(value, what, limit, "max_name_bytes")
+
+
+def _text_bytes(value: str, what: str, limit: int, setting: str) -> int:
+    """Check ``value`` as text and against ``limit`` UTF-8 bytes; return its
+    length (in characters: close enough for a memory budget, and free)."""
+    check_text(value, what)
+    n = len(value)
+    # At most 4 bytes per character: only long strings need encoding to measure.
+    if n * 4 > limit:
+        size = len(value.encode("utf-8"))
+        if size > limit:
+            shown = value[:40] + "…"
+            raise TooLarge(
+                f"{what} of {size} bytes (UTF-8) exceeds the limit of {limit} bytes "
+                f"({setting}): {shown!r}"
+            )
+    return n
+
+
+# Names already found valid.  Contexts, streams, types and content types
+# repeat from append to append, so most checks are one set lookup.  Bounded:
+# cleared when full.
+_VALID_TEXT: set[str] = set()
+_VALID_TEXT_MAX = 4096
+
+
+def check_text(value: str, what: str) -> None:
+    """PostgreSQL text cannot hold NUL or unpaired surrogates; refuse them up
+    front so they fail their own append rather than the whole group commit."""
+    if type(value) is str and value in _VALID_TEXT:
+        return
+    if not isinstance(value, str):
+        raise Malformed(f"{what} must be text")
+    if "\x00" in value:
+        raise Malformed(f"{what} must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Malformed(f"{what} is not valid Unicode (unpaired surrogate)") from None
+    if len(_VALID_TEXT) >= _VALID_TEXT_MAX:
+        _VALID_TEXT.clear()
+    _VALID_TEXT.add(value)

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from polyport.gateway.registry import ListenerDef
 from polyport.gateway.tcp import TcpListener
-from polyport.protocols.micromsg2.adapter import PROTOCOL, MicroMsg2Session, SessionOptions
-from polyport.protocols.micromsg2.frames import DEFAULT_PORT
+from polyport.protocols.micromsg2.adapter import MicroMsg2Session, SessionOptions
+from polyport.protocols.micromsg2.frames import DEFAULT_PORT, PROTOCOL
 from polyport.protocols.session import ListenerStats, Outbound
 
 if TYPE_CHECKING:

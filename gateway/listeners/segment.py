@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from polyport.gateway.registry import ListenerDef
 from polyport.gateway.tcp import TcpListener
 from polyport.protocols.segment.adapter import AppenderRegistry, SegmentSession, SegmentSettings
-from polyport.protocols.segment.frames import DEFAULT_PORT
+from polyport.protocols.segment.frames import DEFAULT_PORT, PROTOCOL
 from polyport.protocols.session import ListenerStats, Outbound
 
 if TYPE_CHECKING:
@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
 
 async def start(gw: Gateway, host: str, port: int) -> TcpListener:
-    stats = ListenerStats("segment")
-    ctx = gw.context("segment", stats)
+    stats = ListenerStats(PROTOCOL)
+    ctx = gw.context(PROTOCOL, stats)
     settings = SegmentSettings.from_settings(ctx.settings)
     # Shared by this listener's sessions: who owns each (ConnectionId, segment).
     registry = AppenderRegistry()
@@ -26,10 +26,10 @@ async def start(gw: Gateway, host: str, port: int) -> TcpListener:
         return SegmentSession(ctx, out, registry, settings)
 
     listener = TcpListener(
-        "segment", factory, host, port, stats, idle_timeout=float(idle) if idle else None
+        PROTOCOL, factory, host, port, stats, idle_timeout=float(idle) if idle else None
     )
     await listener.start()
     return listener
 
 
-LISTENER = ListenerDef(name="segment", default_port=DEFAULT_PORT, start=start)
+LISTENER = ListenerDef(name=PROTOCOL, default_port=DEFAULT_PORT, start=start)

@@ -34,12 +34,13 @@ from polyport.core.errors import Busy, Forbidden, NotFound, PolyportError
 from polyport.core.events import EventData, RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
-from polyport.protocols.micromsg2.codec import ServerConnection, error_frame
+from polyport.protocols.micromsg2.connection import ServerConnection, error_frame
 from polyport.protocols.micromsg2.errors import UNSUPPORTED, ProtocolError
 from polyport.protocols.micromsg2.filters import INT64_MAX, INT64_MIN, Filter
 from polyport.protocols.micromsg2.frames import (
     EXT_JSON,
     EXT_PUBSUB,
+    PROTOCOL,
     SEQ_FIRST,
     SERVER_EXTENSIONS,
     Ack,
@@ -62,7 +63,6 @@ from polyport.protocols.micromsg2.pubsub import (
 from polyport.protocols.micromsg2.state import State
 from polyport.protocols.session import Outbound, SessionContext
 
-PROTOCOL = "micromsg2"
 SERVER_IDENTITY = "polyport"
 
 # Event type for a MESSAGE without a ``type`` property.

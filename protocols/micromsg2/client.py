@@ -21,7 +21,7 @@ import contextlib
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 
-from polyport.protocols.micromsg2.codec import ClientConnection, error_frame
+from polyport.protocols.micromsg2.connection import ClientConnection, error_frame
 from polyport.protocols.micromsg2.errors import ProtocolError
 from polyport.protocols.micromsg2.filters import Filter, parse_filter
 from polyport.protocols.micromsg2.frames import (

@@ -328,57 +328,50 @@ def build_frame(first: Fragment, payload: bytes) -> WireFrame:
     return Error(payload.decode("utf-8", errors="replace"))
 
 
-class Reassembler:
-    """Joins CONTINUED fragments; the joined payload stays within ``max_payload``.
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """The fragments of one CONTINUED payload received so far.  Immutable: the
+    connection keeps the current one, :func:`reassemble` returns the next."""
+
+    first: Fragment
+    chunks: tuple[bytes, ...]
+    size: int
+
+
+def reassemble(
+    partial: Partial | None, fragment: Fragment, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+) -> tuple[Partial | None, WireFrame | None]:
+    """Add ``fragment`` to ``partial``: (the payload still open, the frame it
+    completed).  The joined payload stays within ``max_payload``.
 
     Fragments of one payload must not be interleaved with other frames, except
     an ERROR frame, which abandons the partial payload (the peer is giving up).
     """
-
-    def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
-        self.max_payload = max_payload
-        self._first: Fragment | None = None
-        self._chunks: list[bytes] = []
-        self._size = 0
-
-    @property
-    def pending(self) -> bool:
-        return self._first is not None
-
-    @property
-    def remaining(self) -> int:
-        """Payload bytes the next fragment may still carry."""
-        return self.max_payload - self._size
-
-    def add(self, fragment: Fragment) -> WireFrame | None:
-        first = self._first
-        if first is not None and not fragment.same_frame(first):
-            if fragment.kind is not Kind.ERROR:
-                raise ProtocolError(
-                    f"a {fragment.kind.name} frame arrived inside a CONTINUED "
-                    f"{first.kind.name} frame (or its header changed)"
-                )
-            self._reset()
-            first = None
-        self._size += len(fragment.payload)
-        if self._size > self.max_payload:
+    if partial is not None and not fragment.same_frame(partial.first):
+        if fragment.kind is not Kind.ERROR:
             raise ProtocolError(
-                f"continued payload exceeds the limit of {self.max_payload} bytes", code=TOO_LARGE
+                f"a {fragment.kind.name} frame arrived inside a CONTINUED "
+                f"{partial.first.kind.name} frame (or its header changed)"
             )
-        self._chunks.append(fragment.payload)
-        if fragment.more:
-            if first is None:
-                self._first = fragment
-            return None
-        payload = b"".join(self._chunks)
-        head = first or fragment
-        self._reset()
-        return build_frame(head, payload)
+        partial = None
+    size = len(fragment.payload) + (partial.size if partial is not None else 0)
+    if size > max_payload:
+        raise ProtocolError(
+            f"continued payload exceeds the limit of {max_payload} bytes", code=TOO_LARGE
+        )
+    if partial is None:
+        if not fragment.more:  # the common case: a frame in one piece
+            return None, build_frame(fragment, fragment.payload)
+        return Partial(fragment, (fragment.payload,), size), None
+    chunks = (*partial.chunks, fragment.payload)
+    if fragment.more:
+        return Partial(partial.first, chunks, size), None
+    return None, build_frame(partial.first, b"".join(chunks))
 
-    def _reset(self) -> None:
-        self._first = None
-        self._chunks = []
-        self._size = 0
+
+def remaining(partial: Partial | None, max_payload: int) -> int:
+    """Payload bytes the next fragment may still carry."""
+    return max_payload - (partial.size if partial is not None else 0)
 
 
 def decode_frame(
@@ -386,14 +379,14 @@ def decode_frame(
 ) -> tuple[WireFrame, int] | None:
     """One whole frame (all its fragments) from ``buf[offset:]``: (frame, bytes
     used), or None while incomplete."""
-    reassembler = Reassembler(max_payload)
+    partial: Partial | None = None
     pos = offset
     while True:
-        decoded = decode_fragment(buf, pos, max_payload=reassembler.remaining)
+        decoded = decode_fragment(buf, pos, max_payload=remaining(partial, max_payload))
         if decoded is None:
             return None
         fragment, used = decoded
         pos += used
-        frame = reassembler.add(fragment)
+        partial, frame = reassemble(partial, fragment, max_payload=max_payload)
         if frame is not None:
             return frame, pos - offset

@@ -1,7 +1,7 @@
 """Segment wire: the append/read protocol of a segment store (spec:
 specs/segment-wire.md), as a sans-IO codec.  See docs/protocols/segment.md."""
 
-from polyport.protocols.segment.codec import (
+from polyport.protocols.segment.connection import (
     ClientConnection,
     ClientInput,
     ServerConnection,
@@ -10,6 +10,7 @@ from polyport.protocols.segment.codec import (
 from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
 from polyport.protocols.segment.frames import (
     DEFAULT_PORT,
+    PROTOCOL,
     AppendSetup,
     AuthFailed,
     BeginAppendBlock,
@@ -32,6 +33,7 @@ from polyport.protocols.segment.writer import AppendWriter, block_frames, encode
 
 __all__ = [
     "DEFAULT_PORT",
+    "PROTOCOL",
     "AppendSetup",
     "AppendWriter",
     "AuthFailed",

@@ -1,7 +1,7 @@
 """Segment wire adapter: segment-wire requests <-> canonical core commands.
 
 One :class:`SegmentSession` per TCP connection.  The sans-IO
-:class:`~protocols.segment.codec.ServerConnection` turns bytes into
+:class:`~protocols.segment.connection.ServerConnection` turns bytes into
 SetupAppend / BlockEvents / ReadSegment / KeepAlive; this module maps them:
 
 - SetupAppend(cid, "<context>/<stream>") -> ``store.producer_ack_level`` ->
@@ -53,11 +53,12 @@ from polyport.core.errors import (
     WrongExpectedVersion,
 )
 from polyport.core.events import EventData
-from polyport.protocols.segment.codec import ServerConnection
+from polyport.protocols.segment.connection import ServerConnection
 from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
 from polyport.protocols.segment.frames import (
     DEFAULT_MAX_BLOCK_SIZE,
     MAX_WIRE_LENGTH,
+    PROTOCOL,
     AppendSetup,
     DataAppended,
     ErrorReply,
@@ -74,7 +75,6 @@ from polyport.protocols.session import ListenerStats, Outbound, SessionContext
 # Segment data carries no type or content type of its own.
 EVENT_TYPE = "segment-event"
 CONTENT_TYPE = "application/octet-stream"
-ORIGIN = "segment"
 
 DEFAULT_READ_WAIT = 2.0
 DEFAULT_MAX_REPLY_BYTES = 1 << 20
@@ -464,7 +464,7 @@ class SegmentSession:
                 context=context,
                 stream=stream,
                 events=tuple(events),
-                origin=ORIGIN,
+                origin=PROTOCOL,
                 producer_checkpoint=ProducerCheckpoint(key[0], end),
             )
             await self._append(command)

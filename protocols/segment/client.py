@@ -36,7 +36,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
-from polyport.protocols.segment.codec import ClientConnection, ClientInput
+from polyport.protocols.segment.connection import ClientConnection, ClientInput
 from polyport.protocols.segment.errors import ProtocolError
 from polyport.protocols.segment.frames import (
     EVENT,

@@ -1,5 +1,6 @@
-"""Pure encoding and decoding of segment-wire messages, and the bounded reader
-that cuts a byte stream into messages."""
+"""Pure encoding and decoding of segment-wire messages: bytes in, frames out
+and back, no state.  The reader that cuts a byte stream into messages is in
+``connection.py``."""
 
 from __future__ import annotations
 
@@ -414,57 +415,10 @@ def decode_frame(data: bytes, *, max_message_size: int = MAX_WIRE_LENGTH) -> Fra
     return decode_body(type_code, bytes(data[HEADER_SIZE:]))
 
 
-def peek_header(data: bytes | bytearray) -> tuple[int, int]:
-    """(type code, body length) of the header at the start of ``data``."""
-    type_code, length = _HEADER.unpack_from(data)
+def peek_header(data: bytes | bytearray, offset: int = 0) -> tuple[int, int]:
+    """(type code, body length) of the header at ``data[offset:]``."""
+    type_code, length = _HEADER.unpack_from(data, offset)
     return int(type_code), int(length)
-
-
-class FrameReader:
-    """Cuts a byte stream into frames.  Holds at most one incomplete message,
-    and refuses a header that declares too much before reading its body."""
-
-    def __init__(
-        self,
-        *,
-        max_message_size: int,
-        accepted_types: Collection[int] | None = None,
-        peer: str = "peer",
-    ) -> None:
-        self._buffer = bytearray()
-        self._max = max_message_size
-        self._accepted = accepted_types
-        self._peer = peer
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buffer)
-
-    def feed(self, data: bytes) -> list[tuple[Frame, int]]:
-        """Every complete frame in the input so far, each with its wire size."""
-        self._buffer += data
-        out: list[tuple[Frame, int]] = []
-        buffer = self._buffer
-        pos = 0
-        try:
-            while len(buffer) - pos >= HEADER_SIZE:
-                type_code, length = _HEADER.unpack_from(buffer, pos)
-                check_header(
-                    type_code,
-                    length,
-                    max_message_size=self._max,
-                    accepted_types=self._accepted,
-                    peer=self._peer,
-                )
-                end = pos + HEADER_SIZE + length
-                if end > len(buffer):
-                    break
-                frame = decode_body(type_code, bytes(buffer[pos + HEADER_SIZE : end]))
-                out.append((frame, HEADER_SIZE + length))
-                pos = end
-        finally:
-            del buffer[:pos]
-        return out
 
 
 def split_segment_name(name: str) -> tuple[str, str]:

@@ -51,11 +51,13 @@ from polyport.protocols.micromsg2.state import (
     Transitions,
 )
 from polyport.protocols.micromsg2.wire import (
-    Reassembler,
+    Partial,
     decode_fragment,
     decode_handshake,
     encode_frame,
     encode_handshake,
+    reassemble,
+    remaining,
     starts_error_frame,
 )
 
@@ -82,7 +84,9 @@ class _Connection:
         self._first_inbound_seq = first_inbound_seq
         self._version = version
         self._buffer = bytearray()
-        self._reassembler = Reassembler(max_payload)
+        self._max_payload = max_payload
+        # The CONTINUED payload being received, if any.
+        self._partial: Partial | None = None
         self._fragment_size = fragment_size
         self._negotiated_version: tuple[int, int] | None = None
         self.negotiated: Negotiated | None = None
@@ -131,15 +135,18 @@ class _Connection:
     def _decode_one(self, pos: int) -> tuple[Frame | None, int] | None:
         if (
             self._state in HANDSHAKE_STATES
-            and not self._reassembler.pending
+            and self._partial is None
             and not starts_error_frame(self._buffer[pos])
         ):
             return decode_handshake(self._buffer, pos)
-        decoded = decode_fragment(self._buffer, pos, max_payload=self._reassembler.remaining)
+        decoded = decode_fragment(
+            self._buffer, pos, max_payload=remaining(self._partial, self._max_payload)
+        )
         if decoded is None:
             return None
         fragment, used = decoded
-        return self._reassembler.add(fragment), used
+        self._partial, frame = reassemble(self._partial, fragment, max_payload=self._max_payload)
+        return frame, used
 
     def _on_receive(self, frame: Frame) -> Frame:
         next_state = self._next_state(RECEIVE, frame)

@@ -6,13 +6,14 @@
 Both refuse illegal sequences with ``ProtocolError``; after one the connection
 is unusable, the caller sends ``exc.reply()`` (server side) and closes.
 
-The pure per-message functions live in ``wire.py`` and are re-exported here.
+The pure per-message functions live in ``wire.py``; :class:`FrameReader`, the
+buffer that cuts a byte stream into messages, is the state kept here.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError
 from polyport.protocols.segment.frames import (
@@ -42,47 +43,18 @@ from polyport.protocols.segment.frames import (
 )
 from polyport.protocols.segment.state import AppendTracker, BlockEvents, BlockState
 from polyport.protocols.segment.wire import (
-    FrameReader,
     check_header,
     decode_body,
-    decode_frame,
-    encode_append_setup,
-    encode_auth_failed,
-    encode_begin_append_block,
-    encode_data_appended,
-    encode_end_append_block,
-    encode_error_message,
-    encode_event,
     encode_frame,
-    encode_keep_alive,
-    encode_no_such_segment,
-    encode_partial_message,
-    encode_read_segment,
-    encode_segment_read,
-    encode_setup_append,
     peek_header,
 )
 
 __all__ = [
     "ClientConnection",
+    "ClientInput",
+    "FrameReader",
     "ServerConnection",
     "ServerInput",
-    "ClientInput",
-    "decode_frame",
-    "encode_frame",
-    "encode_append_setup",
-    "encode_auth_failed",
-    "encode_begin_append_block",
-    "encode_data_appended",
-    "encode_end_append_block",
-    "encode_error_message",
-    "encode_event",
-    "encode_keep_alive",
-    "encode_no_such_segment",
-    "encode_partial_message",
-    "encode_read_segment",
-    "encode_segment_read",
-    "encode_setup_append",
 ]
 
 # What a ServerConnection hands its adapter.
@@ -108,6 +80,53 @@ _SERVER_SENDS = (
     KeepAlive,
     PartialMessage,
 )
+
+
+class FrameReader:
+    """Cuts a byte stream into frames.  Holds at most one incomplete message,
+    and refuses a header that declares too much before reading its body."""
+
+    def __init__(
+        self,
+        *,
+        max_message_size: int,
+        accepted_types: Collection[int] | None = None,
+        peer: str = "peer",
+    ) -> None:
+        self._buffer = bytearray()
+        self._max = max_message_size
+        self._accepted = accepted_types
+        self._peer = peer
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[tuple[Frame, int]]:
+        """Every complete frame in the input so far, each with its wire size."""
+        self._buffer += data
+        out: list[tuple[Frame, int]] = []
+        buffer = self._buffer
+        pos = 0
+        try:
+            while len(buffer) - pos >= HEADER_SIZE:
+                type_code, length = peek_header(buffer, pos)
+                check_header(
+                    type_code,
+                    length,
+                    max_message_size=self._max,
+                    accepted_types=self._accepted,
+                    peer=self._peer,
+                )
+                end = pos + HEADER_SIZE + length
+                if end > len(buffer):
+                    break
+                frame = decode_body(type_code, bytes(buffer[pos + HEADER_SIZE : end]))
+                out.append((frame, HEADER_SIZE + length))
+                pos = end
+        finally:
+            del buffer[:pos]
+        return out
 
 
 class _Failed:

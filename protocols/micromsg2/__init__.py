@@ -2,7 +2,11 @@
 
 from polyport.protocols.micromsg2.acks import AckWindow, decode_ack_payload, encode_ack_payload
 from polyport.protocols.micromsg2.connection import ClientConnection, ServerConnection, error_frame
-from polyport.protocols.micromsg2.errors import ProtocolError
+from polyport.protocols.micromsg2.errors import (
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+)
 from polyport.protocols.micromsg2.filters import (
     Condition,
     Filter,
@@ -56,11 +60,13 @@ __all__ = [
     "Filter",
     "Frame",
     "Handshake",
+    "LocalProtocolError",
     "Message",
     "Negotiated",
     "NegotiatedExtension",
     "PropertyValue",
     "ProtocolError",
+    "RemoteProtocolError",
     "ServerConnection",
     "State",
     "Subscribe",

@@ -8,12 +8,14 @@
     deliveries -> MESSAGE frames, never more unacknowledged than the ack window
     ack        -> GroupMember.ack for queue deliveries
 
-Failures: anything the codec cannot parse or allow (bad bytes, bad command,
-bad destination, bad filter), a failed authentication and a failed append are
-answered with one ERROR frame and the connection is closed.  A well-formed
-``subscribe``/``unsubscribe`` that fails (not subscribed, too many
-subscriptions, storage trouble) gets an ERROR frame and the connection stays
-open.  Details and the reasons are in docs/protocols/micromsg2.md.
+Failures: anything the codec cannot parse or allow from the peer
+(RemoteProtocolError: bad bytes, bad command, bad destination, bad filter), a
+failed authentication and a failed append are answered with one ERROR frame
+and the connection is closed.  A well-formed ``subscribe``/``unsubscribe``
+that fails (not subscribed, too many subscriptions, storage trouble) gets an
+ERROR frame and the connection stays open.  A LocalProtocolError is our own
+bug and is not answered as the peer's fault.  Details and the reasons are in
+docs/protocols/micromsg2.md.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from polyport.core.errors import Busy, Forbidden, NotFound, PolyportError
 from polyport.core.events import EventData, RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
-from polyport.protocols.micromsg2.connection import ServerConnection, error_frame
-from polyport.protocols.micromsg2.errors import UNSUPPORTED, ProtocolError
+from polyport.protocols.errors import UNSUPPORTED
+from polyport.protocols.micromsg2.connection import ServerConnection
+from polyport.protocols.micromsg2.errors import LocalProtocolError, RemoteProtocolError
 from polyport.protocols.micromsg2.filters import INT64_MAX, INT64_MIN, Filter
 from polyport.protocols.micromsg2.frames import (
     EXT_JSON,
@@ -154,8 +157,6 @@ def event_properties(ev: RecordedEvent) -> dict[str, PropertyValue]:
     }
     props[TYPE_PROPERTY] = ev.type
     return props
-
-
 
 
 def event_payload(ev: RecordedEvent, *, json_negotiated: bool) -> bytes:
@@ -324,7 +325,7 @@ class MicroMsg2Session:
         self._last_activity = self._loop.time()
         try:
             frames = self._conn.receive_data(data)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             await self._fail(exc.code, exc.message)
             return
         self._stats.frames_in += len(frames)
@@ -345,7 +346,9 @@ class MicroMsg2Session:
                 await self._handle(frame)
             if run and not self._closing:
                 await self._append_run(run)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
+            # Only the peer's faults: a LocalProtocolError is our bug and goes
+            # up to the transport, which logs it and closes the connection.
             await self._fail(exc.code, exc.message)
         except PolyportError as exc:
             await self._fail(exc.code, exc.message)
@@ -389,7 +392,7 @@ class MicroMsg2Session:
             negotiated = self._conn.negotiated
             ext = negotiated.by_index(frame.ext_id) if negotiated else None
             name = ext.name if ext else str(frame.ext_id)
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"EXTENSION frames are not defined for extension {name!r}", code=UNSUPPORTED
             )
         elif isinstance(frame, Error):
@@ -422,12 +425,12 @@ class MicroMsg2Session:
         as one Append, several streams as one AppendBatch.  A bad destination
         stops the run there: the MESSAGEs before it are still appended."""
         grouped: list[tuple[str, list[EventData]]] = []
-        bad: ProtocolError | None = None
+        bad: RemoteProtocolError | None = None
         taken = 0
         for message in messages:
             try:
                 stream = Destination.parse(message.destination).stream
-            except ProtocolError as exc:
+            except RemoteProtocolError as exc:
                 bad = exc
                 break
             event = message_to_event(message, json_negotiated=self._json)
@@ -512,7 +515,7 @@ class MicroMsg2Session:
     async def _command(self, command: Command) -> None:
         negotiated = self._conn.negotiated
         if negotiated is None or not negotiated.has(EXT_PUBSUB):
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"command {command.name!r} needs the 'pubsub' extension, which this "
                 "connection did not negotiate",
                 code=UNSUPPORTED,
@@ -599,9 +602,11 @@ class MicroMsg2Session:
             seq = self._conn.next_seq
             try:
                 data = self._conn.send(Message(seq, destination, payload, properties))
-            except ProtocolError as exc:
-                # This event cannot be framed (e.g. properties over 64 KiB): say
-                # so and go on with the next, rather than stall the destination.
+            except LocalProtocolError as exc:
+                # Deliberately caught although it is ours: the window and state
+                # were checked just above, so what is left is an event that
+                # cannot be framed (e.g. properties over 64 KiB).  Say so and go
+                # on with the next, rather than stall the destination.
                 self._stats.error(exc.code)
                 await self._send(
                     Error.from_code(
@@ -659,8 +664,11 @@ class MicroMsg2Session:
         self._stats.error(code)
         self._log.info("micromsg2: closing %s: %s: %s", self._out.peer, code, message)
         try:
-            data = self._conn.send(error_frame(ProtocolError(message, code=code)))
-        except ProtocolError:
+            data = self._conn.send(Error.from_code(code, message))
+        except LocalProtocolError:
+            # An ERROR may be sent in every state; failing here is our bug.
+            # The connection is closed all the same.
+            self._log.exception("micromsg2: cannot send the ERROR frame to %s", self._out.peer)
             data = b""
         if data and not self._out.closed:
             self._stats.frames_out += 1

@@ -7,7 +7,12 @@ from polyport.protocols.segment.connection import (
     ServerConnection,
     ServerInput,
 )
-from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
+from polyport.protocols.segment.errors import (
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    error_reply,
+)
 from polyport.protocols.segment.frames import (
     DEFAULT_PORT,
     PROTOCOL,
@@ -54,6 +59,7 @@ __all__ = [
     "PartialMessage",
     "ProtocolError",
     "ReadSegment",
+    "RemoteProtocolError",
     "SegmentRead",
     "ServerConnection",
     "ServerInput",

@@ -47,6 +47,7 @@ from polyport.core.commands import ReadSegment as CoreReadSegment
 from polyport.core.errors import (
     Busy,
     Forbidden,
+    Internal,
     Malformed,
     NotFound,
     PolyportError,
@@ -54,7 +55,7 @@ from polyport.core.errors import (
 )
 from polyport.core.events import EventData
 from polyport.protocols.segment.connection import ServerConnection
-from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
+from polyport.protocols.segment.errors import LocalProtocolError, RemoteProtocolError, error_reply
 from polyport.protocols.segment.frames import (
     DEFAULT_MAX_BLOCK_SIZE,
     MAX_WIRE_LENGTH,
@@ -284,7 +285,7 @@ class SegmentSession:
             return
         try:
             inputs = self._codec.receive_data(data)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             # The byte stream cannot be resynchronised: answer what came
             # before (already queued), then the error, then close.
             self._log.debug("segment: %s from %s: %s", exc.code, self._out.peer, exc.message)
@@ -345,8 +346,12 @@ class SegmentSession:
         reconnecting)."""
         self._closing = True
         self._stats.error(code)
-        with contextlib.suppress(ProtocolError):
+        try:
             await self._send(reply)
+        except LocalProtocolError:
+            # An error reply may always be sent; failing here is our bug.  The
+            # connection is closed all the same.
+            self._log.exception("segment: cannot send the error reply to %s", self._out.peer)
         self._out.close()
 
     async def _principal_for(self, context: str) -> Principal:
@@ -372,8 +377,15 @@ class SegmentSession:
                     await self._setup(item)
                 else:
                     await self._store_blocks(self._coalesce(item))
-            except ProtocolError as exc:
+            except RemoteProtocolError as exc:
                 await self._fail(exc.reply(), exc.code)
+                return
+            except LocalProtocolError as exc:
+                # Our own bug, not the client's: logged as such and answered
+                # ``internal``, never with the code a peer fault would get.
+                self._log.exception("segment: append on %r failed", segment)
+                code = Internal.code
+                await self._fail(error_reply(code, exc.message, segment=segment), code)
                 return
             except PolyportError as exc:
                 self._log.info("segment append on %r failed: %s", segment, exc.message)
@@ -425,7 +437,7 @@ class SegmentSession:
         cid = blocks[0].connection_id
         appender = self._appenders.get(cid)
         if appender is None:  # the codec only emits blocks of set-up cids
-            raise ProtocolError(f"append block for ConnectionId {cid} before its SetupAppend")
+            raise RemoteProtocolError(f"append block for ConnectionId {cid} before its SetupAppend")
         # The commit runs in a registry task: if this connection drops while
         # the core is committing, the commit still completes (and releases the
         # key's lock) before a reconnecting writer reads its ack level.
@@ -493,7 +505,7 @@ class SegmentSession:
             request = await self._reads.get()
             try:
                 reply: ReplyFrame = await self._read(request)
-            except ProtocolError as exc:
+            except RemoteProtocolError as exc:
                 self._stats.error(exc.code)
                 reply = exc.reply()
             except PolyportError as exc:

@@ -3,8 +3,9 @@
 ``ServerConnection`` turns received bytes into what the adapter acts on
 (SetupAppend, ReadSegment, KeepAlive and complete append blocks as
 ``BlockEvents``) and encodes replies.  ``ClientConnection`` is its mirror.
-Both refuse illegal sequences with ``ProtocolError``; after one the connection
-is unusable, the caller sends ``exc.reply()`` (server side) and closes.
+Both refuse what the peer sends wrong with ``RemoteProtocolError``; after one
+the connection is unusable, the caller sends ``exc.reply()`` (server side) and
+closes.  What this side may not send raises ``LocalProtocolError``.
 
 The pure per-message functions live in ``wire.py``; :class:`FrameReader`, the
 buffer that cuts a byte stream into messages, is the state kept here.
@@ -15,7 +16,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Iterable
 
-from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError
+from polyport.protocols.segment.errors import (
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+)
 from polyport.protocols.segment.frames import (
     DEFAULT_MAX_BLOCK_SIZE,
     DEFAULT_MAX_CONNECTION_IDS,
@@ -137,7 +142,8 @@ class _Failed:
 
     def check(self) -> None:
         if self.error is not None:
-            raise ProtocolError(
+            # The same class: whoever broke the stream is still to blame.
+            raise type(self.error)(
                 f"connection already failed: {self.error.message}",
                 code=self.error.code,
                 segment=self.error.segment,
@@ -191,7 +197,7 @@ class ServerConnection:
                     out.append(block)
                 elif isinstance(frame, (SetupAppend, ReadSegment, KeepAlive)):
                     out.append(frame)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             self._failed.error = exc
             raise
         return out
@@ -253,7 +259,9 @@ class ClientConnection:
         data = encode_frame(frame)
         try:
             self._tracker.handle(frame, len(data))
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
+            # The state machine is shared with the server, where it judges the
+            # peer; here the request is ours.
             error = LocalProtocolError(exc.message, code=exc.code, segment=exc.segment)
             self._failed.error = error
             raise error from None
@@ -273,7 +281,7 @@ class ClientConnection:
                         continue
                     frame = whole
                 out.append(self._accept(frame))
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             self._failed.error = exc
             raise
         return out
@@ -281,12 +289,14 @@ class ClientConnection:
     def _reassemble(self, frame: PartialMessage) -> Frame | None:
         if frame.kind == PartialKind.BEGIN:
             if self._partial is not None:
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     "a new partial message began before the previous one was complete"
                 )
             self._partial = bytearray()
         elif self._partial is None:
-            raise ProtocolError(f"PartialMessage({PartialKind(frame.kind).name}) without a Begin")
+            raise RemoteProtocolError(
+                f"PartialMessage({PartialKind(frame.kind).name}) without a Begin"
+            )
         self._partial += frame.data
         if len(self._partial) >= HEADER_SIZE:
             type_code, length = peek_header(self._partial)
@@ -296,18 +306,18 @@ class ClientConnection:
                 peer="server (inside a partial message)",
             )
             if len(self._partial) > HEADER_SIZE + length:
-                raise ProtocolError("partial message pieces overrun the message they carry")
+                raise RemoteProtocolError("partial message pieces overrun the message they carry")
         if frame.kind != PartialKind.END:
             return None
         whole, self._partial = bytes(self._partial), None
         if len(whole) < HEADER_SIZE or len(whole) != HEADER_SIZE + peek_header(whole)[1]:
-            raise ProtocolError("partial message ended before the message it carries")
+            raise RemoteProtocolError("partial message ended before the message it carries")
         return decode_body(peek_header(whole)[0], whole[HEADER_SIZE:])
 
     def _accept(self, frame: Frame) -> ClientInput:
         if isinstance(frame, AppendSetup):
             if not self._tracker.is_pending(frame.connection_id, frame.segment):
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"AppendSetup for ConnectionId {frame.connection_id} on {frame.segment!r} "
                     "answers no pending SetupAppend",
                     segment=frame.segment,
@@ -315,7 +325,7 @@ class ClientConnection:
             self._tracker.establish(frame.connection_id, frame.segment, frame.ack_level)
         elif isinstance(frame, DataAppended):
             if not self._tracker.is_established(frame.connection_id):
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"DataAppended for ConnectionId {frame.connection_id}, which is not set up"
                 )
         return frame  # type: ignore[return-value]

@@ -8,8 +8,9 @@ import struct
 import uuid
 from collections.abc import Callable, Collection
 
+from polyport.protocols.errors import TOO_LARGE, UNSUPPORTED
 from polyport.protocols.segment import mutf8
-from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError
+from polyport.protocols.segment.errors import LocalProtocolError, RemoteProtocolError
 from polyport.protocols.segment.frames import (
     APPEND_SETUP,
     AUTH_FAILED,
@@ -203,8 +204,8 @@ def encode_frame(frame: Frame) -> bytes:
 
 
 class _Body:
-    """Cursor over one message body; running short is a ProtocolError because
-    the header already promised these bytes."""
+    """Cursor over one message body; running short is a RemoteProtocolError
+    because the header already promised these bytes."""
 
     __slots__ = ("data", "pos", "what")
 
@@ -216,7 +217,7 @@ class _Body:
     def take(self, size: int) -> bytes:
         end = self.pos + size
         if end > len(self.data):
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"{self.what} body of {len(self.data)} bytes is too short for its fields"
             )
         chunk = self.data[self.pos : end]
@@ -246,7 +247,7 @@ class _Body:
 
     def done(self) -> None:
         if self.pos != len(self.data):
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"{self.what} body has {len(self.data) - self.pos} bytes after its last field"
             )
 
@@ -289,7 +290,9 @@ def _decode_read_segment(body: _Body) -> Frame:
 def _decode_segment_read(body: _Body) -> Frame:
     segment, offset, flags = body.string(), body.i64(), body.u8()
     if flags & ~SEGMENT_READ_FLAGS:
-        raise ProtocolError(f"SEGMENT_READ flags 0x{flags:02x} set reserved bits", segment=segment)
+        raise RemoteProtocolError(
+            f"SEGMENT_READ flags 0x{flags:02x} set reserved bits", segment=segment
+        )
     return SegmentRead(
         segment=segment,
         offset=offset,
@@ -304,7 +307,7 @@ def _decode_partial_message(body: _Body) -> Frame:
     try:
         kind = PartialKind(raw_kind)
     except ValueError:
-        raise ProtocolError(f"PARTIAL_MESSAGE kind {raw_kind} is not 0, 1 or 2") from None
+        raise RemoteProtocolError(f"PARTIAL_MESSAGE kind {raw_kind} is not 0, 1 or 2") from None
     return PartialMessage(kind=kind, data=body.rest())
 
 
@@ -362,7 +365,7 @@ def decode_body(type_code: int, body: bytes) -> Frame:
     """The frame of one message given its type code and body."""
     decoder = _DECODERS.get(type_code)
     if decoder is None:
-        raise ProtocolError(f"unknown message type {type_code}", code="unsupported")
+        raise RemoteProtocolError(f"unknown message type {type_code}", code=UNSUPPORTED)
     cursor = _Body(body, TYPE_NAMES[type_code])
     frame = decoder(cursor)
     cursor.done()
@@ -380,36 +383,38 @@ def check_header(
     """Everything a header alone can prove wrong, so that a bad message is
     refused before its body is awaited or buffered."""
     if type_code not in TYPE_NAMES:
-        raise ProtocolError(f"unknown message type {type_code}", code="unsupported")
+        raise RemoteProtocolError(f"unknown message type {type_code}", code=UNSUPPORTED)
     name = TYPE_NAMES[type_code]
     if accepted_types is not None and type_code not in accepted_types:
-        raise ProtocolError(f"{name} is not a message a {peer} may send")
+        raise RemoteProtocolError(f"{name} is not a message a {peer} may send")
     if length > MAX_WIRE_LENGTH:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"{name} declares a length of {length} bytes; messages must be under 2^24"
         )
     if length > max_message_size:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"{name} of {length} bytes exceeds the maximum message size of "
             f"{max_message_size} bytes",
-            code="too_large",
+            code=TOO_LARGE,
         )
     fixed = _FIXED_BODY_SIZES.get(type_code)
     if fixed is not None and length != fixed:
-        raise ProtocolError(f"{name} body must be {fixed} bytes, header says {length}")
+        raise RemoteProtocolError(f"{name} body must be {fixed} bytes, header says {length}")
     minimum = _MIN_BODY_SIZES.get(type_code, 0)
     if length < minimum:
-        raise ProtocolError(f"{name} body must be at least {minimum} bytes, header says {length}")
+        raise RemoteProtocolError(
+            f"{name} body must be at least {minimum} bytes, header says {length}"
+        )
 
 
 def decode_frame(data: bytes, *, max_message_size: int = MAX_WIRE_LENGTH) -> Frame:
     """Decode exactly one complete message (header and body)."""
     if len(data) < HEADER_SIZE:
-        raise ProtocolError(f"a message needs {HEADER_SIZE} header bytes, got {len(data)}")
+        raise RemoteProtocolError(f"a message needs {HEADER_SIZE} header bytes, got {len(data)}")
     type_code, length = _HEADER.unpack_from(data)
     check_header(type_code, length, max_message_size=max_message_size)
     if len(data) != HEADER_SIZE + length:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"{type_name(type_code)} header says {length} body bytes, got {len(data) - HEADER_SIZE}"
         )
     return decode_body(type_code, bytes(data[HEADER_SIZE:]))
@@ -429,5 +434,7 @@ def split_segment_name(name: str) -> tuple[str, str]:
     if not slash:
         context, stream = "default", name
     if not context or not stream:
-        raise ProtocolError(f"segment name {name!r} has an empty context or stream", segment=name)
+        raise RemoteProtocolError(
+            f"segment name {name!r} has an empty context or stream", segment=name
+        )
     return context, stream

@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING
 
 from polyport.gateway.registry import ListenerDef
 from polyport.gateway.tcp import TcpListener
-from polyport.protocols.segment.adapter import AppenderRegistry, SegmentSession, SegmentSettings
+from polyport.protocols.segment.adapter import AppenderRegistry, SegmentLimits, SegmentSession
 from polyport.protocols.segment.frames import DEFAULT_PORT, PROTOCOL
 from polyport.protocols.session import ListenerStats, Outbound
+from polyport.protocols.settings import settings_from
 
 if TYPE_CHECKING:
     from polyport.gateway.app import Gateway
@@ -17,17 +18,14 @@ if TYPE_CHECKING:
 async def start(gw: Gateway, host: str, port: int) -> TcpListener:
     stats = ListenerStats(PROTOCOL)
     ctx = gw.context(PROTOCOL, stats)
-    settings = SegmentSettings.from_settings(ctx.settings)
+    limits = settings_from(SegmentLimits, ctx.settings, prefix=PROTOCOL)
     # Shared by this listener's sessions: who owns each (ConnectionId, segment).
     registry = AppenderRegistry()
-    idle = ctx.settings.get("idle_timeout")
 
     def factory(out: Outbound) -> SegmentSession:
-        return SegmentSession(ctx, out, registry, settings)
+        return SegmentSession(ctx, out, registry, limits)
 
-    listener = TcpListener(
-        PROTOCOL, factory, host, port, stats, idle_timeout=float(idle) if idle else None
-    )
+    listener = TcpListener(PROTOCOL, factory, host, port, stats, idle_timeout=limits.idle_timeout)
     await listener.start()
     return listener
 

@@ -24,10 +24,9 @@ import asyncio
 import contextlib
 import re
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from polyport.core.bodies import JSON, OCTETS, body_json_text, loads_json
 from polyport.core.commands import END, Append, AppendBatch, Principal, Selector
@@ -45,6 +44,7 @@ from polyport.protocols.micromsg2.frames import (
     EXT_PUBSUB,
     PROTOCOL,
     SEQ_FIRST,
+    SEQ_LAST,
     SERVER_EXTENSIONS,
     Ack,
     Command,
@@ -65,6 +65,7 @@ from polyport.protocols.micromsg2.pubsub import (
 )
 from polyport.protocols.micromsg2.state import State
 from polyport.protocols.session import Outbound, SessionContext
+from polyport.protocols.settings import settings_from
 
 SERVER_IDENTITY = "polyport"
 
@@ -85,11 +86,6 @@ MAX_SUBSCRIPTIONS = 64
 # consumers instead of piling them on the first one.
 QUEUE_CREDIT_WITHOUT_ACKS = 16
 SUBSCRIPTION_BUFFER = 1000
-
-# Gateway settings (``extra`` in the config) read by this adapter.
-SETTING_INITIAL_SEQ = "micromsg2_initial_seq"
-SETTING_REQUIRED = "micromsg2_required_extensions"
-
 
 # --- properties <-> headers -----------------------------------------------------------
 
@@ -190,43 +186,44 @@ def queue_group_name(context: str, destination: Destination, flt: Filter | None)
 # --- settings -------------------------------------------------------------------------
 
 
-def _initial_seq(settings: Mapping[str, Any]) -> int:
-    raw = settings.get(SETTING_INITIAL_SEQ, SEQ_FIRST)
-    problem = f"{SETTING_INITIAL_SEQ} must be an integer 1..65535, got {raw!r}"
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise ValueError(problem) from None
-    if not 1 <= value <= 65535:
-        raise ValueError(problem)
-    return value
-
-
-def _required_extensions(settings: Mapping[str, Any]) -> tuple[str, ...]:
-    raw = settings.get(SETTING_REQUIRED) or ()
-    if isinstance(raw, str):
-        return tuple(spec.name for spec in parse_extensions(raw))
-    return tuple(str(x) for x in raw)
-
-
 @dataclass(frozen=True)
-class SessionOptions:
-    """Per-listener settings, read once from the gateway settings."""
+class MicroMsg2Limits:
+    """Per-listener settings, read once from the gateway settings with
+    ``settings_from(MicroMsg2Limits, settings, prefix=PROTOCOL)``.
 
-    max_payload: int = 1 << 20
-    idle_timeout: float | None = 300.0
+    ``max_payload`` and ``idle_timeout`` are the gateway-wide ``max_event_bytes``
+    and ``idle_timeout`` (MicroMsg2 has no keys of its own for them);
+    ``micromsg2_initial_seq`` and ``micromsg2_required_extensions`` are its own.
+    """
+
+    # The largest MESSAGE payload accepted (also bounds COMMAND payloads).
+    max_payload: int = field(default=1 << 20, metadata={"setting": "max_event_bytes"})
+    # Handshake deadline and idle close; 0 turns both off.
+    idle_timeout: float | None = field(default=300.0, metadata={"setting": "idle_timeout"})
+    # Tests only: the first sequence number the server sends (the spec says 1).
     initial_seq: int = SEQ_FIRST
-    required_extensions: tuple[str, ...] = ()
+    # ``"json;pubsub"`` (the handshake's list grammar: names only are kept) or a
+    # list of extension specs.  Typed Sequence so the settings reader passes
+    # the text through whole: its generic comma split would cut a spec's
+    # ``key=value,key=value`` properties apart.  A tuple after __post_init__.
+    required_extensions: Sequence[str] = ()
 
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> SessionOptions:
-        idle = settings.get("idle_timeout")
-        return cls(
-            max_payload=int(settings.get("max_event_bytes", 1 << 20)),
-            idle_timeout=float(idle) if idle else None,
-            initial_seq=_initial_seq(settings),
-            required_extensions=_required_extensions(settings),
-        )
+    def __post_init__(self) -> None:
+        if not self.idle_timeout:
+            object.__setattr__(self, "idle_timeout", None)
+        if not SEQ_FIRST <= self.initial_seq <= SEQ_LAST:
+            raise ValueError(
+                f"{PROTOCOL}_initial_seq must be an integer 1..65535, got {self.initial_seq!r}"
+            )
+        raw = self.required_extensions or ()
+        if isinstance(raw, str):
+            try:
+                names = tuple(spec.name for spec in parse_extensions(raw))
+            except RemoteProtocolError as exc:
+                raise ValueError(f"{PROTOCOL}_required_extensions: {exc.message}") from None
+        else:
+            names = tuple(str(x) for x in raw)
+        object.__setattr__(self, "required_extensions", names)
 
 
 # --- the session ----------------------------------------------------------------------
@@ -268,14 +265,14 @@ class MicroMsg2Session:
     """Implements protocols.session.StreamSession for one client connection."""
 
     def __init__(
-        self, ctx: SessionContext, out: Outbound, options: SessionOptions | None = None
+        self, ctx: SessionContext, out: Outbound, options: MicroMsg2Limits | None = None
     ) -> None:
         self._ctx = ctx
         self._store = ctx.store
         self._stats = ctx.stats
         self._log = ctx.log
         self._out = out
-        self._opts = options or SessionOptions.from_settings(ctx.settings)
+        self._opts = options or settings_from(MicroMsg2Limits, ctx.settings, prefix=PROTOCOL)
         self._conn = ServerConnection(
             SERVER_IDENTITY,
             SERVER_EXTENSIONS,

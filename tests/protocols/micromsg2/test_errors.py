@@ -26,7 +26,7 @@ from polyport.protocols.micromsg2 import (
     encode_frame,
     encode_handshake,
 )
-from polyport.protocols.micromsg2.adapter import MicroMsg2Session, SessionOptions
+from polyport.protocols.micromsg2.adapter import MicroMsg2Limits, MicroMsg2Session
 from polyport.protocols.micromsg2.client import MicroMsg2Client
 from polyport.protocols.session import ListenerStats, SessionContext
 
@@ -158,7 +158,7 @@ def _session() -> tuple[MicroMsg2Session, _Out, ListenerStats]:
         log=logging.getLogger("test.micromsg2"),
     )
     out = _Out()
-    return MicroMsg2Session(ctx, out, SessionOptions(idle_timeout=None)), out, stats
+    return MicroMsg2Session(ctx, out, MicroMsg2Limits(idle_timeout=None)), out, stats
 
 
 async def test_adapter_answers_peer_errors_with_an_error_frame() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -30,6 +29,7 @@ from polyport.protocols.micromsg2.adapter import MicroMsg2Limits, MicroMsg2Sessi
 from polyport.protocols.micromsg2.client import MicroMsg2Client
 from polyport.protocols.session import ListenerStats, SessionContext
 
+from .._outbound import RecordingOutbound
 from ._support import open_pair
 
 
@@ -136,20 +136,7 @@ async def test_client_input_errors_are_local() -> None:
 # --- the adapter -----------------------------------------------------------------------
 
 
-@dataclass
-class _Out:
-    peer: str = "test"
-    sent: list[bytes] = field(default_factory=list)
-    closed: bool = False
-
-    async def send(self, data: bytes) -> None:
-        self.sent.append(data)
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def _session() -> tuple[MicroMsg2Session, _Out, ListenerStats]:
+def _session() -> tuple[MicroMsg2Session, RecordingOutbound, ListenerStats]:
     stats = ListenerStats("micromsg2")
     ctx = SessionContext(
         store=None,  # type: ignore[arg-type]  # the handshake's first step needs none
@@ -157,7 +144,7 @@ def _session() -> tuple[MicroMsg2Session, _Out, ListenerStats]:
         settings={},
         log=logging.getLogger("test.micromsg2"),
     )
-    out = _Out()
+    out = RecordingOutbound()
     return MicroMsg2Session(ctx, out, MicroMsg2Limits(idle_timeout=None)), out, stats
 
 

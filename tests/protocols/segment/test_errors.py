@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -30,6 +29,8 @@ from polyport.protocols.segment import (
 from polyport.protocols.segment.adapter import AppenderRegistry, SegmentSession
 from polyport.protocols.segment.frames import NoSuchSegment
 from polyport.protocols.session import ListenerStats, SessionContext
+
+from .._outbound import RecordingOutbound
 
 CID = uuid.UUID(int=7)
 
@@ -87,19 +88,6 @@ def test_what_this_side_may_not_send_is_local() -> None:
 # --- the adapter -----------------------------------------------------------------------
 
 
-@dataclass
-class _Out:
-    peer: str = "test"
-    sent: list[bytes] = field(default_factory=list)
-    closed: bool = False
-
-    async def send(self, data: bytes) -> None:
-        self.sent.append(data)
-
-    def close(self) -> None:
-        self.closed = True
-
-
 class _Store:
     async def authenticate(self, user: str | None, password: str | None) -> Principal:
         return Principal(user, "default", None)
@@ -108,7 +96,7 @@ class _Store:
         return 0
 
 
-def _session() -> tuple[SegmentSession, _Out, ListenerStats]:
+def _session() -> tuple[SegmentSession, RecordingOutbound, ListenerStats]:
     stats = ListenerStats("segment")
     ctx = SessionContext(
         store=_Store(),  # type: ignore[arg-type]
@@ -116,11 +104,11 @@ def _session() -> tuple[SegmentSession, _Out, ListenerStats]:
         settings={},
         log=logging.getLogger("polyport.segment"),
     )
-    out = _Out()
+    out = RecordingOutbound()
     return SegmentSession(ctx, out, AppenderRegistry()), out, stats
 
 
-async def _closed_with(session: SegmentSession, out: _Out) -> Any:
+async def _closed_with(session: SegmentSession, out: RecordingOutbound) -> Any:
     """The last reply before the session closed the connection."""
     for _ in range(100):
         if out.closed:

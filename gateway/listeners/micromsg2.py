@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 from polyport.gateway.registry import ListenerDef
 from polyport.gateway.tcp import TcpListener
-from polyport.protocols.micromsg2.adapter import PROTOCOL, MicroMsg2Session, SessionOptions
-from polyport.protocols.micromsg2.frames import DEFAULT_PORT
+from polyport.protocols.micromsg2.adapter import MicroMsg2Limits, MicroMsg2Session
+from polyport.protocols.micromsg2.frames import DEFAULT_PORT, PROTOCOL
 from polyport.protocols.session import ListenerStats, Outbound
+from polyport.protocols.settings import settings_from
 
 if TYPE_CHECKING:
     from polyport.gateway.app import Gateway
@@ -25,7 +26,7 @@ class MicroMsg2Listener(TcpListener):
 async def start(gw: Gateway, host: str, port: int) -> MicroMsg2Listener:
     stats = ListenerStats(PROTOCOL)
     ctx = gw.context(PROTOCOL, stats)
-    options = SessionOptions.from_settings(ctx.settings)
+    options = settings_from(MicroMsg2Limits, ctx.settings, prefix=PROTOCOL)
     listener: MicroMsg2Listener
 
     def factory(out: Outbound) -> MicroMsg2Session:

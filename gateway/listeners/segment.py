@@ -6,30 +6,28 @@ from typing import TYPE_CHECKING
 
 from polyport.gateway.registry import ListenerDef
 from polyport.gateway.tcp import TcpListener
-from polyport.protocols.segment.adapter import AppenderRegistry, SegmentSession, SegmentSettings
-from polyport.protocols.segment.frames import DEFAULT_PORT
+from polyport.protocols.segment.adapter import AppenderRegistry, SegmentLimits, SegmentSession
+from polyport.protocols.segment.frames import DEFAULT_PORT, PROTOCOL
 from polyport.protocols.session import ListenerStats, Outbound
+from polyport.protocols.settings import settings_from
 
 if TYPE_CHECKING:
     from polyport.gateway.app import Gateway
 
 
 async def start(gw: Gateway, host: str, port: int) -> TcpListener:
-    stats = ListenerStats("segment")
-    ctx = gw.context("segment", stats)
-    settings = SegmentSettings.from_settings(ctx.settings)
+    stats = ListenerStats(PROTOCOL)
+    ctx = gw.context(PROTOCOL, stats)
+    limits = settings_from(SegmentLimits, ctx.settings, prefix=PROTOCOL)
     # Shared by this listener's sessions: who owns each (ConnectionId, segment).
     registry = AppenderRegistry()
-    idle = ctx.settings.get("idle_timeout")
 
     def factory(out: Outbound) -> SegmentSession:
-        return SegmentSession(ctx, out, registry, settings)
+        return SegmentSession(ctx, out, registry, limits)
 
-    listener = TcpListener(
-        "segment", factory, host, port, stats, idle_timeout=float(idle) if idle else None
-    )
+    listener = TcpListener(PROTOCOL, factory, host, port, stats, idle_timeout=limits.idle_timeout)
     await listener.start()
     return listener
 
 
-LISTENER = ListenerDef(name="segment", default_port=DEFAULT_PORT, start=start)
+LISTENER = ListenerDef(name=PROTOCOL, default_port=DEFAULT_PORT, start=start)

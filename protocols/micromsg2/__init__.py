@@ -1,8 +1,12 @@
 """MicroMsg2: sans-IO codec (frames, handshake negotiation, acks, filters)."""
 
 from polyport.protocols.micromsg2.acks import AckWindow, decode_ack_payload, encode_ack_payload
-from polyport.protocols.micromsg2.codec import ClientConnection, ServerConnection, error_frame
-from polyport.protocols.micromsg2.errors import ProtocolError
+from polyport.protocols.micromsg2.connection import ClientConnection, ServerConnection, error_frame
+from polyport.protocols.micromsg2.errors import (
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+)
 from polyport.protocols.micromsg2.filters import (
     Condition,
     Filter,
@@ -14,6 +18,7 @@ from polyport.protocols.micromsg2.filters import (
 )
 from polyport.protocols.micromsg2.frames import (
     DEFAULT_PORT,
+    PROTOCOL,
     Ack,
     Command,
     Error,
@@ -42,6 +47,7 @@ from polyport.protocols.micromsg2.wire import (
 
 __all__ = [
     "DEFAULT_PORT",
+    "PROTOCOL",
     "Ack",
     "AckWindow",
     "ClientConnection",
@@ -54,11 +60,13 @@ __all__ = [
     "Filter",
     "Frame",
     "Handshake",
+    "LocalProtocolError",
     "Message",
     "Negotiated",
     "NegotiatedExtension",
     "PropertyValue",
     "ProtocolError",
+    "RemoteProtocolError",
     "ServerConnection",
     "State",
     "Subscribe",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from polyport.protocols.micromsg2.errors import ProtocolError
+from polyport.protocols.micromsg2.errors import RemoteProtocolError, as_local
 from polyport.protocols.micromsg2.frames import SEQ_FIRST, SEQ_LAST
 
 ACK_PAYLOAD = struct.Struct(">H")
@@ -25,17 +25,18 @@ def previous_seq(seq: int) -> int:
 
 def check_seq(seq: int) -> int:
     if not SEQ_FIRST <= seq <= SEQ_LAST:
-        raise ProtocolError(f"sequence number {seq} is outside 1..65535")
+        raise RemoteProtocolError(f"sequence number {seq} is outside 1..65535")
     return seq
 
 
 def encode_ack_payload(seq: int) -> bytes:
-    return ACK_PAYLOAD.pack(check_seq(seq))
+    with as_local:
+        return ACK_PAYLOAD.pack(check_seq(seq))
 
 
 def decode_ack_payload(payload: bytes) -> int:
     if len(payload) != ACK_PAYLOAD.size:
-        raise ProtocolError(f"ack payload must be 2 bytes, got {len(payload)}")
+        raise RemoteProtocolError(f"ack payload must be 2 bytes, got {len(payload)}")
     return check_seq(ACK_PAYLOAD.unpack(payload)[0])
 
 
@@ -45,7 +46,9 @@ class AckWindow:
     The sender keeps one for what it sends; the receiver keeps one for what it
     receives (``on_sent`` when a MESSAGE arrives, ``on_ack`` when it sends the
     ack), so both enforce the same numbering and window.  ``size`` None means
-    no ack extension: numbering only, nothing is ever outstanding.
+    no ack extension: numbering only, nothing is ever outstanding.  Violations
+    raise RemoteProtocolError; the connection's ``send`` re-raises them as
+    LocalProtocolError, since there the numbers are its own.
     """
 
     def __init__(self, size: int | None = None, *, first_seq: int = SEQ_FIRST) -> None:
@@ -81,9 +84,9 @@ class AckWindow:
 
     def on_sent(self, seq: int) -> None:
         if seq != self._next:
-            raise ProtocolError(f"MESSAGE sequence number {seq}, expected {self._next}")
+            raise RemoteProtocolError(f"MESSAGE sequence number {seq}, expected {self._next}")
         if not self.can_send():
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"MESSAGE {seq} exceeds the ack window: {self._outstanding} of "
                 f"{self.size} messages are waiting for an ack"
             )
@@ -98,13 +101,13 @@ class AckWindow:
         number that is not in flight is a protocol error.
         """
         if self.size is None:
-            raise ProtocolError("ack received but no ack extension was negotiated")
+            raise RemoteProtocolError("ack received but no ack extension was negotiated")
         check_seq(seq)
         if self._any_acked and seq == self._last_acked:
             return ()
         distance = (seq - self._last_acked) % SEQ_LAST
         if not 1 <= distance <= self._outstanding:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"ack for {seq} matches no MESSAGE in flight "
                 f"(last acked {self.last_acked}, {self._outstanding} in flight)"
             )

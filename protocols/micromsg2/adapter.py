@@ -8,12 +8,14 @@
     deliveries -> MESSAGE frames, never more unacknowledged than the ack window
     ack        -> GroupMember.ack for queue deliveries
 
-Failures: anything the codec cannot parse or allow (bad bytes, bad command,
-bad destination, bad filter), a failed authentication and a failed append are
-answered with one ERROR frame and the connection is closed.  A well-formed
-``subscribe``/``unsubscribe`` that fails (not subscribed, too many
-subscriptions, storage trouble) gets an ERROR frame and the connection stays
-open.  Details and the reasons are in docs/protocols/micromsg2.md.
+Failures: anything the codec cannot parse or allow from the peer
+(RemoteProtocolError: bad bytes, bad command, bad destination, bad filter), a
+failed authentication and a failed append are answered with one ERROR frame
+and the connection is closed.  A well-formed ``subscribe``/``unsubscribe``
+that fails (not subscribed, too many subscriptions, storage trouble) gets an
+ERROR frame and the connection stays open.  A LocalProtocolError is our own
+bug and is not answered as the peer's fault.  Details and the reasons are in
+docs/protocols/micromsg2.md.
 """
 
 from __future__ import annotations
@@ -22,10 +24,9 @@ import asyncio
 import contextlib
 import re
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from polyport.core.bodies import JSON, OCTETS, body_json_text, loads_json
 from polyport.core.commands import END, Append, AppendBatch, Principal, Selector
@@ -34,13 +35,16 @@ from polyport.core.errors import Busy, Forbidden, NotFound, PolyportError
 from polyport.core.events import EventData, RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
-from polyport.protocols.micromsg2.codec import ServerConnection, error_frame
-from polyport.protocols.micromsg2.errors import UNSUPPORTED, ProtocolError
+from polyport.protocols.errors import UNSUPPORTED
+from polyport.protocols.micromsg2.connection import ServerConnection
+from polyport.protocols.micromsg2.errors import LocalProtocolError, RemoteProtocolError
 from polyport.protocols.micromsg2.filters import INT64_MAX, INT64_MIN, Filter
 from polyport.protocols.micromsg2.frames import (
     EXT_JSON,
     EXT_PUBSUB,
+    PROTOCOL,
     SEQ_FIRST,
+    SEQ_LAST,
     SERVER_EXTENSIONS,
     Ack,
     Command,
@@ -61,8 +65,8 @@ from polyport.protocols.micromsg2.pubsub import (
 )
 from polyport.protocols.micromsg2.state import State
 from polyport.protocols.session import Outbound, SessionContext
+from polyport.protocols.settings import settings_from
 
-PROTOCOL = "micromsg2"
 SERVER_IDENTITY = "polyport"
 
 # Event type for a MESSAGE without a ``type`` property.
@@ -82,11 +86,6 @@ MAX_SUBSCRIPTIONS = 64
 # consumers instead of piling them on the first one.
 QUEUE_CREDIT_WITHOUT_ACKS = 16
 SUBSCRIPTION_BUFFER = 1000
-
-# Gateway settings (``extra`` in the config) read by this adapter.
-SETTING_INITIAL_SEQ = "micromsg2_initial_seq"
-SETTING_REQUIRED = "micromsg2_required_extensions"
-
 
 # --- properties <-> headers -----------------------------------------------------------
 
@@ -156,8 +155,6 @@ def event_properties(ev: RecordedEvent) -> dict[str, PropertyValue]:
     return props
 
 
-
-
 def event_payload(ev: RecordedEvent, *, json_negotiated: bool) -> bytes:
     """With ``json`` the body as JSON text (BSON / MessagePack documents become
     relaxed Extended JSON, every BSON date included); without it, the stored
@@ -189,43 +186,44 @@ def queue_group_name(context: str, destination: Destination, flt: Filter | None)
 # --- settings -------------------------------------------------------------------------
 
 
-def _initial_seq(settings: Mapping[str, Any]) -> int:
-    raw = settings.get(SETTING_INITIAL_SEQ, SEQ_FIRST)
-    problem = f"{SETTING_INITIAL_SEQ} must be an integer 1..65535, got {raw!r}"
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise ValueError(problem) from None
-    if not 1 <= value <= 65535:
-        raise ValueError(problem)
-    return value
-
-
-def _required_extensions(settings: Mapping[str, Any]) -> tuple[str, ...]:
-    raw = settings.get(SETTING_REQUIRED) or ()
-    if isinstance(raw, str):
-        return tuple(spec.name for spec in parse_extensions(raw))
-    return tuple(str(x) for x in raw)
-
-
 @dataclass(frozen=True)
-class SessionOptions:
-    """Per-listener settings, read once from the gateway settings."""
+class MicroMsg2Limits:
+    """Per-listener settings, read once from the gateway settings with
+    ``settings_from(MicroMsg2Limits, settings, prefix=PROTOCOL)``.
 
-    max_payload: int = 1 << 20
-    idle_timeout: float | None = 300.0
+    ``max_payload`` and ``idle_timeout`` are the gateway-wide ``max_event_bytes``
+    and ``idle_timeout`` (MicroMsg2 has no keys of its own for them);
+    ``micromsg2_initial_seq`` and ``micromsg2_required_extensions`` are its own.
+    """
+
+    # The largest MESSAGE payload accepted (also bounds COMMAND payloads).
+    max_payload: int = field(default=1 << 20, metadata={"setting": "max_event_bytes"})
+    # Handshake deadline and idle close; 0 turns both off.
+    idle_timeout: float | None = field(default=300.0, metadata={"setting": "idle_timeout"})
+    # Tests only: the first sequence number the server sends (the spec says 1).
     initial_seq: int = SEQ_FIRST
-    required_extensions: tuple[str, ...] = ()
+    # ``"json;pubsub"`` (the handshake's list grammar: names only are kept) or a
+    # list of extension specs.  Typed Sequence so the settings reader passes
+    # the text through whole: its generic comma split would cut a spec's
+    # ``key=value,key=value`` properties apart.  A tuple after __post_init__.
+    required_extensions: Sequence[str] = ()
 
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> SessionOptions:
-        idle = settings.get("idle_timeout")
-        return cls(
-            max_payload=int(settings.get("max_event_bytes", 1 << 20)),
-            idle_timeout=float(idle) if idle else None,
-            initial_seq=_initial_seq(settings),
-            required_extensions=_required_extensions(settings),
-        )
+    def __post_init__(self) -> None:
+        if not self.idle_timeout:
+            object.__setattr__(self, "idle_timeout", None)
+        if not SEQ_FIRST <= self.initial_seq <= SEQ_LAST:
+            raise ValueError(
+                f"{PROTOCOL}_initial_seq must be an integer 1..65535, got {self.initial_seq!r}"
+            )
+        raw = self.required_extensions or ()
+        if isinstance(raw, str):
+            try:
+                names = tuple(spec.name for spec in parse_extensions(raw))
+            except RemoteProtocolError as exc:
+                raise ValueError(f"{PROTOCOL}_required_extensions: {exc.message}") from None
+        else:
+            names = tuple(str(x) for x in raw)
+        object.__setattr__(self, "required_extensions", names)
 
 
 # --- the session ----------------------------------------------------------------------
@@ -267,14 +265,14 @@ class MicroMsg2Session:
     """Implements protocols.session.StreamSession for one client connection."""
 
     def __init__(
-        self, ctx: SessionContext, out: Outbound, options: SessionOptions | None = None
+        self, ctx: SessionContext, out: Outbound, options: MicroMsg2Limits | None = None
     ) -> None:
         self._ctx = ctx
         self._store = ctx.store
         self._stats = ctx.stats
         self._log = ctx.log
         self._out = out
-        self._opts = options or SessionOptions.from_settings(ctx.settings)
+        self._opts = options or settings_from(MicroMsg2Limits, ctx.settings, prefix=PROTOCOL)
         self._conn = ServerConnection(
             SERVER_IDENTITY,
             SERVER_EXTENSIONS,
@@ -324,7 +322,7 @@ class MicroMsg2Session:
         self._last_activity = self._loop.time()
         try:
             frames = self._conn.receive_data(data)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             await self._fail(exc.code, exc.message)
             return
         self._stats.frames_in += len(frames)
@@ -345,7 +343,9 @@ class MicroMsg2Session:
                 await self._handle(frame)
             if run and not self._closing:
                 await self._append_run(run)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
+            # Only the peer's faults: a LocalProtocolError is our bug and goes
+            # up to the transport, which logs it and closes the connection.
             await self._fail(exc.code, exc.message)
         except PolyportError as exc:
             await self._fail(exc.code, exc.message)
@@ -389,7 +389,7 @@ class MicroMsg2Session:
             negotiated = self._conn.negotiated
             ext = negotiated.by_index(frame.ext_id) if negotiated else None
             name = ext.name if ext else str(frame.ext_id)
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"EXTENSION frames are not defined for extension {name!r}", code=UNSUPPORTED
             )
         elif isinstance(frame, Error):
@@ -422,12 +422,12 @@ class MicroMsg2Session:
         as one Append, several streams as one AppendBatch.  A bad destination
         stops the run there: the MESSAGEs before it are still appended."""
         grouped: list[tuple[str, list[EventData]]] = []
-        bad: ProtocolError | None = None
+        bad: RemoteProtocolError | None = None
         taken = 0
         for message in messages:
             try:
                 stream = Destination.parse(message.destination).stream
-            except ProtocolError as exc:
+            except RemoteProtocolError as exc:
                 bad = exc
                 break
             event = message_to_event(message, json_negotiated=self._json)
@@ -512,7 +512,7 @@ class MicroMsg2Session:
     async def _command(self, command: Command) -> None:
         negotiated = self._conn.negotiated
         if negotiated is None or not negotiated.has(EXT_PUBSUB):
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"command {command.name!r} needs the 'pubsub' extension, which this "
                 "connection did not negotiate",
                 code=UNSUPPORTED,
@@ -599,9 +599,11 @@ class MicroMsg2Session:
             seq = self._conn.next_seq
             try:
                 data = self._conn.send(Message(seq, destination, payload, properties))
-            except ProtocolError as exc:
-                # This event cannot be framed (e.g. properties over 64 KiB): say
-                # so and go on with the next, rather than stall the destination.
+            except LocalProtocolError as exc:
+                # Deliberately caught although it is ours: the window and state
+                # were checked just above, so what is left is an event that
+                # cannot be framed (e.g. properties over 64 KiB).  Say so and go
+                # on with the next, rather than stall the destination.
                 self._stats.error(exc.code)
                 await self._send(
                     Error.from_code(
@@ -659,8 +661,11 @@ class MicroMsg2Session:
         self._stats.error(code)
         self._log.info("micromsg2: closing %s: %s: %s", self._out.peer, code, message)
         try:
-            data = self._conn.send(error_frame(ProtocolError(message, code=code)))
-        except ProtocolError:
+            data = self._conn.send(Error.from_code(code, message))
+        except LocalProtocolError:
+            # An ERROR may be sent in every state; failing here is our bug.
+            # The connection is closed all the same.
+            self._log.exception("micromsg2: cannot send the ERROR frame to %s", self._out.peer)
             data = b""
         if data and not self._out.closed:
             self._stats.frames_out += 1

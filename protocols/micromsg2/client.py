@@ -21,8 +21,8 @@ import contextlib
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 
-from polyport.protocols.micromsg2.codec import ClientConnection, error_frame
-from polyport.protocols.micromsg2.errors import ProtocolError
+from polyport.protocols.micromsg2.connection import ClientConnection, error_frame
+from polyport.protocols.micromsg2.errors import RemoteProtocolError, as_local
 from polyport.protocols.micromsg2.filters import Filter, parse_filter
 from polyport.protocols.micromsg2.frames import (
     AUTH_PASSWORD,
@@ -111,7 +111,8 @@ class MicroMsg2Client:
 
         ``first_inbound_seq`` must match the server's ``micromsg2_initial_seq``
         (1 outside tests of the sequence wrap)."""
-        required_specs = [as_spec(e) for e in required]
+        with as_local:  # the caller's own extension lists
+            required_specs = [as_spec(e) for e in required]
         if user is not None:
             props = {AUTH_USER: user}
             if password is not None:
@@ -146,7 +147,7 @@ class MicroMsg2Client:
                 raise ConnectionClosed("server closed the connection during the handshake")
             try:
                 frames = self._conn.receive_data(data)
-            except ProtocolError as exc:
+            except RemoteProtocolError as exc:
                 # This side cannot go on (e.g. the server requires an extension
                 # we lack): ERROR, then disconnect.
                 self._writer.write(self._conn.send(error_frame(exc)))
@@ -209,12 +210,15 @@ class MicroMsg2Client:
         await asyncio.wait_for(settled(), timeout)
 
     async def subscribe(self, destination: str, filter: str | Filter | None = None) -> None:
-        flt = parse_filter(filter) if isinstance(filter, str) else filter
-        request = Subscribe(Destination.parse(destination), flt)
+        with as_local:  # the caller's destination and filter, not the server's
+            flt = parse_filter(filter) if isinstance(filter, str) else filter
+            request = Subscribe(Destination.parse(destination), flt)
         await self._write(self._conn.send(to_command(request)))
 
     async def unsubscribe(self, destination: str) -> None:
-        await self._write(self._conn.send(to_command(Unsubscribe(Destination.parse(destination)))))
+        with as_local:
+            request = Unsubscribe(Destination.parse(destination))
+        await self._write(self._conn.send(to_command(request)))
 
     async def ack(self, message: Message | int | None = None) -> None:
         """Acknowledge every MESSAGE received up to ``message`` (default: the
@@ -276,7 +280,7 @@ class MicroMsg2Client:
                     break
                 try:
                     frames = self._conn.receive_data(data)
-                except ProtocolError as exc:
+                except RemoteProtocolError as exc:
                     self._fatal = Error.from_code(exc.code, exc.message)
                     with contextlib.suppress(Exception):
                         self._writer.write(self._conn.send(error_frame(exc)))

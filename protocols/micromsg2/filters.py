@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from polyport.protocols.micromsg2.errors import ProtocolError
+from polyport.protocols.micromsg2.errors import LocalProtocolError, RemoteProtocolError
 from polyport.protocols.micromsg2.frames import PropertyValue
 from polyport.protocols.micromsg2.text import decode_utf8, url_decode, url_encode
 
@@ -72,16 +72,17 @@ def format_date(value: datetime) -> str:
 
 
 def format_value(value: PropertyValue) -> str:
-    """The wire form of a value; text is always written with its ``T`` prefix."""
+    """The wire form of a value; text is always written with its ``T`` prefix.
+    Only this side writes values, so what cannot be written is our fault."""
     if isinstance(value, datetime):
         return DATE_PREFIX + format_date(value)
     if isinstance(value, int):
         if not INT64_MIN <= value <= INT64_MAX:
-            raise ProtocolError(f"number {value} does not fit a 64-bit long")
+            raise LocalProtocolError(f"number {value} does not fit a 64-bit long")
         return f"{NUMBER_PREFIX}{int(value)}"
     if isinstance(value, str):
         return TEXT_PREFIX + url_encode(value)
-    raise ProtocolError(f"unsupported property value type {type(value).__name__}")
+    raise LocalProtocolError(f"unsupported property value type {type(value).__name__}")
 
 
 def parse_value(text: str, *, strict: bool) -> PropertyValue:
@@ -100,7 +101,7 @@ def parse_value(text: str, *, strict: bool) -> PropertyValue:
         if number is not None:
             return number
         if strict:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"{text!r} is not a number (N followed by a 64-bit integer); "
                 f"write text as T<url-encoded text>"
             )
@@ -110,7 +111,7 @@ def parse_value(text: str, *, strict: bool) -> PropertyValue:
         if date is not None:
             return date
         if strict:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"{text!r} is not a date (D followed by epoch seconds, e.g. D1413198000.0); "
                 f"write text as T<url-encoded text>"
             )
@@ -129,14 +130,14 @@ def decode_properties(raw: bytes | str) -> dict[str, PropertyValue]:
             continue
         key, sep, value = item.partition(":")
         if not sep:
-            raise ProtocolError(f"property {item!r} is not 'key:value'")
+            raise RemoteProtocolError(f"property {item!r} is not 'key:value'")
         # Keys are percent-decoded so that any event header name can travel;
         # FIELD-style keys (first_name, type) contain no '%' and pass unchanged.
         name = url_decode(key, "property name")
         if not name:
-            raise ProtocolError(f"property {item!r} has an empty name")
+            raise RemoteProtocolError(f"property {item!r} has an empty name")
         if name in props:
-            raise ProtocolError(f"property {name!r} appears twice")
+            raise RemoteProtocolError(f"property {name!r} appears twice")
         props[name] = parse_value(value, strict=False)
     return props
 
@@ -145,7 +146,7 @@ def encode_properties(props: Mapping[str, PropertyValue]) -> str:
     parts = []
     for name, value in props.items():
         if not name:
-            raise ProtocolError("property name must not be empty")
+            raise LocalProtocolError("property name must not be empty")
         parts.append(f"{url_encode(name)}:{format_value(value)};")
     return "".join(parts)
 
@@ -228,18 +229,18 @@ class Condition:
 
     def __post_init__(self) -> None:
         if not self.property:
-            raise ProtocolError("filter condition has an empty property name")
+            raise RemoteProtocolError("filter condition has an empty property name")
         if self.operator not in OPERATORS:
-            raise ProtocolError(f"unknown filter operator {self.operator!r}")
+            raise RemoteProtocolError(f"unknown filter operator {self.operator!r}")
         kind = _kind(self.value)
         if kind == "text":
             if self.operator not in TEXT_OPERATORS:
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"filter on {self.property!r}: operator {self.operator!r} is not used "
                     f"for text (text operators: = != < > ~ &)"
                 )
         elif self.operator not in NUMERIC_OPERATORS:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"filter on {self.property!r}: operator {self.operator!r} does not apply "
                 f"to {kind}s (use = != < <= >)"
             )
@@ -282,24 +283,26 @@ class Filter:
 def parse_condition(text: str) -> Condition:
     start = next((i for i, ch in enumerate(text) if ch in _OPERATOR_CHARS), None)
     if start is None:
-        raise ProtocolError(f"filter condition {text!r} has no operator (<= != = < > ~ &)")
+        raise RemoteProtocolError(f"filter condition {text!r} has no operator (<= != = < > ~ &)")
     name = url_decode(text[:start], "filter property name")
     if not name:
-        raise ProtocolError(f"filter condition {text!r} has no property name")
+        raise RemoteProtocolError(f"filter condition {text!r} has no property name")
     operator = next((op for op in OPERATORS if text.startswith(op, start)), None)
     if operator is None:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"filter condition {text!r}: {text[start]!r} is not an operator (<= != = < > ~ &)"
         )
     rest = text[start + len(operator) :]
     if operator == ">" and rest.startswith("="):
         # Longest match would read "a>=N5" as "ends with '=N5'", which is never
         # what was meant; text starting with '=' can still be written T%3D...
-        raise ProtocolError(f"filter condition {text!r}: '>=' is not an operator (<= != = < > ~ &)")
+        raise RemoteProtocolError(
+            f"filter condition {text!r}: '>=' is not an operator (<= != = < > ~ &)"
+        )
     try:
         value = parse_value(rest, strict=True)
-    except ProtocolError as exc:
-        raise ProtocolError(f"filter condition {text!r}: {exc.message}") from None
+    except RemoteProtocolError as exc:
+        raise RemoteProtocolError(f"filter condition {text!r}: {exc.message}") from None
     return Condition(name, operator, value)
 
 

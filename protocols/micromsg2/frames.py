@@ -14,6 +14,8 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import TypeAlias
 
+# The listener's name, its settings prefix and the origin of appended events.
+PROTOCOL = "micromsg2"
 DEFAULT_PORT = 7090
 
 # The version this codec speaks; peers with another minor of major 1 are

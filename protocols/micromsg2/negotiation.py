@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from polyport.protocols.micromsg2.errors import UNSUPPORTED, ProtocolError
+from polyport.protocols.errors import UNSUPPORTED
+from polyport.protocols.micromsg2.errors import RemoteProtocolError
 from polyport.protocols.micromsg2.frames import (
     AUTH_PASSWORD,
     AUTH_USER,
@@ -46,10 +47,12 @@ def parse_extension(text: str) -> ExtensionSpec:
         for item in props_text.split(","):
             key, eq, value = item.partition("=")
             if not eq:
-                raise ProtocolError(f"extension {name!r}: property {item!r} is not 'key=value'")
+                raise RemoteProtocolError(
+                    f"extension {name!r}: property {item!r} is not 'key=value'"
+                )
             check_field(key, f"extension {name!r} property name")
             if key in props:
-                raise ProtocolError(f"extension {name!r}: property {key!r} appears twice")
+                raise RemoteProtocolError(f"extension {name!r}: property {key!r} appears twice")
             props[key] = url_decode(value, f"extension {name!r} property {key!r}")
     return ExtensionSpec(name, props)
 
@@ -130,7 +133,7 @@ def _batch_window(spec: ExtensionSpec) -> int:
     if raw is None:
         return DEFAULT_BATCH_ACK_COUNT
     if not _COUNT.fullmatch(raw) or not 1 <= int(raw) <= MAX_BATCH_ACK_COUNT:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"batch-ack max-count must be an integer in 1..{MAX_BATCH_ACK_COUNT}, got {raw!r}"
         )
     return int(raw)
@@ -143,20 +146,22 @@ def build_negotiated(version: tuple[int, int], peer_identity: str, final: Handsh
     names = _names(specs)
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ProtocolError(f"extension(s) listed twice in the final handshake: {', '.join(dupes)}")
+        raise RemoteProtocolError(
+            f"extension(s) listed twice in the final handshake: {', '.join(dupes)}"
+        )
     if len(specs) > MAX_EXTENSIONS:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"{len(specs)} extensions; an EXTENSION frame id allows {MAX_EXTENSIONS}"
         )
     window: int | None = None
     acks = [s for s in specs if s.name in _ACK_EXTENSIONS]
     if len(acks) > 1:
-        raise ProtocolError("'ack' and 'batch-ack' cannot both be used on one connection")
+        raise RemoteProtocolError("'ack' and 'batch-ack' cannot both be used on one connection")
     if acks:
         window = 1 if acks[0].name == EXT_ACK else _batch_window(acks[0])
     auth = next((s for s in specs if s.name == EXT_AUTH), None)
     if auth is not None and not auth.get(AUTH_USER):
-        raise ProtocolError("x-auth needs 'user=' (and usually 'password=')")
+        raise RemoteProtocolError("x-auth needs 'user=' (and usually 'password=')")
     return Negotiated(
         version=version,
         peer_identity=peer_identity,
@@ -174,7 +179,7 @@ def negotiate_version(mine: tuple[int, int], theirs: tuple[int, int]) -> tuple[i
     """The lower version is used; this codec speaks only major 1."""
     version = min(mine, theirs)
     if version[0] != SUPPORTED_MAJOR:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"protocol version {version[0]}.{version[1]} is not supported "
             f"(this side speaks {SUPPORTED_MAJOR}.x)",
             code=UNSUPPORTED,
@@ -188,7 +193,7 @@ def negotiate_version(mine: tuple[int, int], theirs: tuple[int, int]) -> tuple[i
 def check_hello(hello: Handshake, supported: Mapping[str, ExtensionSpec]) -> None:
     missing = [n for n in _names(hello.required) if n not in supported]
     if missing:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"server does not support required extension(s): {', '.join(missing)}",
             code=UNSUPPORTED,
         )
@@ -215,20 +220,20 @@ def check_final(
     required: tuple[ExtensionSpec, ...],
 ) -> Negotiated:
     if final.version not in (hello.version, negotiated_version):
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"final handshake has version {final.major}.{final.minor}; expected "
             f"{hello.major}.{hello.minor} or {negotiated_version[0]}.{negotiated_version[1]}"
         )
     names = set(_names(final.extensions))
     refused = [n for n in _names(required) if n not in names]
     if refused:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"client did not accept required extension(s): {', '.join(refused)}",
             code=UNSUPPORTED,
         )
     unknown = [n for n in _names(final.extensions) if n not in supported]
     if unknown:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"server does not support extension(s): {', '.join(unknown)}", code=UNSUPPORTED
         )
     return build_negotiated(negotiated_version, hello.identity, final)
@@ -241,12 +246,12 @@ def check_reply(hello: Handshake, reply: Handshake, supported: Iterable[str]) ->
     names = set(supported) | set(_names(hello.extensions))
     missing = [n for n in _names(reply.required) if n not in names]
     if missing:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"client does not support extension(s) required by the server: {', '.join(missing)}",
             code=UNSUPPORTED,
         )
     if all(n in _names(hello.required + reply.required) for n in _ACK_EXTENSIONS):
-        raise ProtocolError(
+        raise RemoteProtocolError(
             "'ack' and 'batch-ack' are both required; only one can be used", code=UNSUPPORTED
         )
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from polyport.protocols.micromsg2.errors import UNSUPPORTED, ProtocolError
+from polyport.protocols.errors import UNSUPPORTED
+from polyport.protocols.micromsg2.errors import RemoteProtocolError
 from polyport.protocols.micromsg2.filters import Filter, parse_filter
 from polyport.protocols.micromsg2.frames import Command
 
@@ -34,7 +35,9 @@ class Destination:
     def parse(cls, text: str) -> Destination:
         kind, slash, stream = text.partition("/")
         if not slash or kind not in DESTINATION_KINDS or not stream:
-            raise ProtocolError(f"destination {text!r} is not 'topic/<stream>' or 'queue/<stream>'")
+            raise RemoteProtocolError(
+                f"destination {text!r} is not 'topic/<stream>' or 'queue/<stream>'"
+            )
         return cls(kind, stream)
 
     def __str__(self) -> str:
@@ -57,13 +60,13 @@ class Unsubscribe:
 def parse_pubsub_command(cmd: Command) -> Subscribe | Unsubscribe:
     allowed = {CMD_SUBSCRIBE: {ARG_DESTINATION, ARG_FILTER}, CMD_UNSUBSCRIBE: {ARG_DESTINATION}}
     if cmd.name not in allowed:
-        raise ProtocolError(f"unknown command {cmd.name!r}", code=UNSUPPORTED)
+        raise RemoteProtocolError(f"unknown command {cmd.name!r}", code=UNSUPPORTED)
     unknown = sorted(set(cmd.args) - allowed[cmd.name])
     if unknown:
-        raise ProtocolError(f"{cmd.name}: unknown argument(s) {', '.join(unknown)}")
+        raise RemoteProtocolError(f"{cmd.name}: unknown argument(s) {', '.join(unknown)}")
     raw = cmd.args.get(ARG_DESTINATION)
     if raw is None:
-        raise ProtocolError(f"{cmd.name} needs destination=")
+        raise RemoteProtocolError(f"{cmd.name} needs destination=")
     destination = Destination.parse(raw)
     if cmd.name == CMD_UNSUBSCRIBE:
         return Unsubscribe(destination)

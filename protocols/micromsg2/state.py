@@ -5,8 +5,8 @@ ways.  An ERROR during the handshake ends the connection (the spec: send ERROR,
 then disconnect).  After the handshake an ERROR is an ordinary frame (a failed
 ``subscribe`` is answered with one); the connection owner decides to close.
 An ERROR may arrive in any state but CLOSED.  CLOSED is also entered when
-received bytes raise ProtocolError; the only thing left to do then is to send
-an ERROR frame explaining why.
+received bytes raise RemoteProtocolError; the only thing left to do then is to
+send an ERROR frame explaining why.
 """
 
 from __future__ import annotations

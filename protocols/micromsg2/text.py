@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from urllib.parse import quote, unquote_plus
 
-from polyport.protocols.micromsg2.errors import ProtocolError
+from polyport.protocols.micromsg2.errors import RemoteProtocolError
 
 # FIELD in the spec is lower-case ASCII letters, digits and '-', but the spec's
 # own examples use upper case ("extensionName1") and '_' ("first_name"), so
@@ -15,7 +15,9 @@ _FIELD = re.compile(r"[A-Za-z0-9_-]+")
 
 def check_field(value: str, what: str) -> str:
     if not _FIELD.fullmatch(value):
-        raise ProtocolError(f"{what} {value!r} is not a FIELD (ASCII letters, digits, '-', '_')")
+        raise RemoteProtocolError(
+            f"{what} {value!r} is not a FIELD (ASCII letters, digits, '-', '_')"
+        )
     return value
 
 
@@ -32,11 +34,11 @@ def url_decode(text: str, what: str) -> str:
     try:
         return unquote_plus(text, errors="strict")
     except UnicodeDecodeError as exc:
-        raise ProtocolError(f"{what}: percent-encoding is not valid UTF-8") from exc
+        raise RemoteProtocolError(f"{what}: percent-encoding is not valid UTF-8") from exc
 
 
 def decode_utf8(raw: bytes, what: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ProtocolError(f"{what} is not valid UTF-8") from exc
+        raise RemoteProtocolError(f"{what} is not valid UTF-8") from exc

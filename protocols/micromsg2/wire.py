@@ -7,6 +7,10 @@ fragment's payload exceeds 255 bytes (the decoder accepts it on any length).
 CONTINUED (16) is set on every fragment of a payload but the last; each
 fragment repeats the frame's header (seq, destination, properties / id) and
 the payloads are concatenated.  All integers are big-endian.
+
+Pure functions and immutable values only; the connection keeps the state.
+Encoders raise LocalProtocolError (this side's frame cannot be written),
+decoders RemoteProtocolError (the peer's bytes are wrong).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import struct
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from polyport.protocols.micromsg2.errors import TOO_LARGE, ProtocolError
+from polyport.protocols.errors import TOO_LARGE
+from polyport.protocols.micromsg2.errors import LocalProtocolError, RemoteProtocolError, as_local
 from polyport.protocols.micromsg2.filters import decode_properties, encode_properties
 from polyport.protocols.micromsg2.frames import (
     DEFAULT_MAX_PAYLOAD,
@@ -63,13 +68,13 @@ WireFrame: TypeAlias = Message | Command | Extension | Error
 
 def _check_u8(value: int, what: str) -> int:
     if not 0 <= value <= 0xFF:
-        raise ProtocolError(f"{what} {value} does not fit one byte")
+        raise LocalProtocolError(f"{what} {value} does not fit one byte")
     return value
 
 
 def _sized(raw: bytes, limit: int, what: str) -> bytes:
     if len(raw) > limit:
-        raise ProtocolError(f"{what} is {len(raw)} bytes; at most {limit} fit", code=TOO_LARGE)
+        raise LocalProtocolError(f"{what} is {len(raw)} bytes; at most {limit} fit", code=TOO_LARGE)
     return raw
 
 
@@ -78,12 +83,11 @@ def _sized(raw: bytes, limit: int, what: str) -> bytes:
 
 def encode_handshake(hs: Handshake) -> bytes:
     identity = _sized(hs.identity.encode("utf-8"), MAX_IDENTITY_BYTES, "identity")
-    required = _sized(
-        format_extensions(hs.required).encode("ascii"), MAX_EXTENSIONS_BYTES, "required extensions"
-    )
-    optional = _sized(
-        format_extensions(hs.optional).encode("ascii"), MAX_EXTENSIONS_BYTES, "optional extensions"
-    )
+    with as_local:
+        required_text = format_extensions(hs.required)
+        optional_text = format_extensions(hs.optional)
+    required = _sized(required_text.encode("ascii"), MAX_EXTENSIONS_BYTES, "required extensions")
+    optional = _sized(optional_text.encode("ascii"), MAX_EXTENSIONS_BYTES, "optional extensions")
     return b"".join(
         (
             _HANDSHAKE_HEAD.pack(
@@ -146,12 +150,14 @@ def starts_error_frame(first_byte: int) -> bool:
 
 
 def encode_command_payload(cmd: Command) -> bytes:
-    check_field(cmd.name, "command name")
-    if not cmd.args:
-        return cmd.name.encode("ascii")
-    args = ",".join(
-        f"{check_field(k, 'command argument name')}={url_encode(v)}" for k, v in cmd.args.items()
-    )
+    with as_local:
+        check_field(cmd.name, "command name")
+        if not cmd.args:
+            return cmd.name.encode("ascii")
+        args = ",".join(
+            f"{check_field(k, 'command argument name')}={url_encode(v)}"
+            for k, v in cmd.args.items()
+        )
     return f"{cmd.name};{args}".encode("ascii")
 
 
@@ -165,10 +171,10 @@ def decode_command_payload(raw: bytes) -> Command:
             continue
         key, eq, value = item.partition("=")
         if not eq:
-            raise ProtocolError(f"command {name!r}: argument {item!r} is not 'key=value'")
+            raise RemoteProtocolError(f"command {name!r}: argument {item!r} is not 'key=value'")
         check_field(key, f"command {name!r} argument name")
         if key in args:
-            raise ProtocolError(f"command {name!r}: argument {key!r} appears twice")
+            raise RemoteProtocolError(f"command {name!r}: argument {key!r} appears twice")
         args[key] = url_decode(value, f"command {name!r} argument {key!r}")
     return Command(name, args)
 
@@ -202,7 +208,7 @@ def _header(frame: WireFrame) -> tuple[Kind, bytes, bytes]:
     """(kind, bytes before the payload length, payload)."""
     if isinstance(frame, Message):
         if not 0 <= frame.seq <= 0xFFFF:
-            raise ProtocolError(f"sequence number {frame.seq} does not fit 16 bits")
+            raise LocalProtocolError(f"sequence number {frame.seq} does not fit 16 bits")
         dest = _sized(frame.destination.encode("utf-8"), MAX_DESTINATION_BYTES, "destination")
         props = _sized(
             encode_properties(frame.properties).encode("utf-8"),
@@ -232,7 +238,9 @@ def encode_frame(frame: WireFrame, *, fragment_size: int = FRAGMENT_SIZE) -> byt
     out = []
     for i, chunk in enumerate(chunks or [b""]):
         if len(chunk) > MAX_LARGE_PAYLOAD:
-            raise ProtocolError("payload fragment does not fit a 4-byte length", code=TOO_LARGE)
+            raise LocalProtocolError(
+                "payload fragment does not fit a 4-byte length", code=TOO_LARGE
+            )
         flags = kind.value
         if i < len(chunks) - 1:
             flags |= FLAG_CONTINUED
@@ -247,10 +255,10 @@ def encode_frame(frame: WireFrame, *, fragment_size: int = FRAGMENT_SIZE) -> byt
 
 def _kind_of(flags: int) -> Kind:
     if flags & ~KNOWN_FLAGS:
-        raise ProtocolError(f"unknown frame flag bits 0x{flags & ~KNOWN_FLAGS:02x}")
+        raise RemoteProtocolError(f"unknown frame flag bits 0x{flags & ~KNOWN_FLAGS:02x}")
     type_bits = flags & TYPE_FLAGS
     if type_bits not in (0, FLAG_COMMAND, FLAG_EXTENSION, FLAG_ERROR):
-        raise ProtocolError(f"frame flags 0x{flags:02x} name more than one frame type")
+        raise RemoteProtocolError(f"frame flags 0x{flags:02x} name more than one frame type")
     return Kind(type_bits)
 
 
@@ -293,7 +301,7 @@ def decode_fragment(
     (length,) = length_field.unpack_from(buf, pos)
     pos += length_field.size
     if length > max_payload:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"payload of {length} bytes exceeds the limit of {max_payload}", code=TOO_LARGE
         )
     if pos + length > end:
@@ -328,57 +336,50 @@ def build_frame(first: Fragment, payload: bytes) -> WireFrame:
     return Error(payload.decode("utf-8", errors="replace"))
 
 
-class Reassembler:
-    """Joins CONTINUED fragments; the joined payload stays within ``max_payload``.
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """The fragments of one CONTINUED payload received so far.  Immutable: the
+    connection keeps the current one, :func:`reassemble` returns the next."""
+
+    first: Fragment
+    chunks: tuple[bytes, ...]
+    size: int
+
+
+def reassemble(
+    partial: Partial | None, fragment: Fragment, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+) -> tuple[Partial | None, WireFrame | None]:
+    """Add ``fragment`` to ``partial``: (the payload still open, the frame it
+    completed).  The joined payload stays within ``max_payload``.
 
     Fragments of one payload must not be interleaved with other frames, except
     an ERROR frame, which abandons the partial payload (the peer is giving up).
     """
-
-    def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
-        self.max_payload = max_payload
-        self._first: Fragment | None = None
-        self._chunks: list[bytes] = []
-        self._size = 0
-
-    @property
-    def pending(self) -> bool:
-        return self._first is not None
-
-    @property
-    def remaining(self) -> int:
-        """Payload bytes the next fragment may still carry."""
-        return self.max_payload - self._size
-
-    def add(self, fragment: Fragment) -> WireFrame | None:
-        first = self._first
-        if first is not None and not fragment.same_frame(first):
-            if fragment.kind is not Kind.ERROR:
-                raise ProtocolError(
-                    f"a {fragment.kind.name} frame arrived inside a CONTINUED "
-                    f"{first.kind.name} frame (or its header changed)"
-                )
-            self._reset()
-            first = None
-        self._size += len(fragment.payload)
-        if self._size > self.max_payload:
-            raise ProtocolError(
-                f"continued payload exceeds the limit of {self.max_payload} bytes", code=TOO_LARGE
+    if partial is not None and not fragment.same_frame(partial.first):
+        if fragment.kind is not Kind.ERROR:
+            raise RemoteProtocolError(
+                f"a {fragment.kind.name} frame arrived inside a CONTINUED "
+                f"{partial.first.kind.name} frame (or its header changed)"
             )
-        self._chunks.append(fragment.payload)
-        if fragment.more:
-            if first is None:
-                self._first = fragment
-            return None
-        payload = b"".join(self._chunks)
-        head = first or fragment
-        self._reset()
-        return build_frame(head, payload)
+        partial = None
+    size = len(fragment.payload) + (partial.size if partial is not None else 0)
+    if size > max_payload:
+        raise RemoteProtocolError(
+            f"continued payload exceeds the limit of {max_payload} bytes", code=TOO_LARGE
+        )
+    if partial is None:
+        if not fragment.more:  # the common case: a frame in one piece
+            return None, build_frame(fragment, fragment.payload)
+        return Partial(fragment, (fragment.payload,), size), None
+    chunks = (*partial.chunks, fragment.payload)
+    if fragment.more:
+        return Partial(partial.first, chunks, size), None
+    return None, build_frame(partial.first, b"".join(chunks))
 
-    def _reset(self) -> None:
-        self._first = None
-        self._chunks = []
-        self._size = 0
+
+def remaining(partial: Partial | None, max_payload: int) -> int:
+    """Payload bytes the next fragment may still carry."""
+    return max_payload - (partial.size if partial is not None else 0)
 
 
 def decode_frame(
@@ -386,14 +387,14 @@ def decode_frame(
 ) -> tuple[WireFrame, int] | None:
     """One whole frame (all its fragments) from ``buf[offset:]``: (frame, bytes
     used), or None while incomplete."""
-    reassembler = Reassembler(max_payload)
+    partial: Partial | None = None
     pos = offset
     while True:
-        decoded = decode_fragment(buf, pos, max_payload=reassembler.remaining)
+        decoded = decode_fragment(buf, pos, max_payload=remaining(partial, max_payload))
         if decoded is None:
             return None
         fragment, used = decoded
         pos += used
-        frame = reassembler.add(fragment)
+        partial, frame = reassemble(partial, fragment, max_payload=max_payload)
         if frame is not None:
             return frame, pos - offset

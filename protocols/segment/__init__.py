@@ -1,15 +1,21 @@
 """Segment wire: the append/read protocol of a segment store (spec:
 specs/segment-wire.md), as a sans-IO codec.  See docs/protocols/segment.md."""
 
-from polyport.protocols.segment.codec import (
+from polyport.protocols.segment.connection import (
     ClientConnection,
     ClientInput,
     ServerConnection,
     ServerInput,
 )
-from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
+from polyport.protocols.segment.errors import (
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    error_reply,
+)
 from polyport.protocols.segment.frames import (
     DEFAULT_PORT,
+    PROTOCOL,
     AppendSetup,
     AuthFailed,
     BeginAppendBlock,
@@ -32,6 +38,7 @@ from polyport.protocols.segment.writer import AppendWriter, block_frames, encode
 
 __all__ = [
     "DEFAULT_PORT",
+    "PROTOCOL",
     "AppendSetup",
     "AppendWriter",
     "AuthFailed",
@@ -52,6 +59,7 @@ __all__ = [
     "PartialMessage",
     "ProtocolError",
     "ReadSegment",
+    "RemoteProtocolError",
     "SegmentRead",
     "ServerConnection",
     "ServerInput",

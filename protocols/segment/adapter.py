@@ -1,7 +1,7 @@
 """Segment wire adapter: segment-wire requests <-> canonical core commands.
 
 One :class:`SegmentSession` per TCP connection.  The sans-IO
-:class:`~protocols.segment.codec.ServerConnection` turns bytes into
+:class:`~protocols.segment.connection.ServerConnection` turns bytes into
 SetupAppend / BlockEvents / ReadSegment / KeepAlive; this module maps them:
 
 - SetupAppend(cid, "<context>/<stream>") -> ``store.producer_ack_level`` ->
@@ -47,17 +47,19 @@ from polyport.core.commands import ReadSegment as CoreReadSegment
 from polyport.core.errors import (
     Busy,
     Forbidden,
+    Internal,
     Malformed,
     NotFound,
     PolyportError,
     WrongExpectedVersion,
 )
 from polyport.core.events import EventData
-from polyport.protocols.segment.codec import ServerConnection
-from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
+from polyport.protocols.segment.connection import ServerConnection
+from polyport.protocols.segment.errors import LocalProtocolError, RemoteProtocolError, error_reply
 from polyport.protocols.segment.frames import (
     DEFAULT_MAX_BLOCK_SIZE,
     MAX_WIRE_LENGTH,
+    PROTOCOL,
     AppendSetup,
     DataAppended,
     ErrorReply,
@@ -70,11 +72,11 @@ from polyport.protocols.segment.frames import (
 from polyport.protocols.segment.state import BlockEvents
 from polyport.protocols.segment.wire import split_segment_name
 from polyport.protocols.session import ListenerStats, Outbound, SessionContext
+from polyport.protocols.settings import settings_from
 
 # Segment data carries no type or content type of its own.
 EVENT_TYPE = "segment-event"
 CONTENT_TYPE = "application/octet-stream"
-ORIGIN = "segment"
 
 DEFAULT_READ_WAIT = 2.0
 DEFAULT_MAX_REPLY_BYTES = 1 << 20
@@ -93,28 +95,40 @@ BUSY_RETRY_SECONDS = 10.0
 AppenderKey = tuple[uuid.UUID, str, str]  # (ConnectionId, context, stream)
 
 
+# A SegmentRead reply holds a segment name, offset and flags besides its data;
+# its data stays well inside the wire's 2^24 limit.
+MAX_REPLY_BYTES_LIMIT = MAX_WIRE_LENGTH - (1 << 17)
+
+
 @dataclass(frozen=True, slots=True)
-class SegmentSettings:
-    max_message_size: int = 1 << 20
-    max_block_size: int = DEFAULT_MAX_BLOCK_SIZE
+class SegmentLimits:
+    """Per-listener settings, read once from the gateway settings with
+    ``settings_from(SegmentLimits, settings, prefix=PROTOCOL)``.
+
+    Keys: the gateway-wide ``max_event_bytes`` and ``idle_timeout``, and
+    ``segment_max_block_bytes``, ``segment_read_wait``,
+    ``segment_max_reply_bytes`` (config ``extra``).  Out-of-range values are
+    clamped, not refused.
+    """
+
+    # Bounds an EVENT message; never above what the wire can carry.
+    max_message_size: int = field(default=1 << 20, metadata={"setting": "max_event_bytes"})
+    max_block_size: int = field(
+        default=DEFAULT_MAX_BLOCK_SIZE, metadata={"setting": "segment_max_block_bytes"}
+    )
+    # How long a read at the tail waits for new data.
     read_wait: float = DEFAULT_READ_WAIT
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
+    # The transport's read-idle timeout; 0 turns it off.
+    idle_timeout: float | None = field(default=300.0, metadata={"setting": "idle_timeout"})
 
-    @classmethod
-    def from_settings(cls, settings: dict[str, Any]) -> SegmentSettings:
-        """Gateway settings: ``max_event_bytes`` bounds an EVENT message;
-        ``segment_read_wait`` and ``segment_max_reply_bytes`` (config
-        ``extra``) tune reads."""
-        max_event = int(settings.get("max_event_bytes", 1 << 20))
-        # A SegmentRead reply holds a segment name, offset and flags besides
-        # its data; keep it well inside the wire's 2^24 limit.
-        max_reply = int(settings.get("segment_max_reply_bytes", DEFAULT_MAX_REPLY_BYTES))
-        return cls(
-            max_message_size=max(1, min(max_event, MAX_WIRE_LENGTH)),
-            max_block_size=int(settings.get("segment_max_block_bytes", DEFAULT_MAX_BLOCK_SIZE)),
-            read_wait=max(0.0, float(settings.get("segment_read_wait", DEFAULT_READ_WAIT))),
-            max_reply_bytes=max(1, min(max_reply, MAX_WIRE_LENGTH - (1 << 17))),
-        )
+    def __post_init__(self) -> None:
+        clamp = object.__setattr__  # frozen: derived values are set this way
+        clamp(self, "max_message_size", max(1, min(self.max_message_size, MAX_WIRE_LENGTH)))
+        clamp(self, "read_wait", max(0.0, self.read_wait))
+        clamp(self, "max_reply_bytes", max(1, min(self.max_reply_bytes, MAX_REPLY_BYTES_LIMIT)))
+        if not self.idle_timeout:
+            clamp(self, "idle_timeout", None)
 
 
 def event_id_base(key: AppenderKey) -> int:
@@ -257,7 +271,7 @@ class SegmentSession:
         ctx: SessionContext,
         out: Outbound,
         registry: AppenderRegistry,
-        settings: SegmentSettings | None = None,
+        limits: SegmentLimits | None = None,
     ) -> None:
         self._ctx = ctx
         self._store = ctx.store
@@ -265,9 +279,9 @@ class SegmentSession:
         self._log = ctx.log
         self._out = out
         self._registry = registry
-        self._settings = settings or SegmentSettings.from_settings(ctx.settings)
+        self._limits = limits or settings_from(SegmentLimits, ctx.settings, prefix=PROTOCOL)
         self._codec = ServerConnection(
-            self._settings.max_message_size, max_block_size=self._settings.max_block_size
+            self._limits.max_message_size, max_block_size=self._limits.max_block_size
         )
         self._appends = _AppendQueue(limit=MAX_QUEUED_APPEND_BYTES)
         self._reads: asyncio.Queue[ReadSegment] = asyncio.Queue(maxsize=MAX_QUEUED_READS)
@@ -284,7 +298,7 @@ class SegmentSession:
             return
         try:
             inputs = self._codec.receive_data(data)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             # The byte stream cannot be resynchronised: answer what came
             # before (already queued), then the error, then close.
             self._log.debug("segment: %s from %s: %s", exc.code, self._out.peer, exc.message)
@@ -345,8 +359,12 @@ class SegmentSession:
         reconnecting)."""
         self._closing = True
         self._stats.error(code)
-        with contextlib.suppress(ProtocolError):
+        try:
             await self._send(reply)
+        except LocalProtocolError:
+            # An error reply may always be sent; failing here is our bug.  The
+            # connection is closed all the same.
+            self._log.exception("segment: cannot send the error reply to %s", self._out.peer)
         self._out.close()
 
     async def _principal_for(self, context: str) -> Principal:
@@ -372,8 +390,15 @@ class SegmentSession:
                     await self._setup(item)
                 else:
                     await self._store_blocks(self._coalesce(item))
-            except ProtocolError as exc:
+            except RemoteProtocolError as exc:
                 await self._fail(exc.reply(), exc.code)
+                return
+            except LocalProtocolError as exc:
+                # Our own bug, not the client's: logged as such and answered
+                # ``internal``, never with the code a peer fault would get.
+                self._log.exception("segment: append on %r failed", segment)
+                code = Internal.code
+                await self._fail(error_reply(code, exc.message, segment=segment), code)
                 return
             except PolyportError as exc:
                 self._log.info("segment append on %r failed: %s", segment, exc.message)
@@ -425,7 +450,7 @@ class SegmentSession:
         cid = blocks[0].connection_id
         appender = self._appenders.get(cid)
         if appender is None:  # the codec only emits blocks of set-up cids
-            raise ProtocolError(f"append block for ConnectionId {cid} before its SetupAppend")
+            raise RemoteProtocolError(f"append block for ConnectionId {cid} before its SetupAppend")
         # The commit runs in a registry task: if this connection drops while
         # the core is committing, the commit still completes (and releases the
         # key's lock) before a reconnecting writer reads its ack level.
@@ -464,7 +489,7 @@ class SegmentSession:
                 context=context,
                 stream=stream,
                 events=tuple(events),
-                origin=ORIGIN,
+                origin=PROTOCOL,
                 producer_checkpoint=ProducerCheckpoint(key[0], end),
             )
             await self._append(command)
@@ -493,7 +518,7 @@ class SegmentSession:
             request = await self._reads.get()
             try:
                 reply: ReplyFrame = await self._read(request)
-            except ProtocolError as exc:
+            except RemoteProtocolError as exc:
                 self._stats.error(exc.code)
                 reply = exc.reply()
             except PolyportError as exc:
@@ -506,10 +531,10 @@ class SegmentSession:
     async def _read(self, request: ReadSegment) -> SegmentRead:
         context, stream = split_segment_name(request.segment)
         await self._principal_for(context)
-        limit = self._settings.max_reply_bytes
+        limit = self._limits.max_reply_bytes
         budget = min(request.suggested_length, limit) if request.suggested_length > 0 else limit
         chunk = await self._read_chunk(request, context, stream, budget)
-        if not chunk.data and self._settings.read_wait > 0:
+        if not chunk.data and self._limits.read_wait > 0:
             chunk = await self._wait_for_data(request, context, stream, budget)
         data, at_tail = chunk.data, chunk.at_tail
         if len(data) > budget:
@@ -558,7 +583,7 @@ class SegmentSession:
             chunk = await self._read_chunk(request, context, stream, budget)
             if chunk.data:
                 return chunk
-            await sub.next(timeout=self._settings.read_wait)
+            await sub.next(timeout=self._limits.read_wait)
             return await self._read_chunk(request, context, stream, budget)
         finally:
             sub.close()

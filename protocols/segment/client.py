@@ -36,8 +36,9 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
-from polyport.protocols.segment.codec import ClientConnection, ClientInput
-from polyport.protocols.segment.errors import ProtocolError
+from polyport.protocols.errors import NOT_FOUND, UNAUTHENTICATED
+from polyport.protocols.segment.connection import ClientConnection, ClientInput
+from polyport.protocols.segment.errors import RemoteProtocolError
 from polyport.protocols.segment.frames import (
     EVENT,
     HEADER_SIZE,
@@ -76,9 +77,9 @@ class SegmentError(Exception):
     @classmethod
     def from_reply(cls, reply: ErrorFrame) -> SegmentError:
         if isinstance(reply, NoSuchSegment):
-            return NoSuchSegmentError(reply.message, code="not_found", segment=reply.segment)
+            return NoSuchSegmentError(reply.message, code=NOT_FOUND, segment=reply.segment)
         if isinstance(reply, AuthFailed):
-            return SegmentError(reply.message, code="unauthenticated", segment=reply.segment)
+            return SegmentError(reply.message, code=UNAUTHENTICATED, segment=reply.segment)
         return SegmentError(reply.message, code=reply.code, segment=reply.segment)
 
 
@@ -157,7 +158,7 @@ class _Link:
                     break
                 for reply in self.codec.receive_data(data):
                     self._on_reply(self, reply)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             reason = SegmentError(f"bad reply from the server: {exc.message}", code=exc.code)
         except (ConnectionError, OSError) as exc:
             reason = ConnectionLost(f"connection lost: {exc}")

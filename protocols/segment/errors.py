@@ -1,7 +1,15 @@
-"""Errors of the segment-wire codec and the error replies that report them."""
+"""Errors of the segment-wire codec, on the shared classes of
+:mod:`polyport.protocols.errors`, and the error replies that report them.
+
+Raise :class:`RemoteProtocolError` for what the peer did and
+:class:`LocalProtocolError` for what this side tried to send; peer-error
+handlers catch only the former, so our own bugs are not blamed on the peer.
+"""
 
 from __future__ import annotations
 
+from polyport.protocols import errors as shared
+from polyport.protocols.errors import FORBIDDEN, MALFORMED, NOT_FOUND, UNAUTHENTICATED
 from polyport.protocols.segment.frames import (
     AUTH_FAILED,
     ERROR_MESSAGE,
@@ -13,33 +21,32 @@ from polyport.protocols.segment.frames import (
     NoSuchSegment,
 )
 
-# Canonical error names (core/errors.py ``code``) with a reply type of their
-# own; every other name travels in ERROR_MESSAGE.
+# Canonical error names with a reply type of their own; every other name
+# travels in ERROR_MESSAGE.
 REPLY_TYPE_BY_CODE: dict[str, int] = {
-    "not_found": NO_SUCH_SEGMENT,
-    "unauthenticated": AUTH_FAILED,
-    "forbidden": AUTH_FAILED,
+    NOT_FOUND: NO_SUCH_SEGMENT,
+    UNAUTHENTICATED: AUTH_FAILED,
+    FORBIDDEN: AUTH_FAILED,
 }
 
 
-class ProtocolError(ValueError):
-    """The peer broke the protocol (malformed bytes or an illegal sequence).
+class ProtocolError(shared.ProtocolError):
+    """Base of the segment-wire errors; ``segment`` names the segment the
+    failing message was about (may be empty).
 
     ``reply()`` is the error message to send before closing the connection:
-    after a ProtocolError the stream position is unknown, so the connection
-    cannot be resumed.
+    after a RemoteProtocolError the stream position is unknown, so the
+    connection cannot be resumed.
     """
 
     def __init__(
         self,
         message: str,
         *,
-        code: str = "malformed",
+        code: str = MALFORMED,
         segment: str = "",
     ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
+        super().__init__(message, code=code)
         self.segment = segment
 
     @property
@@ -50,7 +57,11 @@ class ProtocolError(ValueError):
         return error_reply(self.code, self.message, segment=self.segment)
 
 
-class LocalProtocolError(ProtocolError):
+class RemoteProtocolError(ProtocolError, shared.RemoteProtocolError):
+    """The peer broke the protocol (malformed bytes or an illegal sequence)."""
+
+
+class LocalProtocolError(ProtocolError, shared.LocalProtocolError):
     """This side tried to send something the protocol does not allow (a bug in
     the caller, not in the peer)."""
 

@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass
 from enum import IntEnum
 
+# The listener's name, its settings prefix and the origin of appended events.
+PROTOCOL = "segment"
 DEFAULT_PORT = 12345
 
 HEADER_SIZE = 8

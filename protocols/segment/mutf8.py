@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from polyport.protocols.segment.errors import ProtocolError
+from polyport.protocols.segment.errors import RemoteProtocolError
 
 _SUPPLEMENTARY = re.compile("[\U00010000-\U0010ffff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -39,15 +39,15 @@ def encode(text: str) -> bytes:
 
 
 def decode(data: bytes) -> str:
-    """The text of modified UTF-8 ``data``; ProtocolError when invalid."""
+    """The text of modified UTF-8 ``data``; RemoteProtocolError when invalid."""
     if data.isascii():
         if b"\x00" in data:
-            raise ProtocolError("modified UTF-8 holds a zero byte (U+0000 must be C0 80)")
+            raise RemoteProtocolError("modified UTF-8 holds a zero byte (U+0000 must be C0 80)")
         return data.decode("ascii")
     if b"\x00" in data:
-        raise ProtocolError("modified UTF-8 holds a zero byte (U+0000 must be C0 80)")
+        raise RemoteProtocolError("modified UTF-8 holds a zero byte (U+0000 must be C0 80)")
     if _FOUR_BYTE_LEAD.search(data):
-        raise ProtocolError(
+        raise RemoteProtocolError(
             "modified UTF-8 holds a four-byte form (supplementary characters must be "
             "surrogate pairs)"
         )
@@ -56,11 +56,13 @@ def decode(data: bytes) -> str:
     try:
         text = data.replace(b"\xc0\x80", b"\x00").decode("utf-8", "surrogatepass")
     except UnicodeDecodeError as exc:
-        raise ProtocolError(f"invalid modified UTF-8: {exc.reason} at byte {exc.start}") from None
+        raise RemoteProtocolError(
+            f"invalid modified UTF-8: {exc.reason} at byte {exc.start}"
+        ) from None
     if _SURROGATE.search(text):
         # Strict UTF-16 decoding joins each high+low pair and rejects the rest.
         try:
             text = text.encode("utf-16-be", "surrogatepass").decode("utf-16-be")
         except UnicodeDecodeError:
-            raise ProtocolError("modified UTF-8 holds an unpaired surrogate") from None
+            raise RemoteProtocolError("modified UTF-8 holds an unpaired surrogate") from None
     return text

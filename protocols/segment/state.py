@@ -9,7 +9,8 @@ import uuid
 from dataclasses import dataclass, field
 from enum import Enum
 
-from polyport.protocols.segment.errors import ProtocolError
+from polyport.protocols.errors import TOO_LARGE
+from polyport.protocols.segment.errors import RemoteProtocolError
 from polyport.protocols.segment.frames import (
     DEFAULT_MAX_BLOCK_SIZE,
     DEFAULT_MAX_CONNECTION_IDS,
@@ -67,7 +68,7 @@ class BlockEvents:
             end = position + event_size(data)
             if end > ack_level:
                 if position < ack_level:
-                    raise ProtocolError(
+                    raise RemoteProtocolError(
                         f"ack level {ack_level} falls inside the event at offsets "
                         f"{position}..{end} of segment {self.segment!r}",
                         segment=self.segment,
@@ -154,7 +155,7 @@ def _classify(frame: RequestFrame) -> Input:
         return Input.BEGIN_BLOCK
     if isinstance(frame, EndAppendBlock):
         return Input.END_BLOCK
-    raise ProtocolError(f"{type(frame).__name__} is not a request")
+    raise RemoteProtocolError(f"{type(frame).__name__} is not a request")
 
 
 @dataclass(slots=True)
@@ -231,7 +232,7 @@ class AppendTracker:
         next_state = TRANSITIONS.get((self.state, kind))
         if next_state is None:
             hint = _HINTS.get((self.state, kind))
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 hint or f"{kind.value} is not allowed {self.state.value}",
                 segment=self._block.segment if self._block else "",
             )
@@ -258,9 +259,9 @@ class AppendTracker:
         if frame.connection_id not in self._appenders and (
             len(self._appenders) >= self.max_connection_ids
         ):
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"more than {self.max_connection_ids} ConnectionIds on one connection",
-                code="too_large",
+                code=TOO_LARGE,
                 segment=frame.segment,
             )
         # A repeated SetupAppend re-synchronises that appender (new ack level).
@@ -268,7 +269,7 @@ class AppendTracker:
 
     def _check_read(self, frame: ReadSegment) -> None:
         if frame.offset < 0 or frame.suggested_length < 0:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"ReadSegment with negative offset {frame.offset} or suggested length "
                 f"{frame.suggested_length}",
                 segment=frame.segment,
@@ -277,39 +278,39 @@ class AppendTracker:
     def _begin(self, frame: BeginAppendBlock) -> None:
         appender = self._appenders.get(frame.connection_id)
         if appender is None:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"BeginAppendBlock for ConnectionId {frame.connection_id} before its SetupAppend"
             )
         segment = appender.segment
         if not appender.established:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"BeginAppendBlock for ConnectionId {frame.connection_id} before its "
                 "AppendSetup reply",
                 segment=segment,
             )
         if frame.connection_offset < 0 or frame.length_before_end < 0:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"BeginAppendBlock with negative offset {frame.connection_offset} or "
                 f"length {frame.length_before_end}",
                 segment=segment,
             )
         if frame.length_before_end > self.max_block_size:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"append block of {frame.length_before_end} bytes exceeds the maximum of "
                 f"{self.max_block_size}",
-                code="too_large",
+                code=TOO_LARGE,
                 segment=segment,
             )
         expected = appender.next_offset
         if expected is None:
             if frame.connection_offset > appender.ack_level:
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"BeginAppendBlock at offset {frame.connection_offset} leaves a gap after "
                     f"ack level {appender.ack_level}",
                     segment=segment,
                 )
         elif frame.connection_offset != expected:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"BeginAppendBlock at offset {frame.connection_offset}; the previous block "
                 f"ended at {expected}",
                 segment=segment,
@@ -321,7 +322,7 @@ class AppendTracker:
         assert block is not None
         block.wire_bytes += wire_size
         if block.wire_bytes > block.begin.length_before_end:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"append block overruns: BeginAppendBlock announced "
                 f"{block.begin.length_before_end} bytes before EndAppendBlock, got at "
                 f"least {block.wire_bytes}",
@@ -345,7 +346,7 @@ class AppendTracker:
             return None
         total = self._partial_total
         if total is None or len(self._partial) != total:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"partial message ended after {len(self._partial)} bytes; its EVENT "
                 f"header announced {total if total is not None else 'at least 8'}",
                 segment=block.segment,
@@ -362,23 +363,23 @@ class AppendTracker:
         if self._partial_total is None and size >= HEADER_SIZE:
             type_code, length = peek_header(self._partial)
             if type_code != EVENT:
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"a partial message inside an append block must carry an EVENT, "
                     f"not {type_name(type_code)}",
                     segment=block.segment,
                 )
             if length > self.max_message_size:
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"split EVENT of {length} bytes exceeds the maximum message size of "
                     f"{self.max_message_size} bytes",
-                    code="too_large",
+                    code=TOO_LARGE,
                     segment=block.segment,
                 )
             self._partial_total = HEADER_SIZE + length
             if block.end is not None and self._partial_total != (
                 block.end.block_length - block.event_bytes
             ):
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"split EVENT of {self._partial_total} bytes does not match the "
                     f"EndAppendBlock block length {block.end.block_length}",
                     segment=block.segment,
@@ -390,7 +391,7 @@ class AppendTracker:
             # The End fixed the split event's size already.
             limit = min(limit, block.end.block_length - block.event_bytes)
         if size > limit:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"partial message of {size} bytes exceeds the {limit} bytes its event "
                 "may have",
                 segment=block.segment,
@@ -401,13 +402,13 @@ class AppendTracker:
         assert block is not None
         begin = block.begin
         if frame.connection_id != begin.connection_id:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"EndAppendBlock for ConnectionId {frame.connection_id} closes the block of "
                 f"{begin.connection_id}",
                 segment=block.segment,
             )
         if block.wire_bytes != begin.length_before_end:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"EndAppendBlock after {block.wire_bytes} bytes; BeginAppendBlock announced "
                 f"{begin.length_before_end}",
                 segment=block.segment,
@@ -415,14 +416,14 @@ class AppendTracker:
         if frame.block_length < 0 or (
             frame.connection_offset != begin.connection_offset + frame.block_length
         ):
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"EndAppendBlock offset {frame.connection_offset} is not the block's start "
                 f"{begin.connection_offset} plus its length {frame.block_length}",
                 segment=block.segment,
             )
         if self.state is BlockState.IN_BLOCK:
             if frame.block_length != block.event_bytes:
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"EndAppendBlock block length {frame.block_length} differs from the "
                     f"{block.event_bytes} EVENT bytes in the block",
                     segment=block.segment,
@@ -433,15 +434,15 @@ class AppendTracker:
         if rest < max(HEADER_SIZE, len(self._partial), self._partial_total or 0) or (
             self._partial_total is not None and rest != self._partial_total
         ):
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"EndAppendBlock block length {frame.block_length} does not match the "
                 f"{block.event_bytes} EVENT bytes in the block plus the split event",
                 segment=block.segment,
             )
         if rest > HEADER_SIZE + self.max_message_size:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"split EVENT of {rest} bytes exceeds the maximum message size",
-                code="too_large",
+                code=TOO_LARGE,
                 segment=block.segment,
             )
         block.end = frame
@@ -449,7 +450,7 @@ class AppendTracker:
 
     def _finish(self, block: _Block, end: EndAppendBlock) -> BlockEvents:
         if block.event_bytes != end.block_length:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"EndAppendBlock block length {end.block_length} differs from the "
                 f"{block.event_bytes} EVENT bytes begun in the block",
                 segment=block.segment,

@@ -1,5 +1,6 @@
-"""Pure encoding and decoding of segment-wire messages, and the bounded reader
-that cuts a byte stream into messages."""
+"""Pure encoding and decoding of segment-wire messages: bytes in, frames out
+and back, no state.  The reader that cuts a byte stream into messages is in
+``connection.py``."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import struct
 import uuid
 from collections.abc import Callable, Collection
 
+from polyport.protocols.errors import TOO_LARGE, UNSUPPORTED
 from polyport.protocols.segment import mutf8
-from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError
+from polyport.protocols.segment.errors import LocalProtocolError, RemoteProtocolError
 from polyport.protocols.segment.frames import (
     APPEND_SETUP,
     AUTH_FAILED,
@@ -202,8 +204,8 @@ def encode_frame(frame: Frame) -> bytes:
 
 
 class _Body:
-    """Cursor over one message body; running short is a ProtocolError because
-    the header already promised these bytes."""
+    """Cursor over one message body; running short is a RemoteProtocolError
+    because the header already promised these bytes."""
 
     __slots__ = ("data", "pos", "what")
 
@@ -215,7 +217,7 @@ class _Body:
     def take(self, size: int) -> bytes:
         end = self.pos + size
         if end > len(self.data):
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"{self.what} body of {len(self.data)} bytes is too short for its fields"
             )
         chunk = self.data[self.pos : end]
@@ -245,7 +247,7 @@ class _Body:
 
     def done(self) -> None:
         if self.pos != len(self.data):
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"{self.what} body has {len(self.data) - self.pos} bytes after its last field"
             )
 
@@ -288,7 +290,9 @@ def _decode_read_segment(body: _Body) -> Frame:
 def _decode_segment_read(body: _Body) -> Frame:
     segment, offset, flags = body.string(), body.i64(), body.u8()
     if flags & ~SEGMENT_READ_FLAGS:
-        raise ProtocolError(f"SEGMENT_READ flags 0x{flags:02x} set reserved bits", segment=segment)
+        raise RemoteProtocolError(
+            f"SEGMENT_READ flags 0x{flags:02x} set reserved bits", segment=segment
+        )
     return SegmentRead(
         segment=segment,
         offset=offset,
@@ -303,7 +307,7 @@ def _decode_partial_message(body: _Body) -> Frame:
     try:
         kind = PartialKind(raw_kind)
     except ValueError:
-        raise ProtocolError(f"PARTIAL_MESSAGE kind {raw_kind} is not 0, 1 or 2") from None
+        raise RemoteProtocolError(f"PARTIAL_MESSAGE kind {raw_kind} is not 0, 1 or 2") from None
     return PartialMessage(kind=kind, data=body.rest())
 
 
@@ -361,7 +365,7 @@ def decode_body(type_code: int, body: bytes) -> Frame:
     """The frame of one message given its type code and body."""
     decoder = _DECODERS.get(type_code)
     if decoder is None:
-        raise ProtocolError(f"unknown message type {type_code}", code="unsupported")
+        raise RemoteProtocolError(f"unknown message type {type_code}", code=UNSUPPORTED)
     cursor = _Body(body, TYPE_NAMES[type_code])
     frame = decoder(cursor)
     cursor.done()
@@ -379,92 +383,47 @@ def check_header(
     """Everything a header alone can prove wrong, so that a bad message is
     refused before its body is awaited or buffered."""
     if type_code not in TYPE_NAMES:
-        raise ProtocolError(f"unknown message type {type_code}", code="unsupported")
+        raise RemoteProtocolError(f"unknown message type {type_code}", code=UNSUPPORTED)
     name = TYPE_NAMES[type_code]
     if accepted_types is not None and type_code not in accepted_types:
-        raise ProtocolError(f"{name} is not a message a {peer} may send")
+        raise RemoteProtocolError(f"{name} is not a message a {peer} may send")
     if length > MAX_WIRE_LENGTH:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"{name} declares a length of {length} bytes; messages must be under 2^24"
         )
     if length > max_message_size:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"{name} of {length} bytes exceeds the maximum message size of "
             f"{max_message_size} bytes",
-            code="too_large",
+            code=TOO_LARGE,
         )
     fixed = _FIXED_BODY_SIZES.get(type_code)
     if fixed is not None and length != fixed:
-        raise ProtocolError(f"{name} body must be {fixed} bytes, header says {length}")
+        raise RemoteProtocolError(f"{name} body must be {fixed} bytes, header says {length}")
     minimum = _MIN_BODY_SIZES.get(type_code, 0)
     if length < minimum:
-        raise ProtocolError(f"{name} body must be at least {minimum} bytes, header says {length}")
+        raise RemoteProtocolError(
+            f"{name} body must be at least {minimum} bytes, header says {length}"
+        )
 
 
 def decode_frame(data: bytes, *, max_message_size: int = MAX_WIRE_LENGTH) -> Frame:
     """Decode exactly one complete message (header and body)."""
     if len(data) < HEADER_SIZE:
-        raise ProtocolError(f"a message needs {HEADER_SIZE} header bytes, got {len(data)}")
+        raise RemoteProtocolError(f"a message needs {HEADER_SIZE} header bytes, got {len(data)}")
     type_code, length = _HEADER.unpack_from(data)
     check_header(type_code, length, max_message_size=max_message_size)
     if len(data) != HEADER_SIZE + length:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"{type_name(type_code)} header says {length} body bytes, got {len(data) - HEADER_SIZE}"
         )
     return decode_body(type_code, bytes(data[HEADER_SIZE:]))
 
 
-def peek_header(data: bytes | bytearray) -> tuple[int, int]:
-    """(type code, body length) of the header at the start of ``data``."""
-    type_code, length = _HEADER.unpack_from(data)
+def peek_header(data: bytes | bytearray, offset: int = 0) -> tuple[int, int]:
+    """(type code, body length) of the header at ``data[offset:]``."""
+    type_code, length = _HEADER.unpack_from(data, offset)
     return int(type_code), int(length)
-
-
-class FrameReader:
-    """Cuts a byte stream into frames.  Holds at most one incomplete message,
-    and refuses a header that declares too much before reading its body."""
-
-    def __init__(
-        self,
-        *,
-        max_message_size: int,
-        accepted_types: Collection[int] | None = None,
-        peer: str = "peer",
-    ) -> None:
-        self._buffer = bytearray()
-        self._max = max_message_size
-        self._accepted = accepted_types
-        self._peer = peer
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buffer)
-
-    def feed(self, data: bytes) -> list[tuple[Frame, int]]:
-        """Every complete frame in the input so far, each with its wire size."""
-        self._buffer += data
-        out: list[tuple[Frame, int]] = []
-        buffer = self._buffer
-        pos = 0
-        try:
-            while len(buffer) - pos >= HEADER_SIZE:
-                type_code, length = _HEADER.unpack_from(buffer, pos)
-                check_header(
-                    type_code,
-                    length,
-                    max_message_size=self._max,
-                    accepted_types=self._accepted,
-                    peer=self._peer,
-                )
-                end = pos + HEADER_SIZE + length
-                if end > len(buffer):
-                    break
-                frame = decode_body(type_code, bytes(buffer[pos + HEADER_SIZE : end]))
-                out.append((frame, HEADER_SIZE + length))
-                pos = end
-        finally:
-            del buffer[:pos]
-        return out
 
 
 def split_segment_name(name: str) -> tuple[str, str]:
@@ -475,5 +434,7 @@ def split_segment_name(name: str) -> tuple[str, str]:
     if not slash:
         context, stream = "default", name
     if not context or not stream:
-        raise ProtocolError(f"segment name {name!r} has an empty context or stream", segment=name)
+        raise RemoteProtocolError(
+            f"segment name {name!r} has an empty context or stream", segment=name
+        )
     return context, stream

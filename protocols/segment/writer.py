@@ -12,7 +12,7 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 
-from polyport.protocols.segment.errors import ProtocolError
+from polyport.protocols.segment.errors import RemoteProtocolError
 from polyport.protocols.segment.frames import (
     PARTIAL_OVERHEAD,
     BeginAppendBlock,
@@ -125,7 +125,7 @@ class AppendWriter:
             end = start + event_size(data)
             if end > ack_level:
                 if start < ack_level:
-                    raise ProtocolError(
+                    raise RemoteProtocolError(
                         f"ack level {ack_level} falls inside the event at offsets {start}..{end}",
                         segment=self.segment,
                     )
@@ -142,7 +142,7 @@ class AppendWriter:
         self.acknowledge(ack_level)
         first = self._unacked[0][0] if self._unacked else self.offset
         if ack_level < first:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"ack level {ack_level} is below data already acknowledged up to {first}; "
                 "that data can no longer be resent",
                 segment=self.segment,

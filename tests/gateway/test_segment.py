@@ -25,6 +25,7 @@ from polyport.protocols.segment.client import (
     SegmentWriter,
     iter_events,
 )
+from polyport.protocols.segment.connection import FrameReader
 from polyport.protocols.segment.frames import (
     MAX_WIRE_LENGTH,
     REPLY_TYPES,
@@ -41,7 +42,7 @@ from polyport.protocols.segment.frames import (
     ReadSegment,
     SetupAppend,
 )
-from polyport.protocols.segment.wire import FrameReader, encode_frame
+from polyport.protocols.segment.wire import encode_frame
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST_READS = {"segment_read_wait": 0.5}

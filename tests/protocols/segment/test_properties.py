@@ -8,7 +8,7 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polyport.protocols.segment.codec import ClientConnection, ServerConnection
+from polyport.protocols.segment.connection import ClientConnection, FrameReader, ServerConnection
 from polyport.protocols.segment.errors import ProtocolError
 from polyport.protocols.segment.frames import (
     MAX_WIRE_LENGTH,
@@ -31,7 +31,7 @@ from polyport.protocols.segment.frames import (
     event_size,
 )
 from polyport.protocols.segment.state import BlockEvents
-from polyport.protocols.segment.wire import FrameReader, decode_frame, encode_frame
+from polyport.protocols.segment.wire import decode_frame, encode_frame
 from polyport.protocols.segment.writer import AppendWriter
 
 SETTINGS = settings(

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from polyport.protocols.segment.codec import ClientConnection, ServerConnection
+from polyport.protocols.segment.connection import ClientConnection, ServerConnection
 from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError, error_reply
 from polyport.protocols.segment.frames import (
     AppendSetup,

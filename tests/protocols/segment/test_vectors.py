@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from polyport.protocols.segment import frames as f
-from polyport.protocols.segment.codec import ClientConnection, ServerConnection
+from polyport.protocols.segment.connection import ClientConnection, ServerConnection
 from polyport.protocols.segment.errors import ProtocolError
 from polyport.protocols.segment.frames import (
     AppendSetup,

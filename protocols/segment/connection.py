@@ -3,18 +3,24 @@
 ``ServerConnection`` turns received bytes into what the adapter acts on
 (SetupAppend, ReadSegment, KeepAlive and complete append blocks as
 ``BlockEvents``) and encodes replies.  ``ClientConnection`` is its mirror.
-Both refuse illegal sequences with ``ProtocolError``; after one the connection
-is unusable, the caller sends ``exc.reply()`` (server side) and closes.
+Both refuse what the peer sends wrong with ``RemoteProtocolError``; after one
+the connection is unusable, the caller sends ``exc.reply()`` (server side) and
+closes.  What this side may not send raises ``LocalProtocolError``.
 
-The pure per-message functions live in ``wire.py`` and are re-exported here.
+The pure per-message functions live in ``wire.py``; :class:`FrameReader`, the
+buffer that cuts a byte stream into messages, is the state kept here.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
-from polyport.protocols.segment.errors import LocalProtocolError, ProtocolError
+from polyport.protocols.segment.errors import (
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+)
 from polyport.protocols.segment.frames import (
     DEFAULT_MAX_BLOCK_SIZE,
     DEFAULT_MAX_CONNECTION_IDS,
@@ -42,47 +48,18 @@ from polyport.protocols.segment.frames import (
 )
 from polyport.protocols.segment.state import AppendTracker, BlockEvents, BlockState
 from polyport.protocols.segment.wire import (
-    FrameReader,
     check_header,
     decode_body,
-    decode_frame,
-    encode_append_setup,
-    encode_auth_failed,
-    encode_begin_append_block,
-    encode_data_appended,
-    encode_end_append_block,
-    encode_error_message,
-    encode_event,
     encode_frame,
-    encode_keep_alive,
-    encode_no_such_segment,
-    encode_partial_message,
-    encode_read_segment,
-    encode_segment_read,
-    encode_setup_append,
     peek_header,
 )
 
 __all__ = [
     "ClientConnection",
+    "ClientInput",
+    "FrameReader",
     "ServerConnection",
     "ServerInput",
-    "ClientInput",
-    "decode_frame",
-    "encode_frame",
-    "encode_append_setup",
-    "encode_auth_failed",
-    "encode_begin_append_block",
-    "encode_data_appended",
-    "encode_end_append_block",
-    "encode_error_message",
-    "encode_event",
-    "encode_keep_alive",
-    "encode_no_such_segment",
-    "encode_partial_message",
-    "encode_read_segment",
-    "encode_segment_read",
-    "encode_setup_append",
 ]
 
 # What a ServerConnection hands its adapter.
@@ -110,6 +87,53 @@ _SERVER_SENDS = (
 )
 
 
+class FrameReader:
+    """Cuts a byte stream into frames.  Holds at most one incomplete message,
+    and refuses a header that declares too much before reading its body."""
+
+    def __init__(
+        self,
+        *,
+        max_message_size: int,
+        accepted_types: Collection[int] | None = None,
+        peer: str = "peer",
+    ) -> None:
+        self._buffer = bytearray()
+        self._max = max_message_size
+        self._accepted = accepted_types
+        self._peer = peer
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[tuple[Frame, int]]:
+        """Every complete frame in the input so far, each with its wire size."""
+        self._buffer += data
+        out: list[tuple[Frame, int]] = []
+        buffer = self._buffer
+        pos = 0
+        try:
+            while len(buffer) - pos >= HEADER_SIZE:
+                type_code, length = peek_header(buffer, pos)
+                check_header(
+                    type_code,
+                    length,
+                    max_message_size=self._max,
+                    accepted_types=self._accepted,
+                    peer=self._peer,
+                )
+                end = pos + HEADER_SIZE + length
+                if end > len(buffer):
+                    break
+                frame = decode_body(type_code, bytes(buffer[pos + HEADER_SIZE : end]))
+                out.append((frame, HEADER_SIZE + length))
+                pos = end
+        finally:
+            del buffer[:pos]
+        return out
+
+
 class _Failed:
     """Remembers the first error: after it the byte stream cannot be trusted."""
 
@@ -118,7 +142,8 @@ class _Failed:
 
     def check(self) -> None:
         if self.error is not None:
-            raise ProtocolError(
+            # The same class: whoever broke the stream is still to blame.
+            raise type(self.error)(
                 f"connection already failed: {self.error.message}",
                 code=self.error.code,
                 segment=self.error.segment,
@@ -172,7 +197,7 @@ class ServerConnection:
                     out.append(block)
                 elif isinstance(frame, (SetupAppend, ReadSegment, KeepAlive)):
                     out.append(frame)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             self._failed.error = exc
             raise
         return out
@@ -234,7 +259,9 @@ class ClientConnection:
         data = encode_frame(frame)
         try:
             self._tracker.handle(frame, len(data))
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
+            # The state machine is shared with the server, where it judges the
+            # peer; here the request is ours.
             error = LocalProtocolError(exc.message, code=exc.code, segment=exc.segment)
             self._failed.error = error
             raise error from None
@@ -254,7 +281,7 @@ class ClientConnection:
                         continue
                     frame = whole
                 out.append(self._accept(frame))
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             self._failed.error = exc
             raise
         return out
@@ -262,12 +289,14 @@ class ClientConnection:
     def _reassemble(self, frame: PartialMessage) -> Frame | None:
         if frame.kind == PartialKind.BEGIN:
             if self._partial is not None:
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     "a new partial message began before the previous one was complete"
                 )
             self._partial = bytearray()
         elif self._partial is None:
-            raise ProtocolError(f"PartialMessage({PartialKind(frame.kind).name}) without a Begin")
+            raise RemoteProtocolError(
+                f"PartialMessage({PartialKind(frame.kind).name}) without a Begin"
+            )
         self._partial += frame.data
         if len(self._partial) >= HEADER_SIZE:
             type_code, length = peek_header(self._partial)
@@ -277,18 +306,18 @@ class ClientConnection:
                 peer="server (inside a partial message)",
             )
             if len(self._partial) > HEADER_SIZE + length:
-                raise ProtocolError("partial message pieces overrun the message they carry")
+                raise RemoteProtocolError("partial message pieces overrun the message they carry")
         if frame.kind != PartialKind.END:
             return None
         whole, self._partial = bytes(self._partial), None
         if len(whole) < HEADER_SIZE or len(whole) != HEADER_SIZE + peek_header(whole)[1]:
-            raise ProtocolError("partial message ended before the message it carries")
+            raise RemoteProtocolError("partial message ended before the message it carries")
         return decode_body(peek_header(whole)[0], whole[HEADER_SIZE:])
 
     def _accept(self, frame: Frame) -> ClientInput:
         if isinstance(frame, AppendSetup):
             if not self._tracker.is_pending(frame.connection_id, frame.segment):
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"AppendSetup for ConnectionId {frame.connection_id} on {frame.segment!r} "
                     "answers no pending SetupAppend",
                     segment=frame.segment,
@@ -296,7 +325,7 @@ class ClientConnection:
             self._tracker.establish(frame.connection_id, frame.segment, frame.ack_level)
         elif isinstance(frame, DataAppended):
             if not self._tracker.is_established(frame.connection_id):
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"DataAppended for ConnectionId {frame.connection_id}, which is not set up"
                 )
         return frame  # type: ignore[return-value]

@@ -5,8 +5,9 @@
     out = conn.send(conn.reply_frame())     # server reply
     frames = conn.receive_data(data)        # client final -> conn.negotiated
 
-A ProtocolError from ``receive_data`` closes the connection; the owner then
-sends ``conn.send(error_frame(exc))`` and disconnects.
+A RemoteProtocolError from ``receive_data`` closes the connection; the owner
+then sends ``conn.send(error_frame(exc))`` and disconnects.  ``send`` raises
+LocalProtocolError for a frame this side may not send, and changes nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from polyport.protocols.micromsg2.acks import AckWindow, decode_ack_payload, encode_ack_payload
-from polyport.protocols.micromsg2.errors import ProtocolError
+from polyport.protocols.micromsg2.errors import (
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    as_local,
+)
 from polyport.protocols.micromsg2.frames import (
     DEFAULT_MAX_PAYLOAD,
     FRAGMENT_SIZE,
@@ -51,11 +57,13 @@ from polyport.protocols.micromsg2.state import (
     Transitions,
 )
 from polyport.protocols.micromsg2.wire import (
-    Reassembler,
+    Partial,
     decode_fragment,
     decode_handshake,
     encode_frame,
     encode_handshake,
+    reassemble,
+    remaining,
     starts_error_frame,
 )
 
@@ -82,7 +90,9 @@ class _Connection:
         self._first_inbound_seq = first_inbound_seq
         self._version = version
         self._buffer = bytearray()
-        self._reassembler = Reassembler(max_payload)
+        self._max_payload = max_payload
+        # The CONTINUED payload being received, if any.
+        self._partial: Partial | None = None
         self._fragment_size = fragment_size
         self._negotiated_version: tuple[int, int] | None = None
         self.negotiated: Negotiated | None = None
@@ -107,7 +117,8 @@ class _Connection:
     def receive_data(self, data: bytes) -> list[Frame]:
         """Buffer ``data``; return every frame it completes."""
         if self._state is State.CLOSED:
-            raise ProtocolError("connection is closed")
+            # Only after the peer broke the protocol or ended it with ERROR.
+            raise RemoteProtocolError("connection is closed")
         self._buffer += data
         frames: list[Frame] = []
         pos = 0
@@ -121,7 +132,7 @@ class _Connection:
                 pos += used
                 if frame is not None:
                     frames.append(self._on_receive(frame))
-        except ProtocolError:
+        except RemoteProtocolError:
             self._state = State.CLOSED
             self._buffer.clear()
             raise
@@ -131,15 +142,18 @@ class _Connection:
     def _decode_one(self, pos: int) -> tuple[Frame | None, int] | None:
         if (
             self._state in HANDSHAKE_STATES
-            and not self._reassembler.pending
+            and self._partial is None
             and not starts_error_frame(self._buffer[pos])
         ):
             return decode_handshake(self._buffer, pos)
-        decoded = decode_fragment(self._buffer, pos, max_payload=self._reassembler.remaining)
+        decoded = decode_fragment(
+            self._buffer, pos, max_payload=remaining(self._partial, self._max_payload)
+        )
         if decoded is None:
             return None
         fragment, used = decoded
-        return self._reassembler.add(fragment), used
+        self._partial, frame = reassemble(self._partial, fragment, max_payload=self._max_payload)
+        return frame, used
 
     def _on_receive(self, frame: Frame) -> Frame:
         next_state = self._next_state(RECEIVE, frame)
@@ -158,8 +172,14 @@ class _Connection:
     # --- sending ---------------------------------------------------------------
 
     def send(self, frame: Frame) -> bytes:
-        """The bytes for ``frame``.  An illegal frame raises ProtocolError and
-        leaves the connection as it was."""
+        """The bytes for ``frame``.  An illegal frame raises LocalProtocolError
+        and leaves the connection as it was."""
+        # The checks shared with receiving (ack windows, extension ids,
+        # negotiation) raise RemoteProtocolError; here the frame is ours.
+        with as_local:
+            return self._send(frame)
+
+    def _send(self, frame: Frame) -> bytes:
         next_state = self._next_state(SEND, frame)
         if isinstance(frame, Extension) and self._check_extension_id(frame.ext_id):
             frame = Ack(decode_ack_payload(frame.payload))
@@ -170,7 +190,7 @@ class _Connection:
         elif isinstance(frame, Ack):
             index = self.negotiated.ack_index if self.negotiated else None
             if index is None:
-                raise ProtocolError("cannot send an ack: no ack extension was negotiated")
+                raise LocalProtocolError("cannot send an ack: no ack extension was negotiated")
             data = encode_frame(Extension(index, encode_ack_payload(frame.seq)))
             self.inbound.on_ack(frame.seq)
         else:
@@ -186,9 +206,12 @@ class _Connection:
         try:
             return self._transitions[(self._state, direction, type(frame))]
         except KeyError:
-            verb = "receive" if direction is RECEIVE else "send"
-            raise ProtocolError(
-                f"cannot {verb} a {type(frame).__name__} frame in state {self._state.value}"
+            if direction is RECEIVE:
+                raise RemoteProtocolError(
+                    f"cannot receive a {type(frame).__name__} frame in state {self._state.value}"
+                ) from None
+            raise LocalProtocolError(
+                f"cannot send a {type(frame).__name__} frame in state {self._state.value}"
             ) from None
 
     def _check_extension_id(self, ext_id: int) -> bool:
@@ -196,7 +219,7 @@ class _Connection:
         ack extension's."""
         assert self.negotiated is not None  # EXTENSION frames are legal only when OPEN
         if self.negotiated.by_index(ext_id) is None:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"EXTENSION frame for id {ext_id}, but "
                 f"{len(self.negotiated.extensions)} extension(s) were negotiated"
             )
@@ -243,8 +266,9 @@ class ServerConnection(_Connection):
             first_inbound_seq,
         )
         self.identity = server_identity
-        self.required = tuple(as_spec(e) for e in required_extensions)
-        supported = {spec.name: spec for spec in map(as_spec, supported_extensions)}
+        with as_local:  # the extension lists are this side's configuration
+            self.required = tuple(as_spec(e) for e in required_extensions)
+            supported = {spec.name: spec for spec in map(as_spec, supported_extensions)}
         for spec in self.required:
             supported.setdefault(spec.name, spec)
         self.supported = supported
@@ -255,7 +279,7 @@ class ServerConnection(_Connection):
         """The reply to the client's hello: the server's required extensions,
         and every other supported one as a suggestion."""
         if self._state is not State.HELLO_RECEIVED or self.hello is None:
-            raise ProtocolError(f"no client hello to reply to in state {self._state.value}")
+            raise LocalProtocolError(f"no client hello to reply to in state {self._state.value}")
         return server_reply(self.identity, self._version, self.hello, self.supported, self.required)
 
     def _handshake_received(self, hs: Handshake) -> None:
@@ -306,8 +330,9 @@ class ClientConnection(_Connection):
             first_inbound_seq,
         )
         self.identity = identity
-        self.required = tuple(as_spec(e) for e in required)
-        self.optional = tuple(as_spec(e) for e in optional)
+        with as_local:  # the extension lists are this side's configuration
+            self.required = tuple(as_spec(e) for e in required)
+            self.optional = tuple(as_spec(e) for e in optional)
         self.supported = frozenset(supported)
         self.hello: Handshake | None = None
         self.reply: Handshake | None = None
@@ -324,7 +349,7 @@ class ClientConnection(_Connection):
     def final_frame(self) -> Handshake:
         """The hello again, with the extensions this connection will use."""
         if self._state is not State.REPLY_RECEIVED or self.hello is None or self.reply is None:
-            raise ProtocolError(f"no server reply to answer in state {self._state.value}")
+            raise LocalProtocolError(f"no server reply to answer in state {self._state.value}")
         return client_final(self.hello, self.reply, self.supported)
 
     def _handshake_received(self, hs: Handshake) -> None:
@@ -340,7 +365,7 @@ class ClientConnection(_Connection):
         names = {s.name for s in hs.extensions}
         refused = [s.name for s in self.reply.required if s.name not in names]
         if refused:
-            raise ProtocolError(
+            raise LocalProtocolError(
                 f"final handshake leaves out extension(s) the server requires: {', '.join(refused)}"
             )
         return build_negotiated(self._negotiated_version, self.reply.identity, hs)

@@ -1,0 +1,20 @@
+"""An Outbound for driving protocol sessions without a socket."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RecordingOutbound:
+    """Keeps what a session sends and whether it closed the connection."""
+
+    peer: str = "test"
+    sent: list[bytes] = field(default_factory=list)
+    closed: bool = False
+
+    async def send(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,173 @@
+"""MicroMsg2 errors on the shared classes: peer faults and our own bugs stay apart."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from polyport.protocols import errors as shared
+from polyport.protocols.micromsg2 import (
+    Ack,
+    ClientConnection,
+    Command,
+    Error,
+    Extension,
+    ExtensionSpec,
+    Handshake,
+    LocalProtocolError,
+    Message,
+    ProtocolError,
+    RemoteProtocolError,
+    ServerConnection,
+    decode_frame,
+    encode_ack_payload,
+    encode_frame,
+    encode_handshake,
+)
+from polyport.protocols.micromsg2.adapter import MicroMsg2Limits, MicroMsg2Session
+from polyport.protocols.micromsg2.client import MicroMsg2Client
+from polyport.protocols.session import ListenerStats, SessionContext
+
+from .._outbound import RecordingOutbound
+from ._support import open_pair
+
+
+def test_micromsg2_errors_build_on_the_shared_classes() -> None:
+    assert issubclass(ProtocolError, shared.ProtocolError)
+    assert issubclass(RemoteProtocolError, ProtocolError)
+    assert issubclass(RemoteProtocolError, shared.RemoteProtocolError)
+    assert issubclass(LocalProtocolError, ProtocolError)
+    assert issubclass(LocalProtocolError, shared.LocalProtocolError)
+    assert RemoteProtocolError("x", code=shared.UNSUPPORTED).code == "unsupported"
+
+
+def test_local_error_is_not_a_peer_error() -> None:
+    # What lets ``except RemoteProtocolError`` in the adapter, the client and
+    # the connection leave our own bugs alone.
+    assert not issubclass(LocalProtocolError, RemoteProtocolError)
+    assert not issubclass(LocalProtocolError, shared.RemoteProtocolError)
+    assert not issubclass(RemoteProtocolError, LocalProtocolError)
+
+
+# --- the connection --------------------------------------------------------------------
+
+
+def test_what_the_peer_sends_wrong_is_remote() -> None:
+    server = ServerConnection("srv")
+    with pytest.raises(RemoteProtocolError, match="not supported"):
+        server.receive_data(encode_handshake(Handshake("old", major=0, minor=9)))
+    server, _client = open_pair(optional=["pubsub"])
+    with pytest.raises(RemoteProtocolError, match="unknown frame flag bits"):
+        server.receive_data(b"\x80")
+    with pytest.raises(RemoteProtocolError, match="connection is closed"):
+        server.receive_data(b"")
+
+
+def test_what_this_side_may_not_send_is_local_and_changes_nothing() -> None:
+    server = ServerConnection("srv")
+    with pytest.raises(LocalProtocolError, match="cannot send a Message frame"):
+        server.send(Message(1, "topic/a"))
+    with pytest.raises(LocalProtocolError, match="no client hello"):
+        server.reply_frame()
+    with pytest.raises(LocalProtocolError, match="no server reply"):
+        ClientConnection("c").final_frame()
+
+    server, client = open_pair(required=["ack"])
+    # The shared checks (numbering, ack window, extension ids) raise
+    # RemoteProtocolError on receipt; on send the frame is ours.
+    with pytest.raises(LocalProtocolError, match="expected 1"):
+        server.send(Message(2, "topic/a"))
+    server.send(Message(1, "topic/a"))
+    with pytest.raises(LocalProtocolError, match="exceeds the ack window"):
+        server.send(Message(2, "topic/a"))
+    with pytest.raises(LocalProtocolError, match="matches no MESSAGE in flight"):
+        client.send(Ack(1))
+    with pytest.raises(LocalProtocolError, match="id 9, but 1 extension"):
+        server.send(Extension(9))
+    with pytest.raises(LocalProtocolError, match="command name"):
+        server.send(Command("bad name"))
+    assert server.outbound.outstanding == 1 and server.next_seq == 2
+
+    # The same window check on the receiving side is the peer's fault.
+    _server, client = open_pair(required=["ack"])
+    client.receive_data(encode_frame(Message(1, "topic/a")))
+    with pytest.raises(RemoteProtocolError, match="exceeds the ack window"):
+        client.receive_data(encode_frame(Message(2, "topic/a")))
+
+
+def test_constructor_extension_lists_are_ours() -> None:
+    with pytest.raises(LocalProtocolError, match="is not 'key=value'"):
+        ClientConnection("c", ["batch-ack:max-count:100"])
+    with pytest.raises(LocalProtocolError, match="is not a FIELD"):
+        ServerConnection("srv", ["json!"])
+
+
+def test_encoders_raise_local_decoders_remote() -> None:
+    with pytest.raises(LocalProtocolError, match="identity is 256 bytes"):
+        encode_handshake(Handshake("x" * 256))
+    with pytest.raises(LocalProtocolError, match="is not a FIELD"):
+        encode_handshake(Handshake("c", optional=(ExtensionSpec("not a field"),)))
+    with pytest.raises(LocalProtocolError, match="does not fit 16 bits"):
+        encode_frame(Message(70000, "topic/a"))
+    with pytest.raises(LocalProtocolError, match="64-bit long"):
+        encode_frame(Message(1, "topic/a", b"", {"n": 1 << 64}))
+    with pytest.raises(LocalProtocolError, match="command name"):
+        encode_frame(Command("a b"))
+    with pytest.raises(LocalProtocolError, match="outside 1..65535"):
+        encode_ack_payload(0)
+    with pytest.raises(RemoteProtocolError, match="command name"):
+        decode_frame(b"\x01\x03a b")
+    with pytest.raises(RemoteProtocolError, match="unknown frame flag bits"):
+        decode_frame(b"\x80")
+
+
+async def test_client_input_errors_are_local() -> None:
+    # No socket is touched: the destination and filter are checked first.
+    client = MicroMsg2Client(None, None, ClientConnection("c"))  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError, match="destination"):
+        await client.subscribe("nowhere")
+    with pytest.raises(LocalProtocolError, match="no operator"):
+        await client.subscribe("topic/a", "amount")
+    with pytest.raises(LocalProtocolError, match="destination"):
+        await client.unsubscribe("queue/")
+
+
+# --- the adapter -----------------------------------------------------------------------
+
+
+def _session() -> tuple[MicroMsg2Session, RecordingOutbound, ListenerStats]:
+    stats = ListenerStats("micromsg2")
+    ctx = SessionContext(
+        store=None,  # type: ignore[arg-type]  # the handshake's first step needs none
+        stats=stats,
+        settings={},
+        log=logging.getLogger("test.micromsg2"),
+    )
+    out = RecordingOutbound()
+    return MicroMsg2Session(ctx, out, MicroMsg2Limits(idle_timeout=None)), out, stats
+
+
+async def test_adapter_answers_peer_errors_with_an_error_frame() -> None:
+    session, out, stats = _session()
+    await session.data_received(encode_handshake(Handshake("old", major=0, minor=9)))
+    [data] = out.sent
+    error, _ = decode_frame(data) or (None, 0)
+    assert isinstance(error, Error) and error.code == "unsupported"
+    assert out.closed and stats.errors == {"unsupported": 1}
+    await session.connection_lost()
+
+
+async def test_adapter_does_not_swallow_its_own_protocol_bug() -> None:
+    session, out, stats = _session()
+    # Our reply breaks the protocol (an identity over 255 bytes): the
+    # connection refuses to send it, and the adapter must not answer that as
+    # if the peer had sent something wrong.
+    session._conn.reply_frame = lambda: Handshake("x" * 300)  # type: ignore[method-assign]
+    with pytest.raises(LocalProtocolError, match="identity is 300 bytes"):
+        await session.data_received(encode_handshake(Handshake("client")))
+    # Left to the transport, which logs it and closes: no ERROR frame blaming
+    # the peer, nothing counted as a peer error.
+    assert out.sent == [] and not out.closed
+    assert not stats.errors
+    await session.connection_lost()

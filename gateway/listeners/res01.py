@@ -36,7 +36,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from polyport.gateway.registry import ListenerDef
-from polyport.protocols.res01 import DEFAULT_PORT, Error, Res01Error, Response
+from polyport.protocols.res01 import DEFAULT_PORT, PROTOCOL, Error, Res01Error, Response
 from polyport.protocols.res01.adapter import (
     Res01Handler,
     Res01Limits,
@@ -333,11 +333,11 @@ class Res01Listener:
 
 
 async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
-    stats = ListenerStats("res01")
-    ctx = gw.context("res01", stats)
-    listener = Res01Listener("res01", ctx, host, port, limits_from(gw.settings))
+    stats = ListenerStats(PROTOCOL)
+    ctx = gw.context(PROTOCOL, stats)
+    listener = Res01Listener(PROTOCOL, ctx, host, port, limits_from(gw.settings))
     await listener.start()
     return listener
 
 
-LISTENER = ListenerDef("res01", DEFAULT_PORT, start)
+LISTENER = ListenerDef(PROTOCOL, DEFAULT_PORT, start)

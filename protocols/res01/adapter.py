@@ -49,6 +49,7 @@ from polyport.protocols.res01.frames import (
     EXPECTED_VERSION_ANY,
     EXPECTED_VERSION_NEW_STREAM,
     FILTER_ALL,
+    PROTOCOL,
     AppendCommit,
     CommitResult,
     Error,
@@ -67,7 +68,7 @@ from polyport.protocols.res01.frames import (
 from polyport.protocols.session import ListenerStats
 from polyport.protocols.settings import settings_from
 
-ORIGIN = "res01"
+ORIGIN = PROTOCOL
 
 # Headers text that is not a JSON object is kept whole under this one header,
 # and given back verbatim (see docs: "Headers").

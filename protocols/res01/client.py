@@ -32,7 +32,7 @@ import zmq.asyncio
 from polyport.protocols.res01.connection import ClientConnection
 from polyport.protocols.res01.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from polyport.protocols.res01.frames import (
-    PROTOCOL,
+    PROTOCOL_FRAME,
     AppendCommit,
     CommitResult,
     EventsFetched,
@@ -102,7 +102,7 @@ class Res01Client:
         self,
         sock: zmq.asyncio.Socket,
         *,
-        protocol: str = PROTOCOL,
+        protocol: str = PROTOCOL_FRAME,
         timeout: float = 30.0,
         max_in_flight: int = 1000,
     ) -> None:
@@ -121,7 +121,7 @@ class Res01Client:
         cls,
         address: str | tuple[str, int],
         *,
-        protocol: str = PROTOCOL,
+        protocol: str = PROTOCOL_FRAME,
         timeout: float = 30.0,
         max_in_flight: int = 1000,
         context: zmq.asyncio.Context | None = None,

@@ -16,11 +16,13 @@ from datetime import datetime
 from typing import ClassVar, Final
 
 DEFAULT_PORT: Final = 5560
+# polyport's name for the protocol (listener, metrics, event origin).
+PROTOCOL: Final = "res01"
 
-PROTOCOL: Final = "Res01"
+PROTOCOL_FRAME: Final = "Res01"
 # The original .NET client sends "RC0.1" (its ResProtocol.ResClient01).
 PROTOCOL_RC01: Final = "RC0.1"
-ACCEPTED_PROTOCOLS: Final = frozenset({PROTOCOL, PROTOCOL_RC01})
+ACCEPTED_PROTOCOLS: Final = frozenset({PROTOCOL_FRAME, PROTOCOL_RC01})
 
 # Command frames.
 CMD_APPEND_COMMIT: Final = b"AC"
@@ -85,7 +87,7 @@ class AppendCommit:
     stream: str
     expected_version: int
     events: tuple[NewEvent, ...]
-    protocol: str = PROTOCOL
+    protocol: str = PROTOCOL_FRAME
 
     def __post_init__(self) -> None:
         _tuple(self, "events")
@@ -109,7 +111,7 @@ class RegisterSubscriptions:
     request_id: bytes
     subscriber_id: str
     subscriptions: tuple[SubscriptionDefinition, ...]
-    protocol: str = PROTOCOL
+    protocol: str = PROTOCOL_FRAME
 
     def __post_init__(self) -> None:
         _tuple(self, "subscriptions")
@@ -131,7 +133,7 @@ class FetchEvents:
 
     request_id: bytes
     entries: tuple[FetchEntry, ...]
-    protocol: str = PROTOCOL
+    protocol: str = PROTOCOL_FRAME
 
     def __post_init__(self) -> None:
         _tuple(self, "entries")
@@ -153,7 +155,7 @@ class ProgressSubscriptions:
 
     request_id: bytes
     entries: tuple[ProgressEntry, ...]
-    protocol: str = PROTOCOL
+    protocol: str = PROTOCOL_FRAME
 
     def __post_init__(self) -> None:
         _tuple(self, "entries")
@@ -177,7 +179,7 @@ class SetSubscription:
 
     request_id: bytes
     entries: tuple[SetEntry, ...]
-    protocol: str = PROTOCOL
+    protocol: str = PROTOCOL_FRAME
 
     def __post_init__(self) -> None:
         _tuple(self, "entries")
@@ -198,7 +200,7 @@ class CommitResult:
 
     request_id: bytes
     commit_id: uuid.UUID
-    protocol: str = PROTOCOL
+    protocol: str = PROTOCOL_FRAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +211,7 @@ class SubscribeResult:
 
     request_id: bytes
     subscription_ids: tuple[int, ...]
-    protocol: str = PROTOCOL
+    protocol: str = PROTOCOL_FRAME
 
     def __post_init__(self) -> None:
         _tuple(self, "subscription_ids")
@@ -238,7 +240,7 @@ class EventsFetched:
     request_id: bytes
     subscription_id: int
     events: tuple[FetchedEvent, ...]
-    protocol: str = PROTOCOL
+    protocol: str = PROTOCOL_FRAME
 
     def __post_init__(self) -> None:
         _tuple(self, "events")
@@ -252,7 +254,7 @@ class SubscriptionProgressed:
 
     request_id: bytes
     subscription_ids: tuple[int, ...]
-    protocol: str = PROTOCOL
+    protocol: str = PROTOCOL_FRAME
 
     def __post_init__(self) -> None:
         _tuple(self, "subscription_ids")
@@ -266,7 +268,7 @@ class SubscriptionSet:
 
     request_id: bytes
     results: tuple[str, ...]
-    protocol: str = PROTOCOL
+    protocol: str = PROTOCOL_FRAME
 
     def __post_init__(self) -> None:
         _tuple(self, "results")
@@ -282,7 +284,7 @@ class Error:
     request_id: bytes
     code: int
     message: str
-    protocol: str = PROTOCOL
+    protocol: str = PROTOCOL_FRAME
 
 
 Response = (

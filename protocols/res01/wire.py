@@ -32,7 +32,7 @@ from polyport.protocols.res01.frames import (
     FRAMES_PER_PROGRESS_ENTRY,
     FRAMES_PER_SET_ENTRY,
     FRAMES_PER_SUBSCRIPTION_DEFINITION,
-    PROTOCOL,
+    PROTOCOL_FRAME,
     AppendCommit,
     CommitResult,
     Error,
@@ -252,7 +252,7 @@ def decode_request(frames: Sequence[bytes]) -> tuple[Routing, Request]:
     protocol = _ACCEPTED_PROTOCOL_FRAMES.get(bytes(frames[delim + 1]))
     if protocol is None:
         raise Res01Error(
-            f"unsupported protocol {quote(frames[delim + 1])}; this server speaks {PROTOCOL}",
+            f"unsupported protocol {quote(frames[delim + 1])}; this server speaks {PROTOCOL_FRAME}",
             ErrorCode.UNSUPPORTED_PROTOCOL,
             routing=routing,
             request_id=request_id,
@@ -415,7 +415,7 @@ def encode_error_reply(error: Res01Error) -> list[bytes]:
         request_id=error.request_id if error.request_id is not None else EMPTY,
         code=error.er_code,
         message=error.message,
-        protocol=error.protocol if error.protocol is not None else PROTOCOL,
+        protocol=error.protocol if error.protocol is not None else PROTOCOL_FRAME,
     )
     return encode_response(error.routing, reply)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +67,32 @@ def test_bad_values_name_the_setting() -> None:
         settings_from(_Limits, {"demo_strict": "maybe"}, prefix="demo")
     with pytest.raises(ValueError, match="at least 1"):
         settings_from(_Limits, {"demo_max_frames": 0}, prefix="demo")
+
+
+ROLE_FILES = ("frames.py", "wire.py", "state.py", "connection.py", "errors.py", "adapter.py",
+              "client.py")
+
+
+def test_every_protocol_package_has_the_same_role_files() -> None:
+    import polyport.protocols as pkg
+
+    root = Path(pkg.__path__[0])
+    packages = sorted(p for p in root.iterdir() if (p / "__init__.py").exists())
+    assert len(packages) >= 5
+    for package in packages:
+        missing = [f for f in ROLE_FILES if not (package / f).exists()]
+        assert not missing, f"{package.name} lacks {missing}"
+        frames = importlib.import_module(f"polyport.protocols.{package.name}.frames")
+        assert isinstance(frames.DEFAULT_PORT, int) and frames.PROTOCOL == package.name
+
+
+def test_every_protocol_builds_on_the_shared_errors() -> None:
+    import polyport.protocols as pkg
+    from polyport.protocols import errors as shared
+
+    root = Path(pkg.__path__[0])
+    for package in sorted(p for p in root.iterdir() if (p / "__init__.py").exists()):
+        errors = importlib.import_module(f"polyport.protocols.{package.name}.errors")
+        assert issubclass(errors.RemoteProtocolError, shared.RemoteProtocolError), package
+        assert issubclass(errors.LocalProtocolError, shared.LocalProtocolError), package
+        assert not issubclass(errors.LocalProtocolError, errors.RemoteProtocolError), package

@@ -7,7 +7,7 @@ import json
 import logging
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -470,11 +470,6 @@ class EventStore:
     async def query(self, binder: str, matcher: dict[str, Any]) -> BinderQuery:
         """Matching documents of a binder: ``.count`` now, then ``async for``."""
         return await self.binders.query(binder, matcher)
-
-
-async def append_many(store: EventStore, commands: Sequence[Append]) -> list[AppendResult]:
-    """Independent appends submitted together (each may fail alone)."""
-    return list(await asyncio.gather(*(store.append(c) for c in commands)))
 
 
 def segment_frame(ev: RecordedEvent) -> bytes:

@@ -36,6 +36,7 @@ from polyport.core.commands import (
 from polyport.core.errors import Busy, Malformed, NotFound, StorageUnavailable, Timeout
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import ConsumerGroup, GroupMember
+from polyport.core.locks import GroupLocks
 from polyport.core.matcher import event_matcher
 from polyport.core.migrate import asyncpg_dsn
 from polyport.core.records import record_from_row
@@ -108,8 +109,7 @@ class EventStore:
         self.users: UserService = None  # type: ignore[assignment]
         self.binders: BinderService = None  # type: ignore[assignment]
         self._groups: dict[str, ConsumerGroup] = {}
-        self._lock_conn: asyncpg.Connection | None = None
-        self._lock_mutex = asyncio.Lock()
+        self._group_locks = GroupLocks(self._dsn)
         self._reads = asyncio.Semaphore(config.max_concurrent_reads)
         self._waiting_reads = 0
         self._notify_latest = 0
@@ -155,8 +155,7 @@ class EventStore:
         if self._notify_task is not None:
             self._notify_task.cancel()
         await self.tailer.stop()
-        if self._lock_conn is not None:
-            await self._lock_conn.close()
+        await self._group_locks.close()
         await self._pool.close()
 
     @property
@@ -307,9 +306,12 @@ class EventStore:
             return int(pos)
         raise Malformed(f"unknown start {start!r}")
 
-    def _open_subscription(
+    def start_subscription(
         self, selector: Selector, cursor: int, *, buffer_size: int = 1000, credit: bool = False
     ) -> Subscription:
+        """A running subscription from ``cursor``, not handed out: no delivery
+        hook and not listed by :meth:`open_subscriptions` (a consumer group's
+        feed; :meth:`subscribe` adds both for what clients get)."""
         sub = Subscription(self.tailer, selector, cursor, buffer_size, credit)
         sub.start()
         return sub
@@ -322,7 +324,7 @@ class EventStore:
         member, whose acks move the persistent checkpoint."""
         if command.durable is None:
             cursor = await self.resolve_start(command.selector, command.start)
-            sub = self._open_subscription(
+            sub = self.start_subscription(
                 command.selector, cursor, buffer_size=command.buffer_size, credit=credit
             )
             sub.on_deliver = self.on_deliver
@@ -331,7 +333,7 @@ class EventStore:
         await self._ensure_durable(command.durable, command.selector, command.start)
         group = self._groups.get(command.durable)
         if group is None:
-            group = ConsumerGroup(self, command.durable, command.selector)
+            group = ConsumerGroup(self, self._group_locks, command.durable, command.selector)
             self._groups[command.durable] = group
         member = GroupMember(group, command.buffer_size, credit)
         member.on_deliver = self.on_deliver
@@ -343,7 +345,9 @@ class EventStore:
         """Subscriptions handed out by :meth:`subscribe` and not closed yet."""
         return [s for s in list(self._handed_out) if not s.closed]
 
-    def _drop_group(self, group: ConsumerGroup) -> None:
+    def forget_group(self, group: ConsumerGroup) -> None:
+        """Called by a group whose last member left: the next subscriber with
+        that name starts a new group from the saved checkpoint."""
         if self._groups.get(group.name) is group:
             del self._groups[group.name]
 
@@ -362,16 +366,16 @@ class EventStore:
             )
         return row
 
-    async def _try_group_lock(self, name: str) -> bool:
-        async with self._lock_mutex:
-            if self._lock_conn is None or self._lock_conn.is_closed():
-                self._lock_conn = await asyncpg.connect(self._dsn)
-            return bool(await self._lock_conn.fetchval(sql.TRY_GROUP_LOCK, name))
+    async def durable_checkpoint(self, name: str) -> int:
+        """The saved checkpoint of the durable subscription ``name``."""
+        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, name)
+        if row is None:
+            raise NotFound(f"no durable subscription named {name!r}")
+        return int(row["checkpoint"])
 
-    async def _release_group_lock(self, name: str) -> None:
-        async with self._lock_mutex:
-            if self._lock_conn is not None and not self._lock_conn.is_closed():
-                await self._lock_conn.fetchval(sql.RELEASE_GROUP_LOCK, name)
+    async def advance_checkpoint(self, name: str, position: int) -> None:
+        """Move the checkpoint of ``name`` forward to ``position`` (never back)."""
+        await self._pool.execute(sql.ADVANCE_CHECKPOINT, name, position)
 
     # --- fetch-style durable subscriptions (pull) ---------------------------
 

@@ -39,6 +39,7 @@ from polyport.core.groups import ConsumerGroup, GroupMember
 from polyport.core.locks import GroupLocks
 from polyport.core.matcher import event_matcher
 from polyport.core.migrate import asyncpg_dsn
+from polyport.core.monitor import Monitor
 from polyport.core.records import record_from_row
 from polyport.core.subscriptions import Subscription, Tailer
 from polyport.core.users import UserService
@@ -108,6 +109,7 @@ class EventStore:
         self.tailer: Tailer = None  # type: ignore[assignment]
         self.users: UserService = None  # type: ignore[assignment]
         self.binders: BinderService = None  # type: ignore[assignment]
+        self.monitor: Monitor = None  # type: ignore[assignment]
         self._groups: dict[str, ConsumerGroup] = {}
         self._group_locks = GroupLocks(self._dsn)
         self._reads = asyncio.Semaphore(config.max_concurrent_reads)
@@ -139,6 +141,7 @@ class EventStore:
         self.writer.start()
         self._notify_task = asyncio.create_task(self._notifier(), name="polyport-notify")
         self.users = UserService(self._pool, allow_anonymous=self.config.allow_anonymous)
+        self.monitor = Monitor(self._pool)
         self.binders = BinderService(self, run_projector=self.config.run_binders)
         await self.binders.start()
         self.started = True

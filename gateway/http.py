@@ -27,7 +27,7 @@ async def readyz(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY_KEY]
     problems: list[str] = []
     try:
-        await asyncio.wait_for(gw.store.pool.fetchval("SELECT 1"), READY_CHECK_TIMEOUT)
+        await asyncio.wait_for(gw.store.monitor.ping(), READY_CHECK_TIMEOUT)
     except Exception as exc:
         problems.append(f"database unreachable: {exc.__class__.__name__}: {exc}")
     else:

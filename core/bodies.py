@@ -229,7 +229,3 @@ def body_json_text(content_type: str, body: bytes) -> str:
         return body.decode("utf-8")
     except UnicodeDecodeError:
         return json_util.dumps({"data": bson.Binary(body)}, json_options=_RELAXED)
-
-
-def document_to_bson(doc: dict[str, Any]) -> bytes:
-    return bson.encode(doc)

@@ -199,19 +199,7 @@ class Subscribe:
     buffer_size: int = 1000
 
 
-# --- queries and auth -------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    binder: str
-    matcher: dict
-
-
-@dataclass(frozen=True, slots=True)
-class Authenticate:
-    user: str | None
-    password: str | None
+# --- auth -------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

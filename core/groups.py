@@ -17,9 +17,9 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-from polyport.core import sql
 from polyport.core.commands import Selector
 from polyport.core.events import RecordedEvent
+from polyport.core.locks import GroupLocks
 from polyport.core.reader import BufferedReader
 from polyport.core.subscriptions import Subscription
 
@@ -72,8 +72,11 @@ class GroupMember(BufferedReader):
 
 
 class ConsumerGroup:
-    def __init__(self, store: EventStore, name: str, selector: Selector) -> None:
+    def __init__(
+        self, store: EventStore, locks: GroupLocks, name: str, selector: Selector
+    ) -> None:
         self.store = store
+        self._locks = locks
         self.name = name
         self.selector = selector
         self.members: list[GroupMember] = []
@@ -113,7 +116,7 @@ class ConsumerGroup:
         if back and self._feeder is not None:
             self._feeder.interrupt()
         if not self.members:
-            self.store._drop_group(self)
+            self.store.forget_group(self)
             if self._task is not None:
                 self._task.cancel()
             asyncio.ensure_future(self._shutdown())
@@ -123,7 +126,7 @@ class ConsumerGroup:
             self._feeder.close()
         await self.flush()
         if self._owner:
-            await self.store._release_group_lock(self.name)
+            await self._locks.release(self.name)
             self._owner = False
 
     def ack(self, member: GroupMember, position: int, *, through: bool) -> None:
@@ -149,7 +152,7 @@ class ConsumerGroup:
         while self._saved_checkpoint < self.checkpoint:
             target = self.checkpoint
             try:
-                await self.store._pool.execute(sql.ADVANCE_CHECKPOINT, self.name, target)
+                await self.store.advance_checkpoint(self.name, target)
             except Exception as exc:
                 log.warning("checkpoint save for %s failed: %s", self.name, exc)
                 return
@@ -167,13 +170,13 @@ class ConsumerGroup:
     async def _run(self) -> None:
         try:
             # The lock lives in another process: nothing to wait on but time.
-            while not await self.store._try_group_lock(self.name):  # noqa: ASYNC110
+            while not await self._locks.try_acquire(self.name):  # noqa: ASYNC110
                 await asyncio.sleep(self.store.config.poll_interval)
             self._owner = True
-            row = await self.store._pool.fetchrow(sql.GET_SUBSCRIPTION, self.name)
-            self.checkpoint = self._saved_checkpoint = self.dispatched_upto = row["checkpoint"]
-            self._feeder = self.store._open_subscription(
-                self.selector, row["checkpoint"], buffer_size=1000
+            checkpoint = await self.store.durable_checkpoint(self.name)
+            self.checkpoint = self._saved_checkpoint = self.dispatched_upto = checkpoint
+            self._feeder = self.store.start_subscription(
+                self.selector, checkpoint, buffer_size=1000
             )
             while True:
                 member = self._pick()

@@ -3,6 +3,9 @@
 Statements are plain text for asyncpg: the hot paths (group commit, tailing,
 catch-up reads) want its binary protocol and COPY without an ORM in between.
 The tables are described in :mod:`core.schema` and created by ``migrations/``.
+Gateway and protocol modules hold no SQL of their own (tests/test_layers.py):
+what they report comes through :mod:`core.monitor`, and the embedded
+cluster's bootstrap statements are at the end of this module.
 """
 
 from __future__ import annotations
@@ -211,6 +214,43 @@ DELETE_SUBSCRIPTION = "DELETE FROM subscriptions WHERE name = $1 RETURNING id"
 TRY_GROUP_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 7461))"
 RELEASE_GROUP_LOCK = "SELECT pg_advisory_unlock(hashtextextended($1, 7461))"
 
+# --- monitoring (core.monitor: /status, /metrics, ``polyport status``) ----------
+
+PING = "SELECT 1"
+
+LOG_HEAD = "SELECT last_position, last_recorded_at FROM log_head WHERE id = 1"
+
+# The planner's row estimate: counting a large table would scan it.
+STREAMS_ESTIMATE = """
+SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'streams'::regclass
+"""
+
+# Durable subscriptions with the head position, for lag; by name, the order
+# /status and /metrics list them in.
+DURABLE_CHECKPOINTS = """
+SELECT s.name, s.selector, s.checkpoint, h.last_position
+FROM subscriptions s CROSS JOIN log_head h ORDER BY s.name
+"""
+
+# The pipeline's hourly statistics (table created by its own migration):
+# callers check that the table exists before reading it.
+EVENT_STATS_EXISTS = "SELECT to_regclass('event_stats') IS NOT NULL"
+
+# The last 48 hours that have statistics, one row per hour.
+EVENT_STATS_HOURLY = """
+WITH last AS (SELECT max(hour) AS h FROM event_stats)
+SELECT s.hour, sum(s.events)::bigint AS events, sum(s.bytes)::bigint AS bytes
+FROM event_stats s, last
+WHERE s.hour > last.h - interval '48 hours'
+GROUP BY s.hour ORDER BY s.hour
+"""
+
+EVENT_STATS_24H = """
+SELECT coalesce(sum(events), 0)::bigint AS events, coalesce(sum(bytes), 0)::bigint AS bytes,
+       max(hour) AS last_hour
+FROM event_stats WHERE hour > now() - interval '24 hours'
+"""
+
 # --- users --------------------------------------------------------------------
 
 GET_USER = "SELECT name, password_hash, default_context, contexts FROM users WHERE name = $1"
@@ -369,3 +409,26 @@ FAST_APPEND = _fast_append(new_streams=False, checkpoints=False)
 FAST_APPEND_NEW_STREAMS = _fast_append(new_streams=True, checkpoints=False)
 FAST_APPEND_CHECKPOINTS = _fast_append(new_streams=False, checkpoints=True)
 FAST_APPEND_NEW_STREAMS_CHECKPOINTS = _fast_append(new_streams=True, checkpoints=True)
+
+
+# --- cluster bootstrap ----------------------------------------------------------
+# Run through ``psql -c`` against the maintenance database of a cluster the
+# gateway started itself (gateway.embedded_pg): psql takes no bind parameters,
+# so the name is quoted here.
+
+
+def database_exists(name: str) -> str:
+    """Prints ``1`` when the database exists, nothing otherwise."""
+    return f"SELECT 1 FROM pg_database WHERE datname={_literal(name)}"
+
+
+def create_database(name: str) -> str:
+    return f"CREATE DATABASE {_identifier(name)}"
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

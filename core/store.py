@@ -7,7 +7,7 @@ import json
 import logging
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -42,8 +42,10 @@ from polyport.core.health import (
     Health,
     HealthSnapshot,
 )
+from polyport.core.locks import GroupLocks
 from polyport.core.matcher import event_matcher
 from polyport.core.migrate import asyncpg_dsn
+from polyport.core.monitor import Monitor
 from polyport.core.records import record_from_row
 from polyport.core.subscriptions import Subscription, Tailer
 from polyport.core.users import UserService
@@ -116,9 +118,9 @@ class EventStore:
         self.tailer: Tailer = None  # type: ignore[assignment]
         self.users: UserService = None  # type: ignore[assignment]
         self.binders: BinderService = None  # type: ignore[assignment]
+        self.monitor: Monitor = None  # type: ignore[assignment]
         self._groups: dict[str, ConsumerGroup] = {}
-        self._lock_conn: asyncpg.Connection | None = None
-        self._lock_mutex = asyncio.Lock()
+        self._group_locks = GroupLocks(self._dsn)
         self._reads = asyncio.Semaphore(config.max_concurrent_reads)
         self._waiting_reads = 0
         self._notify_latest = 0
@@ -152,6 +154,7 @@ class EventStore:
         self._notify_task = asyncio.create_task(self._notifier(), name="polyport-notify")
         self._schema_task = asyncio.create_task(self._watch_schema(), name="polyport-schema")
         self.users = UserService(self._pool, allow_anonymous=self.config.allow_anonymous)
+        self.monitor = Monitor(self._pool)
         self.binders = BinderService(self, run_projector=self.config.run_binders)
         await self.binders.start()
         self.started = True
@@ -170,8 +173,7 @@ class EventStore:
         if self._schema_task is not None:
             self._schema_task.cancel()
         await self.tailer.stop()
-        if self._lock_conn is not None:
-            await self._lock_conn.close()
+        await self._group_locks.close()
         await self._pool.close()
 
     @property
@@ -349,9 +351,12 @@ class EventStore:
             return int(pos)
         raise Malformed(f"unknown start {start!r}")
 
-    def _open_subscription(
+    def start_subscription(
         self, selector: Selector, cursor: int, *, buffer_size: int = 1000, credit: bool = False
     ) -> Subscription:
+        """A running subscription from ``cursor``, not handed out: no delivery
+        hook and not listed by :meth:`open_subscriptions` (a consumer group's
+        feed; :meth:`subscribe` adds both for what clients get)."""
         sub = Subscription(self.tailer, selector, cursor, buffer_size, credit)
         sub.start()
         return sub
@@ -364,7 +369,7 @@ class EventStore:
         member, whose acks move the persistent checkpoint."""
         if command.durable is None:
             cursor = await self.resolve_start(command.selector, command.start)
-            sub = self._open_subscription(
+            sub = self.start_subscription(
                 command.selector, cursor, buffer_size=command.buffer_size, credit=credit
             )
             sub.on_deliver = self.on_deliver
@@ -373,7 +378,7 @@ class EventStore:
         await self._ensure_durable(command.durable, command.selector, command.start)
         group = self._groups.get(command.durable)
         if group is None:
-            group = ConsumerGroup(self, command.durable, command.selector)
+            group = ConsumerGroup(self, self._group_locks, command.durable, command.selector)
             self._groups[command.durable] = group
         member = GroupMember(group, command.buffer_size, credit)
         member.on_deliver = self.on_deliver
@@ -385,7 +390,9 @@ class EventStore:
         """Subscriptions handed out by :meth:`subscribe` and not closed yet."""
         return [s for s in list(self._handed_out) if not s.closed]
 
-    def _drop_group(self, group: ConsumerGroup) -> None:
+    def forget_group(self, group: ConsumerGroup) -> None:
+        """Called by a group whose last member left: the next subscriber with
+        that name starts a new group from the saved checkpoint."""
         if self._groups.get(group.name) is group:
             del self._groups[group.name]
 
@@ -404,16 +411,16 @@ class EventStore:
             )
         return row
 
-    async def _try_group_lock(self, name: str) -> bool:
-        async with self._lock_mutex:
-            if self._lock_conn is None or self._lock_conn.is_closed():
-                self._lock_conn = await asyncpg.connect(self._dsn)
-            return bool(await self._lock_conn.fetchval(sql.TRY_GROUP_LOCK, name))
+    async def durable_checkpoint(self, name: str) -> int:
+        """The saved checkpoint of the durable subscription ``name``."""
+        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, name)
+        if row is None:
+            raise NotFound(f"no durable subscription named {name!r}")
+        return int(row["checkpoint"])
 
-    async def _release_group_lock(self, name: str) -> None:
-        async with self._lock_mutex:
-            if self._lock_conn is not None and not self._lock_conn.is_closed():
-                await self._lock_conn.fetchval(sql.RELEASE_GROUP_LOCK, name)
+    async def advance_checkpoint(self, name: str, position: int) -> None:
+        """Move the checkpoint of ``name`` forward to ``position`` (never back)."""
+        await self._pool.execute(sql.ADVANCE_CHECKPOINT, name, position)
 
     # --- fetch-style durable subscriptions (pull) ---------------------------
 
@@ -512,11 +519,6 @@ class EventStore:
     async def query(self, binder: str, matcher: dict[str, Any]) -> BinderQuery:
         """Matching documents of a binder: ``.count`` now, then ``async for``."""
         return await self.binders.query(binder, matcher)
-
-
-async def append_many(store: EventStore, commands: Sequence[Append]) -> list[AppendResult]:
-    """Independent appends submitted together (each may fail alone)."""
-    return list(await asyncio.gather(*(store.append(c) for c in commands)))
 
 
 def segment_frame(ev: RecordedEvent) -> bytes:

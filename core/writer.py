@@ -5,7 +5,8 @@ Inside the transaction the head row is locked first (all processes do the
 same), so positions are gapless and follow commit order.  Each append's
 expected-version and idempotency checks run against the state as the batch
 has built it so far: an append that fails its check fails alone; an
-``AppendBatch`` succeeds or fails as a whole.
+``AppendBatch`` succeeds or fails as a whole.  Those decisions are
+:mod:`core.planner`'s (no I/O); this module queues, batches and writes.
 """
 
 from __future__ import annotations
@@ -18,28 +19,26 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from datetime import datetime
+from typing import Any
 
 import asyncpg
 
 from polyport.core import sql
-from polyport.core.commands import AnyVersion, Append, AppendResult, ExactVersion, NoStream
+from polyport.core.commands import Append, AppendResult
 from polyport.core.errors import (
     Busy,
     Malformed,
     PolyportError,
     StorageUnavailable,
     Timeout,
-    WrongExpectedVersion,
 )
 from polyport.core.events import RecordedEvent
 from polyport.core.limits import EventLimits, check_appends
+from polyport.core.planner import ONE_MICROSECOND, Plan, StreamState, plan_batch
 from polyport.core.records import record_from_row
 
 log = logging.getLogger("polyport.writer")
-
-ONE_MICROSECOND = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,17 +71,6 @@ class _Pending:
     queued_at: float = 0.0
     # Bytes held for it until sent (bodies, headers, names): max_pending_bytes.
     cost: int = 0
-
-
-@dataclass
-class _StreamState:
-    """A stream as its last event left it; version 0: no events, no stream."""
-
-    last_version: int = 0
-    segment_length: int = 0
-
-    def copy(self) -> _StreamState:
-        return _StreamState(self.last_version, self.segment_length)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +143,7 @@ class Writer:
         # optimistic entries for a batch that then failed: every failure
         # forgets the cache and bumps the epoch, and a batch planned under an
         # older epoch takes the checked path instead of the fast one.
-        self._streams: OrderedDict[tuple[str, str], _StreamState] = OrderedDict()
+        self._streams: OrderedDict[tuple[str, str], StreamState] = OrderedDict()
         self._cache_epoch = 0
 
     @property
@@ -442,9 +430,9 @@ class Writer:
         unusual (a failed check, a re-sent event id, a stale cache) is redone
         on the authoritative path, which reads fresh state under the head lock."""
         keys = {(a.context, a.stream) for p in batch for a in p.appends}
-        cached = {k: self._streams.get(k) or _StreamState() for k in keys}
+        cached = {k: self._streams.get(k) or StreamState() for k in keys}
         epoch = self._cache_epoch
-        plan = _plan(batch, cached, {})
+        plan = plan_batch(batch, cached, {})
         if plan.rows and not plan.any_failed:
             # Optimistic: the next batch, planned while this one is in flight,
             # builds on it.  If this one fails, the epoch moves on and the
@@ -468,7 +456,7 @@ class Writer:
         await self._commit_checked(batch, keys, slot)
 
     async def _write_fast(
-        self, plan: _Plan, slot: int, previous: asyncio.Future[None] | None, epoch: int
+        self, plan: Plan, slot: int, previous: asyncio.Future[None] | None, epoch: int
     ) -> tuple[int, datetime] | None:
         """(base position, first recorded_at), or None if the plan was made
         against cache entries that a failure has since withdrawn."""
@@ -509,17 +497,17 @@ class Writer:
         conn = await self._connection(slot)
         async with conn.transaction():
             head = await conn.fetchrow(sql.LOCK_HEAD)
-            state = {k: _StreamState() for k in keys}
+            state = {k: StreamState() for k in keys}
             ks = sorted(keys)
             for r in await conn.fetch(sql.STREAM_STATES, [k[0] for k in ks], [k[1] for k in ks]):
-                state[(r["context"], r["stream"])] = _StreamState(
+                state[(r["context"], r["stream"])] = StreamState(
                     r["last_version"], r["segment_length"]
                 )
             existing: dict[uuid.UUID, RecordedEvent] = {}
             if ids:
                 for r in await conn.fetch(sql.EXISTING_EVENT_IDS, ids):
                     existing[r["event_id"]] = record_from_row(r)
-            plan = _plan(batch, state, existing)
+            plan = plan_batch(batch, state, existing)
             base: int = head["last_position"]
             t0: datetime = max(head["last_recorded_at"] + ONE_MICROSECOND, head["now"])
             if plan.rows:
@@ -549,14 +537,14 @@ class Writer:
                 self._remember(k, st)
         self._finish(batch, plan, base, t0, slot)
 
-    def _remember(self, key: tuple[str, str], st: _StreamState) -> None:
+    def _remember(self, key: tuple[str, str], st: StreamState) -> None:
         self._streams[key] = st
         self._streams.move_to_end(key)
         while len(self._streams) > self.limits.cached_streams:
             self._streams.popitem(last=False)
 
     def _finish(
-        self, batch: list[_Pending], plan: _Plan, base: int, t0: datetime, slot: int
+        self, batch: list[_Pending], plan: Plan, base: int, t0: datetime, slot: int
     ) -> None:
         n = len(plan.rows)
         self.stats.commits += 1
@@ -581,239 +569,5 @@ _FAST_APPEND = {
     (False, True): sql.FAST_APPEND_CHECKPOINTS,
     (True, True): sql.FAST_APPEND_NEW_STREAMS_CHECKPOINTS,
 }
-_NO_HEADERS: dict[str, str] = {}
 
 
-class _Planned(NamedTuple):
-    """An append result before the batch's base position and time are known:
-    ``first``/``last`` are 1-based indexes into the batch's rows, or the final
-    values when ``done`` (an idempotent re-append).  A NamedTuple: one is
-    built per append on the hot path, several times cheaper than a frozen
-    dataclass."""
-
-    context: str
-    stream: str
-    first_version: int
-    last_version: int
-    first: int
-    last: int
-    commit_id: uuid.UUID
-    done: AppendResult | None = None
-    idempotent: bool = False
-
-    def resolve(self, base: int, t0: datetime) -> AppendResult:
-        if self.done is not None:
-            return self.done
-        return AppendResult(
-            context=self.context,
-            stream=self.stream,
-            first_version=self.first_version,
-            last_version=self.last_version,
-            first_position=base + self.first,
-            last_position=base + self.last,
-            recorded_at=t0 + (max(self.last, 1) - 1) * ONE_MICROSECOND,
-            commit_id=self.commit_id,
-            idempotent=self.idempotent,
-        )
-
-
-@dataclass
-class _Plan:
-    # Rows without position and recorded_at: event_id, context, stream, version,
-    # type, headers, body, content_type, client_time, origin, segment_offset.
-    rows: list[tuple[Any, ...]]
-    outcomes: list[list[_Planned] | PolyportError]
-    before: dict[tuple[str, str], _StreamState]
-    after: dict[tuple[str, str], _StreamState]
-    touched: set[tuple[str, str]]
-    checkpoints: list[tuple[uuid.UUID, str, str, int]]
-    any_failed: bool
-
-    def new_streams(self) -> list[tuple[str, str]]:
-        """Streams this batch creates (no events before it), in key order."""
-        return sorted(k for k in self.touched if not self.before[k].last_version)
-
-
-def _plan(
-    batch: list[_Pending],
-    state: dict[tuple[str, str], _StreamState],
-    existing: dict[uuid.UUID, RecordedEvent],
-) -> _Plan:
-    """Decide each pending unit's fate against ``state`` (pure; no I/O)."""
-    # ``state`` is only read: ``after`` holds copies, made when a stream is
-    # first touched.
-    before = state
-    after: dict[tuple[str, str], _StreamState] = {}
-    rows: list[tuple[Any, ...]] = []
-    outcomes: list[list[_Planned] | PolyportError] = []
-    touched: set[tuple[str, str]] = set()
-    checkpoints: list[tuple[uuid.UUID, str, str, int]] = []
-    seen: dict[uuid.UUID, RecordedEvent | _Earlier] = dict(existing)
-    any_failed = False
-    commit_id = uuid.uuid4()
-    for p in batch:
-        # Copy-on-write: only the streams this unit touches are copied.
-        trial: dict[tuple[str, str], _StreamState] = {}
-        for a in p.appends:
-            k = (a.context, a.stream)
-            if k not in trial:
-                trial[k] = (after.get(k) or before[k]).copy()
-        trial_rows: list[tuple[Any, ...]] = []
-        planned: list[_Planned] = []
-        added: list[uuid.UUID] = []
-        error: PolyportError | None = None
-        for a in p.appends:
-            st = trial[(a.context, a.stream)]
-            match = _idempotent_match(a, seen)
-            if isinstance(match, PolyportError):
-                error = match
-                break
-            if match is not None:
-                planned.append(_idempotent_planned(a, match, commit_id))
-                continue
-            mismatch = _check_expected(a, st.last_version)
-            if mismatch is not None:
-                error = mismatch
-                break
-            context, stream = a.context, a.stream
-            version, offset = st.last_version, st.segment_length
-            index = len(rows) + len(trial_rows)
-            first_version, first_index = version + 1, index + 1
-            for e in a.events:
-                version += 1
-                index += 1
-                event_id = e.event_id
-                trial_rows.append(
-                    (
-                        event_id,
-                        context,
-                        stream,
-                        version,
-                        e.type,
-                        dict(e.headers) if e.headers else _NO_HEADERS,
-                        e.body,
-                        e.content_type,
-                        e.client_time,
-                        a.origin,
-                        offset,
-                    )
-                )
-                seen[event_id] = _Earlier(event_id, context, stream, version, index)
-                added.append(event_id)
-                offset += e.segment_size
-            st.last_version, st.segment_length = version, offset
-            planned.append(
-                _Planned(context, stream, first_version, version, first_index, index, commit_id)
-            )
-        if error is not None:
-            for event_id in added:
-                del seen[event_id]
-            outcomes.append(error)
-            any_failed = True
-            continue
-        after.update(trial)
-        rows.extend(trial_rows)
-        for a in p.appends:
-            if a.events:
-                touched.add((a.context, a.stream))
-            if a.producer_checkpoint is not None:
-                checkpoints.append(
-                    (a.producer_checkpoint.producer_id, a.context, a.stream,
-                     a.producer_checkpoint.ack_level)
-                )
-        outcomes.append(planned)
-    # One row per (producer, stream): an upsert may not touch a row twice.
-    highest: dict[tuple[uuid.UUID, str, str], int] = {}
-    for producer, context, stream, level in checkpoints:
-        key = (producer, context, stream)
-        highest[key] = max(level, highest.get(key, level))
-    unique = [(*k, v) for k, v in highest.items()]
-    return _Plan(rows, outcomes, before, after, touched, unique, any_failed)
-
-
-class _Earlier(NamedTuple):
-    """An event written earlier in this same batch (``position`` is its
-    1-based row index), so a duplicate append later in the batch is
-    recognised as idempotent."""
-
-    event_id: uuid.UUID
-    context: str
-    stream: str
-    version: int
-    position: int
-
-
-def _check_expected(a: Append, current: int) -> WrongExpectedVersion | None:
-    exp = a.expected
-    if isinstance(exp, AnyVersion):
-        return None
-    if isinstance(exp, NoStream):
-        if current == 0:
-            return None
-        return WrongExpectedVersion(
-            f"stream {a.stream!r} already exists (last version {current})",
-            current_version=current,
-        )
-    if isinstance(exp, ExactVersion):
-        if exp.next_version == current + 1:
-            return None
-        return WrongExpectedVersion(
-            f"stream {a.stream!r}: expected the first new event to be version "
-            f"{exp.next_version}, but the next version is {current + 1}",
-            current_version=current,
-        )
-    raise Malformed(f"unknown expected version {exp!r}")
-
-
-def _idempotent_match(
-    a: Append, seen: dict[uuid.UUID, RecordedEvent | _Earlier]
-) -> list[RecordedEvent | _Earlier] | PolyportError | None:
-    """None: none of the ids appended before.  The earlier records: all of them
-    appended before, to this stream.  An error: only some, or elsewhere."""
-    for e in a.events:
-        if e.event_id in seen:
-            break
-    else:
-        return None  # the common case, kept cheap
-    found = [seen.get(e.event_id) for e in a.events]
-    if any(f is None for f in found):
-        return WrongExpectedVersion(
-            "some of these event ids were already appended and others were not; "
-            "re-send exactly the original append"
-        )
-    recs = [f for f in found if f is not None]
-    if any(r.context != a.context or r.stream != a.stream for r in recs):
-        return WrongExpectedVersion(
-            f"event id {recs[0].event_id} was already appended to another stream"
-        )
-    earlier = sum(isinstance(r, _Earlier) for r in recs)
-    if earlier and earlier != len(recs):
-        return WrongExpectedVersion(
-            "these event ids were appended by different earlier appends; "
-            "re-send exactly the original append"
-        )
-    return recs
-
-
-def _idempotent_planned(
-    a: Append, recs: list[RecordedEvent | _Earlier], commit_id: uuid.UUID
-) -> _Planned:
-    first, last = recs[0], recs[-1]
-    if isinstance(first, _Earlier) or isinstance(last, _Earlier):
-        # Written earlier in this same batch (never mixed: see _idempotent_match).
-        return _Planned(a.context, a.stream, first.version, last.version,
-                        first.position, last.position, commit_id, idempotent=True)
-    return _Planned(
-        a.context, a.stream, 0, 0, 0, 0, commit_id,
-        AppendResult(
-            context=a.context,
-            stream=a.stream,
-            first_version=first.version,
-            last_version=last.version,
-            first_position=first.position,
-            last_position=last.position,
-            recorded_at=last.recorded_at,
-            commit_id=commit_id,
-            idempotent=True,
-        ),
-    )

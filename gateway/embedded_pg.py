@@ -23,6 +23,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polyport.core import sql
+
 log = logging.getLogger("polyport.embedded_pg")
 
 DATABASE_NAME = "polyport"
@@ -266,13 +268,15 @@ class EmbeddedPostgres:
             "postgres",
             "-tAc",
         ]
-        check = self._run([*psql, f"SELECT 1 FROM pg_database WHERE datname='{DATABASE_NAME}'"])
+        check = self._run([*psql, sql.database_exists(DATABASE_NAME)])
         if check.returncode != 0:
             raise EmbeddedPostgresError(f"cannot reach embedded PostgreSQL: {check.stderr}")
         if check.stdout.strip() != "1":
-            made = self._run([*psql, f"CREATE DATABASE {DATABASE_NAME}"])
+            made = self._run([*psql, sql.create_database(DATABASE_NAME)])
             if made.returncode != 0:
-                raise EmbeddedPostgresError(f"CREATE DATABASE failed: {made.stderr}")
+                raise EmbeddedPostgresError(
+                    f"creating database {DATABASE_NAME} failed: {made.stderr}"
+                )
 
     def stop(self) -> None:
         if not self.owned:

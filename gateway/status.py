@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from polyport.core.monitor import HourlyVolume
 from polyport.gateway.telemetry import CHART_BUCKET, DB_TIMEOUT, polyport_version
 
 if TYPE_CHECKING:
@@ -26,26 +27,15 @@ STATIC_FILES = {
     "status.css": "text/css",
 }
 
-# The pipeline's hourly statistics (table created by its own migration): the
-# chart prefers them when they exist and hold rows.
-EVENT_STATS_EXISTS = "SELECT to_regclass('event_stats') IS NOT NULL"
-EVENT_STATS_CHART = """
-WITH last AS (SELECT max(hour) AS h FROM event_stats)
-SELECT s.hour, sum(s.events)::bigint AS events, sum(s.bytes)::bigint AS bytes
-FROM event_stats s, last
-WHERE s.hour > last.h - interval '48 hours'
-GROUP BY s.hour ORDER BY s.hour
-"""
-
-
 async def event_chart(gw: Gateway) -> dict[str, Any]:
-    """Event volume: hourly from ``event_stats`` when the pipeline has filled
-    it, else per 10 seconds from this gateway's live counters."""
-    pool = gw.store.pool
+    """Event volume: hourly from the pipeline's ``event_stats`` (its own
+    migration creates the table) when it exists and holds rows, else per 10
+    seconds from this gateway's live counters."""
+    monitor = gw.store.monitor
     try:
-        exists = await asyncio.wait_for(pool.fetchval(EVENT_STATS_EXISTS), DB_TIMEOUT)
+        exists = await asyncio.wait_for(monitor.has_event_stats(), DB_TIMEOUT)
         if exists:
-            rows = await asyncio.wait_for(pool.fetch(EVENT_STATS_CHART), DB_TIMEOUT)
+            rows = await asyncio.wait_for(monitor.event_stats_hourly(), DB_TIMEOUT)
             if rows:
                 return {
                     "source": "event_stats",
@@ -58,10 +48,10 @@ async def event_chart(gw: Gateway) -> dict[str, Any]:
     return {"source": "live", "bucket_seconds": CHART_BUCKET, "points": gw.telemetry.live_chart()}
 
 
-def _hourly(rows: list[Any]) -> list[dict[str, Any]]:
-    by_hour = {r["hour"]: (int(r["events"]), int(r["bytes"])) for r in rows}
-    hour: datetime = rows[0]["hour"]
-    last: datetime = rows[-1]["hour"]
+def _hourly(rows: list[HourlyVolume]) -> list[dict[str, Any]]:
+    by_hour = {r.hour: (r.events, r.bytes) for r in rows}
+    hour: datetime = rows[0].hour
+    last: datetime = rows[-1].hour
     points = []
     while hour <= last:
         events, size = by_hour.get(hour, (0, 0))
@@ -84,18 +74,14 @@ def _batch_summary(sizes: list[int]) -> dict[str, Any]:
 
 
 async def _database(gw: Gateway) -> dict[str, Any]:
-    pool = gw.store.pool
+    monitor = gw.store.monitor
+    pool = monitor.pool_stats()
     out: dict[str, Any] = {
-        "pool": {
-            "size": pool.get_size(),
-            "idle": pool.get_idle_size(),
-            "min": pool.get_min_size(),
-            "max": pool.get_max_size(),
-        },
+        "pool": {"size": pool.size, "idle": pool.idle, "min": pool.min, "max": pool.max},
     }
     started = time.monotonic()
     try:
-        await asyncio.wait_for(pool.fetchval("SELECT 1"), DB_TIMEOUT)
+        await asyncio.wait_for(monitor.ping(), DB_TIMEOUT)
         out["reachable"] = True
         out["round_trip_ms"] = round((time.monotonic() - started) * 1000, 2)
     except Exception as exc:

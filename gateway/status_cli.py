@@ -19,16 +19,6 @@ from polyport.gateway.ports_file import read_ports_file
 
 HTTP_TIMEOUT = 2.0
 
-HEAD = "SELECT last_position, last_recorded_at FROM log_head WHERE id = 1"
-STREAMS_ESTIMATE = """
-SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'streams'::regclass
-"""
-EVENT_STATS_24H = """
-SELECT coalesce(sum(events), 0)::bigint AS events, coalesce(sum(bytes), 0)::bigint AS bytes,
-       max(hour) AS last_hour
-FROM event_stats WHERE hour > now() - interval '24 hours'
-"""
-
 
 def add_status_parser(
     sub: Any, common: Callable[[argparse.ArgumentParser], None]
@@ -44,32 +34,31 @@ def add_status_parser(
 
 
 async def gather(config: GatewayConfig, store: EventStore) -> dict[str, Any]:
-    pool = store.pool
-    head = await pool.fetchrow(HEAD)
+    monitor = store.monitor
+    head = await monitor.log_head()
     revision = await migrate.current_revision(store.config.database_url)
     subs = await store.list_subscriptions()
     binders = [b.as_json() for b in await store.binders.list()]
     for b in binders:
-        b["lag_events"] = max(0, int(head["last_position"]) - int(b["position"]))
+        b["lag_events"] = max(0, head.position - int(b["position"]))
     out: dict[str, Any] = {
         "database": {
             "schema_revision": revision,
             "schema_current": revision == migrate.head_revision(),
-            "head_position": int(head["last_position"]),
-            "last_recorded_at": head["last_recorded_at"].isoformat()
-            if head["last_position"] else None,
-            "streams_estimate": int(await pool.fetchval(STREAMS_ESTIMATE) or 0),
+            "head_position": head.position,
+            "last_recorded_at": head.recorded_at.isoformat() if head.position else None,
+            "streams_estimate": await monitor.streams_estimate(),
             "users": len(await store.users.list()),
         },
         "binders": binders,
         "subscriptions": subs,
     }
-    if await pool.fetchval("SELECT to_regclass('event_stats') IS NOT NULL"):
-        row = await pool.fetchrow(EVENT_STATS_24H)
+    if await monitor.has_event_stats():
+        recent = await monitor.event_stats_24h()
         out["event_stats_24h"] = {
-            "events": int(row["events"]),
-            "bytes": int(row["bytes"]),
-            "last_hour": row["last_hour"].isoformat() if row["last_hour"] else None,
+            "events": recent.events,
+            "bytes": recent.bytes,
+            "last_hour": recent.last_hour.isoformat() if recent.last_hour else None,
         }
     return out
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import Counter, deque
@@ -33,7 +32,6 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from polyport.core import sql
 from polyport.core.commands import Selector
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
@@ -67,12 +65,6 @@ LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )
 SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
-
-DURABLE_SQL = """
-SELECT s.name, s.selector, s.checkpoint, s.updated_at, h.last_position
-FROM subscriptions s CROSS JOIN log_head h ORDER BY s.name
-"""
-
 
 def polyport_version() -> str:
     try:
@@ -319,7 +311,6 @@ class Telemetry:
     async def _measure_lag(self) -> LagSnapshot:
         snap = LagSnapshot(taken=time.monotonic())
         now = time.time()
-        pool = self.gw.store.pool
         try:
             snap.durable = await asyncio.wait_for(self._durable_lag(now), DB_TIMEOUT)
         except Exception as exc:
@@ -351,8 +342,9 @@ class Telemetry:
         times: dict[int, datetime] = {}
         if need:
             with contextlib.suppress(Exception):
-                rows = await asyncio.wait_for(pool.fetch(sql.RECORDED_AT_MANY, need), DB_TIMEOUT)
-                times = {r["position"]: r["recorded_at"] for r in rows}
+                times = await asyncio.wait_for(
+                    self.gw.store.monitor.recorded_at_many(need), DB_TIMEOUT
+                )
         for lag, ask in pending:
             if ask is not None and ask in times:
                 lag = SubscriptionLag(**{**_fields(lag), "lag_seconds": _age(times[ask], now)})
@@ -361,55 +353,50 @@ class Telemetry:
         return snap
 
     async def _durable_lag(self, now: float) -> list[SubscriptionLag]:
-        pool = self.gw.store.pool
-        rows = await pool.fetch(DURABLE_SQL)
-        by_lag = sorted(rows, key=lambda r: r["last_position"] - r["checkpoint"], reverse=True)
-        detailed = {r["name"] for r in by_lag[:LAG_DETAILED]}
+        store = self.gw.store
+        durable = await store.monitor.durable_checkpoints()
+        by_lag = sorted(durable, key=lambda d: d.head - d.checkpoint, reverse=True)
+        detailed = {d.name for d in by_lag[:LAG_DETAILED]}
         out: list[SubscriptionLag] = []
-        for r in rows:
-            sel_json = json.loads(r["selector"])
-            head, checkpoint = int(r["last_position"]), int(r["checkpoint"])
+        for d in durable:
+            sel_json = d.selector
+            head, checkpoint = d.head, d.checkpoint
             behind = max(0, head - checkpoint)
             if behind == 0:
-                out.append(SubscriptionLag("durable", r["name"], _clean(sel_json), 0, 0.0,
+                out.append(SubscriptionLag("durable", d.name, _clean(sel_json), 0, 0.0,
                                            checkpoint=checkpoint))
                 continue
-            if r["name"] not in detailed:
-                out.append(SubscriptionLag("durable", r["name"], _clean(sel_json), behind, 0.0,
+            if d.name not in detailed:
+                out.append(SubscriptionLag("durable", d.name, _clean(sel_json), behind, 0.0,
                                            exact=False, checkpoint=checkpoint))
                 continue
             sel = selector_from_json(sel_json)
             if sel.matcher is not None:
-                events, _, exhausted = await self.gw.store.tailer.read_selected(
+                events, _, exhausted = await store.tailer.read_selected(
                     sel, checkpoint, head, LAG_MATCHER_SCAN
                 )
                 first = events[0].recorded_at if events else None
                 if first is None and not exhausted:
-                    first = await pool.fetchval(sql.RECORDED_AT, checkpoint + 1)
+                    first = await store.monitor.recorded_at(checkpoint + 1)
                 out.append(
                     SubscriptionLag(
-                        "durable", r["name"], _clean(sel_json),
+                        "durable", d.name, _clean(sel_json),
                         len(events) if exhausted else behind,
                         _age(first, now), exact=exhausted, checkpoint=checkpoint,
                     )
                 )
                 continue
             upper = min(head, checkpoint + LAG_SCAN_POSITIONS)
-            row = await pool.fetchrow(
-                sql.COUNT_SELECTED,
-                checkpoint,
-                upper,
-                *sql.selected_params(sel.context, sel.stream, sel.prefix, sel.types),
-                LAG_SCAN_POSITIONS,
+            counted = await store.monitor.count_selected(
+                sel, checkpoint, upper, LAG_SCAN_POSITIONS
             )
             exact = upper == head
-            n = int(row["n"]) if row else 0
-            oldest = row["oldest"] if row else None
+            oldest = counted.oldest
             if oldest is None and not exact:
-                oldest = await pool.fetchval(sql.RECORDED_AT, upper)
+                oldest = await store.monitor.recorded_at(upper)
             out.append(
                 SubscriptionLag(
-                    "durable", r["name"], _clean(sel_json), n if exact else behind,
+                    "durable", d.name, _clean(sel_json), counted.events if exact else behind,
                     _age(oldest, now), exact=exact, checkpoint=checkpoint,
                 )
             )
@@ -543,15 +530,14 @@ class _GatewayCollector(Collector):
             "polyport_transient_subscription_lag_seconds_max",
             "Largest lag in seconds among in-process subscriptions",
             value=max((x.lag_seconds for x in lag.transient), default=0.0))
-        pool = store.pool
-        if pool is not None:
+        if store.monitor is not None:
+            pool = store.monitor.pool_stats()
             conns = GaugeMetricFamily(
                 "polyport_db_pool_connections", "Database pool connections",
                 labels=["state"])
-            size, idle = pool.get_size(), pool.get_idle_size()
-            conns.add_metric(["idle"], idle)
-            conns.add_metric(["busy"], max(0, size - idle))
+            conns.add_metric(["idle"], pool.idle)
+            conns.add_metric(["busy"], max(0, pool.size - pool.idle))
             yield conns
             yield GaugeMetricFamily(
                 "polyport_db_pool_max", "Largest size of the database pool",
-                value=pool.get_max_size())
+                value=pool.max)

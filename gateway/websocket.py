@@ -105,10 +105,6 @@ class WebSocketEndpoint:
         app.router.add_get(path, self.handle)
         app.on_shutdown.append(self._on_shutdown)
 
-    @property
-    def open_connections(self) -> int:
-        return len(self._connections)
-
     async def handle(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(
             max_msg_size=self.max_message_size,

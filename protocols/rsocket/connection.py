@@ -715,6 +715,9 @@ class ClientConnection(_Connection):
         self.setup_accepted = False
 
     def next_stream_id(self) -> int:
+        if self.state is not ConnectionState.OPEN:
+            # Checked here so that a refused request does not use up an id.
+            raise LocalProtocolError("requests need an open connection: send SETUP first")
         sid = self._next_id
         if sid > MAX_STREAM_ID:
             raise LocalProtocolError("stream ids are exhausted on this connection")

@@ -9,8 +9,10 @@ commands, written once for both adapters.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from polyport.core.commands import (
@@ -32,7 +34,9 @@ from polyport.core.commands import (
 )
 from polyport.core.errors import Forbidden, TooLarge
 from polyport.core.events import DEFAULT_CONTENT_TYPE, EventData, RecordedEvent
+from polyport.core.groups import GroupMember
 from polyport.core.store import EventStore
+from polyport.core.subscriptions import Subscription
 from polyport.protocols.reactivesocket.payloads import (
     AppendRequest,
     EventMap,
@@ -41,6 +45,23 @@ from polyport.protocols.reactivesocket.payloads import (
     StartAt,
     SubscribeRequest,
 )
+
+
+@dataclass(eq=False)
+class StreamWork:
+    """What runs for one live stream of a connection."""
+
+    stream_id: int
+    task: asyncio.Task[None] | None = None
+    # Set on REQUEST_N: a stream waiting for credits resumes.
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    sub: Subscription | GroupMember | None = None
+
+    def stop(self) -> None:
+        if self.sub is not None:
+            self.sub.close()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
 
 
 def event_map(ev: RecordedEvent) -> EventMap:

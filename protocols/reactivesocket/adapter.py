@@ -20,14 +20,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from polyport.core.commands import Append, Principal
 from polyport.core.errors import PolyportError, TooLarge, Unsupported
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
-from polyport.core.subscriptions import Subscription
+from polyport.protocols.eventservice import StreamWork as _Work
 from polyport.protocols.eventservice import (
     append_command,
     durable_name,
@@ -114,23 +114,6 @@ class AdapterLimits:
             # Settings may come from text (TOML, environment).
             values[name] = float(value) if name == "idle_timeout" else int(value)
         return cls(**values)
-
-
-@dataclass(eq=False)
-class _Work:
-    """What runs for one live stream."""
-
-    stream_id: int
-    task: asyncio.Task[None] | None = None
-    # Set on REQUEST_N: a REQUEST_STREAM waiting for credits resumes.
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    sub: Subscription | GroupMember | None = None
-
-    def stop(self) -> None:
-        if self.sub is not None:
-            self.sub.close()
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
 
 
 class ReactiveSocketSession:

@@ -21,15 +21,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from polyport.core.commands import Principal
 from polyport.core.errors import Forbidden, PolyportError, TooLarge, Unauthenticated, Unsupported
 from polyport.core.groups import GroupMember
-from polyport.core.subscriptions import Subscription
 from polyport.protocols import errors as shared_errors
 from polyport.protocols.eventservice import (
+    StreamWork,
     append_command,
     event_map,
     finite_read,
@@ -122,23 +122,6 @@ class AdapterLimits:
         return settings_from(cls, settings, prefix=PROTOCOL, shared=("max_event_bytes",))
 
 
-@dataclass(eq=False)
-class _Work:
-    """What runs for one live stream."""
-
-    stream_id: int
-    task: asyncio.Task[None] | None = None
-    # Set on REQUEST_N: a stream waiting for credits resumes.
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    sub: Subscription | GroupMember | None = None
-
-    def stop(self) -> None:
-        if self.sub is not None:
-            self.sub.close()
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-
-
 _INTERACTION = {
     RequestResponse: payloads.RR,
     RequestFnf: payloads.FNF,
@@ -176,7 +159,7 @@ class RSocketSession:
         self.metadata_mime = COMPOSITE
         # Per-request credentials already checked on this connection.
         self._logins: dict[tuple[str, str], Principal] = {}
-        self._work: dict[int, _Work] = {}
+        self._work: dict[int, StreamWork] = {}
         self._fnf_slots = asyncio.Semaphore(self.limits.max_fnf_inflight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -318,7 +301,7 @@ class RSocketSession:
     # --- stream tasks --------------------------------------------------------------
 
     def _start(self, frame: RequestResponse | RequestStream) -> None:
-        work = _Work(frame.stream_id)
+        work = StreamWork(frame.stream_id)
         self._work[frame.stream_id] = work
         task = asyncio.create_task(self._serve(work, lambda w: self._request(w, frame)),
                                    name=f"rsocket-stream-{frame.stream_id}")
@@ -331,7 +314,7 @@ class RSocketSession:
         if work is not None:
             work.stop()
 
-    async def _serve(self, work: _Work, body: Callable[[_Work], Awaitable[None]]) -> None:
+    async def _serve(self, work: StreamWork, body: Callable[[StreamWork], Awaitable[None]]) -> None:
         sid = work.stream_id
         try:
             await body(work)
@@ -384,7 +367,7 @@ class RSocketSession:
             raise Forbidden(f"{who} may not use context {context!r}")
         return routed, principal, context
 
-    async def _request(self, work: _Work, frame: RequestResponse | RequestStream) -> None:
+    async def _request(self, work: StreamWork, frame: RequestResponse | RequestStream) -> None:
         routed, principal, context = await self._routed(frame, _INTERACTION[type(frame)])
         request, fmt = routed.request, self.data_format
         sid = frame.stream_id
@@ -445,7 +428,9 @@ class RSocketSession:
             self.stats.error("internal")
             self.ctx.log.exception("REQUEST_FNF %d from %s failed", frame.stream_id, self.out.peer)
 
-    async def _read_stream(self, work: _Work, context: str, request: payloads.ReadRequest) -> None:
+    async def _read_stream(
+        self, work: StreamWork, context: str, request: payloads.ReadRequest
+    ) -> None:
         sid = work.stream_id
         async for ev in finite_read(self.store, context, request, page=self.limits.read_page):
             await self._wait_credit(work)
@@ -455,7 +440,7 @@ class RSocketSession:
         if self.conn.is_live(sid):
             await self._write([self.conn.send_complete(sid)])
 
-    async def _wait_credit(self, work: _Work) -> None:
+    async def _wait_credit(self, work: StreamWork) -> None:
         sid = work.stream_id
         while self.conn.credits(sid) <= 0:
             if not self.conn.is_live(sid):
@@ -464,7 +449,7 @@ class RSocketSession:
             await work.wake.wait()
 
     async def _subscribe(
-        self, work: _Work, context: str, request: payloads.SubscribeRequest
+        self, work: StreamWork, context: str, request: payloads.SubscribeRequest
     ) -> None:
         sid = work.stream_id
         sub = await self.store.subscribe(

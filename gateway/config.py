@@ -18,6 +18,7 @@ DEFAULT_PORTS: dict[str, int] = {
     "res01": 5560,
     "bson": 7451,
     "reactivesocket": 7070,
+    "rsocket": 7878,
     "micromsg2": 7090,
     "segment": 12345,
 }
@@ -63,6 +64,7 @@ class GatewayConfig:
     res01_port: int | None = DEFAULT_PORTS["res01"]
     bson_port: int | None = DEFAULT_PORTS["bson"]
     reactivesocket_port: int | None = DEFAULT_PORTS["reactivesocket"]
+    rsocket_port: int | None = DEFAULT_PORTS["rsocket"]
     micromsg2_port: int | None = DEFAULT_PORTS["micromsg2"]
     segment_port: int | None = DEFAULT_PORTS["segment"]
     allow_anonymous: bool = True

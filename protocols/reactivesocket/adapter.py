@@ -19,33 +19,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any
 
-from polyport.core.commands import (
-    ANY,
-    BEGINNING,
-    END,
-    NO_STREAM,
-    Append,
-    ExactVersion,
-    Expected,
-    FromPosition,
-    FromTime,
-    FromVersion,
-    Principal,
-    ReadStream,
-    Selector,
-    Start,
-    Subscribe,
-)
-from polyport.core.errors import Forbidden, PolyportError, TooLarge, Unsupported
-from polyport.core.events import DEFAULT_CONTENT_TYPE, EventData, RecordedEvent
+from polyport.core.commands import Append, Principal
+from polyport.core.errors import PolyportError, TooLarge, Unsupported
+from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
-from polyport.core.subscriptions import Subscription
+from polyport.protocols.eventservice import StreamWork as _Work
+from polyport.protocols.eventservice import (
+    append_command,
+    durable_name,
+    event_map,
+    expected_from,
+    finite_read,
+    query_documents,
+    read_events,
+    start_from,
+    subscribe_command,
+)
 from polyport.protocols.reactivesocket import payloads
 from polyport.protocols.reactivesocket.connection import ServerConnection, StreamError
 from polyport.protocols.reactivesocket.errors import (
@@ -71,6 +64,16 @@ from polyport.protocols.reactivesocket.frames import (
 )
 from polyport.protocols.session import Outbound, SessionContext
 from polyport.protocols.settings import settings_from
+
+# Shared with RSocket 1.0 (protocols/eventservice.py); still importable here.
+__all__ = [
+    "AdapterLimits",
+    "ReactiveSocketSession",
+    "durable_name",
+    "event_map",
+    "expected_from",
+    "start_from",
+]
 
 ORIGIN = PROTOCOL
 
@@ -138,69 +141,6 @@ _LEAST = {
     "subscription_buffer": 0,
     "max_event_bytes": 0,
 }
-
-
-@dataclass(eq=False)
-class _Work:
-    """What runs for one live stream."""
-
-    stream_id: int
-    task: asyncio.Task[None] | None = None
-    # Set on REQUEST_N: a REQUEST_STREAM waiting for credits resumes.
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    sub: Subscription | GroupMember | None = None
-
-    def stop(self) -> None:
-        if self.sub is not None:
-            self.sub.close()
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-
-
-def event_map(ev: RecordedEvent) -> payloads.EventMap:
-    """A recorded event as the schema's event map: the body as stored, with
-    its content type (ReactiveSocket is a byte consumer)."""
-    return payloads.EventMap(
-        id=ev.event_id,
-        context=ev.context,
-        stream=ev.stream,
-        version=ev.version,
-        position=ev.position,
-        type=ev.type,
-        headers=ev.headers,
-        body=ev.body,
-        content_type=ev.content_type,
-        recorded_at=ev.recorded_at_ms,
-    )
-
-
-def expected_from(expected_version: int | None) -> Expected:
-    """``expected_version`` is the stream's current last version: absent = no
-    check, 0 = the stream must not exist, n = the first new event gets n + 1."""
-    if expected_version is None:
-        return ANY
-    if expected_version == 0:
-        return NO_STREAM
-    return ExactVersion(expected_version + 1)
-
-
-def start_from(start: payloads.StartAt | None) -> Start:
-    if start is None or start.kind == "end":
-        return END
-    if start.kind == "beginning":
-        return BEGINNING
-    assert start.value is not None
-    if start.kind == "position":
-        return FromPosition(start.value)
-    if start.kind == "version":
-        return FromVersion(start.value)
-    return FromTime(datetime.fromtimestamp(start.value / 1000, tz=UTC))
-
-
-def durable_name(context: str, group: str) -> str:
-    """Durable subscription names are global in the store; a group is the
-    connection's context's, so two tenants' groups called alike never meet."""
-    return f"{context}/{group}"
 
 
 class ReactiveSocketSession:
@@ -414,31 +354,10 @@ class ReactiveSocketSession:
         request = payloads.decode_request(frame.data)
         if not isinstance(request, payloads.ReadRequest):
             raise Unsupported("REQUEST_STREAM serves op 'read' only")
-        context = self._context()
-        # "Finite": the end is the stream's last version when the request came.
-        state = await self.store.stream_state(context, request.stream)
-        end = state[0] if state is not None else 0
-        remaining = request.max
-        version = request.from_version
-        while version <= end and (remaining is None or remaining > 0):
-            count = min(self.limits.read_page, end - version + 1)
-            if remaining is not None:
-                count = min(count, remaining)
-            events = await self.store.read_stream(
-                ReadStream(context, request.stream, version, count)
-            )
-            if not events:
-                break
-            for ev in events:
-                if ev.version > end:
-                    break
-                await self._wait_credit(work)
-                await self._respond(sid, payloads.encode_event(event_map(ev)))
-                version = ev.version + 1
-                if remaining is not None:
-                    remaining -= 1
-            if len(events) < count:
-                break
+        events = finite_read(self.store, self._context(), request, page=self.limits.read_page)
+        async for ev in events:
+            await self._wait_credit(work)
+            await self._respond(sid, payloads.encode_event(event_map(ev)))
         if self.conn.is_live(sid):
             await self._write([self.conn.send_complete(sid)])
 
@@ -453,20 +372,9 @@ class ReactiveSocketSession:
     async def _request_sub(self, work: _Work, frame: RequestSub) -> None:
         sid = frame.stream_id
         request = payloads.decode_subscribe_request(frame.data)
-        context = self._context()
-        selector = Selector(
-            context=context,
-            stream=request.stream,
-            prefix=request.prefix,
-            types=frozenset(request.types),
-        )
-        durable = durable_name(context, request.group) if request.group else None
         sub = await self.store.subscribe(
-            Subscribe(
-                selector,
-                start_from(request.start),
-                durable=durable,
-                buffer_size=self.limits.subscription_buffer,
+            subscribe_command(
+                self._context(), request, buffer_size=self.limits.subscription_buffer
             ),
             credit=True,
         )
@@ -493,60 +401,24 @@ class ReactiveSocketSession:
         return self.context
 
     def _append_command(self, request: payloads.AppendRequest) -> Append:
-        limit = self.limits.max_event_bytes
-        events = []
-        for i, e in enumerate(request.events):
-            if len(e.body) > limit:
-                raise TooLarge(
-                    f"events[{i}]: body of {len(e.body)} bytes exceeds the limit of {limit} bytes"
-                )
-            events.append(
-                EventData(
-                    type=e.type,
-                    body=e.body,
-                    event_id=e.id if e.id is not None else uuid.uuid4(),
-                    headers=dict(e.headers),
-                    content_type=e.content_type or DEFAULT_CONTENT_TYPE,
-                )
-            )
-        return Append(
-            self._context(),
-            request.stream,
-            tuple(events),
-            expected_from(request.expected_version),
-            origin=ORIGIN,
+        return append_command(
+            self._context(), request, max_event_bytes=self.limits.max_event_bytes, origin=ORIGIN
         )
 
     async def _read(self, request: payloads.ReadRequest) -> list[RecordedEvent]:
-        """Up to ``max`` events from ``from_version``, stopping early once the
-        bodies pass max_response_bytes (the client reads on from the last
-        version + 1)."""
-        context = self._context()
-        wanted = request.max if request.max is not None else self.limits.default_read_max
-        out: list[RecordedEvent] = []
-        size = 0
-        version = request.from_version
-        while len(out) < wanted:
-            count = min(self.limits.read_page, wanted - len(out))
-            page = await self.store.read_stream(ReadStream(context, request.stream, version, count))
-            for ev in page:
-                if out and size + len(ev.body) > self.limits.max_response_bytes:
-                    return out
-                out.append(ev)
-                size += len(ev.body)
-            if len(page) < count:
-                break
-            version = page[-1].version + 1
-        return out
+        return await read_events(
+            self.store,
+            self._context(),
+            request,
+            default_max=self.limits.default_read_max,
+            page=self.limits.read_page,
+            max_bytes=self.limits.max_response_bytes,
+        )
 
     async def _query(self, request: payloads.QueryRequest) -> bytes:
         principal = self.principal
         assert principal is not None
-        binder = await self.store.binders.get(request.binder)
-        if not principal.may_use(binder.context):
-            raise Forbidden(f"binder {request.binder!r} belongs to a context you may not use")
-        result = await self.store.query(request.binder, dict(request.matcher))
-        documents = [doc async for doc in result]
+        documents = await query_documents(self.store, principal, request)
         answer = payloads.encode_query_response(payloads.QueryResponse(tuple(documents)))
         if len(answer) > self.limits.max_response_bytes:
             raise TooLarge(

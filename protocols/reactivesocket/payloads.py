@@ -331,7 +331,11 @@ def _append_event(obj: Any, index: int) -> AppendEvent:
 
 def decode_request(data: bytes) -> ServiceRequest:
     """Data of REQUEST_RESPONSE / REQUEST_FNF / REQUEST_STREAM: ``{op: ...}``."""
-    obj = _map(data, "request")
+    return request_from_map(_map(data, "request"))
+
+
+def request_from_map(obj: Mapping[str, Any]) -> ServiceRequest:
+    """A request already decoded to a map (RSocket 1.0 shares the schema)."""
     op = obj.get("op")
     if op is None:
         raise PayloadError("request: 'op' is required")
@@ -494,8 +498,11 @@ def _start(value: Any, what: str) -> StartAt | None:
 
 
 def decode_subscribe_request(data: bytes) -> SubscribeRequest:
+    return subscribe_request_from_map(_map(data, "subscription request") if data else {})
+
+
+def subscribe_request_from_map(obj: Mapping[str, Any]) -> SubscribeRequest:
     what = "subscription request"
-    obj = _map(data, what) if data else {}
     stream = _str(obj, "stream", what, required=False)
     prefix = _str(obj, "prefix", what, required=False, empty_ok=True)
     if stream is not None and prefix is not None:

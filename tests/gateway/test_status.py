@@ -45,7 +45,7 @@ async def test_status_reports_listeners_writer_rates_and_database(gateway_factor
     finally:
         await client.close()
     names = {x["name"] for x in st["listeners"]}
-    assert names == {"bson", "micromsg2", "reactivesocket", "res01", "segment"}
+    assert names == {"bson", "micromsg2", "reactivesocket", "res01", "rsocket", "segment"}
     bson = next(x for x in st["listeners"] if x["name"] == "bson")
     assert bson["address"] == "{}:{}".format(*gw.listeners["bson"].address)
     assert bson["connections_open"] == 1 and bson["connections_total"] == 1

@@ -10,9 +10,10 @@ catch-up read.
 
 Writers: Res01 (JSON text and plain text), BSON (documents), ReactiveSocket
 over TCP and over WebSocket (a MessagePack map and opaque octets, with content
-types and headers), MicroMsg2 (a payload with ``json`` and one without),
-Segment wire (raw bytes).  The expected views in ``EXPECTED`` are literals,
-written from the brief's rules, not computed by the code under test.
+types and headers), RSocket 1.0 (JSON and opaque octets, with headers),
+MicroMsg2 (a payload with ``json`` and one without), Segment wire (raw bytes).
+The expected views in ``EXPECTED`` are literals, written from the brief's
+rules, not computed by the code under test.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from polyport.protocols.reactivesocket.client import NewEvent, ReactiveSocketCli
 from polyport.protocols.reactivesocket.payloads import EventMap, StartAt
 from polyport.protocols.res01.client import Res01Client, new_event
 from polyport.protocols.res01.frames import FetchedEvent
+from polyport.protocols.rsocket.client import RSocketClient
 from polyport.protocols.segment.client import SegmentAppender, SegmentReader, SegmentWriter
 from tests.conftest import create_database
 
@@ -56,12 +58,13 @@ WHEN = datetime(2014, 10, 13, 11, 0, tzinfo=UTC)
 OID = ObjectId("64b7f0c2a1b2c3d4e5f60718")
 T0 = datetime(2000, 1, 1, tzinfo=UTC)
 
-WRITERS = ("res01", "bson", "rs-tcp", "rs-ws", "micromsg2", "segment")
+WRITERS = ("res01", "bson", "rs-tcp", "rs-ws", "rsocket", "micromsg2", "segment")
 ORIGIN = {
     "res01": "res01",
     "bson": "bson",
     "rs-tcp": "reactivesocket",
     "rs-ws": "reactivesocket",
+    "rsocket": "rsocket",
     "micromsg2": "micromsg2",
     "segment": "segment",
 }
@@ -105,6 +108,8 @@ BSON_DOC_1: dict[str, Any] = {
 RS_PACK = msgpack.packb({"sku": "C3", "qty": 4, "raw": b"\x00\x01"}, use_bin_type=True)
 RS_OCTETS = b"\x00\xff\xfe rs octets"
 SEG_BYTES = b"seg \x00\xff bytes"
+RSO_JSON = b'{"sku":"E5","qty":6}'
+RSO_OCTETS = b"\x01\xfe rso octets"
 
 
 def _rs_expect(label: str) -> list[Expect]:
@@ -194,6 +199,29 @@ EXPECTED: dict[str, list[Expect]] = {
     ],
     "rs-tcp": _rs_expect("tcp"),
     "rs-ws": _rs_expect("ws"),
+    "rsocket": [
+        Expect(
+            "RsoJson",
+            "application/json",
+            RSO_JSON,
+            {"trace-id": "rso-1"},
+            {"sku": "E5", "qty": 6},
+            '{"sku":"E5","qty":6}',
+            res01_headers={"trace-id": "rso-1"},
+            properties={"trace-id": "rso-1", "type": "RsoJson"},
+        ),
+        Expect(
+            "RsoOctets",
+            "application/octet-stream",
+            RSO_OCTETS,
+            {"n": "3"},
+            {"data": RSO_OCTETS},
+            None,
+            {"data": b64(RSO_OCTETS)},
+            res01_headers={"n": "3"},
+            properties={"n": 3, "type": "RsoOctets"},
+        ),
+    ],
     "micromsg2": [
         Expect(
             "MmJson",
@@ -285,9 +313,12 @@ class Writers:
         )
         assert self.mm_json.negotiated.has("json") and not self.mm_raw.negotiated.has("json")
         self.segment = await SegmentWriter.connect(*gw.listeners["segment"].address)
+        self.rso = await RSocketClient.connect(
+            *gw.listeners["rsocket"].address, user=USER, password=PASSWORD, data_format="json"
+        )
 
     async def close(self) -> None:
-        for name in ("res01", "bson", "rs_tcp", "rs_ws", "mm_json", "mm_raw", "segment"):
+        for name in ("res01", "bson", "rs_tcp", "rs_ws", "rso", "mm_json", "mm_raw", "segment"):
             client = getattr(self, name, None)  # open() may have stopped half-way
             if client is not None:
                 await client.close()
@@ -324,6 +355,16 @@ class Writers:
             ][i]
             result = await client.append(stream, [rs_ev], expected_version=version)
             assert (result.first_version, result.last_version) == (version + 1, version + 1)
+            ids.append(event_id)
+        elif writer == "rsocket":
+            event_id = uuid.uuid4()
+            rso_ev = [
+                NewEvent("RsoJson", RSO_JSON, {"trace-id": "rso-1"}, "application/json", event_id),
+                NewEvent("RsoOctets", RSO_OCTETS, {"n": "3"}, "application/octet-stream",
+                         event_id),
+            ][i]
+            got = await self.rso.append(stream, [rso_ev], expected_version=version)
+            assert (got.first_version, got.last_version) == (version + 1, version + 1)
             ids.append(event_id)
         elif writer == "micromsg2":
             if i == 0:
@@ -561,6 +602,71 @@ def check_rs_event(e: EventMap, x: Expect, s: RecordedEvent, stream: str, where:
         s.position,
         s.recorded_at_ms,
     ), where
+
+
+@pytest.mark.parametrize(("transport", "fmt"), [("tcp", "msgpack"), ("websocket", "json")])
+async def test_rsocket_reads_every_writer(world: World, transport: str, fmt: str) -> None:
+    """RSocket 1.0 is a byte consumer like the draft: MessagePack event maps
+    carry the stored bytes; JSON ones carry JSON bodies as JSON values and
+    every other body as base64 (``body_encoding`` says which)."""
+    reader = f"rsocket-{transport}"
+    gw = world.gw
+    if transport == "tcp":
+        c = await RSocketClient.connect(
+            *gw.listeners["rsocket"].address, user=USER, password=PASSWORD, data_format=fmt
+        )
+    else:
+        assert gw.http_address is not None
+        h, p = gw.http_address
+        c = await RSocketClient.connect_websocket(
+            f"ws://{h}:{p}/rsocket", user=USER, password=PASSWORD, data_format=fmt
+        )
+    try:
+        before = len(gw.store.open_subscriptions())
+        live = await c.subscribe(prefix=f"to-{reader}.", start="end", initial_n=100)
+        await world.wait_open_subscriptions(before + 1)
+        await world.write_all(reader)
+        live_events = [await live.next(5) for _ in range(2 * len(WRITERS))]
+        assert await live.next(0.05) is None
+        await live.cancel()
+        first = (await world.stored(reader, WRITERS[0]))[0].position
+        again = await c.subscribe(prefix=f"to-{reader}.", start=StartAt("position", first - 1))
+        from_position = [await again.next(5) for _ in range(2 * len(WRITERS))]
+        await again.cancel()
+        reads = {w: await c.read(stream_name(reader, w)) for w in WRITERS}
+        streams = {
+            w: [e async for e in await c.read_stream(stream_name(reader, w))] for w in WRITERS
+        }
+        # The JSON view as it travels (the client turns it back into bytes).
+        raw = json.loads(await c.request_response(
+            "events.read",
+            json.dumps({"stream": stream_name(reader, "res01")}).encode(),
+        )) if fmt == "json" else None
+    finally:
+        await c.close()
+
+    positions = [e.position for e in live_events if e is not None]
+    assert positions == sorted(positions)
+    for w, writer in enumerate(WRITERS):
+        stored = await world.stored(reader, writer)
+        for got in (
+            live_events[2 * w : 2 * w + 2],
+            from_position[2 * w : 2 * w + 2],
+            reads[writer],
+            streams[writer],
+        ):
+            assert len(got) == 2, writer
+            for i, (x, e, s) in enumerate(zip(EXPECTED[writer], got, stored, strict=True)):
+                assert e is not None
+                if fmt == "json" and e.content_type == "application/json":
+                    # Sent as a JSON value: the same value, not the same spacing.
+                    assert json.loads(e.body) == json.loads(x.body), (writer, i)
+                    e = replace(e, body=x.body)
+                check_rs_event(e, x, s, stream_name(reader, writer), (writer, i))
+    if raw is not None:
+        assert [ev["body_encoding"] for ev in raw["events"]] == ["json", "base64"]
+        assert raw["events"][0]["body"] == {"sku": "A1", "qty": 2, "ü": True}
+        assert base64.b64decode(raw["events"][1]["body"]) == "hello, not JSON: ü".encode()
 
 
 async def test_micromsg2_reads_every_writer(world: World) -> None:

@@ -57,7 +57,7 @@ async def dataset(admin_url: str, template_url: str) -> AsyncIterator[Dataset]:
     url = await create_database(admin_url)
     gw = Gateway(GatewayConfig(
         database_url=url, http_port=None, res01_port=0, bson_port=0, reactivesocket_port=0,
-        micromsg2_port=None, segment_port=None, poll_interval=0.2,
+        rsocket_port=None, micromsg2_port=None, segment_port=None, poll_interval=0.2,
     ))
     await gw.start()
     try:

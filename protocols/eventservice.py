@@ -1,0 +1,215 @@
+"""The event service the ReactiveSocket draft and RSocket 1.0 both offer.
+
+Both protocols take the same requests (the draft's MessagePack schema:
+append, read, query, subscribe; ``protocols/reactivesocket/payloads.py``) and
+answer from the same store; only framing, routing and data encoding differ.
+These functions are the part between a decoded request and the core's
+commands, written once for both adapters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from polyport.core.commands import (
+    ANY,
+    BEGINNING,
+    END,
+    NO_STREAM,
+    Append,
+    ExactVersion,
+    Expected,
+    FromPosition,
+    FromTime,
+    FromVersion,
+    Principal,
+    ReadStream,
+    Selector,
+    Start,
+    Subscribe,
+)
+from polyport.core.errors import Forbidden, TooLarge
+from polyport.core.events import DEFAULT_CONTENT_TYPE, EventData, RecordedEvent
+from polyport.core.groups import GroupMember
+from polyport.core.store import EventStore
+from polyport.core.subscriptions import Subscription
+from polyport.protocols.reactivesocket.payloads import (
+    AppendRequest,
+    EventMap,
+    QueryRequest,
+    ReadRequest,
+    StartAt,
+    SubscribeRequest,
+)
+
+
+@dataclass(eq=False)
+class StreamWork:
+    """What runs for one live stream of a connection."""
+
+    stream_id: int
+    task: asyncio.Task[None] | None = None
+    # Set on REQUEST_N: a stream waiting for credits resumes.
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    sub: Subscription | GroupMember | None = None
+
+    def stop(self) -> None:
+        if self.sub is not None:
+            self.sub.close()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+def event_map(ev: RecordedEvent) -> EventMap:
+    """A recorded event as the schema's event map: the body as stored, with
+    its content type (both protocols are byte consumers)."""
+    return EventMap(
+        id=ev.event_id,
+        context=ev.context,
+        stream=ev.stream,
+        version=ev.version,
+        position=ev.position,
+        type=ev.type,
+        headers=ev.headers,
+        body=ev.body,
+        content_type=ev.content_type,
+        recorded_at=ev.recorded_at_ms,
+    )
+
+
+def expected_from(expected_version: int | None) -> Expected:
+    """``expected_version`` is the stream's current last version: absent = no
+    check, 0 = the stream must not exist, n = the first new event gets n + 1."""
+    if expected_version is None:
+        return ANY
+    if expected_version == 0:
+        return NO_STREAM
+    return ExactVersion(expected_version + 1)
+
+
+def start_from(start: StartAt | None) -> Start:
+    """Where a subscription starts; the client not saying means the end."""
+    if start is None or start.kind == "end":
+        return END
+    if start.kind == "beginning":
+        return BEGINNING
+    assert start.value is not None
+    if start.kind == "position":
+        return FromPosition(start.value)
+    if start.kind == "version":
+        return FromVersion(start.value)
+    return FromTime(datetime.fromtimestamp(start.value / 1000, tz=UTC))
+
+
+def durable_name(context: str, group: str) -> str:
+    """Durable subscription names are global in the store; a group is the
+    connection's context's, so two tenants' groups called alike never meet."""
+    return f"{context}/{group}"
+
+
+def append_command(
+    context: str, request: AppendRequest, *, max_event_bytes: int, origin: str
+) -> Append:
+    events = []
+    for i, e in enumerate(request.events):
+        if len(e.body) > max_event_bytes:
+            raise TooLarge(
+                f"events[{i}]: body of {len(e.body)} bytes exceeds the limit of "
+                f"{max_event_bytes} bytes"
+            )
+        events.append(
+            EventData(
+                type=e.type,
+                body=e.body,
+                event_id=e.id if e.id is not None else uuid.uuid4(),
+                headers=dict(e.headers),
+                content_type=e.content_type or DEFAULT_CONTENT_TYPE,
+            )
+        )
+    return Append(
+        context, request.stream, tuple(events), expected_from(request.expected_version),
+        origin=origin,
+    )
+
+
+async def read_events(
+    store: EventStore,
+    context: str,
+    request: ReadRequest,
+    *,
+    default_max: int,
+    page: int,
+    max_bytes: int,
+) -> list[RecordedEvent]:
+    """Up to ``max`` events from ``from_version``, stopping early once the
+    bodies pass ``max_bytes`` (always at least one event; the client reads
+    on from the last version + 1)."""
+    wanted = request.max if request.max is not None else default_max
+    out: list[RecordedEvent] = []
+    size = 0
+    version = request.from_version
+    while len(out) < wanted:
+        count = min(page, wanted - len(out))
+        batch = await store.read_stream(ReadStream(context, request.stream, version, count))
+        for ev in batch:
+            if out and size + len(ev.body) > max_bytes:
+                return out
+            out.append(ev)
+            size += len(ev.body)
+        if len(batch) < count:
+            break
+        version = batch[-1].version + 1
+    return out
+
+
+async def finite_read(
+    store: EventStore, context: str, request: ReadRequest, *, page: int
+) -> AsyncIterator[RecordedEvent]:
+    """The events of a streamed read: from ``from_version`` up to the
+    stream's last version when the request came ("finite"), at most ``max``."""
+    state = await store.stream_state(context, request.stream)
+    end = state[0] if state is not None else 0
+    remaining = request.max
+    version = request.from_version
+    while version <= end and (remaining is None or remaining > 0):
+        count = min(page, end - version + 1)
+        if remaining is not None:
+            count = min(count, remaining)
+        batch = await store.read_stream(ReadStream(context, request.stream, version, count))
+        if not batch:
+            return
+        for ev in batch:
+            if ev.version > end:
+                return
+            yield ev
+            version = ev.version + 1
+            if remaining is not None:
+                remaining -= 1
+        if len(batch) < count:
+            return
+
+
+def subscribe_command(context: str, request: SubscribeRequest, *, buffer_size: int) -> Subscribe:
+    selector = Selector(
+        context=context,
+        stream=request.stream,
+        prefix=request.prefix,
+        types=frozenset(request.types),
+    )
+    durable = durable_name(context, request.group) if request.group else None
+    return Subscribe(selector, start_from(request.start), durable=durable, buffer_size=buffer_size)
+
+
+async def query_documents(
+    store: EventStore, principal: Principal, request: QueryRequest
+) -> list[object]:
+    """A binder's matching documents, if the principal may use its context."""
+    binder = await store.binders.get(request.binder)
+    if not principal.may_use(binder.context):
+        raise Forbidden(f"binder {request.binder!r} belongs to a context you may not use")
+    result = await store.query(request.binder, dict(request.matcher))
+    return [doc async for doc in result]

@@ -1,0 +1,877 @@
+"""Sans-IO RSocket 1.0 connections.
+
+``ServerConnection`` is the responder polyport runs; ``ClientConnection`` the
+requester its client uses.  ``receive_data(bytes)`` returns frames (requests
+and PAYLOADs whole: fragments are reassembled) and :class:`StreamError`
+events; ``send(frame)`` checks the frame against the tables of ``state.py``
+and returns the bytes to write.
+
+Transports: ``"tcp"`` (a byte stream; frames carry a 24-bit length) or
+``"websocket"`` (every ``receive_data`` call is exactly one binary message,
+and every ``bytes`` from ``send`` is one message).
+
+Time enters only through ``clock`` (default :func:`time.monotonic`), which
+the server reads to expire a LEASE; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from polyport.protocols.rsocket.errors import (
+    BUSY,
+    MALFORMED,
+    TOO_LARGE,
+    UNSUPPORTED,
+    LocalProtocolError,
+    RemoteProtocolError,
+    error_text,
+    stream_error_code,
+)
+from polyport.protocols.rsocket.frames import (
+    CONNECTION_ERROR,
+    CONNECTION_STREAM_ID,
+    DEFAULT_MAX_FRAGMENT,
+    DEFAULT_MAX_FRAME_SIZE,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    FRAME_TYPE_OF,
+    HEADER_SIZE,
+    INVALID_SETUP,
+    LENGTH_SIZE,
+    MAJOR_VERSION,
+    MAX_FRAME_LENGTH,
+    MAX_STREAM_ID,
+    REJECTED_RESUME,
+    REJECTED_SETUP,
+    UNSUPPORTED_SETUP,
+    Cancel,
+    ErrorFrame,
+    Ext,
+    Frame,
+    Keepalive,
+    Lease,
+    MetadataPush,
+    Payload,
+    Request,
+    RequestChannel,
+    RequestFnf,
+    RequestN,
+    RequestResponse,
+    RequestStream,
+    Resume,
+    ResumeOk,
+    Setup,
+    UnknownFrame,
+    describe,
+)
+from polyport.protocols.rsocket.state import (
+    CONNECTION_TABLE,
+    REQUESTER_LIVE,
+    REQUESTER_TABLE,
+    RESPONDER_LIVE,
+    RESPONDER_TABLE,
+    Action,
+    ConnectionState,
+    Ev,
+    Kind,
+    Phase,
+    StreamInfo,
+    StreamRecord,
+    Table,
+    Transition,
+    add_credits,
+)
+from polyport.protocols.rsocket.wire import (
+    TRANSPORTS,
+    add_tcp_length,
+    decode_frame,
+    encode_frame,
+    fragment,
+)
+
+DEFAULT_MAX_STREAMS = 1024
+_REQUEST_CLASSES = (RequestResponse, RequestFnf, RequestStream, RequestChannel)
+# ERROR codes on stream 0 a server ignores (the spec: they only answer SETUP).
+_SETUP_ERROR_CODES = frozenset({INVALID_SETUP, UNSUPPORTED_SETUP, REJECTED_SETUP, REJECTED_RESUME})
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    """One stream cannot go on; the connection lives on.
+
+    The codec has ended the stream's normal flow.  The application stops any
+    work for ``stream_id`` and answers: a server sends
+    ``conn.send_error(e.stream_id, e.code, e.message)``, a client
+    ``conn.cancel(e.stream_id)``.  ``code`` is a canonical error name.
+    """
+
+    stream_id: int
+    code: str
+    message: str
+
+
+Event = Frame | StreamError
+
+
+def error_frame(
+    stream_id: int, code: str, message: str, rsocket_code: int | None = None
+) -> ErrorFrame:
+    """ERROR with ``<code>: <message>`` data; the RSocket code follows the
+    canonical one unless given."""
+    if rsocket_code is None:
+        rsocket_code = CONNECTION_ERROR if stream_id == 0 else stream_error_code(code)
+    return ErrorFrame(stream_id, rsocket_code, error_text(code, message))
+
+
+class _Connection:
+    role = ""
+    table: Table = {}
+    live_phases: frozenset[Phase] = frozenset()
+
+    def __init__(
+        self,
+        transport: str = "tcp",
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_fragment: int = DEFAULT_MAX_FRAGMENT,
+    ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        if not HEADER_SIZE <= max_frame_size <= MAX_FRAME_LENGTH:
+            raise ValueError(f"max_frame_size must be {HEADER_SIZE}..{MAX_FRAME_LENGTH}")
+        if max_fragment < 1 or max_message_size < 0:
+            raise ValueError("max_fragment >= 1, max_message_size >= 0")
+        self.transport = transport
+        self.max_frame_size = max_frame_size
+        self.max_message_size = max_message_size
+        # A fragment's metadata + data, leaving room for the largest header.
+        self.max_fragment = min(max_fragment, max_frame_size - HEADER_SIZE - 7)
+        self.state = ConnectionState.AWAITING_SETUP
+        self._buffer = bytearray()
+        self._streams: dict[int, StreamRecord] = {}
+
+    # --- introspection ---------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.state in (ConnectionState.CLOSED, ConnectionState.ERRORED)
+
+    @property
+    def streams(self) -> dict[int, StreamInfo]:
+        return {
+            sid: StreamInfo(sid, rec.kind, rec.phase, rec.credits)
+            for sid, rec in self._streams.items()
+        }
+
+    def is_live(self, stream_id: int) -> bool:
+        rec = self._streams.get(stream_id)
+        return rec is not None and rec.phase in self.live_phases
+
+    def credits(self, stream_id: int) -> int:
+        rec = self._streams.get(stream_id)
+        return rec.credits if rec is not None else 0
+
+    # --- receiving ---------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Feed bytes (TCP) or one message (WebSocket); get every complete frame.
+
+        Raises :class:`RemoteProtocolError` on a connection-level fault (its
+        ``frames`` are those decoded before it); after that, or after an ERROR
+        on stream 0, further data is discarded.
+        """
+        out: list[Event] = []
+        if self.closed:
+            return out
+        try:
+            if self.transport == "tcp":
+                self._receive_tcp(data, out)
+            else:
+                self._check_length(len(data))
+                self._receive_message(bytes(data), out)
+        except RemoteProtocolError as exc:
+            self.state = ConnectionState.ERRORED
+            self._buffer.clear()
+            exc.frames = list(out)
+            raise
+        return out
+
+    def _check_length(self, length: int) -> None:
+        # Checked as soon as the length is in: we never wait for (or
+        # allocate) a frame above the limit.
+        if length < HEADER_SIZE:
+            raise RemoteProtocolError(f"frame of {length} bytes is shorter than the header")
+        if length > self.max_frame_size:
+            raise RemoteProtocolError(
+                f"frame of {length} bytes exceeds the limit of {self.max_frame_size}",
+                code=TOO_LARGE,
+            )
+
+    def _receive_tcp(self, data: bytes, out: list[Event]) -> None:
+        buf = self._buffer
+        buf += data
+        pos = 0
+        try:
+            while len(buf) - pos >= LENGTH_SIZE and not self.closed:
+                length = int.from_bytes(buf[pos : pos + LENGTH_SIZE], "big")
+                self._check_length(length)
+                if len(buf) - pos - LENGTH_SIZE < length:
+                    break
+                message = bytes(buf[pos + LENGTH_SIZE : pos + LENGTH_SIZE + length])
+                pos += LENGTH_SIZE + length
+                self._receive_message(message, out)
+        finally:
+            del buf[:pos]
+        if self.closed:
+            buf.clear()
+
+    def _receive_message(self, message: bytes, out: list[Event]) -> None:
+        frame = decode_frame(message)
+        if isinstance(frame, (UnknownFrame, Ext)):
+            # No extension is understood here.
+            if frame.ignore:
+                return
+            raise RemoteProtocolError(
+                f"{describe(frame)} not understood and without the I (ignore) flag",
+                code=UNSUPPORTED,
+            )
+        if isinstance(frame, ErrorFrame) and frame.stream_id == CONNECTION_STREAM_ID:
+            if self._ignore_connection_error(frame):
+                return
+            self._connection_event("recv ERROR 0", frame)
+            out.append(frame)
+            return
+        self._receive_frame(frame, out)
+
+    def _ignore_connection_error(self, frame: ErrorFrame) -> bool:
+        return False
+
+    def _connection_event(self, what: str, frame: Frame) -> None:
+        nxt = CONNECTION_TABLE.get((self.role, self.state, what))
+        if nxt is None:
+            raise RemoteProtocolError(
+                f"{describe(frame)} is not allowed while the connection is {self.state.value}"
+            )
+        self.state = nxt
+
+    def _receive_frame(self, frame: Frame, out: list[Event]) -> None:
+        raise NotImplementedError
+
+    def _transition(self, rec: StreamRecord | None, kind: Kind, ev: Ev) -> Transition | None:
+        phase = rec.phase if rec is not None else Phase.CLOSED
+        return self.table.get((rec.kind if rec is not None else kind, phase, ev))
+
+    def _apply(
+        self, sid: int, rec: StreamRecord | None, kind: Kind, to: Phase
+    ) -> StreamRecord | None:
+        if to is Phase.CLOSED:
+            self._streams.pop(sid, None)
+            return None
+        if rec is None:
+            rec = StreamRecord(kind, to)
+            self._streams[sid] = rec
+        else:
+            rec.phase = to
+        return rec
+
+    def _violation(
+        self, sid: int, rec: StreamRecord | None, kind: Kind, code: str, message: str,
+        out: list[Event],
+    ) -> None:
+        t = self._transition(rec, kind, Ev.VIOLATION)
+        if t is None:
+            return
+        to, action = t
+        if rec is not None:
+            rec.first, rec.metadata, rec.data, rec.size, rec.credits = None, None, [], 0, 0
+        self._apply(sid, rec, kind, to)
+        if action is Action.REJECT:
+            out.append(StreamError(sid, code, message))
+
+    def _collect(self, rec: StreamRecord, metadata: bytes | None, data: bytes) -> bool:
+        """Add a fragment to ``rec``; False when the whole exceeds max_message_size."""
+        size = rec.size + len(metadata or b"") + len(data)
+        if size > self.max_message_size:
+            return False
+        if metadata is not None:
+            rec.metadata = [*(rec.metadata or []), metadata]
+        rec.data.append(data)
+        rec.size = size
+        return True
+
+    @staticmethod
+    def _joined(rec: StreamRecord) -> tuple[bytes | None, bytes]:
+        metadata = None if rec.metadata is None else b"".join(rec.metadata)
+        data = b"".join(rec.data)
+        rec.first, rec.metadata, rec.data, rec.size = None, None, [], 0
+        return metadata, data
+
+    # --- sending -------------------------------------------------------------------------
+
+    def send(self, frame: Frame) -> bytes:
+        """Bytes for one frame (one WebSocket message), after checking that the
+        frame is legal now.  Raises :class:`LocalProtocolError` otherwise."""
+        message = encode_frame(frame)
+        if len(message) > self.max_frame_size:
+            raise LocalProtocolError(
+                f"{describe(frame)} of {len(message)} bytes exceeds max_frame_size "
+                f"{self.max_frame_size}; fragment it",
+                code=TOO_LARGE,
+            )
+        if self.state is ConnectionState.CLOSED:
+            raise LocalProtocolError("the connection is closed")
+        if isinstance(frame, ErrorFrame) and frame.stream_id == CONNECTION_STREAM_ID:
+            nxt = CONNECTION_TABLE.get((self.role, self.state, "send ERROR 0"))
+            if nxt is None:
+                raise LocalProtocolError(
+                    f"ERROR on stream 0 is not allowed while {self.state.value}"
+                )
+            self.state = nxt
+            self._streams.clear()
+        elif self.state is ConnectionState.ERRORED:
+            raise LocalProtocolError("after a protocol error only ERROR on stream 0 may be sent")
+        elif isinstance(frame, (Lease, Keepalive, MetadataPush)):
+            what = f"send {describe(frame)}"
+            nxt = CONNECTION_TABLE.get((self.role, self.state, what))
+            if nxt is None:
+                raise LocalProtocolError(
+                    f"cannot {what} while the connection is {self.state.value}"
+                )
+            self._sent_connection_frame(frame)
+            self.state = nxt
+        else:
+            self._send_frame(frame)
+        return add_tcp_length(message) if self.transport == "tcp" else message
+
+    def _sent_connection_frame(self, frame: Frame) -> None:
+        pass
+
+    def send_error(self, stream_id: int, code: str, message: str,
+                   rsocket_code: int | None = None) -> bytes:
+        """ERROR with ``<code>: <message>``; stream 0 ends the connection."""
+        return self.send(error_frame(stream_id, code, message, rsocket_code))
+
+    def _send_frame(self, frame: Frame) -> None:
+        raise NotImplementedError
+
+    def _send_all(self, stream_id: int, frames: list[Frame]) -> list[bytes]:
+        """Send several frames of one stream all or nothing."""
+        rec = self._streams.get(stream_id)
+        saved = None if rec is None else (rec.phase, rec.credits)
+        sent: list[bytes] = []
+        try:
+            for frame in frames:
+                sent.append(self.send(frame))
+        except LocalProtocolError:
+            if saved is None or rec is None:
+                self._streams.pop(stream_id, None)
+            else:
+                rec.phase, rec.credits = saved
+                self._streams[stream_id] = rec
+            raise
+        return sent
+
+    def _send_transition(self, rec: StreamRecord | None, kind: Kind, ev: Ev, sid: int,
+                         hint: str = "") -> Transition:
+        t = self._transition(rec, kind, ev)
+        if t is None:
+            what = ev.value.replace("send_", "").replace("_", " ").upper()
+            state = (
+                f"a {rec.kind.name} stream that is {rec.phase.value}" if rec else "no live stream"
+            )
+            raise LocalProtocolError(
+                f"cannot send {what} on stream {sid}: {state}" + (f" ({hint})" if hint else "")
+            )
+        return t
+
+
+class ServerConnection(_Connection):
+    """The responder side (polyport's server).
+
+    The first frame must be SETUP (checked: version 1.x, positive keepalive
+    and lifetime; resumption refused).  The application decides whether to
+    accept it; it answers a refusal with ``send_error(0, ...,
+    REJECTED_SETUP)`` and, when the SETUP asked for LEASE, grants one with
+    ``send(Lease(...))`` before any request is served: requests without a
+    valid lease become :class:`StreamError` ``busy`` (ERROR[REJECTED]).
+
+    Requests come out whole; answer them with :meth:`send_payload` /
+    :meth:`send_complete` / :meth:`send_error`.  On REQUEST_STREAM every NEXT
+    uses one credit (``credits(stream_id)``); REQUEST_N frames add credits and
+    are returned so the application can resume sending.
+    """
+
+    role = "server"
+    table = RESPONDER_TABLE
+    live_phases = RESPONDER_LIVE
+
+    def __init__(
+        self,
+        transport: str = "tcp",
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_fragment: int = DEFAULT_MAX_FRAGMENT,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(
+            transport,
+            max_frame_size=max_frame_size,
+            max_message_size=max_message_size,
+            max_fragment=max_fragment,
+        )
+        self.max_streams = max_streams
+        self.clock = clock
+        self.setup: Setup | None = None
+        # LEASE book-keeping when the SETUP asked for it.
+        self.lease_required = False
+        self.lease_left = 0
+        self.lease_expires = 0.0
+
+    # --- receiving -------------------------------------------------------------------
+
+    def _ignore_connection_error(self, frame: ErrorFrame) -> bool:
+        # "A server MUST ignore an ERROR[INVALID_SETUP|UNSUPPORTED_SETUP|
+        # REJECTED_SETUP|REJECTED_RESUME] frame."
+        return frame.code in _SETUP_ERROR_CODES
+
+    def _receive_frame(self, frame: Frame, out: list[Event]) -> None:
+        if self.state is ConnectionState.AWAITING_SETUP:
+            self._receive_first(frame, out)
+            return
+        if isinstance(frame, (Setup, Resume, ResumeOk, Lease, ErrorFrame)):
+            # After SETUP: a second SETUP is ignored (the spec); we make no
+            # requests, so LEASE and stream ERRORs answer nothing of ours.
+            return
+        if isinstance(frame, Keepalive):
+            out.append(frame)
+            return
+        if isinstance(frame, MetadataPush):
+            if frame.stream_id == CONNECTION_STREAM_ID:
+                out.append(frame)
+            return
+        if frame.stream_id == CONNECTION_STREAM_ID:
+            raise RemoteProtocolError(f"{describe(frame)} on stream 0, which is the connection's")
+        if isinstance(frame, _REQUEST_CLASSES):
+            if frame.stream_id % 2 == 0:
+                raise RemoteProtocolError(
+                    f"{describe(frame)} on even stream id {frame.stream_id}: "
+                    "client stream ids are odd"
+                )
+            self._receive_request(frame, out)
+        elif isinstance(frame, Payload):
+            self._receive_fragment(frame, out)
+        elif isinstance(frame, RequestN):
+            self._receive_request_n(frame, out)
+        elif isinstance(frame, Cancel):
+            self._receive_cancel(frame, out)
+
+    def _receive_first(self, frame: Frame, out: list[Event]) -> None:
+        if isinstance(frame, Resume):
+            raise RemoteProtocolError(
+                "resumption is not supported", code=UNSUPPORTED, error_code=REJECTED_RESUME
+            )
+        if not isinstance(frame, Setup):
+            raise RemoteProtocolError(
+                f"the first frame must be SETUP on stream 0, got {describe(frame)} "
+                f"on stream {frame.stream_id}",
+                error_code=INVALID_SETUP,
+            )
+        if frame.major != MAJOR_VERSION:
+            raise RemoteProtocolError(
+                f"protocol version {frame.major}.{frame.minor} is not served (1.x is)",
+                code=UNSUPPORTED,
+                error_code=UNSUPPORTED_SETUP,
+            )
+        if frame.keepalive <= 0 or frame.lifetime <= 0:
+            raise RemoteProtocolError(
+                "keepalive interval and max lifetime must be > 0", error_code=INVALID_SETUP
+            )
+        if frame.resume_token is not None:
+            # "A server that receives a SETUP frame that has (R)esume Enabled
+            # set, but does not support resuming operation, MUST reject the
+            # SETUP with an ERROR[REJECTED_SETUP]."
+            raise RemoteProtocolError(
+                "resumption is not supported", code=UNSUPPORTED, error_code=REJECTED_SETUP
+            )
+        self._connection_event("recv SETUP", frame)
+        self.setup = frame
+        self.lease_required = frame.lease
+        out.append(frame)
+
+    def _lease_allows(self) -> bool:
+        if not self.lease_required:
+            return True
+        return self.lease_left > 0 and self.clock() < self.lease_expires
+
+    def _receive_request(self, frame: Request, out: list[Event]) -> None:
+        sid = frame.stream_id
+        kind = Kind(FRAME_TYPE_OF[type(frame)])
+        rec = self._streams.get(sid)
+        if rec is not None:
+            return  # "a Request frame on a Stream ID that is already in use MUST be ignored"
+        if isinstance(frame, (RequestStream, RequestChannel)) and frame.initial_n <= 0:
+            return self._violation(sid, None, kind, MALFORMED,
+                                   "Initial Request N must be > 0", out)
+        if not self._lease_allows():
+            return self._violation(sid, None, kind, BUSY, "no valid LEASE for this request", out)
+        if kind is not Kind.REQUEST_FNF and len(self._streams) >= self.max_streams:
+            return self._violation(
+                sid, None, kind, BUSY, f"too many streams in use (limit {self.max_streams})", out
+            )
+        if self.lease_required:
+            # A fragmented request counts once against the lease (the spec).
+            self.lease_left -= 1
+        ev = Ev.RECV_REQUEST_FIRST if frame.follows else Ev.RECV_REQUEST
+        t = self._transition(None, kind, ev)
+        assert t is not None
+        to, action = t
+        rec = self._apply(sid, None, kind, to)
+        if ev is Ev.RECV_REQUEST_FIRST:
+            assert rec is not None
+            rec.first = frame
+            if not self._collect(rec, frame.metadata, frame.data):
+                return self._violation(sid, rec, kind, TOO_LARGE,
+                                       f"request exceeds max_message_size {self.max_message_size}",
+                                       out)
+            return
+        if rec is not None and isinstance(frame, (RequestStream, RequestChannel)):
+            rec.credits = add_credits(0, frame.initial_n)
+        if action is Action.DELIVER:
+            out.append(frame)
+
+    def _receive_fragment(self, frame: Payload, out: list[Event]) -> None:
+        sid = frame.stream_id
+        rec = self._streams.get(sid)
+        if rec is None:
+            return  # "a PAYLOAD on an unknown Stream ID MUST be ignored"
+        ev = Ev.RECV_FRAGMENT if frame.follows else Ev.RECV_FRAGMENT_LAST
+        t = self._transition(rec, rec.kind, ev)
+        if t is None:
+            return  # e.g. a channel's PAYLOAD: nothing was granted, nothing is read
+        to, action = t
+        if rec.phase is Phase.RECEIVING_REQUEST and not self._collect(
+            rec, frame.metadata, frame.data
+        ):
+            return self._violation(sid, rec, rec.kind, TOO_LARGE,
+                                   f"request exceeds max_message_size {self.max_message_size}",
+                                   out)
+        whole: Request | None = None
+        if ev is Ev.RECV_FRAGMENT_LAST and rec.phase is Phase.RECEIVING_REQUEST:
+            first = rec.first
+            assert isinstance(first, _REQUEST_CLASSES)
+            metadata, data = self._joined(rec)
+            whole = _rebuild(first, metadata, data)
+        kept = self._apply(sid, rec, rec.kind, to)
+        if whole is not None and action is Action.DELIVER:
+            if kept is not None and isinstance(whole, (RequestStream, RequestChannel)):
+                kept.credits = add_credits(kept.credits, whole.initial_n)
+            out.append(whole)
+
+    def _receive_request_n(self, frame: RequestN, out: list[Event]) -> None:
+        rec = self._streams.get(frame.stream_id)
+        if rec is None:
+            return  # races with completion: the stream is gone
+        t = self._transition(rec, rec.kind, Ev.RECV_REQUEST_N)
+        if t is None:
+            return
+        if frame.n <= 0:
+            return self._violation(frame.stream_id, rec, rec.kind, MALFORMED,
+                                   "Request N must be > 0", out)
+        if rec.kind.has_credits:
+            rec.credits = add_credits(rec.credits, frame.n)
+        to, action = t
+        rec.phase = to
+        if action is Action.DELIVER:
+            out.append(frame)
+
+    def _receive_cancel(self, frame: Cancel, out: list[Event]) -> None:
+        rec = self._streams.get(frame.stream_id)
+        if rec is None:
+            return  # "a CANCEL on an unknown Stream ID MUST be ignored"
+        t = self._transition(rec, rec.kind, Ev.RECV_CANCEL)
+        if t is None:
+            return
+        to, action = t
+        self._apply(frame.stream_id, rec, rec.kind, to)
+        if action is Action.DELIVER:
+            out.append(frame)
+
+    # --- sending -------------------------------------------------------------------
+
+    def _sent_connection_frame(self, frame: Frame) -> None:
+        if isinstance(frame, Lease):
+            self.lease_left = frame.requests
+            self.lease_expires = self.clock() + frame.ttl / 1000
+
+    def _send_frame(self, frame: Frame) -> None:
+        if self.state is not ConnectionState.OPEN:
+            raise LocalProtocolError(f"{describe(frame)} before the SETUP is accepted")
+        if isinstance(frame, Payload):
+            self._send_payload_frame(frame)
+        elif isinstance(frame, ErrorFrame):
+            rec = self._streams.get(frame.stream_id)
+            kind = rec.kind if rec is not None else Kind.REQUEST_RESPONSE
+            to, _ = self._send_transition(rec, kind, Ev.SEND_ERROR, frame.stream_id)
+            self._apply(frame.stream_id, rec, kind, to)
+        else:
+            raise LocalProtocolError(
+                f"the server sends PAYLOAD, ERROR, LEASE, KEEPALIVE and METADATA_PUSH, "
+                f"not {describe(frame)}"
+            )
+
+    def _send_payload_frame(self, frame: Payload) -> None:
+        sid = frame.stream_id
+        rec = self._streams.get(sid)
+        if rec is None or rec.phase not in (Phase.RESPONDING, Phase.SENDING_FRAGMENTS):
+            state = "it is not live" if rec is None else f"it is {rec.phase.value}"
+            raise LocalProtocolError(f"cannot send PAYLOAD on stream {sid}: {state}")
+        item = False
+        if rec.phase is Phase.SENDING_FRAGMENTS:
+            if frame.follows:
+                ev = Ev.SEND_FRAGMENT
+            else:
+                ev = Ev.SEND_LAST_FRAGMENT_COMPLETE if frame.complete else Ev.SEND_LAST_FRAGMENT
+        elif frame.follows:
+            if frame.complete or not frame.next:
+                raise LocalProtocolError("a first fragment is a NEXT without C")
+            ev, item = Ev.SEND_FIRST_FRAGMENT, True
+        elif frame.complete:
+            ev, item = Ev.SEND_COMPLETE, frame.next
+        else:
+            ev, item = Ev.SEND_NEXT, True
+        hint = ""
+        if rec.kind is Kind.REQUEST_RESPONSE and ev is Ev.SEND_NEXT:
+            hint = "a REQUEST_RESPONSE is answered by one PAYLOAD with C (complete)"
+        to, _ = self._send_transition(rec, rec.kind, ev, sid, hint)
+        if item and rec.kind.has_credits:
+            if rec.credits <= 0:
+                raise LocalProtocolError(f"no credits left on stream {sid}: wait for REQUEST_N")
+            rec.credits -= 1
+        self._apply(sid, rec, rec.kind, to)
+
+    def payload_frames(self, stream_id: int, data: bytes, *, metadata: bytes | None = None,
+                       complete: bool = False) -> list[Payload]:
+        frames = fragment(Payload(stream_id, metadata, data, complete=complete, next=True),
+                          self.max_fragment)
+        return [f for f in frames if isinstance(f, Payload)]
+
+    def send_payload(self, stream_id: int, data: bytes, *, metadata: bytes | None = None,
+                     complete: bool = False) -> list[bytes]:
+        """NEXT (or NEXT+COMPLETE) with ``data``, fragmented as needed: one
+        ``bytes`` per frame, all or nothing."""
+        frames: list[Frame] = list(
+            self.payload_frames(stream_id, data, metadata=metadata, complete=complete)
+        )
+        return self._send_all(stream_id, frames)
+
+    def send_complete(self, stream_id: int) -> bytes:
+        """COMPLETE without data (ends a REQUEST_STREAM; uses no credit)."""
+        return self.send(Payload(stream_id, complete=True))
+
+
+def _rebuild(first: Request, metadata: bytes | None, data: bytes) -> Request:
+    if isinstance(first, RequestStream):
+        return RequestStream(first.stream_id, first.initial_n, metadata, data)
+    if isinstance(first, RequestChannel):
+        return RequestChannel(first.stream_id, first.initial_n, metadata, data,
+                              complete=first.complete)
+    if isinstance(first, RequestFnf):
+        return RequestFnf(first.stream_id, metadata, data)
+    return RequestResponse(first.stream_id, metadata, data)
+
+
+class ClientConnection(_Connection):
+    """The requester side.  Send SETUP first (:meth:`setup`), then requests on
+    ids from :meth:`next_stream_id` (odd: 1, 3, 5, ...; never reused).
+    PAYLOADs come out of ``receive_data`` reassembled; LEASE, KEEPALIVE and
+    ERROR on stream 0 come out as they are."""
+
+    role = "client"
+    table = REQUESTER_TABLE
+    live_phases = REQUESTER_LIVE
+
+    def __init__(
+        self,
+        transport: str = "tcp",
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_fragment: int = DEFAULT_MAX_FRAGMENT,
+    ) -> None:
+        super().__init__(
+            transport,
+            max_frame_size=max_frame_size,
+            max_message_size=max_message_size,
+            max_fragment=max_fragment,
+        )
+        self._next_id = 1
+        # "A client assumes a SETUP is accepted if it receives a response to a
+        # request, a LEASE frame, or if it sees a REQUEST type."
+        self.setup_accepted = False
+
+    def next_stream_id(self) -> int:
+        if self.state is not ConnectionState.OPEN:
+            # Checked here so that a refused request does not use up an id.
+            raise LocalProtocolError("requests need an open connection: send SETUP first")
+        sid = self._next_id
+        if sid > MAX_STREAM_ID:
+            raise LocalProtocolError("stream ids are exhausted on this connection")
+        self._next_id += 2
+        return sid
+
+    def _ignore_connection_error(self, frame: ErrorFrame) -> bool:
+        # SETUP errors count only before the SETUP is known to be accepted.
+        return self.setup_accepted and frame.code in _SETUP_ERROR_CODES
+
+    # --- receiving -------------------------------------------------------------------
+
+    def _receive_frame(self, frame: Frame, out: list[Event]) -> None:
+        if self.state is ConnectionState.AWAITING_SETUP:
+            raise RemoteProtocolError(f"received {describe(frame)} before SETUP was sent")
+        if isinstance(frame, (Lease, Keepalive)):
+            self.setup_accepted = self.setup_accepted or isinstance(frame, Lease)
+            out.append(frame)
+        elif isinstance(frame, Payload) and frame.stream_id != CONNECTION_STREAM_ID:
+            self._receive_payload(frame, out)
+        elif isinstance(frame, ErrorFrame):
+            self._receive_error(frame, out)
+        elif isinstance(frame, _REQUEST_CLASSES):
+            # Requests from the server: this client serves none (ignored).
+            self.setup_accepted = True
+
+    def _receive_payload(self, frame: Payload, out: list[Event]) -> None:
+        sid = frame.stream_id
+        rec = self._streams.get(sid)
+        if rec is None:
+            return  # after our CANCEL the responder may still be talking
+        self.setup_accepted = True
+        if rec.phase is Phase.RECEIVING_FRAGMENTS:
+            if frame.follows:
+                ev = Ev.RECV_PAYLOAD_MORE
+            else:
+                ev = Ev.RECV_PAYLOAD_LAST_COMPLETE if frame.complete else Ev.RECV_PAYLOAD_LAST
+        elif frame.follows:
+            ev = Ev.RECV_PAYLOAD_FIRST
+        elif frame.complete:
+            ev = Ev.RECV_COMPLETE
+        else:
+            ev = Ev.RECV_NEXT
+        t = self._transition(rec, rec.kind, ev)
+        if t is None:
+            return
+        to, action = t
+        item = frame.next and ev in (Ev.RECV_NEXT, Ev.RECV_COMPLETE, Ev.RECV_PAYLOAD_FIRST)
+        if item and rec.kind.has_credits:
+            rec.credits = max(0, rec.credits - 1)
+        whole: Payload | None = None
+        if ev in (Ev.RECV_NEXT, Ev.RECV_COMPLETE):
+            whole = frame
+        elif rec.phase is not Phase.ABANDONED:
+            if ev is Ev.RECV_PAYLOAD_FIRST:
+                rec.metadata, rec.data, rec.size = None, [], 0
+            if not self._collect(rec, frame.metadata, frame.data):
+                return self._violation(sid, rec, rec.kind, TOO_LARGE,
+                                       f"PAYLOAD exceeds max_message_size {self.max_message_size}",
+                                       out)
+            if ev in (Ev.RECV_PAYLOAD_LAST, Ev.RECV_PAYLOAD_LAST_COMPLETE):
+                metadata, data = self._joined(rec)
+                whole = Payload(sid, metadata, data, complete=frame.complete, next=True)
+        self._apply(sid, rec, rec.kind, to)
+        if whole is not None and action is Action.DELIVER:
+            out.append(whole)
+
+    def _receive_error(self, frame: ErrorFrame, out: list[Event]) -> None:
+        rec = self._streams.get(frame.stream_id)
+        if rec is None:
+            return  # "an ERROR on an unknown Stream ID MUST be ignored"
+        self.setup_accepted = True
+        t = self._transition(rec, rec.kind, Ev.RECV_ERROR)
+        if t is None:
+            return
+        to, action = t
+        self._apply(frame.stream_id, rec, rec.kind, to)
+        if action is Action.DELIVER:
+            out.append(frame)
+
+    # --- sending -------------------------------------------------------------------
+
+    def _send_frame(self, frame: Frame) -> None:
+        if isinstance(frame, Setup):
+            nxt = CONNECTION_TABLE.get((self.role, self.state, "send SETUP"))
+            if nxt is None:
+                raise LocalProtocolError("SETUP is sent once, as the first frame")
+            self.state = nxt
+            return
+        if self.state is not ConnectionState.OPEN:
+            raise LocalProtocolError(f"send SETUP before {describe(frame)}")
+        if frame.stream_id == CONNECTION_STREAM_ID:
+            raise LocalProtocolError(f"{describe(frame)} cannot use stream 0")
+        sid = frame.stream_id
+        rec = self._streams.get(sid)
+        if isinstance(frame, (RequestResponse, RequestFnf, RequestStream)):
+            kind = Kind(FRAME_TYPE_OF[type(frame)])
+            if rec is not None:
+                raise LocalProtocolError(f"stream id {sid} is in use")
+            ev = Ev.SEND_REQUEST_FIRST if frame.follows else Ev.SEND_REQUEST
+            to, _ = self._send_transition(None, kind, ev, sid)
+            new = self._apply(sid, None, kind, to)
+            if new is not None and isinstance(frame, RequestStream):
+                new.credits = frame.initial_n
+        elif isinstance(frame, Payload):
+            # Continuations of our fragmented request.
+            kind = rec.kind if rec is not None else Kind.REQUEST_RESPONSE
+            ev = Ev.SEND_REQUEST_FRAGMENT if frame.follows else Ev.SEND_REQUEST_LAST
+            to, _ = self._send_transition(rec, kind, ev, sid)
+            self._apply(sid, rec, kind, to)
+        elif isinstance(frame, RequestN):
+            kind = rec.kind if rec is not None else Kind.REQUEST_STREAM
+            to, _ = self._send_transition(rec, kind, Ev.SEND_REQUEST_N, sid)
+            assert rec is not None
+            rec.credits = add_credits(rec.credits, frame.n)
+            rec.phase = to
+        elif isinstance(frame, Cancel):
+            kind = rec.kind if rec is not None else Kind.REQUEST_STREAM
+            to, _ = self._send_transition(rec, kind, Ev.SEND_CANCEL, sid)
+            self._apply(sid, rec, kind, to)
+        else:
+            raise LocalProtocolError(
+                f"the client sends SETUP, KEEPALIVE, METADATA_PUSH, REQUEST_RESPONSE, "
+                f"REQUEST_FNF, REQUEST_STREAM, REQUEST_N and CANCEL, not {describe(frame)}"
+            )
+
+    # --- conveniences --------------------------------------------------------------------
+
+    def setup(self, frame: Setup) -> bytes:
+        return self.send(frame)
+
+    def _request(self, frame: Request) -> tuple[int, list[bytes]]:
+        frames: list[Frame] = list(fragment(frame, self.max_fragment))
+        return frame.stream_id, self._send_all(frame.stream_id, frames)
+
+    def request_response(self, metadata: bytes | None, data: bytes) -> tuple[int, list[bytes]]:
+        """Allocate a stream id and send the request (fragmented as needed)."""
+        return self._request(RequestResponse(self.next_stream_id(), metadata, data))
+
+    def request_fnf(self, metadata: bytes | None, data: bytes) -> tuple[int, list[bytes]]:
+        return self._request(RequestFnf(self.next_stream_id(), metadata, data))
+
+    def request_stream(self, metadata: bytes | None, data: bytes,
+                       initial_n: int) -> tuple[int, list[bytes]]:
+        return self._request(RequestStream(self.next_stream_id(), initial_n, metadata, data))
+
+    def request_n(self, stream_id: int, n: int) -> bytes:
+        """REQUEST_N, or ``b""`` when the stream has already ended."""
+        if not self.is_live(stream_id):
+            return b""
+        return self.send(RequestN(stream_id, n))
+
+    def cancel(self, stream_id: int) -> bytes:
+        """CANCEL, or ``b""`` when the stream has already ended."""
+        if not self.is_live(stream_id):
+            return b""
+        return self.send(Cancel(stream_id))

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from polyport.core import migrate
 from polyport.gateway.database import database_url
 from polyport.pipeline.db import PipelineError
-from polyport.pipeline.session import SparkSettings, parse_conf
+from polyport.pipeline.preflight import nothing_to_do
+from polyport.pipeline.session import SparkSettings, discard_spark_log, parse_conf, spark_log
 
 if TYPE_CHECKING:
     from polyport.gateway.config import GatewayConfig
@@ -38,6 +39,10 @@ def _spark_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--partitions", type=int,
         help="JDBC read partitions (default: by row count and cores)",
+    )
+    p.add_argument(
+        "--verbose", action="store_true",
+        help="show Spark's own console output (start-up, log4j warnings, stage bars)",
     )
 
 
@@ -64,15 +69,29 @@ def run(args: argparse.Namespace, config: GatewayConfig) -> int:
             master=args.master,
             jdbc_jar=args.jdbc_jar,
             conf=tuple(parse_conf(args.conf).items()),
+            verbose=args.verbose,
         )
         with database_url(config, say=False) as (url, embedded):
             if embedded:
                 migrate.upgrade(url, "head")
             else:
                 asyncio.run(migrate.check_current(url))
+            # Everything that needs no Spark first: seconds, not a JVM start.
+            done = nothing_to_do(
+                args.action, url,
+                out_dir=getattr(args, "out", None),
+                full=getattr(args, "full", False),
+                binder=getattr(args, "name", None),
+            )
+            if done is not None:
+                print(f"pipeline {args.action}: {done}", file=sys.stderr)
+                return 0
             return _run_job(args, settings, url)
     except PipelineError as exc:
         print(f"polyport pipeline: {exc}", file=sys.stderr)
+        log = spark_log()
+        if log is not None:
+            print(f"polyport pipeline: Spark's own output is in {log}", file=sys.stderr)
         return 1
 
 
@@ -100,4 +119,6 @@ def _run_job(args: argparse.Namespace, settings: SparkSettings, url: str) -> int
         raise PipelineError(f"the Spark job failed: {first}") from exc
     finally:
         spark.stop()
+    # Spark's own log is kept only when the job failed (the error names it).
+    discard_spark_log()
     return 0

@@ -234,9 +234,8 @@ def setup(app: web.Application, gw: Gateway) -> None:
     async def status(request: web.Request) -> web.Response:
         if gw.telemetry is None or gw.store is None:
             raise web.HTTPServiceUnavailable(text="the gateway is starting\n")
-        return web.json_response(
-            await build_status(gw, request.app.get(WEBSOCKET_ENDPOINTS, []))
-        )
+        endpoints = request.app[WEBSOCKET_ENDPOINTS] if WEBSOCKET_ENDPOINTS in request.app else []
+        return web.json_response(await build_status(gw, endpoints))
 
     async def page(request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC_DIR / "index.html", headers=_NO_CACHE)

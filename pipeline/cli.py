@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from polyport.core import migrate
 from polyport.gateway.database import database_url
@@ -46,10 +46,15 @@ def _spark_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+P = TypeVar("P", bound=argparse.ArgumentParser)
+
+
 def add_pipeline_parser(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    sub: argparse._SubParsersAction[P],
     common: Callable[[argparse.ArgumentParser], None],
 ) -> None:
+    """Generic in the parser class: the gateway CLI's subparsers are its own
+    ArgumentParser subclass (one-line errors)."""
     pipeline = sub.add_parser("pipeline", help="Spark jobs over the event log")
     jobs = pipeline.add_subparsers(dest="action", required=True)
     export = jobs.add_parser("export", help="incremental export to Parquet (context/date)")

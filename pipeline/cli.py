@@ -16,7 +16,13 @@ from polyport.core import migrate
 from polyport.gateway.database import database_url
 from polyport.pipeline.db import PipelineError
 from polyport.pipeline.preflight import nothing_to_do
-from polyport.pipeline.session import SparkSettings, discard_spark_log, parse_conf, spark_log
+from polyport.pipeline.session import (
+    SparkSettings,
+    check_submitted_master,
+    discard_spark_log,
+    parse_conf,
+    spark_log,
+)
 
 if TYPE_CHECKING:
     from polyport.gateway.config import GatewayConfig
@@ -81,6 +87,7 @@ def run(args: argparse.Namespace, config: GatewayConfig) -> int:
                 migrate.upgrade(url, "head")
             else:
                 asyncio.run(migrate.check_current(url))
+            check_submitted_master(settings.master)
             # Everything that needs no Spark first: seconds, not a JVM start.
             done = nothing_to_do(
                 args.action, url,

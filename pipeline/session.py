@@ -210,6 +210,18 @@ def _launch_quiet_jvm(conf: Mapping[str, str], master: str | None) -> None:
     SparkContext._ensure_initialized(gateway=gateway)
 
 
+def check_submitted_master(cli_master: str | None) -> None:
+    """Under spark-submit, refuse a different ``--master`` before anything
+    else answers (even "nothing new"): the command line is wrong either way.
+    Joining spark-submit's JVM costs nothing, it is already running."""
+    if not cli_master or "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    resolve_master(cli_master, SparkConf().get("spark.master", None))
+
+
 def _driver_loadable(spark: SparkSession) -> bool:
     from py4j.protocol import Py4JJavaError
 

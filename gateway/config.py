@@ -99,6 +99,9 @@ class GatewayConfig:
     # Connections one listener accepts at once; more are refused and logged
     # (0 = no limit).  Res01 (ZeroMQ) has no per-connection accept to refuse.
     max_connections: int = 10_000
+    # /metrics: one lag series per durable subscription (their number is up
+    # to the clients); off, only the count and the largest lag are exported.
+    metrics_per_subscription: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def port_for(self, listener: str) -> int | None:
@@ -107,7 +110,7 @@ class GatewayConfig:
 
 
 _PORT_KEYS = {f.name for f in fields(GatewayConfig) if f.name.endswith("_port")}
-_BOOL_KEYS = {"allow_anonymous"}
+_BOOL_KEYS = {"allow_anonymous", "metrics_per_subscription"}
 _INT_KEYS = {
     "max_event_bytes",
     "max_pending_events",

@@ -7,16 +7,20 @@ external resources; it polls ``/status`` and draws its chart as inline SVG.
 from __future__ import annotations
 
 import asyncio
+import functools
 import statistics
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from polyport.core import migrate
 from polyport.core.monitor import HourlyVolume
 from polyport.gateway.telemetry import CHART_BUCKET, DB_TIMEOUT, polyport_version
+from polyport.gateway.websocket import WEBSOCKET_ENDPOINTS, WebSocketEndpoint
 
 if TYPE_CHECKING:
     from polyport.gateway.app import Gateway
@@ -90,7 +94,57 @@ async def _database(gw: Gateway) -> dict[str, Any]:
     return out
 
 
-async def build_status(gw: Gateway) -> dict[str, Any]:
+@functools.cache
+def _head_revision() -> str:
+    # Read from the migration scripts on disk: once per process.
+    return migrate.head_revision()
+
+
+async def _schema(gw: Gateway) -> dict[str, Any]:
+    head = _head_revision()
+    try:
+        revision = await asyncio.wait_for(migrate.current_revision(gw.database_url), DB_TIMEOUT)
+    except Exception:  # the database section says why
+        return {"revision": None, "head": head, "current": None}
+    return {"revision": revision, "head": head, "current": revision == head}
+
+
+def _transport_rows(
+    gw: Gateway, websockets: Sequence[tuple[str, WebSocketEndpoint]]
+) -> list[dict[str, Any]]:
+    """The HTTP port and its WebSocket endpoints as listener rows.  What they
+    do not count themselves is null: a WebSocket endpoint's frames, bytes and
+    errors are in its protocol's row (one ListenerStats for both)."""
+    if gw.http_address is None:
+        return []
+    base = f"{gw.http_address[0]}:{gw.http_address[1]}"
+    unknown = dict.fromkeys(
+        ("connections_open", "connections_total", "connections_refused", "frames_in",
+         "frames_out", "bytes_in", "bytes_out", "events_appended", "events_delivered"))
+    telemetry = gw.telemetry
+    requests = 0
+    if telemetry is not None:
+        requests = int(sum(
+            s.value for m in telemetry.http_requests.collect() for s in m.samples
+            if s.name.endswith("_total")
+        ))
+    rows: list[dict[str, Any]] = [
+        {"name": "http", "kind": "http", "address": base, **unknown,
+         "errors": {}, "errors_total": 0, "requests_total": requests},
+    ]
+    for path, endpoint in sorted(websockets, key=lambda x: x[0]):
+        rows.append(
+            {"name": f"{endpoint.name} (WebSocket)", "kind": "websocket",
+             "address": f"{base}{path}", **unknown,
+             "connections_open": endpoint.open_connections,
+             "counted_with": endpoint.name, "errors": {}, "errors_total": 0}
+        )
+    return rows
+
+
+async def build_status(
+    gw: Gateway, websockets: Sequence[tuple[str, WebSocketEndpoint]] = ()
+) -> dict[str, Any]:
     telemetry = gw.telemetry
     assert telemetry is not None
     store = gw.store
@@ -102,6 +156,7 @@ async def build_status(gw: Gateway) -> dict[str, Any]:
         listeners.append(
             {
                 "name": name,
+                "kind": "protocol",
                 "address": f"{host}:{port}",
                 "connections_open": s.connections_open,
                 "connections_total": s.connections_total,
@@ -116,12 +171,13 @@ async def build_status(gw: Gateway) -> dict[str, Any]:
                 "events_delivered": telemetry.delivered.get(name, 0),
             }
         )
+    listeners.extend(_transport_rows(gw, websockets))
     if gw.http_address is not None:
         http = {"name": "http", "address": f"{gw.http_address[0]}:{gw.http_address[1]}"}
     else:
         http = None
-    lag, database, chart = await asyncio.gather(
-        telemetry.subscription_lag(), _database(gw), event_chart(gw)
+    lag, database, chart, schema = await asyncio.gather(
+        telemetry.subscription_lag(), _database(gw), event_chart(gw), _schema(gw)
     )
     ws = store.writer.stats
     return {
@@ -155,6 +211,7 @@ async def build_status(gw: Gateway) -> dict[str, Any]:
             "error": lag.error,
         },
         "database": database,
+        "schema": schema,
         "chart": chart,
     }
 
@@ -163,7 +220,8 @@ def setup(app: web.Application, gw: Gateway) -> None:
     async def status(request: web.Request) -> web.Response:
         if gw.telemetry is None or gw.store is None:
             raise web.HTTPServiceUnavailable(text="the gateway is starting\n")
-        return web.json_response(await build_status(gw))
+        endpoints = request.app[WEBSOCKET_ENDPOINTS] if WEBSOCKET_ENDPOINTS in request.app else []
+        return web.json_response(await build_status(gw, endpoints))
 
     async def page(request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC_DIR / "index.html", headers=_NO_CACHE)

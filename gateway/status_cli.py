@@ -131,8 +131,11 @@ def render(data: dict[str, Any]) -> str:
                  f"{st['writer']['commits']} commits, {st['writer']['events']} events")
     for li in st["listeners"]:
         errors = sum(li["errors"].values())
-        lines.append(f"  {li['name']:<15} {li['address']:<22} open {li['connections_open']:<5} "
-                     f"frames {li['frames_in']}/{li['frames_out']}  errors {errors}")
+        # The HTTP and WebSocket rows leave what they do not count null.
+        n = {k: "–" if li.get(k) is None else li[k]
+             for k in ("connections_open", "frames_in", "frames_out")}
+        lines.append(f"  {li['name']:<15} {li['address']:<22} open {n['connections_open']:<5} "
+                     f"frames {n['frames_in']}/{n['frames_out']}  errors {errors}")
     return "\n".join(lines)
 
 

@@ -28,11 +28,19 @@ from datetime import UTC, datetime
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from polyport.core.commands import Selector
+from polyport.core.errors import ERROR_BY_CODE
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.store import selector_from_json
@@ -65,6 +73,11 @@ LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )
 SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+# The ``protocol`` label of work that did not come through a listener.
+CORE_PROTOCOL = "core"
+# The ``route`` label of HTTP requests no route matched (404, 405): one value,
+# so scanners probing random paths cannot grow the series without bound.
+UNMATCHED_ROUTE = "unmatched"
 
 def polyport_version() -> str:
     try:
@@ -176,7 +189,25 @@ class Telemetry:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.http_requests = PromCounter(
+            "polyport_http_requests",
+            "HTTP requests answered, by route template, method and status",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.http_duration = Histogram(
+            "polyport_http_request_duration_seconds",
+            "Time to answer an HTTP request (a WebSocket: its whole life), by route template",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_GatewayCollector(self))
+        # What the default registry would carry (memory, CPU, fds, start time,
+        # Python version, GC), on this gateway's own registry.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self.appended: Counter[str] = Counter()
         self.append_requests: Counter[str] = Counter()
         self.append_failures: Counter[str] = Counter()
@@ -223,9 +254,30 @@ class Telemetry:
             else:
                 self.append_failures[unit.origin] += 1
 
+    def known_protocols(self) -> list[str]:
+        """``protocol`` label values known before any traffic: every running
+        listener, and ``core``."""
+        return sorted({*self.gw.listeners, CORE_PROTOCOL})
+
+    def prime(self) -> None:
+        """Create every labelled histogram child of the known protocols, so
+        their ``_count`` series exist at zero before the first observation
+        (a rate over a series that appears late misses its first increase)."""
+        for protocol in self.known_protocols():
+            self.append_latency.labels(protocol)
+            self.append_size.labels(protocol)
+            self.delivery_latency.labels(protocol)
+
+    def prime_routes(self, routes: Iterable[tuple[str, str]]) -> None:
+        """HTTP series at zero for every (route template, method) served."""
+        for route, method in routes:
+            # Statuses are not known ahead: the request counter's series
+            # appear with their first request, the histogram's count is 0 now.
+            self.http_duration.labels(route, method)
+
     def observe_delivery(self, ev: RecordedEvent) -> None:
         peer = CURRENT_PEER.get()
-        protocol = peer.protocol if peer is not None else "core"
+        protocol = peer.protocol if peer is not None else CORE_PROTOCOL
         self.delivered[protocol] += 1
         child = self._delivery_children.get(protocol)
         if child is None:
@@ -445,6 +497,9 @@ class _GatewayCollector(Collector):
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
             "connections": CounterMetricFamily(
                 "polyport_connections", "Connections accepted", labels=["protocol"]),
+            "refused": CounterMetricFamily(
+                "polyport_connections_refused",
+                "Connections refused because max_connections were open", labels=["protocol"]),
             "open": GaugeMetricFamily(
                 "polyport_connections_open", "Connections open now", labels=["protocol"]),
             "frames_in": CounterMetricFamily(
@@ -452,9 +507,9 @@ class _GatewayCollector(Collector):
             "frames_out": CounterMetricFamily(
                 "polyport_frames_sent", "Protocol frames sent", labels=["protocol"]),
             "bytes_in": CounterMetricFamily(
-                "polyport_bytes_received", "Bytes received", labels=["protocol"]),
+                "polyport_received_bytes", "Bytes received", labels=["protocol"]),
             "bytes_out": CounterMetricFamily(
-                "polyport_bytes_sent", "Bytes sent", labels=["protocol"]),
+                "polyport_sent_bytes", "Bytes sent", labels=["protocol"]),
         }
         errors = CounterMetricFamily(
             "polyport_errors", "Errors reported to clients, by canonical code",
@@ -462,15 +517,19 @@ class _GatewayCollector(Collector):
         )
         for name, s in stats:
             families["connections"].add_metric([name], s.connections_total)
+            families["refused"].add_metric([name], s.connections_refused)
             families["open"].add_metric([name], s.connections_open)
             families["frames_in"].add_metric([name], s.frames_in)
             families["frames_out"].add_metric([name], s.frames_out)
             families["bytes_in"].add_metric([name], s.bytes_in)
             families["bytes_out"].add_metric([name], s.bytes_out)
-            for code, n in sorted(s.errors.items()):
-                errors.add_metric([name, code], n)
+            # Every canonical code at zero from the start, and any other code
+            # a protocol's own framing reports once it has happened.
+            for code in sorted(set(ERROR_BY_CODE) | set(s.errors)):
+                errors.add_metric([name, code], s.errors.get(code, 0))
         yield from families.values()
         yield errors
+        protocols = self.t.known_protocols()
         for attr, metric, doc in (
             ("appended", "polyport_events_appended", "Events appended, by protocol"),
             ("append_requests", "polyport_append_requests", "Append requests settled"),
@@ -479,8 +538,9 @@ class _GatewayCollector(Collector):
              "Events handed to subscribers, by protocol"),
         ):
             fam = CounterMetricFamily(metric, doc, labels=["protocol"])
-            for proto, n in sorted(getattr(self.t, attr).items()):
-                fam.add_metric([proto], n)
+            counts: Counter[str] = getattr(self.t, attr)
+            for proto in sorted(set(protocols) | set(counts)):
+                fam.add_metric([proto], counts.get(proto, 0))
             yield fam
         store = gw.store
         if store is None or store.writer is None:
@@ -510,24 +570,38 @@ class _GatewayCollector(Collector):
             "polyport_subscriber_queue_depth",
             "Events buffered for subscribers in this process, not yet taken",
             value=sum(s.buffered for s in subs))
-        lag_events = GaugeMetricFamily(
-            "polyport_subscription_lag_events",
-            "Events a durable subscription has still to consume", labels=["subscription"])
-        lag_seconds = GaugeMetricFamily(
-            "polyport_subscription_lag_seconds",
-            "Age of the oldest event a durable subscription has still to consume",
-            labels=["subscription"])
-        for d in lag.durable:
-            lag_events.add_metric([d.name], d.lag_events)
-            lag_seconds.add_metric([d.name], d.lag_seconds)
-        yield lag_events
-        yield lag_seconds
         yield GaugeMetricFamily(
-            "polyport_transient_subscription_lag_events_max",
+            "polyport_durable_subscriptions", "Durable subscriptions in the database",
+            value=len(lag.durable))
+        yield GaugeMetricFamily(
+            "polyport_durable_subscription_lag_max_events",
+            "Largest lag in events among durable subscriptions",
+            value=max((d.lag_events for d in lag.durable), default=0))
+        yield GaugeMetricFamily(
+            "polyport_durable_subscription_lag_max_seconds",
+            "Largest lag in seconds among durable subscriptions",
+            value=max((d.lag_seconds for d in lag.durable), default=0.0))
+        # One series per durable subscription only when asked for: their number
+        # is up to the clients, and every name is a new series in Prometheus.
+        if gw.config.metrics_per_subscription:
+            lag_events = GaugeMetricFamily(
+                "polyport_subscription_lag_events",
+                "Events a durable subscription has still to consume", labels=["subscription"])
+            lag_seconds = GaugeMetricFamily(
+                "polyport_subscription_lag_seconds",
+                "Age of the oldest event a durable subscription has still to consume",
+                labels=["subscription"])
+            for d in lag.durable:
+                lag_events.add_metric([d.name], d.lag_events)
+                lag_seconds.add_metric([d.name], d.lag_seconds)
+            yield lag_events
+            yield lag_seconds
+        yield GaugeMetricFamily(
+            "polyport_transient_subscription_lag_max_events",
             "Largest lag in events among in-process subscriptions",
             value=max((x.lag_events for x in lag.transient), default=0))
         yield GaugeMetricFamily(
-            "polyport_transient_subscription_lag_seconds_max",
+            "polyport_transient_subscription_lag_max_seconds",
             "Largest lag in seconds among in-process subscriptions",
             value=max((x.lag_seconds for x in lag.transient), default=0.0))
         if store.monitor is not None:
@@ -539,5 +613,5 @@ class _GatewayCollector(Collector):
             conns.add_metric(["busy"], max(0, pool.size - pool.idle))
             yield conns
             yield GaugeMetricFamily(
-                "polyport_db_pool_max", "Largest size of the database pool",
+                "polyport_db_pool_max_connections", "Largest size of the database pool",
                 value=pool.max)

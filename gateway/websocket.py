@@ -104,6 +104,10 @@ class WebSocketEndpoint:
     def install(self, app: web.Application, path: str) -> None:
         app.router.add_get(path, self.handle)
         app.on_shutdown.append(self._on_shutdown)
+        # /status lists the WebSocket endpoints beside the TCP listeners.
+        if WEBSOCKET_ENDPOINTS not in app:
+            app[WEBSOCKET_ENDPOINTS] = []
+        app[WEBSOCKET_ENDPOINTS].append((path, self))
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(
@@ -191,3 +195,8 @@ class WebSocketEndpoint:
             task.cancel()
         if pending:
             await asyncio.wait(pending, timeout=CLOSE_TIMEOUT)
+
+
+WEBSOCKET_ENDPOINTS: web.AppKey[list[tuple[str, WebSocketEndpoint]]] = web.AppKey(
+    "polyport_websocket_endpoints"
+)

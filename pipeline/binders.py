@@ -127,11 +127,16 @@ def rebuild_binder(
         pg.execute(CLEAR_STAGING, name)
         head = pg.head()
         n = partitions or default_partitions(spark, head)
+        # The rows Spark will read: the progress display's total.
+        expected: int = pg.fetchval(
+            f"SELECT count(*) FROM events WHERE position <= $1 AND {binder_where(binder)}", head
+        )
         progress.phase(
             "fold",
-            f"positions 1..{head} of context {binder.context!r}, streams "
+            f"positions 1..{head} of context {binder.context!r} ({expected:,} events), streams "
             f"{binder.stream_prefix!r}*, in {n} JDBC partitions; {binder.fold} per stream "
             "-> pipeline_binder_staging",
+            total=expected,
         )
         events = read_events(
             spark, target, columns=COLUMNS, after=0, through=head, partitions=n,

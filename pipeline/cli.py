@@ -10,12 +10,19 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from polyport.core import migrate
 from polyport.gateway.database import database_url
 from polyport.pipeline.db import PipelineError
-from polyport.pipeline.session import SparkSettings, parse_conf
+from polyport.pipeline.preflight import nothing_to_do
+from polyport.pipeline.session import (
+    SparkSettings,
+    check_submitted_master,
+    discard_spark_log,
+    parse_conf,
+    spark_log,
+)
 
 if TYPE_CHECKING:
     from polyport.gateway.config import GatewayConfig
@@ -39,12 +46,21 @@ def _spark_options(p: argparse.ArgumentParser) -> None:
         "--partitions", type=int,
         help="JDBC read partitions (default: by row count and cores)",
     )
+    p.add_argument(
+        "--verbose", action="store_true",
+        help="show Spark's own console output (start-up, log4j warnings, stage bars)",
+    )
+
+
+P = TypeVar("P", bound=argparse.ArgumentParser)
 
 
 def add_pipeline_parser(
-    sub: argparse._SubParsersAction[Any],
+    sub: argparse._SubParsersAction[P],
     common: Callable[[argparse.ArgumentParser], None],
 ) -> None:
+    """Generic in the parser class: the gateway CLI's subparsers are its own
+    ArgumentParser subclass (one-line errors)."""
     pipeline = sub.add_parser("pipeline", help="Spark jobs over the event log")
     jobs = pipeline.add_subparsers(dest="action", required=True)
     export = jobs.add_parser("export", help="incremental export to Parquet (context/date)")
@@ -64,15 +80,30 @@ def run(args: argparse.Namespace, config: GatewayConfig) -> int:
             master=args.master,
             jdbc_jar=args.jdbc_jar,
             conf=tuple(parse_conf(args.conf).items()),
+            verbose=args.verbose,
         )
         with database_url(config, say=False) as (url, embedded):
             if embedded:
                 migrate.upgrade(url, "head")
             else:
                 asyncio.run(migrate.check_current(url))
+            check_submitted_master(settings.master)
+            # Everything that needs no Spark first: seconds, not a JVM start.
+            done = nothing_to_do(
+                args.action, url,
+                out_dir=getattr(args, "out", None),
+                full=getattr(args, "full", False),
+                binder=getattr(args, "name", None),
+            )
+            if done is not None:
+                print(f"pipeline {args.action}: {done}", file=sys.stderr)
+                return 0
             return _run_job(args, settings, url)
     except PipelineError as exc:
         print(f"polyport pipeline: {exc}", file=sys.stderr)
+        log = spark_log()
+        if log is not None:
+            print(f"polyport pipeline: Spark's own output is in {log}", file=sys.stderr)
         return 1
 
 
@@ -100,4 +131,6 @@ def _run_job(args: argparse.Namespace, settings: SparkSettings, url: str) -> int
         raise PipelineError(f"the Spark job failed: {first}") from exc
     finally:
         spark.stop()
+    # Spark's own log is kept only when the job failed (the error names it).
+    discard_spark_log()
     return 0

@@ -109,6 +109,16 @@ COUNT_RANGE = "SELECT count(*) FROM events WHERE position > $1 AND position <= $
 
 TRY_JOB_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 9173))"
 
+# The stats job: its checkpoint name and staging table (here, not in
+# pipeline.stats, so the checks before Spark can use them without pyspark).
+STATS_JOB = "stats"
+CLEAR_STATS_STAGING = "DELETE FROM pipeline_stats_staging"
+
+
+def export_job(uri: str) -> str:
+    """The export job's name (checkpoint and lock) for an output directory URI."""
+    return f"export:{uri}"
+
 
 class Pg:
     """One asyncpg connection driven synchronously from the Spark driver.

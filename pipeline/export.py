@@ -29,7 +29,7 @@ from typing import Any
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
-from polyport.pipeline.db import COUNT_RANGE, Pg, PipelineError, jdbc_target
+from polyport.pipeline.db import COUNT_RANGE, Pg, PipelineError, export_job, jdbc_target
 from polyport.pipeline.progress import Progress
 from polyport.pipeline.source import default_partitions, read_events
 
@@ -175,7 +175,7 @@ def export_events(
 ) -> ExportResult:
     target = jdbc_target(database_url)
     out = HadoopDir(spark, out_dir)
-    job = f"export:{out.uri}"
+    job = export_job(out.uri)
     with Pg(database_url) as pg, Progress(spark, "export") as progress:
         pg.lock_job(job)
         checkpoint, pending = pg.checkpoint(job)
@@ -199,6 +199,7 @@ def export_events(
             "export to staging",
             f"positions {checkpoint + 1}..{head} ({expected:,} events) in {n} JDBC partitions "
             f"-> Parquet in {out.staging.toString()}",
+            total=expected,
         )
         read = Observation("export-read")
         events = read_events(

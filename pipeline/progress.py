@@ -1,10 +1,13 @@
-"""Progress of a pipeline job on stderr: partitions (tasks) done, rows read
-and rows written, from Spark's task-end metrics.
+"""Progress of a pipeline job on stderr: rows read out of a total known
+before the work starts, and rows written, from Spark's task-end metrics.
 
 A listener registered once per SparkContext (through the py4j callback
 server) counts every finished task; a job's :class:`Progress` looks at the
-counts since it began and prints a line whenever they changed, at most every
-``interval`` seconds, plus the job's own summary lines.
+counts since its phase began and prints a line whenever they changed, at most
+every ``interval`` seconds, plus the job's own summary lines.  Only a phase
+given a ``total`` (the rows PostgreSQL says the phase will read) shows
+progress: counting Spark's tasks instead gives a total that grows as stages
+are planned (1/1, 1/3, 3/4, …), which says nothing about the time left.
 """
 
 from __future__ import annotations
@@ -61,9 +64,10 @@ class TaskListener:
         if metrics is not None:
             read = int(metrics.inputMetrics().recordsRead())
             written = int(metrics.outputMetrics().recordsWritten())
-        successful = event.reason().toString() == "Success"
+        if event.reason().toString() != "Success":
+            return  # a failed attempt's rows are read again by its retry
         with self._lock:
-            self._counts.tasks_done += 1 if successful else 0
+            self._counts.tasks_done += 1
             self._counts.rows_read += read
             self._counts.rows_written += written
 
@@ -118,6 +122,7 @@ class Progress:
         self._listener = task_listener(spark)
         self._base = self._listener.snapshot() if self._listener else Counts()
         self._phase = "starting"
+        self._total: int | None = None
         self._last_line = ""
         self._say_lock = threading.Lock()
         self._stop = threading.Event()
@@ -142,11 +147,13 @@ class Progress:
         self._out.write(f"pipeline {self.job}: {message}\n")
         self._out.flush()
 
-    def phase(self, name: str, detail: str = "") -> None:
-        """Start a phase: its detail once, then progress lines under its name."""
+    def phase(self, name: str, detail: str = "", *, total: int | None = None) -> None:
+        """Start a phase: its detail once, then, with ``total`` (rows the phase
+        reads), progress lines under its name."""
         self._report()
         with self._say_lock:
             self._phase = name
+            self._total = total
             # Counts are per phase from here on.
             if self._listener is not None:
                 self._base = self._listener.snapshot()
@@ -158,14 +165,16 @@ class Progress:
 
     def line(self) -> str:
         c = self.counts()
+        total = self._total or 0
+        percent = 100 * c.rows_read // total if total else 100
         return (
-            f"{self._phase}: {c.tasks_done}/{c.tasks_total} partitions done, "
-            f"{c.rows_read:,} rows read, {c.rows_written:,} rows written"
+            f"{self._phase}: {c.rows_read:,}/{total:,} rows read ({percent}%), "
+            f"{c.rows_written:,} rows written"
         )
 
     def _report(self) -> None:
-        """A progress line, when tasks ran and the numbers moved since the last."""
-        if self._listener is None or self.counts().tasks_total == 0:
+        """A progress line, in a phase with a total, when the numbers moved."""
+        if self._listener is None or self._total is None or self.counts().tasks_done == 0:
             return
         with self._say_lock:
             line = self.line()

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +41,10 @@ JAR_ENV = "POLYPORT_JDBC_JAR"
 # Defaults a user's --conf may change.
 DEFAULT_CONF = {
     "spark.app.name": "polyport-pipeline",
-    # Our own progress lines replace Spark's console bar.
-    "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
 }
+# Unless --verbose: our own progress lines replace Spark's console bar.
+QUIET_CONF = {"spark.ui.showConsoleProgress": "false"}
 
 GET_DRIVER_HELP = (
     f"install it (`apt-get install -y libpostgresql-jdbc-java` puts it at {DEBIAN_JAR}), "
@@ -158,6 +159,67 @@ class SparkSettings:
     master: str | None = None
     jdbc_jar: str | None = None
     conf: tuple[tuple[str, str], ...] = ()
+    # Spark's own console output (JVM start-up, log4j, stage bars); off, it
+    # goes to a log file named only when something fails.
+    verbose: bool = False
+
+
+# The JVM's stdout and stderr of this process's quiet Spark, if any.
+_spark_log: Path | None = None
+
+
+def spark_log() -> Path | None:
+    return _spark_log
+
+
+def discard_spark_log() -> None:
+    """Delete Spark's log after a job that went well."""
+    global _spark_log
+    if _spark_log is not None:
+        _spark_log.unlink(missing_ok=True)
+        _spark_log = None
+
+
+def _launch_quiet_jvm(conf: Mapping[str, str], master: str | None) -> None:
+    """Start Spark's JVM (spark-submit, as PySpark would) with its output in
+    a log file: start-up notices, Ivy resolution and log4j warnings are noise
+    on an operator's terminal, but the file is named when Spark fails."""
+    global _spark_log
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:  # a JVM is already up in this process
+        return
+    spark_conf = SparkConf(loadDefaults=False)
+    for key, value in conf.items():
+        spark_conf.set(key, value)
+    if master:
+        spark_conf.setMaster(master)
+    handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - the JVM writes it for its lifetime
+        prefix="polyport-spark-", suffix=".log", delete=False
+    )
+    _spark_log = Path(handle.name)
+    try:
+        gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": handle, "stderr": handle})
+    except Exception as exc:
+        raise SparkSetupError(
+            f"Spark's JVM did not start: {exc}; its output is in {_spark_log}; {GET_JAVA_HELP}"
+        ) from exc
+    finally:
+        handle.close()  # the JVM has its own descriptor
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def check_submitted_master(cli_master: str | None) -> None:
+    """Under spark-submit, refuse a different ``--master`` before anything
+    else answers (even "nothing new"): the command line is wrong either way.
+    Joining spark-submit's JVM costs nothing, it is already running."""
+    if not cli_master or "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    resolve_master(cli_master, SparkConf().get("spark.master", None))
 
 
 def _driver_loadable(spark: SparkSession) -> bool:
@@ -197,7 +259,8 @@ def spark_session(settings: SparkSettings, *, say: bool = True) -> SparkSession:
         SparkContext._ensure_initialized()
         submitted_master = SparkConf().get("spark.master", None)
     master = resolve_master(settings.master, submitted_master)
-    conf = {**DEFAULT_CONF, **dict(settings.conf)}
+    quiet = {} if settings.verbose else QUIET_CONF
+    conf = {**DEFAULT_CONF, **quiet, **dict(settings.conf)}
     driver = find_jdbc_driver(settings.jdbc_jar)
     if not submitted:
         # spark.jars / spark.jars.packages must be known when the JVM starts;
@@ -211,6 +274,8 @@ def spark_session(settings: SparkSettings, *, say: bool = True) -> SparkSession:
             conf["spark.jars.packages"] = ",".join(
                 p for p in (conf.get("spark.jars.packages"), driver.package) if p
             )
+    if not submitted and not settings.verbose:
+        _launch_quiet_jvm(conf, master)
     builder = SparkSession.builder
     if master:
         builder = builder.master(master)
@@ -225,7 +290,11 @@ def spark_session(settings: SparkSettings, *, say: bool = True) -> SparkSession:
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}; "
                 f"no local driver jar was found, so {GET_DRIVER_HELP}"
             ) from exc
-        raise SparkSetupError(f"Spark did not start: {exc}; {GET_JAVA_HELP}") from exc
+        log = f"; its output is in {_spark_log}" if _spark_log else ""
+        raise SparkSetupError(f"Spark did not start: {exc}{log}; {GET_JAVA_HELP}") from exc
+    if not settings.verbose:
+        # Set after start: the JVM's start-up already went to the log file.
+        spark.sparkContext.setLogLevel("ERROR")
     # Hours and dates are UTC whatever the session says elsewhere.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     if not _driver_loadable(spark):

@@ -17,8 +17,10 @@ from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
 from polyport.pipeline.db import (
+    CLEAR_STATS_STAGING,
     COUNT_RANGE,
     LOCK_CHECKPOINT,
+    STATS_JOB,
     Pg,
     PipelineError,
     advance_in,
@@ -27,11 +29,11 @@ from polyport.pipeline.db import (
 from polyport.pipeline.progress import Progress
 from polyport.pipeline.source import default_partitions, read_events
 
-JOB = "stats"
+JOB = STATS_JOB
 COLUMNS = "position, context, stream, type, recorded_at, octet_length(body)::bigint AS bytes"
 WRITE_PARTITIONS = 4
 
-CLEAR_STAGING = "DELETE FROM pipeline_stats_staging"
+CLEAR_STAGING = CLEAR_STATS_STAGING
 STAGED_EVENTS = "SELECT coalesce(sum(events), 0)::bigint FROM pipeline_stats_staging"
 MERGE = """
 INSERT INTO event_stats (context, category, type, hour, events, bytes)
@@ -89,10 +91,12 @@ def compute_stats(
             progress.say(f"nothing new: event_stats counts every event up to position {start}")
             return StatsResult(0, checkpoint, 0, 0, progress.elapsed())
         n = partitions or default_partitions(spark, head - start)
+        expected: int = pg.fetchval(COUNT_RANGE, start, head)
         progress.phase(
             "aggregate",
-            f"positions {start + 1}..{head} in {n} JDBC partitions, by context, category, "
-            "type and hour -> pipeline_stats_staging",
+            f"positions {start + 1}..{head} ({expected:,} events) in {n} JDBC partitions, "
+            "by context, category, type and hour -> pipeline_stats_staging",
+            total=expected,
         )
         read = Observation("stats-read")
         events = read_events(

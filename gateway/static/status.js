@@ -24,12 +24,36 @@ function duration(seconds) {
   return `${r}s`;
 }
 
+// Every cell is text (left-aligned) or a number (right-aligned), as its
+// column's header says.
 function cell(tr, text, cls) {
   const td = document.createElement("td");
   td.textContent = text;
-  if (cls) td.className = cls;
+  td.className = cls || "num";
   tr.appendChild(td);
   return td;
+}
+
+function two(n) { return String(n).padStart(2, "0"); }
+
+// 24-hour local time, whatever the browser's locale would choose.
+function clock(d, seconds) {
+  const hm = `${two(d.getHours())}:${two(d.getMinutes())}`;
+  return seconds ? `${hm}:${two(d.getSeconds())}` : hm;
+}
+
+// Axis ticks at 0, step, 2·step, … ≥ max with step 1, 2 or 5 × 10^n (and
+// whole numbers: the chart counts events), about `target` intervals.
+function niceTicks(max, target) {
+  const raw = Math.max(max, 1) / target;
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const norm = raw / mag;
+  let step = (norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 5 ? 5 : 10) * mag;
+  step = Math.max(1, Math.round(step));
+  const top = Math.max(step, Math.ceil(max / step) * step);
+  const ticks = [];
+  for (let v = 0; v <= top; v += step) ticks.push(v);
+  return ticks;
 }
 
 function renderListeners(status) {
@@ -39,15 +63,22 @@ function renderListeners(status) {
   for (const l of status.listeners) {
     const tr = document.createElement("tr");
     tr.dataset.listener = l.name;
+    tr.dataset.kind = l.kind || "protocol";
+    const protocol = tr.dataset.kind === "protocol";
+    if (!protocol) tr.className = "transport";
     const r = rates[l.name] || { append: 0, delivery: 0 };
     const errors = Object.entries(l.errors).map(([code, n]) => `${code}: ${n}`).join(", ");
+    let note = errors || "0";
+    if (l.kind === "http") note = `${fmt(l.requests_total)} requests`;
+    if (l.kind === "websocket") note = `counted with ${l.counted_with}`;
     const values = [
       ["name", l.name, "text"], ["address", l.address, "text"],
       ["connections_open", fmt(l.connections_open)], ["connections_total", fmt(l.connections_total)],
       ["frames_in", fmt(l.frames_in)], ["frames_out", fmt(l.frames_out)],
       ["events_appended", fmt(l.events_appended)], ["events_delivered", fmt(l.events_delivered)],
-      ["append_rate", fmt(r.append, 1)], ["delivery_rate", fmt(r.delivery, 1)],
-      ["errors", errors || "0", "text"],
+      ["append_rate", protocol ? fmt(r.append, 1) : "–"],
+      ["delivery_rate", protocol ? fmt(r.delivery, 1) : "–"],
+      ["errors", note, "text wrap"],
     ];
     for (const [field, text, cls] of values) cell(tr, text, cls).dataset.field = field;
     body.appendChild(tr);
@@ -71,7 +102,7 @@ function renderSubscriptions(status) {
     tr.dataset.kind = s.kind;
     cell(tr, s.kind, "text");
     cell(tr, s.name || "–", "text");
-    cell(tr, JSON.stringify(s.selector), "text");
+    cell(tr, JSON.stringify(s.selector), "text wrap");
     cell(tr, s.state || "", "text");
     cell(tr, (s.lag_exact ? "" : "≤ ") + fmt(s.lag_events)).dataset.field = "lag_events";
     cell(tr, fmt(s.lag_seconds, 1)).dataset.field = "lag_seconds";
@@ -88,27 +119,31 @@ function svg(tag, attrs, parent) {
 
 function label(t, bucket) {
   const d = new Date(t);
-  const hh = String(d.getHours()).padStart(2, "0"), mm = String(d.getMinutes()).padStart(2, "0");
-  if (bucket >= 3600) return `${d.getMonth() + 1}/${d.getDate()} ${hh}:00`;
-  return `${hh}:${mm}:${String(d.getSeconds()).padStart(2, "0")}`;
+  if (bucket >= 3600) return `${two(d.getMonth() + 1)}-${two(d.getDate())} ${two(d.getHours())}:00`;
+  return clock(d, true);
 }
 
 function renderChart(chart) {
   const box = $("chart");
-  const W = 900, H = 220, left = 56, bottom = 26, top = 10, right = 8;
+  // Drawn at the box's own width: a stretched viewBox would distort the text.
+  const W = Math.max(280, Math.round(box.clientWidth - 16) || 900);
+  const H = 220, left = 56, bottom = 26, top = 10, right = 8;
   const points = chart.points || [];
-  const max = Math.max(1, ...points.map(p => p.events));
-  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img" });
+  const ticks = niceTicks(Math.max(0, ...points.map(p => p.events)), 4);
+  const max = ticks[ticks.length - 1];
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
   root.id = "chart-svg";
   root.dataset.source = chart.source;
   root.dataset.total = String(points.reduce((a, p) => a + p.events, 0));
   const plotW = W - left - right, plotH = H - top - bottom;
   svg("line", { class: "axis", x1: left, y1: top + plotH, x2: W - right, y2: top + plotH }, root);
   svg("line", { class: "axis", x1: left, y1: top, x2: left, y2: top + plotH }, root);
-  for (const frac of [0, 0.5, 1]) {
-    const y = top + plotH * (1 - frac);
-    const t = svg("text", { x: left - 6, y: y + 4, "text-anchor": "end" }, root);
-    t.textContent = fmt(Math.round(max * frac));
+  root.dataset.ticks = JSON.stringify(ticks);
+  for (const v of ticks) {
+    const y = top + plotH * (1 - v / max);
+    if (v) svg("line", { class: "grid", x1: left, y1: y, x2: W - right, y2: y }, root);
+    const t = svg("text", { class: "tick", x: left - 6, y: y + 4, "text-anchor": "end" }, root);
+    t.textContent = fmt(v);
   }
   const step = points.length ? plotW / points.length : plotW;
   points.forEach((p, i) => {
@@ -121,10 +156,13 @@ function renderChart(chart) {
     const title = svg("title", {}, bar);
     title.textContent = `${label(p.t, chart.bucket_seconds)}: ${p.events} events`;
   });
-  const every = Math.max(1, Math.ceil(points.length / 6));
+  // As many time labels as fit, about 110 px apart.
+  const fit = Math.max(2, Math.floor(plotW / 110));
+  const every = Math.max(1, Math.ceil(points.length / fit));
   points.forEach((p, i) => {
-    if (i % every) return;
-    const t = svg("text", { x: left + i * step, y: H - 8 }, root);
+    const x = left + i * step;
+    if (i % every || x + 70 > W) return;  // a label cut off at the right edge: none
+    const t = svg("text", { x, y: H - 8 }, root);
     t.textContent = label(p.t, chart.bucket_seconds);
   });
   box.replaceChildren(root);
@@ -136,7 +174,10 @@ function renderChart(chart) {
 function render(status) {
   $("version").textContent = status.version;
   $("uptime").textContent = duration(status.uptime_seconds);
-  $("updated").textContent = new Date(status.now).toLocaleTimeString();
+  $("updated").textContent = clock(new Date(status.now), true);
+  const schema = status.schema || {};
+  $("schema").textContent = schema.revision
+    ? schema.revision + (schema.current === false ? ` (needs ${schema.head})` : "") : "–";
   const ready = $("ready");
   const ok = status.ready && status.database.reachable;
   ready.textContent = ok ? "ready" : "not ready";
@@ -146,8 +187,10 @@ function render(status) {
   $("rate-log").textContent = fmt(status.rates.log, 1);
   $("head").textContent = fmt(status.log.head_position);
   $("queue").textContent = fmt(status.writer.queue_depth);
-  $("connections").textContent = fmt(
-    status.listeners.reduce((a, l) => a + l.connections_open, 0));
+  // Protocol listeners only: a WebSocket connection is in its protocol's row too.
+  $("connections").textContent = fmt(status.listeners
+    .filter(l => (l.kind || "protocol") === "protocol")
+    .reduce((a, l) => a + l.connections_open, 0));
   $("live-subs").textContent = fmt(status.subscriptions.live);
   const db = status.database;
   $("database").textContent = db.reachable

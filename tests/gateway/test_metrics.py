@@ -1,9 +1,14 @@
 """/metrics after traffic on every protocol, parsed with prometheus_client's
-parser: the counters match the traffic sent (issue 8, acceptance 1)."""
+parser: the counters match the traffic sent (issue 8, acceptance 1); and the
+exposition's hygiene: ``promtool check metrics`` without a warning, no
+``_created`` series, every counter present at zero from the start, refused
+connections and HTTP requests counted."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -21,13 +26,17 @@ from polyport.protocols.segment.client import NoSuchSegmentError, SegmentReader,
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-async def scrape(gw: Any) -> tuple[Samples, set[str]]:
+async def scrape_text(gw: Any) -> str:
     host, port = gw.http_address
     async with aiohttp.ClientSession() as http:
         async with http.get(f"http://{host}:{port}/metrics") as r:
             assert r.status == 200
             assert r.headers["Content-Type"].startswith("text/plain")
-            text = await r.text()
+            return await r.text()
+
+
+async def scrape(gw: Any) -> tuple[Samples, set[str]]:
+    text = await scrape_text(gw)
     samples: Samples = {}
     types: set[str] = set()
     for family in text_string_to_metric_families(text):
@@ -49,7 +58,7 @@ async def until(check: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> N
 
 
 async def test_metrics_match_traffic_on_every_protocol(gateway_factory) -> None:
-    gw = await gateway_factory()
+    gw = await gateway_factory(metrics_per_subscription=True)
     host = "127.0.0.1"
 
     # Res01: 3 commits of 2 events, 1 commit with a wrong expected version,
@@ -117,7 +126,8 @@ async def test_metrics_match_traffic_on_every_protocol(gateway_factory) -> None:
         assert value(samples, "polyport_committed_events_total") == sum(appended.values())
         assert value(samples, "polyport_log_head_position") == sum(appended.values())
         # Errors, by protocol and canonical code: exactly the ones provoked.
-        errors = {k[1]: v for k, v in samples.items() if k[0] == "polyport_errors_total"}
+        errors = {k[1]: v for k, v in samples.items()
+                  if k[0] == "polyport_errors_total" and v}
         assert errors == {
             (("code", "wrong_expected_version"), ("protocol", "res01")): 1,
             (("code", "not_found"), ("protocol", "bson")): 1,
@@ -146,8 +156,8 @@ async def test_metrics_match_traffic_on_every_protocol(gateway_factory) -> None:
         assert value(samples, "polyport_frames_received_total", protocol="segment") == 3
         assert value(samples, "polyport_frames_sent_total", protocol="segment") == 3
         for proto in appended:
-            assert value(samples, "polyport_bytes_received_total", protocol=proto) > 0, proto
-            assert value(samples, "polyport_bytes_sent_total", protocol=proto) > 0, proto
+            assert value(samples, "polyport_received_bytes_total", protocol=proto) > 0, proto
+            assert value(samples, "polyport_sent_bytes_total", protocol=proto) > 0, proto
         # Histograms: one append-latency and batch-size observation per append request.
         requests = {"res01": 4, "bson": 4, "reactivesocket": 3, "micromsg2": None,
                     "segment": None}
@@ -172,7 +182,9 @@ async def test_metrics_match_traffic_on_every_protocol(gateway_factory) -> None:
         assert value(samples, "polyport_subscription_lag_seconds",
                      subscription='res01:["metrics","ctx","r-stream"]') > 0
         assert value(samples, "polyport_open_subscriptions") >= 1
-        assert value(samples, "polyport_db_pool_max") >= 1
+        assert value(samples, "polyport_durable_subscriptions") == 1
+        assert value(samples, "polyport_durable_subscription_lag_max_events") == 6
+        assert value(samples, "polyport_db_pool_max_connections") >= 1
         assert "polyport_connections:counter" in types
         assert "polyport_append_latency_seconds:histogram" in types
         assert "polyport_subscription_lag_events:gauge" in types
@@ -195,3 +207,116 @@ async def test_each_gateway_has_its_own_registry(gateway_factory) -> None:
     assert value(first, "polyport_events_appended_total", protocol="bson") == 1
     assert value(second, "polyport_events_appended_total", protocol="bson") == 0
     assert one.telemetry.registry is not two.telemetry.registry
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+async def http_traffic(gw: Any) -> None:
+    """Requests to a few routes, one that does not exist, one refused by the
+    admin API (no token configured: 404 from its middleware or route)."""
+    host, port = gw.http_address
+    async with aiohttp.ClientSession() as http:
+        for path in ("/healthz", "/healthz", "/status", "/no/such/path/123", "/admin/users"):
+            async with http.get(f"http://{host}:{port}{path}") as r:
+                await r.read()
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed "
+                    "(apt-get install -y prometheus puts it in /usr/bin)")
+async def test_promtool_finds_nothing_to_warn_about(gateway_factory) -> None:
+    gw = await gateway_factory(metrics_per_subscription=True)
+    client = await BsonClient.connect(*gw.listeners["bson"].address)
+    try:
+        for i in range(3):
+            await client.emit("p-stream", "T", {"n": i})
+        with pytest.raises(BsonError):
+            await client.query("no-such-binder", {})
+    finally:
+        await client.close()
+    await http_traffic(gw)
+    text = await scrape_text(gw)
+    assert PROMTOOL is not None
+    done = await asyncio.to_thread(
+        subprocess.run, [PROMTOOL, "check", "metrics"], input=text, capture_output=True,
+        text=True, timeout=60,
+    )
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+
+async def test_no_created_series_and_process_metrics(gateway_factory) -> None:
+    gw = await gateway_factory()
+    await http_traffic(gw)
+    text = await scrape_text(gw)
+    assert "_created" not in text
+    samples, types = await scrape(gw)
+    assert value(samples, "process_resident_memory_bytes") > 0
+    assert value(samples, "process_start_time_seconds") > 0
+    assert value(samples, "process_open_fds") > 0
+    assert "process_cpu_seconds:counter" in types
+    assert any(k[0] == "python_info" for k in samples)
+
+
+async def test_every_counter_is_present_at_zero_from_start(gateway_factory) -> None:
+    from polyport.core.errors import ERROR_BY_CODE
+
+    gw = await gateway_factory()
+    samples, types = await scrape(gw)
+    protocols = sorted(gw.listeners)
+    assert protocols == ["bson", "micromsg2", "reactivesocket", "res01", "segment"]
+    for proto in protocols:
+        for name in ("polyport_connections_total", "polyport_connections_refused_total",
+                     "polyport_frames_received_total", "polyport_frames_sent_total",
+                     "polyport_received_bytes_total", "polyport_sent_bytes_total"):
+            assert samples[(name, (("protocol", proto),))] == 0, (name, proto)
+        for code in ERROR_BY_CODE:
+            key = ("polyport_errors_total", (("code", code), ("protocol", proto)))
+            assert samples[key] == 0, key
+    for proto in [*protocols, "core"]:
+        for name in ("polyport_events_appended_total", "polyport_append_requests_total",
+                     "polyport_append_failures_total", "polyport_events_delivered_total",
+                     "polyport_append_latency_seconds_count",
+                     "polyport_delivery_latency_seconds_count"):
+            assert samples[(name, (("protocol", proto),))] == 0, (name, proto)
+    assert samples[("polyport_commits_total", ())] == 0
+    assert samples[("polyport_committed_events_total", ())] == 0
+    assert samples[("polyport_http_request_duration_seconds_count",
+                    (("method", "GET"), ("route", "/status")))] == 0
+    assert samples[("polyport_durable_subscriptions", ())] == 0
+    # Per-subscription series are off by default (metrics_per_subscription).
+    assert "polyport_subscription_lag_events:gauge" not in types
+
+
+async def test_refused_connections_are_counted(gateway_factory) -> None:
+    gw = await gateway_factory(max_connections=1)
+    address = gw.listeners["bson"].address
+    first = await BsonClient.connect(*address)
+    try:
+        # The second connection is closed by the server before its CONNECT is answered.
+        with pytest.raises((ConnectionError, OSError, asyncio.IncompleteReadError, BsonError)):
+            second = await BsonClient.connect(*address)
+            await second.close()
+    finally:
+        await first.close()
+    samples, _ = await scrape(gw)
+    assert value(samples, "polyport_connections_refused_total", protocol="bson") == 1
+    assert value(samples, "polyport_connections_total", protocol="bson") == 1
+
+
+async def test_http_requests_by_route_template_and_status(gateway_factory) -> None:
+    gw = await gateway_factory()
+    await http_traffic(gw)
+    samples, types = await scrape(gw)
+    requests = {tuple(v for _, v in k[1]): n for k, n in samples.items()
+                if k[0] == "polyport_http_requests_total"}
+    # Labels sorted by name: method, route, status.
+    assert requests[("GET", "/healthz", "200")] == 2
+    assert requests[("GET", "/status", "200")] == 1
+    assert requests[("GET", "unmatched", "404")] == 1
+    # The raw path never becomes a label value.
+    assert not any("/no/such" in route for _, route, _ in requests)
+    admin = [k for k in requests if k[1].startswith("/admin")]
+    assert admin and all(status in ("401", "403", "404") for _, _, status in admin)
+    assert value(samples, "polyport_http_request_duration_seconds_count",
+                 method="GET", route="/healthz") == 2
+    assert "polyport_http_request_duration_seconds:histogram" in types

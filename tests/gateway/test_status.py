@@ -44,8 +44,17 @@ async def test_status_reports_listeners_writer_rates_and_database(gateway_factor
         st = await get_status(gw)
     finally:
         await client.close()
-    names = {x["name"] for x in st["listeners"]}
+    names = {x["name"] for x in st["listeners"] if x["kind"] == "protocol"}
     assert names == {"bson", "micromsg2", "reactivesocket", "res01", "rsocket", "segment"}
+    # The HTTP port and the ReactiveSocket WebSocket endpoint are listed too.
+    http = next(x for x in st["listeners"] if x["kind"] == "http")
+    assert http["address"] == "{}:{}".format(*gw.http_address)
+    assert http["requests_total"] >= 0 and http["frames_in"] is None
+    ws = next(x for x in st["listeners"]
+              if x["kind"] == "websocket" and x["counted_with"] == "reactivesocket")
+    assert ws["address"] == "{}:{}/reactivesocket".format(*gw.http_address)
+    assert ws["counted_with"] == "reactivesocket" and ws["connections_open"] == 0
+    assert st["schema"]["current"] is True and st["schema"]["revision"] == st["schema"]["head"]
     bson = next(x for x in st["listeners"] if x["name"] == "bson")
     assert bson["address"] == "{}:{}".format(*gw.listeners["bson"].address)
     assert bson["connections_open"] == 1 and bson["connections_total"] == 1

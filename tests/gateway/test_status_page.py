@@ -1,6 +1,8 @@
 """The status page in headless Chromium while traffic flows (issue 8,
-acceptance 2): the numbers and the chart appear, and a screenshot is saved
-under test-output/ (ignored by git).
+acceptance 2): the numbers and the chart appear; at a desktop and a phone
+window size nothing overflows sideways, headers align with their cells, the
+chart's ticks are round numbers and times use a 24-hour clock; a screenshot
+per size is saved under test-output/ (ignored by git).
 
 The test starts Debian's ``chromium`` itself and drives it over the DevTools
 protocol (a WebSocket, with aiohttp); it is skipped only when no Chromium
@@ -14,6 +16,7 @@ import base64
 import contextlib
 import itertools
 import json
+import re
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -23,6 +26,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from polyport.core.migrate import head_revision
 from polyport.protocols.bson.client import BsonClient
 from polyport.protocols.reactivesocket.client import ReactiveSocketClient
 
@@ -122,6 +126,7 @@ READ_PAGE = """
   for (const tr of document.querySelectorAll('#listeners tbody tr')) {
     const row = {};
     for (const td of tr.querySelectorAll('td[data-field]')) row[td.dataset.field] = td.textContent;
+    row.kind = tr.dataset.kind;
     rows[tr.dataset.listener] = row;
   }
   const svg = document.querySelector('#chart svg');
@@ -144,6 +149,64 @@ READ_PAGE = """
   };
 })()
 """
+
+# Layout facts at the current window size.
+READ_LAYOUT = """
+(() => {
+  const align = el => getComputedStyle(el).textAlign;
+  const columns = [];
+  for (const table of document.querySelectorAll('table')) {
+    const heads = [...table.querySelectorAll('thead th')].map(align);
+    for (const tr of table.querySelectorAll('tbody tr')) {
+      const cells = [...tr.children];
+      if (cells.length !== heads.length) continue;  // a colspan placeholder row
+      cells.forEach((td, i) => columns.push([table.id, i, heads[i], align(td)]));
+    }
+  }
+  const svg = document.querySelector('#chart svg');
+  return {
+    scrollWidth: document.scrollingElement.scrollWidth,
+    clientWidth: document.documentElement.clientWidth,
+    innerWidth: window.innerWidth,
+    columns,
+    ticks: svg ? JSON.parse(svg.dataset.ticks) : null,
+    tickLabels: svg ? [...svg.querySelectorAll('text.tick')].map(t => t.textContent) : [],
+    timeLabels: svg ? [...svg.querySelectorAll('text:not(.tick)')].map(t => t.textContent) : [],
+    updated: document.getElementById('updated').textContent,
+    schema: document.getElementById('schema').textContent,
+    links: [...document.querySelectorAll('.links a')].map(a => a.getAttribute('href')),
+  };
+})()
+"""
+
+SIZES = ((1280, 800), (420, 900))
+
+
+def is_nice_step(step: int) -> bool:
+    """1, 2 or 5 times a power of ten."""
+    while step >= 10 and step % 10 == 0:
+        step //= 10
+    return step in (1, 2, 5)
+
+
+def check_layout(layout: dict[str, Any], size: tuple[int, int], head: str) -> None:
+    assert layout["innerWidth"] == size[0]
+    assert layout["scrollWidth"] <= layout["innerWidth"], f"overflows sideways at {size}"
+    assert layout["scrollWidth"] <= layout["clientWidth"], f"overflows sideways at {size}"
+    assert layout["columns"], "no table rows to compare"
+    for table, column, th, td in layout["columns"]:
+        assert th == td, f"{table} column {column}: header {th}, cell {td}"
+    ticks = layout["ticks"]
+    assert ticks[0] == 0 and len(ticks) >= 2
+    step = ticks[1] - ticks[0]
+    assert all(b - a == step for a, b in itertools.pairwise(ticks)), ticks
+    assert isinstance(step, int) and is_nice_step(step), ticks
+    assert layout["tickLabels"] == [f"{t:,}" for t in ticks]
+    assert layout["timeLabels"] and all(
+        re.fullmatch(r"\d\d:\d\d:\d\d", t) for t in layout["timeLabels"]), layout["timeLabels"]
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", layout["updated"]), layout["updated"]
+    assert layout["schema"] == head
+    assert layout["links"] == ["/metrics", "/admin/openapi.json"]
 
 
 def number(text: str) -> float:
@@ -193,7 +256,10 @@ async def test_status_page_in_headless_chromium(gateway_factory) -> None:
             assert seen.get("loaded"), f"the page never rendered /status: {seen}"
             assert seen["problem"] is None
             # Numbers: every listener, with this traffic's counts.
-            assert set(seen["listeners"]) == set(gw.listeners)
+            protocols = {k for k, v in seen["listeners"].items() if v["kind"] == "protocol"}
+            assert protocols == set(gw.listeners)
+            kinds = sorted(v["kind"] for v in seen["listeners"].values())
+            assert kinds.count("http") == 1 and kinds.count("websocket") == 1
             row = seen["listeners"]["bson"]
             assert row["address"] == "{}:{}".format(*gw.listeners["bson"].address)
             assert number(row["connections_open"]) == 1
@@ -210,11 +276,27 @@ async def test_status_page_in_headless_chromium(gateway_factory) -> None:
             assert seen["chartSource"] == "live"
             assert seen["bars"] == 60 and seen["tallBars"] >= 1
             assert 20 <= seen["chartTotal"] <= sent
-            shot = await devtools.call("Page.captureScreenshot", format="png")
-        png = base64.b64decode(shot["data"])
-        assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+            shots: dict[tuple[int, int], bytes] = {}
+            for width, height in SIZES:
+                await devtools.call("Emulation.setDeviceMetricsOverride", width=width,
+                                    height=height, deviceScaleFactor=1, mobile=False)
+                # Overlay scrollbars: the layout and the screenshot are the full width.
+                await devtools.call("Emulation.setScrollbarsHidden", hidden=True)
+                # Wait for a redraw at this size (the page refreshes every 2 s).
+                await devtools.evaluate("document.body.dataset.loaded = 'false'")
+                for _ in range(100):
+                    if (await devtools.evaluate(READ_PAGE) or {}).get("loaded"):
+                        break
+                    await asyncio.sleep(0.1)
+                layout = await devtools.evaluate(READ_LAYOUT)
+                check_layout(layout, (width, height), head_revision())
+                shot = await devtools.call("Page.captureScreenshot", format="png",
+                                           captureBeyondViewport=True)
+                shots[(width, height)] = base64.b64decode(shot["data"])
         OUTPUT.mkdir(exist_ok=True)
-        (OUTPUT / "status-page.png").write_bytes(png)
+        for (width, height), png in shots.items():
+            assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+            (OUTPUT / f"status-page-{width}x{height}.png").write_bytes(png)
     finally:
         stop.set()
         await producer

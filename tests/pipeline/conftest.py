@@ -49,11 +49,12 @@ TEST_CONF = (
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     pytest.importorskip("pyspark", reason=SKIP_REASON)
-    from polyport.pipeline.session import SparkSettings, spark_session
+    from polyport.pipeline.session import SparkSettings, discard_spark_log, spark_session
 
     session = spark_session(SparkSettings(master="local[2]", conf=TEST_CONF), say=False)
     yield session
     session.stop()
+    discard_spark_log()
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -1,20 +1,26 @@
 """Spark set-up without starting Spark: the JDBC address and credentials,
 string literals in pushed-down SQL, where the driver jar comes from, Java,
-the master, and the CLI's errors when Java or the driver is missing.  None of
-this needs pyspark, and the gateway must not import it."""
+the master, and the CLI's errors when Java or the driver is missing; the
+checks that answer before Spark starts (nothing new, unknown binder, another
+run busy) within seconds and without importing pyspark.  None of this needs
+pyspark, and the gateway must not import it."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import asyncpg
 import pytest
 
+from polyport.core.events import EventData
 from polyport.core.migrate import asyncpg_dsn
-from polyport.pipeline.db import PipelineError, jdbc_target, sql_text, sql_text_array
+from polyport.core.store import EventStore
+from polyport.pipeline.db import Pg, PipelineError, jdbc_target, sql_text, sql_text_array
+from polyport.pipeline.preflight import local_export_uri
 from polyport.pipeline.session import (
     DEBIAN_JAR,
     DRIVER_PACKAGE,
@@ -24,6 +30,7 @@ from polyport.pipeline.session import (
     parse_conf,
     resolve_master,
 )
+from tests.core.helpers import append
 from tests.pipeline.conftest import cli_env, polyport_cmd, run_cli
 
 pytestmark = pytest.mark.timeout(60)
@@ -123,7 +130,11 @@ def test_conf_pairs() -> None:
         parse_conf(["novalue"])
 
 
-async def test_cli_says_how_to_get_java_or_the_driver(db_url: str, tmp_path: Path) -> None:
+async def test_cli_says_how_to_get_java_or_the_driver(
+    store: EventStore, db_url: str, tmp_path: Path
+) -> None:
+    # One event: with nothing new the jobs would answer before needing Java.
+    await store.append(append("s", EventData("T", b"{}")))
     env = cli_env(PATH=str(tmp_path))
     env.pop("JAVA_HOME", None)
     no_java = await asyncio.to_thread(
@@ -148,3 +159,64 @@ def test_gateway_runs_without_pyspark() -> None:
     )
     done = run_cli([sys.executable, "-c", probe])
     assert done.returncode == 0, done.stderr
+
+
+# Runs `polyport pipeline …` in a fresh interpreter and says whether PySpark
+# (or py4j, its JVM bridge) was ever imported: a job answered before Spark.
+NO_SPARK_PROBE = """
+import sys
+from polyport.gateway.cli import main
+try:
+    rc = main(sys.argv[1:])
+except SystemExit as exc:
+    rc = exc.code
+loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j'))
+print('SPARK-MODULES', len(loaded), file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def run_without_spark(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, float]:
+    started = time.monotonic()
+    done = run_cli([sys.executable, "-c", NO_SPARK_PROBE, "pipeline", *args], env, timeout=60)
+    seconds = time.monotonic() - started
+    assert "SPARK-MODULES 0" in done.stderr, done.stderr
+    return done.returncode, done.stderr, seconds
+
+
+async def test_nothing_new_answers_before_spark(db_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "export"
+    rc, err, seconds = await asyncio.to_thread(
+        run_without_spark, "export", "--out", str(out), "--database-url", db_url)
+    assert rc == 0, err
+    assert f"pipeline export: nothing new: file:{out} holds every event up to position 0" in err
+    assert seconds < 5
+    rc, err, seconds = await asyncio.to_thread(
+        run_without_spark, "stats", "--database-url", db_url)
+    assert rc == 0, err
+    assert "pipeline stats: nothing new: event_stats counts every event up to position 0" in err
+    assert seconds < 5
+
+
+async def test_unknown_binder_and_busy_job_answer_before_spark(db_url: str) -> None:
+    rc, err, seconds = await asyncio.to_thread(
+        run_without_spark, "rebuild-binder", "no-such", "--database-url", db_url)
+    assert rc == 1 and "no binder named 'no-such'" in err, err
+    assert seconds < 5
+
+    def busy() -> tuple[int, str, float]:
+        with Pg(db_url) as holder:
+            holder.lock_job("stats")
+            return run_without_spark("stats", "--database-url", db_url)
+
+    rc, err, seconds = await asyncio.to_thread(busy)
+    assert rc == 1 and "another run of pipeline job 'stats' is in progress" in err, err
+    assert seconds < 5
+
+
+def test_export_uri_as_hadoop_qualifies_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert local_export_uri("out/x/") == f"file:{tmp_path}/out/x"
+    assert local_export_uri("file:///data/exp") == "file:/data/exp"
+    assert local_export_uri("/data//exp") == "file:/data/exp"
+    assert local_export_uri("hdfs://nn:8020/exp") is None

@@ -62,6 +62,8 @@ class StoreConfig:
     max_waiting_reads: int = 256
     read_timeout: float = 30.0
     allow_anonymous: bool = True
+    # The only contexts an anonymous connection may use; the first is its default.
+    anonymous_contexts: tuple[str, ...] = ("default",)
     run_binders: bool = True
 
 
@@ -138,7 +140,11 @@ class EventStore:
         self.writer = Writer(self._pool, self._dsn, self.config.writer, on_commit=self._committed)
         self.writer.start()
         self._notify_task = asyncio.create_task(self._notifier(), name="polyport-notify")
-        self.users = UserService(self._pool, allow_anonymous=self.config.allow_anonymous)
+        self.users = UserService(
+            self._pool,
+            allow_anonymous=self.config.allow_anonymous,
+            anonymous_contexts=self.config.anonymous_contexts,
+        )
         self.binders = BinderService(self, run_projector=self.config.run_binders)
         await self.binders.start()
         self.started = True

@@ -70,6 +70,8 @@ class StoreConfig:
     max_waiting_reads: int = 256
     read_timeout: float = 30.0
     allow_anonymous: bool = True
+    # The only contexts an anonymous connection may use; the first is its default.
+    anonymous_contexts: tuple[str, ...] = ("default",)
     run_binders: bool = True
     # Readiness (core.health): the schema revision is checked at start and
     # then this often, off the request path.
@@ -153,7 +155,11 @@ class EventStore:
         self.writer.start()
         self._notify_task = asyncio.create_task(self._notifier(), name="polyport-notify")
         self._schema_task = asyncio.create_task(self._watch_schema(), name="polyport-schema")
-        self.users = UserService(self._pool, allow_anonymous=self.config.allow_anonymous)
+        self.users = UserService(
+            self._pool,
+            allow_anonymous=self.config.allow_anonymous,
+            anonymous_contexts=self.config.anonymous_contexts,
+        )
         self.monitor = Monitor(self._pool)
         self.binders = BinderService(self, run_projector=self.config.run_binders)
         await self.binders.start()

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import hmac
 import os
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -24,7 +25,18 @@ SCRYPT_N = 1 << 14
 SCRYPT_R = 8
 SCRYPT_P = 1
 
-ANONYMOUS = Principal(user=None, default_context=DEFAULT_CONTEXT, contexts=None)
+# Who may use every context: the operator's own tools (CLI, admin API,
+# pipeline), never a protocol connection.
+SYSTEM = Principal(user=None, default_context=DEFAULT_CONTEXT, contexts=None)
+DEFAULT_ANONYMOUS_CONTEXTS: tuple[str, ...] = (DEFAULT_CONTEXT,)
+
+
+def anonymous_principal(contexts: tuple[str, ...] = DEFAULT_ANONYMOUS_CONTEXTS) -> Principal:
+    """Anonymous is a limited principal: only the configured contexts, the
+    first of them its default."""
+    if not contexts:
+        raise ValueError("anonymous access needs at least one context")
+    return Principal(user=None, default_context=contexts[0], contexts=frozenset(contexts))
 
 
 def hash_password(password: str, *, n: int = SCRYPT_N) -> str:
@@ -32,6 +44,28 @@ def hash_password(password: str, *, n: int = SCRYPT_N) -> str:
     digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=SCRYPT_R, p=SCRYPT_P, dklen=32)
     b64 = base64.b64encode
     return f"scrypt${n}${SCRYPT_R}${SCRYPT_P}${b64(salt).decode()}${b64(digest).decode()}"
+
+
+def hash_parameters(stored: str) -> tuple[int, int, int] | None:
+    """(n, r, p) of a stored scrypt hash, or None if it is not one."""
+    try:
+        scheme, n, r, p, _salt, _digest = stored.split("$")
+        return (int(n), int(r), int(p)) if scheme == "scrypt" else None
+    except ValueError:
+        return None
+
+
+_dummy_hash: str | None = None
+
+
+def dummy_hash() -> str:
+    """A hash with the same cost as a real user's, to verify against when the
+    user does not exist: a failure costs the same time either way, so timing
+    does not tell which names exist.  Made once, on first use."""
+    global _dummy_hash
+    if _dummy_hash is None:
+        _dummy_hash = hash_password(base64.b64encode(os.urandom(18)).decode())
+    return _dummy_hash
 
 
 def verify_password(password: str, stored: str) -> bool:
@@ -68,30 +102,124 @@ class UserInfo:
         }
 
 
+def _principal(row: asyncpg.Record) -> Principal:
+    contexts = row["contexts"]
+    return Principal(
+        user=row["name"],
+        default_context=row["default_context"],
+        contexts=frozenset(contexts) if contexts is not None else None,
+    )
+
+
+class LoginThrottle:
+    """Failed logins per source address, and the delay they earn.
+
+    The first ``free_failures`` failures within ``window`` seconds cost
+    nothing extra; each further attempt from that address waits
+    ``base_delay`` × 2^(excess − 1), at most ``max_delay``, before it is even
+    checked.  A success clears the address.  At most ``max_addresses`` are
+    remembered (the oldest forgotten first), so a flood of sources costs
+    bounded memory.
+    """
+
+    def __init__(
+        self,
+        *,
+        free_failures: int = 10,
+        window: float = 60.0,
+        base_delay: float = 0.5,
+        max_delay: float = 10.0,
+        max_addresses: int = 10_000,
+    ) -> None:
+        self.free_failures = free_failures
+        self.window = window
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self.max_addresses = max_addresses
+        self._failures: dict[str, tuple[int, float]] = {}  # address -> (count, last)
+        self.failures_total = 0
+        self.delayed_total = 0
+
+    def delay_for(self, address: str | None, now: float | None = None) -> float:
+        if not address:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        entry = self._failures.get(address)
+        if entry is None:
+            return 0.0
+        count, last = entry
+        if now - last > self.window:
+            del self._failures[address]
+            return 0.0
+        excess = count - self.free_failures
+        if excess < 0:
+            return 0.0
+        return float(min(self.max_delay, self.base_delay * (2 ** excess)))
+
+    def failed(self, address: str | None, now: float | None = None) -> None:
+        self.failures_total += 1
+        if not address:
+            return
+        now = time.monotonic() if now is None else now
+        count, last = self._failures.pop(address, (0, now))
+        if now - last > self.window:
+            count = 0
+        self._failures[address] = (count + 1, now)  # re-inserted: newest last
+        while len(self._failures) > self.max_addresses:
+            del self._failures[next(iter(self._failures))]
+
+    def succeeded(self, address: str | None) -> None:
+        if address:
+            self._failures.pop(address, None)
+
+
 class UserService:
-    def __init__(self, pool: asyncpg.Pool, *, allow_anonymous: bool) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        allow_anonymous: bool,
+        anonymous_contexts: tuple[str, ...] = DEFAULT_ANONYMOUS_CONTEXTS,
+        throttle: LoginThrottle | None = None,
+    ) -> None:
         self._pool = pool
         self.allow_anonymous = allow_anonymous
+        self.anonymous = anonymous_principal(anonymous_contexts)
+        self.throttle = throttle or LoginThrottle()
 
-    async def authenticate(self, user: str | None, password: str | None) -> Principal:
+    async def authenticate(
+        self, user: str | None, password: str | None, *, peer: str | None = None
+    ) -> Principal:
+        """The principal for a login; ``peer`` (the source address) feeds the
+        failed-login throttle.  No user name = anonymous, when allowed."""
         if not user:
             if self.allow_anonymous:
-                return ANONYMOUS
+                return self.anonymous
             raise Unauthenticated("anonymous access is disabled: give a user name and password")
+        delay = self.throttle.delay_for(peer)
+        if delay > 0:
+            self.throttle.delayed_total += 1
+            await asyncio.sleep(delay)
         row = await self._pool.fetchrow(sql.GET_USER, user)
-        # Hash even for unknown users so timing does not reveal which exist.
-        stored = row["password_hash"] if row else hash_password("x", n=1 << 10)
+        # Unknown users are checked against a hash of the same cost.
+        stored = row["password_hash"] if row else dummy_hash()
         ok = await asyncio.get_running_loop().run_in_executor(
             None, verify_password, password or "", stored
         )
         if row is None or not ok:
+            self.throttle.failed(peer)
             raise Unauthenticated(f"wrong user name or password for {user!r}")
-        contexts = row["contexts"]
-        return Principal(
-            user=row["name"],
-            default_context=row["default_context"],
-            contexts=frozenset(contexts) if contexts is not None else None,
-        )
+        self.throttle.succeeded(peer)
+        return _principal(row)
+
+    async def principal_for(self, user: str) -> Principal:
+        """The principal of a user who proved who they are another way (a
+        client certificate, a CURVE key): no password is checked here."""
+        row = await self._pool.fetchrow(sql.GET_USER, user)
+        if row is None:
+            self.throttle.failed(None)
+            raise Unauthenticated(f"no user {user!r} for this credential")
+        return _principal(row)
 
     async def add(
         self,

@@ -1,0 +1,152 @@
+"""The trust boundary: what one principal may do with the event store.
+
+Protocol adapters never hold the :class:`~polyport.core.store.EventStore`;
+they hold a :class:`Tenant`, made by :meth:`EventStore.login` (or
+``anonymous``) for the connection's principal.  Every method that touches
+tenant data checks the principal here, in core, before any storage is
+touched, so no adapter can forget the check.  The operator's own tools (CLI,
+admin API, pipeline) use the store directly: they act for the operator.
+
+Durable subscription and consumer-group names are scoped by context: the key
+is (context, name), however a protocol spells it, so two tenants may use the
+same name and never meet.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from polyport.core.commands import (
+    Append,
+    AppendBatch,
+    AppendResult,
+    Principal,
+    ReadSegment,
+    ReadStream,
+    SegmentChunk,
+    Selector,
+    Start,
+    Subscribe,
+)
+from polyport.core.errors import Forbidden
+from polyport.core.events import RecordedEvent
+
+if TYPE_CHECKING:
+    from polyport.core.binders import BinderQuery
+    from polyport.core.groups import GroupMember
+    from polyport.core.store import EventStore, FetchSubscription
+    from polyport.core.subscriptions import Subscription
+
+
+def _who(principal: Principal) -> str:
+    return f"user {principal.user!r}" if principal.user else "anonymous"
+
+
+class Tenant:
+    """The event store as one principal may use it."""
+
+    __slots__ = ("_store", "principal")
+
+    def __init__(self, store: EventStore, principal: Principal) -> None:
+        self._store = store
+        self.principal = principal
+
+    # --- the check ----------------------------------------------------------
+
+    def check(self, context: str) -> str:
+        """``context`` if the principal may use it, else :class:`Forbidden`."""
+        if not self.principal.may_use(context):
+            raise Forbidden(f"{_who(self.principal)} may not use context {context!r}")
+        return context
+
+    def context(self, requested: str | None = None) -> str:
+        """The context a request acts in: the one it names, else the
+        principal's default; checked either way."""
+        return self.check(requested or self.principal.default_context)
+
+    def _check_all(self, contexts: Iterable[str]) -> None:
+        for c in contexts:
+            self.check(c)
+
+    def _check_selector(self, selector: Selector) -> None:
+        if selector.context is None:
+            if self.principal.contexts is not None:
+                raise Forbidden(
+                    f"{_who(self.principal)} may not subscribe to every context; name one"
+                )
+            return
+        self.check(selector.context)
+
+    # --- appends and reads --------------------------------------------------
+
+    async def append(self, command: Append) -> AppendResult:
+        self.check(command.context)
+        return await self._store.append(command)
+
+    async def append_batch(self, command: AppendBatch) -> list[AppendResult]:
+        # All or nothing: one forbidden context refuses the whole transaction.
+        self._check_all(a.context for a in command.appends)
+        return await self._store.append_batch(command)
+
+    async def read_stream(self, command: ReadStream) -> list[RecordedEvent]:
+        self.check(command.context)
+        return await self._store.read_stream(command)
+
+    async def stream_state(self, context: str, stream: str) -> tuple[int, int] | None:
+        self.check(context)
+        return await self._store.stream_state(context, stream)
+
+    async def read_segment(self, command: ReadSegment) -> SegmentChunk:
+        self.check(command.context)
+        return await self._store.read_segment(command)
+
+    async def producer_ack_level(self, producer_id: uuid.UUID, context: str, stream: str) -> int:
+        self.check(context)
+        return await self._store.producer_ack_level(producer_id, context, stream)
+
+    # --- subscriptions ------------------------------------------------------
+
+    async def subscribe(
+        self, command: Subscribe, *, credit: bool = False
+    ) -> Subscription | GroupMember:
+        self._check_selector(command.selector)
+        return await self._store.subscribe(command, credit=credit)
+
+    async def register_fetch_subscription(
+        self, name: str, selector: Selector, start: Start
+    ) -> FetchSubscription:
+        self._check_selector(selector)
+        return await self._store.register_fetch_subscription(name, selector, start)
+
+    async def _own(self, sub_id: int) -> FetchSubscription:
+        # A durable id is a small integer anyone can guess: it must belong to
+        # a context this principal may use, or it does not exist for them.
+        sub = await self._store.get_fetch_subscription(sub_id)
+        context = sub.selector.context
+        if context is None and self.principal.contexts is None:
+            return sub
+        if context is None or not self.principal.may_use(context):
+            raise Forbidden(f"{_who(self.principal)} may not use subscription {sub_id}")
+        return sub
+
+    async def fetch(self, sub_id: int, suggested_count: int, **kw: Any) -> list[RecordedEvent]:
+        await self._own(sub_id)
+        return await self._store.fetch(sub_id, suggested_count, **kw)
+
+    async def progress(self, sub_id: int, last_event_time: datetime) -> bool:
+        await self._own(sub_id)
+        return await self._store.progress(sub_id, last_event_time)
+
+    async def seek(self, sub_id: int, start: Start) -> int:
+        await self._own(sub_id)
+        return await self._store.seek(sub_id, start)
+
+    # --- binders ------------------------------------------------------------
+
+    async def query(self, binder: str, matcher: dict[str, Any]) -> BinderQuery:
+        spec = await self._store.binders.get(binder)
+        self.check(spec.context)
+        return await self._store.query(binder, matcher)

@@ -29,7 +29,7 @@ async def test_status_command_reads_database_and_running_gateway(
     assert [s["name"] for s in data["subscriptions"]] == ["reader"]
     assert data["subscriptions"][0]["lag_events"] == 3
     assert [b["name"] for b in data["binders"]] == ["docs"]
-    assert data["gateway"]["reachable"] is True
+    assert data["gateway"]["reachable"] is True, data["gateway"]
     listeners = {li["name"] for li in data["gateway"]["status"]["listeners"]
                  if li["kind"] == "protocol"}
     assert listeners == set(gw.listeners)

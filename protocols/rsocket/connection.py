@@ -526,12 +526,12 @@ class ServerConnection(_Connection):
         if self.lease_required:
             # A fragmented request counts once against the lease (the spec).
             self.lease_left -= 1
-        ev = Ev.RECV_REQUEST_FIRST if frame.follows else Ev.RECV_REQUEST
+        ev = Ev.RECV_REQUEST_BEGIN if frame.follows else Ev.RECV_REQUEST
         t = self._transition(None, kind, ev)
         assert t is not None
         to, action = t
         rec = self._apply(sid, None, kind, to)
-        if ev is Ev.RECV_REQUEST_FIRST:
+        if ev is Ev.RECV_REQUEST_BEGIN:
             assert rec is not None
             rec.first = frame
             if not self._collect(rec, frame.metadata, frame.data):
@@ -549,7 +549,7 @@ class ServerConnection(_Connection):
         rec = self._streams.get(sid)
         if rec is None:
             return  # "a PAYLOAD on an unknown Stream ID MUST be ignored"
-        ev = Ev.RECV_FRAGMENT if frame.follows else Ev.RECV_FRAGMENT_LAST
+        ev = Ev.RECV_REQUEST_MORE if frame.follows else Ev.RECV_REQUEST_END
         t = self._transition(rec, rec.kind, ev)
         if t is None:
             return  # e.g. a channel's PAYLOAD: nothing was granted, nothing is read
@@ -561,7 +561,7 @@ class ServerConnection(_Connection):
                                    f"request exceeds max_message_size {self.max_message_size}",
                                    out)
         whole: Request | None = None
-        if ev is Ev.RECV_FRAGMENT_LAST and rec.phase is Phase.RECEIVING_REQUEST:
+        if ev is Ev.RECV_REQUEST_END and rec.phase is Phase.RECEIVING_REQUEST:
             first = rec.first
             assert isinstance(first, _REQUEST_CLASSES)
             metadata, data = self._joined(rec)
@@ -633,13 +633,13 @@ class ServerConnection(_Connection):
         item = False
         if rec.phase is Phase.SENDING_FRAGMENTS:
             if frame.follows:
-                ev = Ev.SEND_FRAGMENT
+                ev = Ev.SEND_MORE
             else:
-                ev = Ev.SEND_LAST_FRAGMENT_COMPLETE if frame.complete else Ev.SEND_LAST_FRAGMENT
+                ev = Ev.SEND_END_COMPLETE if frame.complete else Ev.SEND_END
         elif frame.follows:
             if frame.complete or not frame.next:
                 raise LocalProtocolError("a first fragment is a NEXT without C")
-            ev, item = Ev.SEND_FIRST_FRAGMENT, True
+            ev, item = Ev.SEND_BEGIN, True
         elif frame.complete:
             ev, item = Ev.SEND_COMPLETE, frame.next
         else:
@@ -752,11 +752,11 @@ class ClientConnection(_Connection):
         self.setup_accepted = True
         if rec.phase is Phase.RECEIVING_FRAGMENTS:
             if frame.follows:
-                ev = Ev.RECV_PAYLOAD_MORE
+                ev = Ev.RECV_MORE
             else:
-                ev = Ev.RECV_PAYLOAD_LAST_COMPLETE if frame.complete else Ev.RECV_PAYLOAD_LAST
+                ev = Ev.RECV_END_COMPLETE if frame.complete else Ev.RECV_END
         elif frame.follows:
-            ev = Ev.RECV_PAYLOAD_FIRST
+            ev = Ev.RECV_BEGIN
         elif frame.complete:
             ev = Ev.RECV_COMPLETE
         else:
@@ -765,20 +765,20 @@ class ClientConnection(_Connection):
         if t is None:
             return
         to, action = t
-        item = frame.next and ev in (Ev.RECV_NEXT, Ev.RECV_COMPLETE, Ev.RECV_PAYLOAD_FIRST)
+        item = frame.next and ev in (Ev.RECV_NEXT, Ev.RECV_COMPLETE, Ev.RECV_BEGIN)
         if item and rec.kind.has_credits:
             rec.credits = max(0, rec.credits - 1)
         whole: Payload | None = None
         if ev in (Ev.RECV_NEXT, Ev.RECV_COMPLETE):
             whole = frame
         elif rec.phase is not Phase.ABANDONED:
-            if ev is Ev.RECV_PAYLOAD_FIRST:
+            if ev is Ev.RECV_BEGIN:
                 rec.metadata, rec.data, rec.size = None, [], 0
             if not self._collect(rec, frame.metadata, frame.data):
                 return self._violation(sid, rec, rec.kind, TOO_LARGE,
                                        f"PAYLOAD exceeds max_message_size {self.max_message_size}",
                                        out)
-            if ev in (Ev.RECV_PAYLOAD_LAST, Ev.RECV_PAYLOAD_LAST_COMPLETE):
+            if ev in (Ev.RECV_END, Ev.RECV_END_COMPLETE):
                 metadata, data = self._joined(rec)
                 whole = Payload(sid, metadata, data, complete=frame.complete, next=True)
         self._apply(sid, rec, rec.kind, to)
@@ -817,7 +817,7 @@ class ClientConnection(_Connection):
             kind = Kind(FRAME_TYPE_OF[type(frame)])
             if rec is not None:
                 raise LocalProtocolError(f"stream id {sid} is in use")
-            ev = Ev.SEND_REQUEST_FIRST if frame.follows else Ev.SEND_REQUEST
+            ev = Ev.SEND_REQUEST_BEGIN if frame.follows else Ev.SEND_REQUEST
             to, _ = self._send_transition(None, kind, ev, sid)
             new = self._apply(sid, None, kind, to)
             if new is not None and isinstance(frame, RequestStream):
@@ -825,7 +825,7 @@ class ClientConnection(_Connection):
         elif isinstance(frame, Payload):
             # Continuations of our fragmented request.
             kind = rec.kind if rec is not None else Kind.REQUEST_RESPONSE
-            ev = Ev.SEND_REQUEST_FRAGMENT if frame.follows else Ev.SEND_REQUEST_LAST
+            ev = Ev.SEND_REQUEST_MORE if frame.follows else Ev.SEND_REQUEST_END
             to, _ = self._send_transition(rec, kind, ev, sid)
             self._apply(sid, rec, kind, to)
         elif isinstance(frame, RequestN):

@@ -15,6 +15,7 @@ extensions.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from polyport.protocols.errors import MALFORMED, TOO_LARGE
@@ -29,6 +30,22 @@ from polyport.protocols.reactive.streams import (
 )
 
 CONNECTION_STREAM_ID = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    """The peer broke one stream's rules, or the stream cannot go on (a
+    limit, RSocket's LEASE); the connection lives on.
+
+    The connection object has already terminated the stream's normal flow.  The
+    application stops any work for ``stream_id`` and answers: a server sends
+    ``conn.send_error(e.stream_id, e.code, e.message)``, a client sends
+    ``conn.cancel(e.stream_id)``.  ``code`` is a canonical error name.
+    """
+
+    stream_id: int
+    code: str
+    message: str
 
 
 class StreamConnection:

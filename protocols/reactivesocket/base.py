@@ -13,9 +13,8 @@ objects' interface and are exported from there too.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from polyport.protocols.reactive.connection import StreamConnection
+from polyport.protocols.reactive.connection import StreamConnection, StreamError
 from polyport.protocols.reactivesocket import payloads
 from polyport.protocols.reactivesocket.errors import (
     MALFORMED,
@@ -53,22 +52,6 @@ from polyport.protocols.reactivesocket.wire import (
     describe,
     encode_frame,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class StreamError:
-    """The peer broke one stream's rules; the connection lives on.
-
-    The connection object has already terminated the stream's normal flow.  The
-    application stops any work for ``stream_id`` and answers: a server sends
-    ``conn.send_error(e.stream_id, e.code, e.message)``, a client sends
-    ``conn.cancel(e.stream_id)``.
-    """
-
-    stream_id: int
-    code: str
-    message: str
-
 
 Event = Frame | StreamError
 

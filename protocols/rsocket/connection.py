@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from polyport.protocols.reactive.connection import RequesterConveniences, StreamConnection
+from polyport.protocols.reactive.connection import (
+    RequesterConveniences,
+    StreamConnection,
+    StreamError,
+)
 from polyport.protocols.rsocket.errors import (
     BUSY,
     MALFORMED,
@@ -94,21 +97,6 @@ DEFAULT_MAX_STREAMS = 1024
 _REQUEST_CLASSES = (RequestResponse, RequestFnf, RequestStream, RequestChannel)
 # ERROR codes on stream 0 a server ignores (the spec: they only answer SETUP).
 _SETUP_ERROR_CODES = frozenset({INVALID_SETUP, UNSUPPORTED_SETUP, REJECTED_SETUP, REJECTED_RESUME})
-
-
-@dataclass(frozen=True, slots=True)
-class StreamError:
-    """One stream cannot go on; the connection lives on.
-
-    The codec has ended the stream's normal flow.  The application stops any
-    work for ``stream_id`` and answers: a server sends
-    ``conn.send_error(e.stream_id, e.code, e.message)``, a client
-    ``conn.cancel(e.stream_id)``.  ``code`` is a canonical error name.
-    """
-
-    stream_id: int
-    code: str
-    message: str
 
 
 Event = Frame | StreamError

@@ -370,6 +370,31 @@ class RequesterConveniences(StreamConnection):
 
     request_n_type: ClassVar[Any] = None
     cancel_type: ClassVar[Any] = None
+    setup_type: ClassVar[Any] = None
+    # The client takes SETUP as accepted once the server answers anything.
+    setup_accepted: bool
+
+    def _receive_error(self, frame: Any, out: list[Any]) -> None:
+        """ERROR on a stream: an unknown id is ignored (it crossed our CANCEL)."""
+        if frame.stream_id not in self._streams:
+            return
+        self.setup_accepted = True
+        self._follow(frame, Ev.RECV_ERROR, out)
+
+    def _send_setup(self, frame: Any) -> bool:
+        """SETUP goes first, once; a stream frame needs it sent and a stream
+        id other than 0.  True when ``frame`` was the SETUP."""
+        if isinstance(frame, self.setup_type):
+            nxt = self.connection_table.get((self.role, self.state, "send SETUP"))
+            if nxt is None:
+                raise self.local_error("SETUP is sent once, as the first frame")
+            self.state = nxt
+            return True
+        if self.state is not ConnectionState.OPEN:
+            raise self.local_error(f"send SETUP before {self._describe(frame)}")
+        if frame.stream_id == CONNECTION_STREAM_ID:
+            raise self.local_error(f"{self._describe(frame)} cannot use stream 0")
+        return False
 
     def _fragment(self, frame: Any) -> list[Any]:
         raise NotImplementedError

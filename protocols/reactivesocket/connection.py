@@ -46,7 +46,6 @@ from polyport.protocols.reactivesocket.frames import (
     Setup,
 )
 from polyport.protocols.reactivesocket.state import (
-    CONNECTION_TABLE,
     REQUESTER_LIVE,
     REQUESTER_TABLE,
     RESPONDER_LIVE,
@@ -403,6 +402,7 @@ class ClientConnection(BaseConnection, RequesterConveniences):
     live_phases = REQUESTER_LIVE
     request_n_type = RequestN
     cancel_type = Cancel
+    setup_type = Setup
 
     def __init__(
         self,
@@ -532,24 +532,11 @@ class ClientConnection(BaseConnection, RequesterConveniences):
         if whole is not None and action is Action.DELIVER:
             out.append(whole)
 
-    def _receive_error(self, frame: ErrorFrame, out: list[Event]) -> None:
-        if frame.stream_id in self._streams:
-            self.setup_accepted = True
-        self._follow(frame, Ev.RECV_ERROR, out)
-
     # --- sending ---------------------------------------------------------------
 
     def _send_frame(self, frame: Frame) -> None:
-        if isinstance(frame, Setup):
-            nxt = CONNECTION_TABLE.get((self.role, self.state, "send SETUP"))
-            if nxt is None:
-                raise LocalProtocolError("SETUP is sent once, as the first frame")
-            self.state = nxt
+        if self._send_setup(frame):
             return
-        if self.state is not ConnectionState.OPEN:
-            raise LocalProtocolError(f"send SETUP before {describe(frame)}")
-        if frame.stream_id == CONNECTION_STREAM_ID:
-            raise LocalProtocolError(f"{describe(frame)} cannot use stream 0")
         if isinstance(frame, _REQUEST_CLASSES):
             self._send_request_frame(frame)
         elif isinstance(frame, RequestN):

@@ -1,21 +1,23 @@
 """What ReactiveSocket's server and client connections share.
 
-:class:`BaseConnection` does the framing per transport, the connection's own
-states (``CONNECTION_TABLE``), the checks every send goes through and the
-book-keeping of streams; ``connection.py`` adds the responder's and the
-requester's stream rules.  :class:`StreamError` and :func:`error_frame` are
-part of the connection objects' interface and are exported from there too.
+:class:`BaseConnection` plugs the draft's codec into the core both versions
+share (``protocols/reactive/connection.py``: framing, the connection's own
+states, the send checks, the stream book-keeping) and adds what is the
+draft's alone: EXT frames and the I (ignore) flag, a TCP length that counts
+itself, and stream rejection that follows the rest of a fragmented request.
+``connection.py`` adds the responder's and the requester's stream rules.
+:class:`StreamError` and :func:`error_frame` are part of the connection
+objects' interface and are exported from there too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from polyport.protocols.reactive.connection import StreamConnection, StreamError
 from polyport.protocols.reactivesocket import payloads
 from polyport.protocols.reactivesocket.errors import (
     MALFORMED,
-    TOO_LARGE,
     UNSUPPORTED,
     LocalProtocolError,
     RemoteProtocolError,
@@ -26,7 +28,7 @@ from polyport.protocols.reactivesocket.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_MESSAGE_SIZE,
     LENGTH_SIZE,
-    Cancel,
+    MAX_I64,
     ErrorFrame,
     Ext,
     Frame,
@@ -39,10 +41,7 @@ from polyport.protocols.reactivesocket.state import (
     Ev,
     Kind,
     Phase,
-    StreamInfo,
     StreamRecord,
-    Table,
-    Transition,
 )
 from polyport.protocols.reactivesocket.wire import (
     TRANSPORTS,
@@ -54,22 +53,6 @@ from polyport.protocols.reactivesocket.wire import (
     encode_frame,
 )
 
-
-@dataclass(frozen=True, slots=True)
-class StreamError:
-    """The peer broke one stream's rules; the connection lives on.
-
-    The connection object has already terminated the stream's normal flow.  The
-    application stops any work for ``stream_id`` and answers: a server sends
-    ``conn.send_error(e.stream_id, e.code, e.message)``, a client sends
-    ``conn.cancel(e.stream_id)``.
-    """
-
-    stream_id: int
-    code: str
-    message: str
-
-
 Event = Frame | StreamError
 
 
@@ -78,14 +61,21 @@ def error_frame(stream_id: int, code: str, message: str) -> ErrorFrame:
     return ErrorFrame(stream_id, payloads.encode_error_data(code, message))
 
 
-class BaseConnection:
-    """What the server and the client share: framing per transport, the
-    connection's own states, the send checks and the stream book-keeping.
-    Subclasses receive and send stream frames by their role's table."""
+class BaseConnection(StreamConnection):
+    """The draft's codec on the shared core; subclasses receive and send
+    stream frames by their role's table."""
 
-    role = ""
-    table: Table = {}
-    live_phases: frozenset[Phase] = frozenset()
+    connection_table = CONNECTION_TABLE
+    transports = TRANSPORTS
+    length_size = LENGTH_SIZE
+    # The draft's Frame Length includes its own 4 bytes.
+    length_counts_itself = True
+    credit_cap = MAX_I64
+    unbounded_credits = MAX_I64
+    record_type = StreamRecord
+    error_frame_type = ErrorFrame
+    remote_error = RemoteProtocolError
+    local_error = LocalProtocolError
 
     def __init__(
         self,
@@ -96,93 +86,42 @@ class BaseConnection:
         max_fragment: int = DEFAULT_MAX_FRAGMENT,
         extensions: Iterable[int] = (),
     ) -> None:
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        super().__init__(
+            transport,
+            max_frame_size=max_frame_size,
+            max_message_size=max_message_size,
+            max_fragment=max_fragment,
+        )
         if max_frame_size < 12 or max_fragment < 1 or max_message_size < 0:
             raise ValueError("max_frame_size >= 12, max_fragment >= 1, max_message_size >= 0")
-        self.transport = transport
-        self.max_frame_size = max_frame_size
-        self.max_message_size = max_message_size
-        self.max_fragment = max_fragment
         self.extensions = frozenset(extensions)
-        self.state = ConnectionState.AWAITING_SETUP
-        self._buffer = bytearray()
-        self._streams: dict[int, StreamRecord] = {}
 
-    # --- introspection -----------------------------------------------------------
+    # --- the codec -------------------------------------------------------------------
 
-    @property
-    def closed(self) -> bool:
-        return self.state in (ConnectionState.CLOSED, ConnectionState.ERRORED)
+    def _decode(self, message: bytes) -> Frame:
+        return decode_frame(message)
 
-    @property
-    def streams(self) -> dict[int, StreamInfo]:
-        """Every stream with book-keeping, live or winding down."""
-        return {
-            sid: StreamInfo(sid, rec.kind, rec.phase, rec.credits)
-            for sid, rec in self._streams.items()
-        }
+    def _encode(self, frame: Frame) -> bytes:
+        return encode_frame(frame)
 
-    def live_streams(self) -> list[int]:
-        return sorted(sid for sid, rec in self._streams.items() if rec.phase in self.live_phases)
+    def _add_tcp_length(self, message: bytes) -> bytes:
+        return add_tcp_length(message)
 
-    def is_live(self, stream_id: int) -> bool:
-        rec = self._streams.get(stream_id)
-        return rec is not None and rec.phase in self.live_phases
+    def _describe(self, frame: Frame) -> str:
+        return describe(frame)
 
-    def credits(self, stream_id: int) -> int:
-        """Outstanding credits of a live stream (0 for an unknown one)."""
-        rec = self._streams.get(stream_id)
-        return rec.credits if rec is not None else 0
+    def _check_tcp_length(self, length: int) -> None:
+        check_tcp_length(length, self.max_frame_size)
+
+    def _check_message(self, message: bytes) -> None:
+        check_message_size(message, self.max_frame_size)
 
     # --- receiving -------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[Event]:
-        """Feed bytes (TCP) or one message (WebSocket); get every complete frame.
-
-        Raises :class:`RemoteProtocolError` on a connection-level fault; the error's
-        ``frames`` are those decoded before it.  After the fault or after an
-        ERROR on stream 0, further data is discarded.
-        """
-        out: list[Event] = []
-        if self.closed:
-            return out
-        try:
-            if self.transport == "tcp":
-                self._receive_tcp(data, out)
-            else:
-                check_message_size(data, self.max_frame_size)
-                self._receive_message(bytes(data), out)
-        except RemoteProtocolError as exc:
-            self.state = ConnectionState.ERRORED
-            self._buffer.clear()
-            exc.frames = list(out)
-            raise
-        return out
-
-    def _receive_tcp(self, data: bytes, out: list[Event]) -> None:
-        buf = self._buffer
-        buf += data
-        pos = 0
-        try:
-            while len(buf) - pos >= LENGTH_SIZE and not self.closed:
-                length = int.from_bytes(buf[pos : pos + LENGTH_SIZE], "big")
-                check_tcp_length(length, self.max_frame_size)
-                if len(buf) - pos < length:
-                    break
-                message = bytes(buf[pos + LENGTH_SIZE : pos + length])
-                pos += length
-                self._receive_message(message, out)
-        finally:
-            del buf[:pos]
-        if self.closed:
-            buf.clear()
-
-    def _receive_message(self, message: bytes, out: list[Event]) -> None:
-        frame = decode_frame(message)
+    def _skip_unknown(self, frame: Frame, out: list[Event]) -> bool:
         if isinstance(frame, UnknownFrame):
             if frame.ignore:
-                return
+                return True
             raise RemoteProtocolError(
                 f"unknown frame type 0x{frame.frame_type:04X} without the I (ignore) flag",
                 code=UNSUPPORTED,
@@ -191,29 +130,16 @@ class BaseConnection:
             if frame.extended_type in self.extensions:
                 if self.state is ConnectionState.OPEN:
                     out.append(frame)
-                    return
+                    return True
             elif frame.ignore:
-                return
+                return True
             else:
                 raise RemoteProtocolError(
                     f"unsupported extension type 0x{frame.extended_type:08X} "
                     "without the I (ignore) flag",
                     code=UNSUPPORTED,
                 )
-        if isinstance(frame, ErrorFrame) and frame.stream_id == CONNECTION_STREAM_ID:
-            self._connection_event("recv ERROR 0", frame)
-            out.append(frame)
-            return
-        self._receive_frame(frame, out)
-
-    def _connection_event(self, what: str, frame: Frame) -> None:
-        nxt = CONNECTION_TABLE.get((self.role, self.state, what))
-        if nxt is None:
-            raise RemoteProtocolError(
-                f"{describe(frame)} is not allowed while the connection is {self.state.value}",
-                code=MALFORMED,
-            )
-        self.state = nxt
+        return False
 
     def _check_stream_zero(self, frame: Frame) -> None:
         if frame.stream_id == CONNECTION_STREAM_ID:
@@ -222,74 +148,20 @@ class BaseConnection:
                 code=MALFORMED,
             )
 
-    def _receive_frame(self, frame: Frame, out: list[Event]) -> None:
-        raise NotImplementedError
-
     # --- sending ---------------------------------------------------------------
 
-    def send(self, frame: Frame) -> bytes:
-        """Bytes for one frame (one WebSocket message), after checking that the
-        frame is legal now.  Raises :class:`LocalProtocolError` otherwise."""
-        message = encode_frame(frame)
-        if len(message) > self.max_frame_size:
-            raise LocalProtocolError(
-                f"{describe(frame)} of {len(message)} bytes exceeds max_frame_size "
-                f"{self.max_frame_size}; fragment it",
-                code=TOO_LARGE,
-            )
-        if self.state is ConnectionState.CLOSED:
-            raise LocalProtocolError("the connection is closed")
-        if isinstance(frame, ErrorFrame) and frame.stream_id == CONNECTION_STREAM_ID:
-            nxt = CONNECTION_TABLE.get((self.role, self.state, "send ERROR 0"))
-            if nxt is None:
-                raise LocalProtocolError(
-                    f"ERROR on stream 0 is not allowed while {self.state.value}"
-                )
-            self.state = nxt
-            self._streams.clear()
-        elif self.state is ConnectionState.ERRORED:
-            raise LocalProtocolError("after a protocol error only ERROR on stream 0 may be sent")
-        elif isinstance(frame, (Ext, UnknownFrame)):
-            if self.state is not ConnectionState.OPEN:
-                raise LocalProtocolError(f"{describe(frame)} before the connection is set up")
-        else:
-            self._send_frame(frame)
-        return add_tcp_length(message) if self.transport == "tcp" else message
+    def _send_connection_frame(self, frame: Frame) -> bool:
+        if not isinstance(frame, (Ext, UnknownFrame)):
+            return False
+        if self.state is not ConnectionState.OPEN:
+            raise LocalProtocolError(f"{describe(frame)} before the connection is set up")
+        return True
 
     def send_error(self, stream_id: int, code: str, message: str) -> bytes:
         """ERROR with ``{code, message}``; stream 0 ends the connection."""
         return self.send(error_frame(stream_id, code, message))
 
-    def _send_frame(self, frame: Frame) -> None:
-        raise NotImplementedError
-
-    def _send_all(self, stream_id: int, frames: list[Frame]) -> list[bytes]:
-        """Send several frames of one stream all or nothing."""
-        rec = self._streams.get(stream_id)
-        saved = None if rec is None else (rec.phase, rec.credits)
-        sent: list[bytes] = []
-        try:
-            for frame in frames:
-                sent.append(self.send(frame))
-        except LocalProtocolError:
-            if saved is None:
-                self._streams.pop(stream_id, None)
-            else:
-                assert rec is not None
-                rec.phase, rec.credits = saved
-                self._streams[stream_id] = rec
-            raise
-        return sent
-
     # --- stream table helpers ----------------------------------------------------
-
-    def _apply(self, stream_id: int, rec: StreamRecord | None, kind: Kind, to: Phase) -> None:
-        if to is Phase.CLOSED:
-            self._streams.pop(stream_id, None)
-        elif rec is None:
-            self._streams[stream_id] = StreamRecord(kind, to)
-        else:
-            rec.phase = to
 
     def _reject(
         self,
@@ -312,33 +184,3 @@ class BaseConnection:
         self._apply(stream_id, rec, lookup, to)
         if action is Action.REJECT:
             out.append(StreamError(stream_id, code, message))
-
-    def _follow(self, frame: Cancel | ErrorFrame, ev: Ev, out: list[Event]) -> None:
-        """A frame whose only effect is its table row (CANCEL to the responder,
-        ERROR to the requester).  Without a record or a row it is dropped: it
-        crossed the stream's end on the wire."""
-        sid = frame.stream_id
-        rec = self._streams.get(sid)
-        if rec is None:
-            return
-        t = self.table.get((rec.kind, rec.phase, ev))
-        if t is None:
-            return
-        to, action = t
-        self._apply(sid, rec, rec.kind, to)
-        if action is Action.DELIVER:
-            out.append(frame)
-
-    def _send_transition(
-        self, rec: StreamRecord | None, kind: Kind, ev: Ev, stream_id: int, hint: str = ""
-    ) -> Transition:
-        phase = rec.phase if rec is not None else Phase.CLOSED
-        t = self.table.get((rec.kind if rec is not None else kind, phase, ev))
-        if t is None:
-            what = ev.value.replace("send_", "").replace("_", " ").upper()
-            state = f"a {rec.kind.name} stream in phase {phase.value}" if rec else "no live stream"
-            raise LocalProtocolError(
-                f"cannot send {what} on stream {stream_id}: {state}"
-                + (f" ({hint})" if hint else "")
-            )
-        return t

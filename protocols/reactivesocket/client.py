@@ -18,26 +18,33 @@ Service level (polyport's MessagePack schema): :meth:`append`,
 
 Memory: a stream's queue holds at most what the client granted (the server
 never sends beyond the credits), so grant in proportion to what you consume.
+
+Transports, stream queues and the read loop are shared with the RSocket 1.0
+client (``protocols/reactive/client.py``); this module has the draft's frames
+and MessagePack service calls.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from polyport.core.aio import IterateUntilNone
-from polyport.protocols.reactivesocket import payloads
-from polyport.protocols.reactivesocket.connection import ClientConnection, StreamError
-from polyport.protocols.reactivesocket.errors import (
-    LocalProtocolError,
-    PayloadError,
-    RemoteProtocolError,
+from polyport.protocols.reactive.client import (
+    Answer,
+    ConnectionClosed,
+    DecodedStream,
+    NewEvent,
+    RemoteError,
+    ResponseStream,
+    StreamClient,
+    TcpTransport,
+    open_websocket,
 )
+from polyport.protocols.reactivesocket import payloads
+from polyport.protocols.reactivesocket.connection import ClientConnection
+from polyport.protocols.reactivesocket.errors import PayloadError
 from polyport.protocols.reactivesocket.frames import (
-    CONNECTION_STREAM_ID,
     DEFAULT_MAX_FRAGMENT,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -56,23 +63,7 @@ from polyport.protocols.reactivesocket.payloads import (
     SubscribeRequest,
 )
 
-READ_CHUNK = 64 * 1024
 UNBOUNDED = MAX_I64
-
-
-class RemoteError(Exception):
-    """The server answered with ERROR: ``code`` is the canonical error name.
-    ``stream_id`` 0 means the whole connection was refused or failed."""
-
-    def __init__(self, code: str, message: str, stream_id: int = 0) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.stream_id = stream_id
-
-
-class ConnectionClosed(ConnectionError):
-    """The connection ended before the answer came."""
 
 
 def _error_from(frame: ErrorFrame) -> RemoteError:
@@ -85,165 +76,18 @@ def _error_from(frame: ErrorFrame) -> RemoteError:
     return RemoteError(data.code, data.message, frame.stream_id)
 
 
-# --- transports -------------------------------------------------------------------
-
-
-class _Transport(Protocol):
-    async def send(self, chunks: list[bytes]) -> None: ...
-
-    async def receive(self) -> bytes | None:
-        """Bytes (TCP) or one message (WebSocket); None at the end."""
-
-    async def close(self) -> None: ...
-
-
-class _TcpTransport:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
-
-    async def send(self, chunks: list[bytes]) -> None:
-        for chunk in chunks:
-            self._writer.write(chunk)
-        await self._writer.drain()
-
-    async def receive(self) -> bytes | None:
-        data = await self._reader.read(READ_CHUNK)
-        return data or None
-
-    async def close(self) -> None:
-        self._writer.close()
-        with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
-
-
-class _WebSocketTransport:
-    def __init__(self, session: Any, ws: Any) -> None:
-        self._session = session
-        self._ws = ws
-
-    async def send(self, chunks: list[bytes]) -> None:
-        for chunk in chunks:
-            await self._ws.send_bytes(chunk)
-
-    async def receive(self) -> bytes | None:
-        from aiohttp import WSMsgType
-
-        while True:
-            msg = await self._ws.receive()
-            if msg.type == WSMsgType.BINARY:
-                data: bytes = msg.data
-                return data
-            if msg.type == WSMsgType.TEXT:
-                continue  # not ReactiveSocket; ignored
-            return None
-
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._ws.close()
-        await self._session.close()
-
-
-# --- streams ------------------------------------------------------------------------
-
-
-class _End:
-    pass
-
-
-_END = _End()
-_Item = bytes | _End | BaseException
-
-
-class ResponseStream(IterateUntilNone[bytes]):
-    """The responses of one REQUEST_STREAM or REQUEST_SUB, in order."""
-
-    def __init__(self, client: ReactiveSocketClient, stream_id: int) -> None:
-        self._client = client
-        self.stream_id = stream_id
-        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self.done = False
-
-    def _put(self, item: _Item) -> None:
-        self._queue.put_nowait(item)
-
-    async def next(self, timeout: float | None = None) -> bytes | None:  # noqa: ASYNC109
-        """The next response's data; None at COMPLETE, after CANCEL, or when
-        ``timeout`` passes.  Raises :class:`RemoteError` on ERROR."""
-        if self.done and self._queue.empty():
-            return None
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except TimeoutError:
-            return None
-        if isinstance(item, _End):
-            self.done = True
-            return None
-        if isinstance(item, BaseException):
-            self.done = True
-            raise item
-        return item
-
-
-    async def request(self, n: int) -> None:
-        """Grant ``n`` more responses (REQUEST_N)."""
-        await self._client._send_request_n(self.stream_id, n)
-
-    async def cancel(self) -> None:
-        """CANCEL: the server stops at once; nothing more is delivered here."""
-        await self._client._send_cancel(self.stream_id)
-        self.done = True
-        self._put(_END)
-
-
-class EventStream(IterateUntilNone[EventMap]):
+class EventStream(DecodedStream[EventMap]):
     """A ResponseStream whose items are event maps."""
 
     def __init__(self, stream: ResponseStream) -> None:
-        self.raw = stream
-
-    @property
-    def stream_id(self) -> int:
-        return self.raw.stream_id
-
-    async def next(self, timeout: float | None = None) -> EventMap | None:  # noqa: ASYNC109
-        data = await self.raw.next(timeout)
-        return None if data is None else payloads.decode_event(data)
-
-
-    async def request(self, n: int) -> None:
-        await self.raw.request(n)
-
-    async def cancel(self) -> None:
-        await self.raw.cancel()
-
-
-@dataclass(frozen=True, slots=True)
-class NewEvent:
-    """An event to append; ``id`` (the idempotency key) is chosen by the server
-    when absent."""
-
-    type: str
-    body: bytes
-    headers: Mapping[str, str] | None = None
-    content_type: str | None = None
-    id: Any = None  # uuid.UUID
+        super().__init__(stream, payloads.decode_event)
 
 
 # --- the client -----------------------------------------------------------------------
 
 
-class ReactiveSocketClient:
-    def __init__(self, transport: _Transport, conn: ClientConnection) -> None:
-        self._transport = transport
-        self._conn = conn
-        self._lock = asyncio.Lock()  # codec call + write, in one order
-        self._waiters: dict[int, asyncio.Future[bytes]] = {}
-        self._streams: dict[int, ResponseStream] = {}
-        self._reader: asyncio.Task[None] | None = None
-        self.closed = False
-        # Why the connection ended (ERROR on stream 0, EOF, protocol fault).
-        self.error: BaseException | None = None
+class ReactiveSocketClient(StreamClient):
+    _conn: ClientConnection
 
     # --- connecting ------------------------------------------------------------
 
@@ -269,7 +113,7 @@ class ReactiveSocketClient:
             max_message_size=max_message_size,
             max_fragment=max_fragment,
         )
-        client = cls(_TcpTransport(reader, writer), conn)
+        client = cls(TcpTransport(reader, writer), conn)
         await client._start(payloads.SetupData(user, password, context))
         return client
 
@@ -286,189 +130,50 @@ class ReactiveSocketClient:
         max_fragment: int = DEFAULT_MAX_FRAGMENT,
     ) -> ReactiveSocketClient:
         """Connect to ``ws://host:port/reactivesocket`` (aiohttp) and send SETUP."""
-        import aiohttp
-
-        session = aiohttp.ClientSession()
-        try:
-            ws = await session.ws_connect(url, max_msg_size=max_frame_size, autoping=True)
-        except BaseException:
-            await session.close()
-            raise
+        transport = await open_websocket(url, max_frame_size, autoping=True)
         conn = ClientConnection(
             "websocket",
             max_frame_size=max_frame_size,
             max_message_size=max_message_size,
             max_fragment=max_fragment,
         )
-        client = cls(_WebSocketTransport(session, ws), conn)
+        client = cls(transport, conn)
         await client._start(payloads.SetupData(user, password, context))
         return client
 
     async def _start(self, setup: payloads.SetupData) -> None:
         await self._transport.send([self._conn.setup(payloads.encode_setup_data(setup))])
-        self._reader = asyncio.create_task(self._read_loop(), name="rs-client-reader")
-
-    async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-        await self._transport.close()
-        self._finish(ConnectionClosed("the client closed the connection"))
-
-    async def __aenter__(self) -> ReactiveSocketClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        self._start_reading("rs-client-reader")
 
     @property
     def setup_accepted(self) -> bool:
         """True once the server answered anything (the spec's rule)."""
         return self._conn.setup_accepted
 
-    # --- receiving -------------------------------------------------------------
+    # --- the draft's frames ------------------------------------------------------
 
-    async def _read_loop(self) -> None:
-        reason: BaseException = ConnectionClosed("the server closed the connection")
-        try:
-            while True:
-                data = await self._transport.receive()
-                if data is None:
-                    break
-                try:
-                    events = self._conn.receive_data(data)
-                except RemoteProtocolError as exc:
-                    reason = exc
-                    with contextlib.suppress(Exception):
-                        async with self._lock:
-                            wire = self._conn.send_error(
-                                CONNECTION_STREAM_ID, exc.code, exc.message
-                            )
-                            await self._transport.send([wire])
-                    break
-                for ev in events:
-                    if isinstance(ev, ErrorFrame) and ev.stream_id == CONNECTION_STREAM_ID:
-                        reason = _error_from(ev)
-                    else:
-                        await self._deliver(ev)
-                if isinstance(reason, RemoteError):
-                    break
-        except (ConnectionError, OSError) as exc:
-            reason = ConnectionClosed(str(exc))
-        finally:
-            self._finish(reason)
+    def _error_from(self, frame: ErrorFrame) -> RemoteError:
+        return _error_from(frame)
 
-    async def _deliver(self, ev: object) -> None:
-        if isinstance(ev, Response):
-            sid = ev.stream_id
-            waiter = self._waiters.pop(sid, None)
-            if waiter is not None:
-                if not waiter.done():
-                    waiter.set_result(ev.data)
-                return
-            stream = self._streams.get(sid)
-            if stream is None:
-                return
-            if not ev.complete or ev.data:
-                stream._put(ev.data)
-            if ev.complete:
-                stream._put(_END)
-                self._streams.pop(sid, None)
-        elif isinstance(ev, ErrorFrame):
-            self._fail(ev.stream_id, _error_from(ev))
-        elif isinstance(ev, StreamError):
-            # The server broke this stream's rules: give up on it.
-            self._fail(ev.stream_id, RemoteError(ev.code, ev.message, ev.stream_id))
-            await self._send_cancel(ev.stream_id)
+    def _answer(self, ev: object) -> Answer | None:
+        if not isinstance(ev, Response):
+            return None
+        # A COMPLETE without data ends a stream without an item.
+        return Answer(ev.stream_id, ev.data, not ev.complete or bool(ev.data), ev.complete)
 
-    def _fail(self, sid: int, exc: BaseException) -> None:
-        waiter = self._waiters.pop(sid, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
-        stream = self._streams.pop(sid, None)
-        if stream is not None:
-            stream._put(exc)
-
-    def _finish(self, reason: BaseException) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.error = reason
-        for sid in list(self._waiters):
-            self._fail(sid, reason)
-        for sid in list(self._streams):
-            self._fail(sid, reason)
-
-    # --- sending ---------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise (
-                self.error
-                if isinstance(self.error, RemoteError)
-                else ConnectionClosed(f"connection closed: {self.error}")
-            )
+    # --- requests ----------------------------------------------------------------
 
     async def request_response(self, data: bytes) -> bytes:
-        self._check_open()
-        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        async with self._lock:
-            sid, wire = self._conn.request_response(data)
-            self._waiters[sid] = fut
-            await self._transport.send(wire)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            # The caller gave up: tell the server (spec: CANCEL).
-            self._waiters.pop(sid, None)
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._send_cancel(sid))
-            raise
+        return await self._single(lambda: self._conn.request_response(data))
 
     async def fire_and_forget(self, data: bytes) -> None:
-        self._check_open()
-        async with self._lock:
-            _, wire = self._conn.request_fnf(data)
-            await self._transport.send(wire)
+        await self._fire(lambda: self._conn.request_fnf(data))
 
     async def request_stream(self, data: bytes, initial_n: int = UNBOUNDED) -> ResponseStream:
-        self._check_open()
-        async with self._lock:
-            sid, wire = self._conn.request_stream(data, initial_n)
-            stream = ResponseStream(self, sid)
-            self._streams[sid] = stream
-            await self._transport.send(wire)
-        return stream
+        return await self._stream(lambda: self._conn.request_stream(data, initial_n))
 
     async def request_subscription(self, data: bytes, initial_n: int = UNBOUNDED) -> ResponseStream:
-        self._check_open()
-        async with self._lock:
-            sid, wire = self._conn.request_sub(data, initial_n)
-            stream = ResponseStream(self, sid)
-            self._streams[sid] = stream
-            await self._transport.send(wire)
-        return stream
-
-    async def _send_request_n(self, sid: int, n: int) -> None:
-        if self.closed:
-            return
-        async with self._lock:
-            wire = self._conn.request_n(sid, n)
-            if wire:
-                await self._transport.send([wire])
-
-    async def _send_cancel(self, sid: int) -> None:
-        self._streams.pop(sid, None)
-        if self.closed:
-            return
-        async with self._lock:
-            try:
-                wire = self._conn.cancel(sid)
-            except LocalProtocolError:
-                return
-            if wire:
-                await self._transport.send([wire])
+        return await self._stream(lambda: self._conn.request_sub(data, initial_n))
 
     # --- the polyport service ---------------------------------------------------
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+from polyport.protocols.reactive.connection import RequesterConveniences
 from polyport.protocols.reactivesocket.base import BaseConnection, Event, StreamError, error_frame
 from polyport.protocols.reactivesocket.errors import (
     MALFORMED,
@@ -45,7 +46,6 @@ from polyport.protocols.reactivesocket.frames import (
     Setup,
 )
 from polyport.protocols.reactivesocket.state import (
-    CONNECTION_TABLE,
     REQUESTER_LIVE,
     REQUESTER_TABLE,
     RESPONDER_LIVE,
@@ -57,7 +57,6 @@ from polyport.protocols.reactivesocket.state import (
     Phase,
     StreamRecord,
     add_credits,
-    use_credit,
 )
 from polyport.protocols.reactivesocket.wire import describe
 
@@ -312,10 +311,7 @@ class ServerConnection(BaseConnection):
         if isinstance(frame, Response):
             self._send_response_frame(frame)
         elif isinstance(frame, ErrorFrame):
-            rec = self._streams.get(frame.stream_id)
-            kind = rec.kind if rec is not None else Kind.REQUEST_RESPONSE
-            to, _ = self._send_transition(rec, kind, Ev.SEND_ERROR, frame.stream_id)
-            self._apply(frame.stream_id, rec, kind, to)
+            self._send_error_frame(frame, Kind.REQUEST_RESPONSE)
         else:
             raise LocalProtocolError(
                 f"the server sends RESPONSE, ERROR and EXT only, not {describe(frame)}"
@@ -359,9 +355,7 @@ class ServerConnection(BaseConnection):
             hint = "a REQUEST_RESPONSE is answered by one RESPONSE with C (complete)"
         to, _ = self._send_transition(rec, rec.kind, ev, sid, hint)
         if item and rec.kind.has_credits:
-            if rec.credits <= 0:
-                raise LocalProtocolError(f"no credits left on stream {sid}: wait for REQUEST_N")
-            rec.credits = use_credit(rec.credits)
+            self._spend_credit(rec, sid)
         self._apply(sid, rec, rec.kind, to)
 
     def fragment_response(
@@ -398,7 +392,7 @@ class ServerConnection(BaseConnection):
         return self.send(Response(stream_id, b"", complete=True))
 
 
-class ClientConnection(BaseConnection):
+class ClientConnection(BaseConnection, RequesterConveniences):
     """The requester side.  Send SETUP first (:meth:`setup`), then requests on
     ids from :meth:`next_stream_id` (odd: 1, 3, 5, ...; never reused).
     RESPONSEs come out of ``receive_data`` reassembled."""
@@ -406,6 +400,9 @@ class ClientConnection(BaseConnection):
     role = "client"
     table = REQUESTER_TABLE
     live_phases = REQUESTER_LIVE
+    request_n_type = RequestN
+    cancel_type = Cancel
+    setup_type = Setup
 
     def __init__(
         self,
@@ -521,7 +518,7 @@ class ClientConnection(BaseConnection):
                 )
         item = ev in (Ev.RECV_NEXT, Ev.RECV_BEGIN) or (ev is Ev.RECV_COMPLETE and frame.data)
         if item and rec.phase is not Phase.ABANDONED and rec.kind.has_credits:
-            rec.credits = max(0, use_credit(rec.credits))
+            rec.credits = max(0, self._use_credit(rec.credits))
         whole: Response | None = None
         if ev in (Ev.RECV_NEXT, Ev.RECV_COMPLETE):
             whole = replace(frame, begin=True, end=True)
@@ -535,40 +532,19 @@ class ClientConnection(BaseConnection):
         if whole is not None and action is Action.DELIVER:
             out.append(whole)
 
-    def _receive_error(self, frame: ErrorFrame, out: list[Event]) -> None:
-        if frame.stream_id in self._streams:
-            self.setup_accepted = True
-        self._follow(frame, Ev.RECV_ERROR, out)
-
     # --- sending ---------------------------------------------------------------
 
     def _send_frame(self, frame: Frame) -> None:
-        if isinstance(frame, Setup):
-            nxt = CONNECTION_TABLE.get((self.role, self.state, "send SETUP"))
-            if nxt is None:
-                raise LocalProtocolError("SETUP is sent once, as the first frame")
-            self.state = nxt
+        if self._send_setup(frame):
             return
-        if self.state is not ConnectionState.OPEN:
-            raise LocalProtocolError(f"send SETUP before {describe(frame)}")
-        if frame.stream_id == CONNECTION_STREAM_ID:
-            raise LocalProtocolError(f"{describe(frame)} cannot use stream 0")
         if isinstance(frame, _REQUEST_CLASSES):
             self._send_request_frame(frame)
         elif isinstance(frame, RequestN):
-            rec = self._streams.get(frame.stream_id)
             if frame.n <= 0:
                 raise LocalProtocolError(f"Request N must be positive, not {frame.n}")
-            kind = rec.kind if rec is not None else Kind.REQUEST_STREAM
-            to, _ = self._send_transition(rec, kind, Ev.SEND_REQUEST_N, frame.stream_id)
-            assert rec is not None
-            rec.credits = add_credits(rec.credits, frame.n)
-            rec.phase = to
+            self._send_request_n_frame(frame, Kind.REQUEST_STREAM)
         elif isinstance(frame, Cancel):
-            rec = self._streams.get(frame.stream_id)
-            kind = rec.kind if rec is not None else Kind.REQUEST_STREAM
-            to, _ = self._send_transition(rec, kind, Ev.SEND_CANCEL, frame.stream_id)
-            self._apply(frame.stream_id, rec, kind, to)
+            self._send_cancel_frame(frame, Kind.REQUEST_STREAM)
         else:
             raise LocalProtocolError(
                 f"the client sends SETUP, requests, REQUEST_N, CANCEL and EXT, "
@@ -614,9 +590,8 @@ class ClientConnection(BaseConnection):
     def setup(self, data: bytes = b"") -> bytes:
         return self.send(Setup(data))
 
-    def _request(self, frame: Request) -> tuple[int, list[bytes]]:
-        frames: list[Frame] = list(fragment(frame, self.max_fragment))
-        return frame.stream_id, self._send_all(frame.stream_id, frames)
+    def _fragment(self, frame: Request) -> list[Frame]:
+        return list(fragment(frame, self.max_fragment))
 
     def request_response(self, data: bytes) -> tuple[int, list[bytes]]:
         """Allocate a stream id and send the request (fragmented as needed).
@@ -631,15 +606,3 @@ class ClientConnection(BaseConnection):
 
     def request_sub(self, data: bytes, initial_n: int) -> tuple[int, list[bytes]]:
         return self._request(RequestSub(self.next_stream_id(), initial_n, data))
-
-    def request_n(self, stream_id: int, n: int) -> bytes:
-        """REQUEST_N, or ``b""`` when the stream has already ended."""
-        if not self.is_live(stream_id):
-            return b""
-        return self.send(RequestN(stream_id, n))
-
-    def cancel(self, stream_id: int) -> bytes:
-        """CANCEL, or ``b""`` when the stream has already ended."""
-        if not self.is_live(stream_id):
-            return b""
-        return self.send(Cancel(stream_id))

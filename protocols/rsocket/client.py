@@ -12,9 +12,10 @@ rsocket-java).
     ev = await sub.next(timeout=1.0); await sub.request(5); await sub.cancel()
 
 ERROR frames raise :class:`RSocketError` with the canonical ``code``.  The
-transports and the stream queue are the ReactiveSocket draft client's: only
-the frames differ.  The client sends KEEPALIVE every ``keepalive_ms`` and,
-when it asked for a LEASE, waits for one before its first request.
+transports, stream queues and read loop are shared with the ReactiveSocket
+draft client (``protocols/reactive/client.py``): only the frames differ.  The
+client sends KEEPALIVE every ``keepalive_ms`` and, when it asked for a LEASE,
+waits for one before its first request.
 """
 
 from __future__ import annotations
@@ -24,16 +25,17 @@ import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from polyport.core.aio import IterateUntilNone
-from polyport.protocols.reactivesocket.client import (
-    _END,
+from polyport.protocols.reactive.client import (
+    Answer,
     ConnectionClosed,
+    DecodedStream,
     NewEvent,
     RemoteError,
     ResponseStream,
-    _TcpTransport,
-    _Transport,
-    _WebSocketTransport,
+    StreamClient,
+    TcpTransport,
+    Transport,
+    open_websocket,
 )
 from polyport.protocols.reactivesocket.payloads import (
     AppendEvent,
@@ -46,7 +48,7 @@ from polyport.protocols.reactivesocket.payloads import (
     SubscribeRequest,
 )
 from polyport.protocols.rsocket import metadata, payloads
-from polyport.protocols.rsocket.connection import ClientConnection, StreamError
+from polyport.protocols.rsocket.connection import ClientConnection
 from polyport.protocols.rsocket.errors import (
     LocalProtocolError,
     RemoteProtocolError,
@@ -90,43 +92,23 @@ def _error_from(frame: ErrorFrame) -> RSocketError:
     return RSocketError(code, message, frame.stream_id, frame.code)
 
 
-class EventStream(IterateUntilNone[EventMap]):
+class EventStream(DecodedStream[EventMap]):
     """A ResponseStream whose items are event maps."""
 
     def __init__(self, stream: ResponseStream, fmt: str) -> None:
-        self.raw = stream
-        self._fmt = fmt
-
-    @property
-    def stream_id(self) -> int:
-        return self.raw.stream_id
-
-    async def next(self, timeout: float | None = None) -> EventMap | None:  # noqa: ASYNC109
-        data = await self.raw.next(timeout)
-        return None if data is None else payloads.decode_event(data, self._fmt)
-
-    async def request(self, n: int) -> None:
-        await self.raw.request(n)
-
-    async def cancel(self) -> None:
-        await self.raw.cancel()
+        super().__init__(stream, lambda data: payloads.decode_event(data, fmt))
 
 
-class RSocketClient:
-    def __init__(self, transport: _Transport, conn: ClientConnection, fmt: str) -> None:
-        self._transport = transport
-        self._conn = conn
+class RSocketClient(StreamClient):
+    _conn: ClientConnection
+
+    def __init__(self, transport: Transport, conn: ClientConnection, fmt: str) -> None:
+        super().__init__(transport, conn)
         self.data_format = fmt
-        self._lock = asyncio.Lock()  # codec call + write, in one order
-        self._waiters: dict[int, asyncio.Future[bytes]] = {}
-        self._streams: dict[int, ResponseStream] = {}
-        self._reader: asyncio.Task[None] | None = None
         self._keepalive: asyncio.Task[None] | None = None
         self._lease = asyncio.Event()
         self.lease: Lease | None = None
         self.keepalives_answered = 0
-        self.closed = False
-        self.error: BaseException | None = None
 
     # --- connecting ---------------------------------------------------------------
 
@@ -134,25 +116,18 @@ class RSocketClient:
     async def connect(cls, host: str, port: int, **kw: Any) -> RSocketClient:
         """Connect over TCP and send SETUP.  Keywords as :meth:`connect_websocket`."""
         reader, writer = await asyncio.open_connection(host, port)
-        return await cls._open(_TcpTransport(reader, writer), "tcp", **kw)
+        return await cls._open(TcpTransport(reader, writer), "tcp", **kw)
 
     @classmethod
     async def connect_websocket(cls, url: str, **kw: Any) -> RSocketClient:
         """Connect to ``ws://host:port/rsocket`` (aiohttp) and send SETUP."""
-        import aiohttp
-
-        session = aiohttp.ClientSession()
-        try:
-            ws = await session.ws_connect(url, max_msg_size=DEFAULT_MAX_FRAME_SIZE + 1024)
-        except BaseException:
-            await session.close()
-            raise
-        return await cls._open(_WebSocketTransport(session, ws), "websocket", **kw)
+        transport = await open_websocket(url, DEFAULT_MAX_FRAME_SIZE + 1024)
+        return await cls._open(transport, "websocket", **kw)
 
     @classmethod
     async def _open(
         cls,
-        transport: _Transport,
+        transport: Transport,
         kind: str,
         *,
         user: str | None = None,
@@ -184,119 +159,49 @@ class RSocketClient:
         if not lease:
             client._lease.set()
         await transport.send([conn.setup(setup)])
-        client._reader = asyncio.create_task(client._read_loop(), name="rsocket-client-reader")
+        client._start_reading("rsocket-client-reader")
         client._keepalive = asyncio.create_task(
             client._keepalive_loop(keepalive_ms / 1000), name="rsocket-client-keepalive"
         )
         return client
 
     async def close(self) -> None:
-        for task in (self._keepalive, self._reader):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        await self._transport.close()
-        self._finish(ConnectionClosed("the client closed the connection"))
+        await self._stop(self._keepalive, self._reader)
 
-    async def __aenter__(self) -> RSocketClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    # --- receiving -------------------------------------------------------------------
+    # --- RSocket's frames --------------------------------------------------------------
 
     async def _keepalive_loop(self, every: float) -> None:
         while not self.closed:
             await asyncio.sleep(every)
             await self._send_frame(Keepalive(respond=True))
 
-    async def _read_loop(self) -> None:
-        reason: BaseException = ConnectionClosed("the server closed the connection")
-        try:
-            while True:
-                data = await self._transport.receive()
-                if data is None:
-                    break
-                try:
-                    events = self._conn.receive_data(data)
-                except RemoteProtocolError as exc:
-                    reason = exc
-                    with contextlib.suppress(Exception):
-                        async with self._lock:
-                            wire = self._conn.send_error(
-                                CONNECTION_STREAM_ID, exc.code, exc.message, exc.error_code
-                            )
-                            await self._transport.send([wire])
-                    break
-                for ev in events:
-                    if isinstance(ev, ErrorFrame) and ev.stream_id == CONNECTION_STREAM_ID:
-                        reason = _error_from(ev)
-                    else:
-                        await self._deliver(ev)
-                if isinstance(reason, RSocketError):
-                    break
-        except (ConnectionError, OSError) as exc:
-            reason = ConnectionClosed(str(exc))
-        finally:
-            self._finish(reason)
+    def _error_from(self, frame: ErrorFrame) -> RSocketError:
+        return _error_from(frame)
 
-    async def _deliver(self, ev: object) -> None:
-        if isinstance(ev, Payload):
-            sid = ev.stream_id
-            waiter = self._waiters.pop(sid, None)
-            if waiter is not None:
-                if not waiter.done():
-                    waiter.set_result(ev.data)
-                return
-            stream = self._streams.get(sid)
-            if stream is None:
-                return
-            if ev.next:
-                stream._put(ev.data)
-            if ev.complete:
-                stream._put(_END)
-                self._streams.pop(sid, None)
-        elif isinstance(ev, ErrorFrame):
-            self._fail(ev.stream_id, _error_from(ev))
-        elif isinstance(ev, StreamError):
-            self._fail(ev.stream_id, RSocketError(ev.code, ev.message, ev.stream_id, 0))
-            await self._send_cancel(ev.stream_id)
-        elif isinstance(ev, Lease):
+    def _stream_error(self, stream_id: int, code: str, message: str) -> RSocketError:
+        return RSocketError(code, message, stream_id, 0)
+
+    def _protocol_error_frame(self, exc: RemoteProtocolError) -> bytes:
+        return self._conn.send_error(CONNECTION_STREAM_ID, exc.code, exc.message, exc.error_code)
+
+    def _answer(self, ev: object) -> Answer | None:
+        if not isinstance(ev, Payload):
+            return None
+        return Answer(ev.stream_id, ev.data, ev.next, ev.complete)
+
+    async def _deliver_other(self, ev: object) -> None:
+        if isinstance(ev, Lease):
             self.lease = ev
             self._lease.set()
         elif isinstance(ev, Keepalive) and not ev.respond:
             self.keepalives_answered += 1
 
-    def _fail(self, sid: int, exc: BaseException) -> None:
-        waiter = self._waiters.pop(sid, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
-        stream = self._streams.pop(sid, None)
-        if stream is not None:
-            stream._put(exc)
-
     def _finish(self, reason: BaseException) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.error = reason
-        self._lease.set()  # wake requests waiting for a lease: they fail
-        for sid in list(self._waiters):
-            self._fail(sid, reason)
-        for sid in list(self._streams):
-            self._fail(sid, reason)
+        if not self.closed:
+            self._lease.set()  # wake requests waiting for a lease: they fail
+        super()._finish(reason)
 
     # --- sending ------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise (
-                self.error
-                if isinstance(self.error, RemoteError)
-                else ConnectionClosed(f"connection closed: {self.error}")
-            )
 
     async def _ready(self) -> None:
         await self._lease.wait()
@@ -317,58 +222,19 @@ class RSocketClient:
     ) -> bytes:
         """One request, one answer.  ``user``/``password`` add an
         authentication entry for this request only."""
-        await self._ready()
-        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        async with self._lock:
-            sid, wire = self._conn.request_response(self._metadata(route, user, password), data)
-            self._waiters[sid] = fut
-            await self._transport.send(wire)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            self._waiters.pop(sid, None)
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._send_cancel(sid))
-            raise
+        return await self._single(
+            lambda: self._conn.request_response(self._metadata(route, user, password), data)
+        )
 
     async def fire_and_forget(self, route: str, data: bytes) -> None:
-        await self._ready()
-        async with self._lock:
-            _, wire = self._conn.request_fnf(self._metadata(route, None, None), data)
-            await self._transport.send(wire)
+        await self._fire(lambda: self._conn.request_fnf(self._metadata(route, None, None), data))
 
     async def request_stream(
         self, route: str, data: bytes, initial_n: int = UNBOUNDED
     ) -> ResponseStream:
-        await self._ready()
-        async with self._lock:
-            sid, wire = self._conn.request_stream(
-                self._metadata(route, None, None), data, initial_n
-            )
-            stream = ResponseStream(self, sid)  # type: ignore[arg-type]
-            self._streams[sid] = stream
-            await self._transport.send(wire)
-        return stream
-
-    async def _send_request_n(self, sid: int, n: int) -> None:
-        if self.closed:
-            return
-        async with self._lock:
-            wire = self._conn.request_n(sid, n)
-            if wire:
-                await self._transport.send([wire])
-
-    async def _send_cancel(self, sid: int) -> None:
-        self._streams.pop(sid, None)
-        if self.closed:
-            return
-        async with self._lock:
-            try:
-                wire = self._conn.cancel(sid)
-            except LocalProtocolError:
-                return
-            if wire:
-                await self._transport.send([wire])
+        return await self._stream(
+            lambda: self._conn.request_stream(self._metadata(route, None, None), data, initial_n)
+        )
 
     # --- the polyport routes -------------------------------------------------------------
 

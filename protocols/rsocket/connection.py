@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from polyport.protocols.reactive.connection import (
+    RequesterConveniences,
+    StreamConnection,
+    StreamError,
+)
 from polyport.protocols.rsocket.errors import (
     BUSY,
     MALFORMED,
@@ -43,6 +47,7 @@ from polyport.protocols.rsocket.frames import (
     MAJOR_VERSION,
     MAX_FRAME_LENGTH,
     MAX_STREAM_ID,
+    MAX_U63,
     REJECTED_RESUME,
     REJECTED_SETUP,
     UNSUPPORTED_SETUP,
@@ -77,10 +82,7 @@ from polyport.protocols.rsocket.state import (
     Ev,
     Kind,
     Phase,
-    StreamInfo,
     StreamRecord,
-    Table,
-    Transition,
     add_credits,
 )
 from polyport.protocols.rsocket.wire import (
@@ -97,21 +99,6 @@ _REQUEST_CLASSES = (RequestResponse, RequestFnf, RequestStream, RequestChannel)
 _SETUP_ERROR_CODES = frozenset({INVALID_SETUP, UNSUPPORTED_SETUP, REJECTED_SETUP, REJECTED_RESUME})
 
 
-@dataclass(frozen=True, slots=True)
-class StreamError:
-    """One stream cannot go on; the connection lives on.
-
-    The codec has ended the stream's normal flow.  The application stops any
-    work for ``stream_id`` and answers: a server sends
-    ``conn.send_error(e.stream_id, e.code, e.message)``, a client
-    ``conn.cancel(e.stream_id)``.  ``code`` is a canonical error name.
-    """
-
-    stream_id: int
-    code: str
-    message: str
-
-
 Event = Frame | StreamError
 
 
@@ -125,10 +112,23 @@ def error_frame(
     return ErrorFrame(stream_id, rsocket_code, error_text(code, message))
 
 
-class _Connection:
-    role = ""
-    table: Table = {}
-    live_phases: frozenset[Phase] = frozenset()
+class _Connection(StreamConnection):
+    """RSocket's codec on the core the draft shares
+    (``protocols/reactive/connection.py``), plus what is RSocket's alone: a
+    24-bit TCP length that does not count itself, frames without the I flag
+    refused (no extension is understood), SETUP errors a side ignores, LEASE /
+    KEEPALIVE / METADATA_PUSH, and stream faults that are ignored where the
+    table has no row ("Handling the Unexpected")."""
+
+    connection_table = CONNECTION_TABLE
+    transports = TRANSPORTS
+    length_size = LENGTH_SIZE
+    length_counts_itself = False
+    credit_cap = MAX_U63
+    record_type = StreamRecord
+    error_frame_type = ErrorFrame
+    remote_error = RemoteProtocolError
+    local_error = LocalProtocolError
 
     def __init__(
         self,
@@ -138,70 +138,33 @@ class _Connection:
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         max_fragment: int = DEFAULT_MAX_FRAGMENT,
     ) -> None:
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        super().__init__(
+            transport,
+            max_frame_size=max_frame_size,
+            max_message_size=max_message_size,
+            # A fragment's metadata + data, leaving room for the largest header.
+            max_fragment=min(max_fragment, max_frame_size - HEADER_SIZE - 7),
+        )
         if not HEADER_SIZE <= max_frame_size <= MAX_FRAME_LENGTH:
             raise ValueError(f"max_frame_size must be {HEADER_SIZE}..{MAX_FRAME_LENGTH}")
         if max_fragment < 1 or max_message_size < 0:
             raise ValueError("max_fragment >= 1, max_message_size >= 0")
-        self.transport = transport
-        self.max_frame_size = max_frame_size
-        self.max_message_size = max_message_size
-        # A fragment's metadata + data, leaving room for the largest header.
-        self.max_fragment = min(max_fragment, max_frame_size - HEADER_SIZE - 7)
-        self.state = ConnectionState.AWAITING_SETUP
-        self._buffer = bytearray()
-        self._streams: dict[int, StreamRecord] = {}
 
-    # --- introspection ---------------------------------------------------------------
+    # --- the codec -------------------------------------------------------------------
 
-    @property
-    def closed(self) -> bool:
-        return self.state in (ConnectionState.CLOSED, ConnectionState.ERRORED)
+    def _decode(self, message: bytes) -> Frame:
+        return decode_frame(message)
 
-    @property
-    def streams(self) -> dict[int, StreamInfo]:
-        return {
-            sid: StreamInfo(sid, rec.kind, rec.phase, rec.credits)
-            for sid, rec in self._streams.items()
-        }
+    def _encode(self, frame: Frame) -> bytes:
+        return encode_frame(frame)
 
-    def is_live(self, stream_id: int) -> bool:
-        rec = self._streams.get(stream_id)
-        return rec is not None and rec.phase in self.live_phases
+    def _add_tcp_length(self, message: bytes) -> bytes:
+        return add_tcp_length(message)
 
-    def credits(self, stream_id: int) -> int:
-        rec = self._streams.get(stream_id)
-        return rec.credits if rec is not None else 0
-
-    # --- receiving ---------------------------------------------------------------------
-
-    def receive_data(self, data: bytes) -> list[Event]:
-        """Feed bytes (TCP) or one message (WebSocket); get every complete frame.
-
-        Raises :class:`RemoteProtocolError` on a connection-level fault (its
-        ``frames`` are those decoded before it); after that, or after an ERROR
-        on stream 0, further data is discarded.
-        """
-        out: list[Event] = []
-        if self.closed:
-            return out
-        try:
-            if self.transport == "tcp":
-                self._receive_tcp(data, out)
-            else:
-                self._check_length(len(data))
-                self._receive_message(bytes(data), out)
-        except RemoteProtocolError as exc:
-            self.state = ConnectionState.ERRORED
-            self._buffer.clear()
-            exc.frames = list(out)
-            raise
-        return out
+    def _describe(self, frame: Frame) -> str:
+        return describe(frame)
 
     def _check_length(self, length: int) -> None:
-        # Checked as soon as the length is in: we never wait for (or
-        # allocate) a frame above the limit.
         if length < HEADER_SIZE:
             raise RemoteProtocolError(f"frame of {length} bytes is shorter than the header")
         if length > self.max_frame_size:
@@ -210,72 +173,24 @@ class _Connection:
                 code=TOO_LARGE,
             )
 
-    def _receive_tcp(self, data: bytes, out: list[Event]) -> None:
-        buf = self._buffer
-        buf += data
-        pos = 0
-        try:
-            while len(buf) - pos >= LENGTH_SIZE and not self.closed:
-                length = int.from_bytes(buf[pos : pos + LENGTH_SIZE], "big")
-                self._check_length(length)
-                if len(buf) - pos - LENGTH_SIZE < length:
-                    break
-                message = bytes(buf[pos + LENGTH_SIZE : pos + LENGTH_SIZE + length])
-                pos += LENGTH_SIZE + length
-                self._receive_message(message, out)
-        finally:
-            del buf[:pos]
-        if self.closed:
-            buf.clear()
+    def _check_tcp_length(self, length: int) -> None:
+        self._check_length(length)
 
-    def _receive_message(self, message: bytes, out: list[Event]) -> None:
-        frame = decode_frame(message)
-        if isinstance(frame, (UnknownFrame, Ext)):
-            # No extension is understood here.
-            if frame.ignore:
-                return
-            raise RemoteProtocolError(
-                f"{describe(frame)} not understood and without the I (ignore) flag",
-                code=UNSUPPORTED,
-            )
-        if isinstance(frame, ErrorFrame) and frame.stream_id == CONNECTION_STREAM_ID:
-            if self._ignore_connection_error(frame):
-                return
-            self._connection_event("recv ERROR 0", frame)
-            out.append(frame)
-            return
-        self._receive_frame(frame, out)
+    def _check_message(self, message: bytes) -> None:
+        self._check_length(len(message))
 
-    def _ignore_connection_error(self, frame: ErrorFrame) -> bool:
-        return False
+    # --- receiving ---------------------------------------------------------------------
 
-    def _connection_event(self, what: str, frame: Frame) -> None:
-        nxt = CONNECTION_TABLE.get((self.role, self.state, what))
-        if nxt is None:
-            raise RemoteProtocolError(
-                f"{describe(frame)} is not allowed while the connection is {self.state.value}"
-            )
-        self.state = nxt
-
-    def _receive_frame(self, frame: Frame, out: list[Event]) -> None:
-        raise NotImplementedError
-
-    def _transition(self, rec: StreamRecord | None, kind: Kind, ev: Ev) -> Transition | None:
-        phase = rec.phase if rec is not None else Phase.CLOSED
-        return self.table.get((rec.kind if rec is not None else kind, phase, ev))
-
-    def _apply(
-        self, sid: int, rec: StreamRecord | None, kind: Kind, to: Phase
-    ) -> StreamRecord | None:
-        if to is Phase.CLOSED:
-            self._streams.pop(sid, None)
-            return None
-        if rec is None:
-            rec = StreamRecord(kind, to)
-            self._streams[sid] = rec
-        else:
-            rec.phase = to
-        return rec
+    def _skip_unknown(self, frame: Frame, out: list[Event]) -> bool:
+        if not isinstance(frame, (UnknownFrame, Ext)):
+            return False
+        # No extension is understood here.
+        if frame.ignore:
+            return True
+        raise RemoteProtocolError(
+            f"{describe(frame)} not understood and without the I (ignore) flag",
+            code=UNSUPPORTED,
+        )
 
     def _violation(
         self, sid: int, rec: StreamRecord | None, kind: Kind, code: str, message: str,
@@ -311,40 +226,16 @@ class _Connection:
 
     # --- sending -------------------------------------------------------------------------
 
-    def send(self, frame: Frame) -> bytes:
-        """Bytes for one frame (one WebSocket message), after checking that the
-        frame is legal now.  Raises :class:`LocalProtocolError` otherwise."""
-        message = encode_frame(frame)
-        if len(message) > self.max_frame_size:
-            raise LocalProtocolError(
-                f"{describe(frame)} of {len(message)} bytes exceeds max_frame_size "
-                f"{self.max_frame_size}; fragment it",
-                code=TOO_LARGE,
-            )
-        if self.state is ConnectionState.CLOSED:
-            raise LocalProtocolError("the connection is closed")
-        if isinstance(frame, ErrorFrame) and frame.stream_id == CONNECTION_STREAM_ID:
-            nxt = CONNECTION_TABLE.get((self.role, self.state, "send ERROR 0"))
-            if nxt is None:
-                raise LocalProtocolError(
-                    f"ERROR on stream 0 is not allowed while {self.state.value}"
-                )
-            self.state = nxt
-            self._streams.clear()
-        elif self.state is ConnectionState.ERRORED:
-            raise LocalProtocolError("after a protocol error only ERROR on stream 0 may be sent")
-        elif isinstance(frame, (Lease, Keepalive, MetadataPush)):
-            what = f"send {describe(frame)}"
-            nxt = CONNECTION_TABLE.get((self.role, self.state, what))
-            if nxt is None:
-                raise LocalProtocolError(
-                    f"cannot {what} while the connection is {self.state.value}"
-                )
-            self._sent_connection_frame(frame)
-            self.state = nxt
-        else:
-            self._send_frame(frame)
-        return add_tcp_length(message) if self.transport == "tcp" else message
+    def _send_connection_frame(self, frame: Frame) -> bool:
+        if not isinstance(frame, (Lease, Keepalive, MetadataPush)):
+            return False
+        what = f"send {describe(frame)}"
+        nxt = CONNECTION_TABLE.get((self.role, self.state, what))
+        if nxt is None:
+            raise LocalProtocolError(f"cannot {what} while the connection is {self.state.value}")
+        self._sent_connection_frame(frame)
+        self.state = nxt
+        return True
 
     def _sent_connection_frame(self, frame: Frame) -> None:
         pass
@@ -353,39 +244,6 @@ class _Connection:
                    rsocket_code: int | None = None) -> bytes:
         """ERROR with ``<code>: <message>``; stream 0 ends the connection."""
         return self.send(error_frame(stream_id, code, message, rsocket_code))
-
-    def _send_frame(self, frame: Frame) -> None:
-        raise NotImplementedError
-
-    def _send_all(self, stream_id: int, frames: list[Frame]) -> list[bytes]:
-        """Send several frames of one stream all or nothing."""
-        rec = self._streams.get(stream_id)
-        saved = None if rec is None else (rec.phase, rec.credits)
-        sent: list[bytes] = []
-        try:
-            for frame in frames:
-                sent.append(self.send(frame))
-        except LocalProtocolError:
-            if saved is None or rec is None:
-                self._streams.pop(stream_id, None)
-            else:
-                rec.phase, rec.credits = saved
-                self._streams[stream_id] = rec
-            raise
-        return sent
-
-    def _send_transition(self, rec: StreamRecord | None, kind: Kind, ev: Ev, sid: int,
-                         hint: str = "") -> Transition:
-        t = self._transition(rec, kind, ev)
-        if t is None:
-            what = ev.value.replace("send_", "").replace("_", " ").upper()
-            state = (
-                f"a {rec.kind.name} stream that is {rec.phase.value}" if rec else "no live stream"
-            )
-            raise LocalProtocolError(
-                f"cannot send {what} on stream {sid}: {state}" + (f" ({hint})" if hint else "")
-            )
-        return t
 
 
 class ServerConnection(_Connection):
@@ -468,7 +326,8 @@ class ServerConnection(_Connection):
         elif isinstance(frame, RequestN):
             self._receive_request_n(frame, out)
         elif isinstance(frame, Cancel):
-            self._receive_cancel(frame, out)
+            # "a CANCEL on an unknown Stream ID MUST be ignored": _follow does.
+            self._follow(frame, Ev.RECV_CANCEL, out)
 
     def _receive_first(self, frame: Frame, out: list[Event]) -> None:
         if isinstance(frame, Resume):
@@ -526,12 +385,12 @@ class ServerConnection(_Connection):
         if self.lease_required:
             # A fragmented request counts once against the lease (the spec).
             self.lease_left -= 1
-        ev = Ev.RECV_REQUEST_FIRST if frame.follows else Ev.RECV_REQUEST
+        ev = Ev.RECV_REQUEST_BEGIN if frame.follows else Ev.RECV_REQUEST
         t = self._transition(None, kind, ev)
         assert t is not None
         to, action = t
         rec = self._apply(sid, None, kind, to)
-        if ev is Ev.RECV_REQUEST_FIRST:
+        if ev is Ev.RECV_REQUEST_BEGIN:
             assert rec is not None
             rec.first = frame
             if not self._collect(rec, frame.metadata, frame.data):
@@ -549,7 +408,7 @@ class ServerConnection(_Connection):
         rec = self._streams.get(sid)
         if rec is None:
             return  # "a PAYLOAD on an unknown Stream ID MUST be ignored"
-        ev = Ev.RECV_FRAGMENT if frame.follows else Ev.RECV_FRAGMENT_LAST
+        ev = Ev.RECV_REQUEST_MORE if frame.follows else Ev.RECV_REQUEST_END
         t = self._transition(rec, rec.kind, ev)
         if t is None:
             return  # e.g. a channel's PAYLOAD: nothing was granted, nothing is read
@@ -561,7 +420,7 @@ class ServerConnection(_Connection):
                                    f"request exceeds max_message_size {self.max_message_size}",
                                    out)
         whole: Request | None = None
-        if ev is Ev.RECV_FRAGMENT_LAST and rec.phase is Phase.RECEIVING_REQUEST:
+        if ev is Ev.RECV_REQUEST_END and rec.phase is Phase.RECEIVING_REQUEST:
             first = rec.first
             assert isinstance(first, _REQUEST_CLASSES)
             metadata, data = self._joined(rec)
@@ -589,18 +448,6 @@ class ServerConnection(_Connection):
         if action is Action.DELIVER:
             out.append(frame)
 
-    def _receive_cancel(self, frame: Cancel, out: list[Event]) -> None:
-        rec = self._streams.get(frame.stream_id)
-        if rec is None:
-            return  # "a CANCEL on an unknown Stream ID MUST be ignored"
-        t = self._transition(rec, rec.kind, Ev.RECV_CANCEL)
-        if t is None:
-            return
-        to, action = t
-        self._apply(frame.stream_id, rec, rec.kind, to)
-        if action is Action.DELIVER:
-            out.append(frame)
-
     # --- sending -------------------------------------------------------------------
 
     def _sent_connection_frame(self, frame: Frame) -> None:
@@ -614,10 +461,7 @@ class ServerConnection(_Connection):
         if isinstance(frame, Payload):
             self._send_payload_frame(frame)
         elif isinstance(frame, ErrorFrame):
-            rec = self._streams.get(frame.stream_id)
-            kind = rec.kind if rec is not None else Kind.REQUEST_RESPONSE
-            to, _ = self._send_transition(rec, kind, Ev.SEND_ERROR, frame.stream_id)
-            self._apply(frame.stream_id, rec, kind, to)
+            self._send_error_frame(frame, Kind.REQUEST_RESPONSE)
         else:
             raise LocalProtocolError(
                 f"the server sends PAYLOAD, ERROR, LEASE, KEEPALIVE and METADATA_PUSH, "
@@ -633,13 +477,13 @@ class ServerConnection(_Connection):
         item = False
         if rec.phase is Phase.SENDING_FRAGMENTS:
             if frame.follows:
-                ev = Ev.SEND_FRAGMENT
+                ev = Ev.SEND_MORE
             else:
-                ev = Ev.SEND_LAST_FRAGMENT_COMPLETE if frame.complete else Ev.SEND_LAST_FRAGMENT
+                ev = Ev.SEND_END_COMPLETE if frame.complete else Ev.SEND_END
         elif frame.follows:
             if frame.complete or not frame.next:
                 raise LocalProtocolError("a first fragment is a NEXT without C")
-            ev, item = Ev.SEND_FIRST_FRAGMENT, True
+            ev, item = Ev.SEND_BEGIN, True
         elif frame.complete:
             ev, item = Ev.SEND_COMPLETE, frame.next
         else:
@@ -649,9 +493,7 @@ class ServerConnection(_Connection):
             hint = "a REQUEST_RESPONSE is answered by one PAYLOAD with C (complete)"
         to, _ = self._send_transition(rec, rec.kind, ev, sid, hint)
         if item and rec.kind.has_credits:
-            if rec.credits <= 0:
-                raise LocalProtocolError(f"no credits left on stream {sid}: wait for REQUEST_N")
-            rec.credits -= 1
+            self._spend_credit(rec, sid)
         self._apply(sid, rec, rec.kind, to)
 
     def payload_frames(self, stream_id: int, data: bytes, *, metadata: bytes | None = None,
@@ -685,7 +527,7 @@ def _rebuild(first: Request, metadata: bytes | None, data: bytes) -> Request:
     return RequestResponse(first.stream_id, metadata, data)
 
 
-class ClientConnection(_Connection):
+class ClientConnection(_Connection, RequesterConveniences):
     """The requester side.  Send SETUP first (:meth:`setup`), then requests on
     ids from :meth:`next_stream_id` (odd: 1, 3, 5, ...; never reused).
     PAYLOADs come out of ``receive_data`` reassembled; LEASE, KEEPALIVE and
@@ -694,6 +536,9 @@ class ClientConnection(_Connection):
     role = "client"
     table = REQUESTER_TABLE
     live_phases = REQUESTER_LIVE
+    request_n_type = RequestN
+    cancel_type = Cancel
+    setup_type = Setup
 
     def __init__(
         self,
@@ -752,11 +597,11 @@ class ClientConnection(_Connection):
         self.setup_accepted = True
         if rec.phase is Phase.RECEIVING_FRAGMENTS:
             if frame.follows:
-                ev = Ev.RECV_PAYLOAD_MORE
+                ev = Ev.RECV_MORE
             else:
-                ev = Ev.RECV_PAYLOAD_LAST_COMPLETE if frame.complete else Ev.RECV_PAYLOAD_LAST
+                ev = Ev.RECV_END_COMPLETE if frame.complete else Ev.RECV_END
         elif frame.follows:
-            ev = Ev.RECV_PAYLOAD_FIRST
+            ev = Ev.RECV_BEGIN
         elif frame.complete:
             ev = Ev.RECV_COMPLETE
         else:
@@ -765,59 +610,38 @@ class ClientConnection(_Connection):
         if t is None:
             return
         to, action = t
-        item = frame.next and ev in (Ev.RECV_NEXT, Ev.RECV_COMPLETE, Ev.RECV_PAYLOAD_FIRST)
+        item = frame.next and ev in (Ev.RECV_NEXT, Ev.RECV_COMPLETE, Ev.RECV_BEGIN)
         if item and rec.kind.has_credits:
             rec.credits = max(0, rec.credits - 1)
         whole: Payload | None = None
         if ev in (Ev.RECV_NEXT, Ev.RECV_COMPLETE):
             whole = frame
         elif rec.phase is not Phase.ABANDONED:
-            if ev is Ev.RECV_PAYLOAD_FIRST:
+            if ev is Ev.RECV_BEGIN:
                 rec.metadata, rec.data, rec.size = None, [], 0
             if not self._collect(rec, frame.metadata, frame.data):
                 return self._violation(sid, rec, rec.kind, TOO_LARGE,
                                        f"PAYLOAD exceeds max_message_size {self.max_message_size}",
                                        out)
-            if ev in (Ev.RECV_PAYLOAD_LAST, Ev.RECV_PAYLOAD_LAST_COMPLETE):
+            if ev in (Ev.RECV_END, Ev.RECV_END_COMPLETE):
                 metadata, data = self._joined(rec)
                 whole = Payload(sid, metadata, data, complete=frame.complete, next=True)
         self._apply(sid, rec, rec.kind, to)
         if whole is not None and action is Action.DELIVER:
             out.append(whole)
 
-    def _receive_error(self, frame: ErrorFrame, out: list[Event]) -> None:
-        rec = self._streams.get(frame.stream_id)
-        if rec is None:
-            return  # "an ERROR on an unknown Stream ID MUST be ignored"
-        self.setup_accepted = True
-        t = self._transition(rec, rec.kind, Ev.RECV_ERROR)
-        if t is None:
-            return
-        to, action = t
-        self._apply(frame.stream_id, rec, rec.kind, to)
-        if action is Action.DELIVER:
-            out.append(frame)
-
     # --- sending -------------------------------------------------------------------
 
     def _send_frame(self, frame: Frame) -> None:
-        if isinstance(frame, Setup):
-            nxt = CONNECTION_TABLE.get((self.role, self.state, "send SETUP"))
-            if nxt is None:
-                raise LocalProtocolError("SETUP is sent once, as the first frame")
-            self.state = nxt
+        if self._send_setup(frame):
             return
-        if self.state is not ConnectionState.OPEN:
-            raise LocalProtocolError(f"send SETUP before {describe(frame)}")
-        if frame.stream_id == CONNECTION_STREAM_ID:
-            raise LocalProtocolError(f"{describe(frame)} cannot use stream 0")
         sid = frame.stream_id
         rec = self._streams.get(sid)
         if isinstance(frame, (RequestResponse, RequestFnf, RequestStream)):
             kind = Kind(FRAME_TYPE_OF[type(frame)])
             if rec is not None:
                 raise LocalProtocolError(f"stream id {sid} is in use")
-            ev = Ev.SEND_REQUEST_FIRST if frame.follows else Ev.SEND_REQUEST
+            ev = Ev.SEND_REQUEST_BEGIN if frame.follows else Ev.SEND_REQUEST
             to, _ = self._send_transition(None, kind, ev, sid)
             new = self._apply(sid, None, kind, to)
             if new is not None and isinstance(frame, RequestStream):
@@ -825,19 +649,13 @@ class ClientConnection(_Connection):
         elif isinstance(frame, Payload):
             # Continuations of our fragmented request.
             kind = rec.kind if rec is not None else Kind.REQUEST_RESPONSE
-            ev = Ev.SEND_REQUEST_FRAGMENT if frame.follows else Ev.SEND_REQUEST_LAST
+            ev = Ev.SEND_REQUEST_MORE if frame.follows else Ev.SEND_REQUEST_END
             to, _ = self._send_transition(rec, kind, ev, sid)
             self._apply(sid, rec, kind, to)
         elif isinstance(frame, RequestN):
-            kind = rec.kind if rec is not None else Kind.REQUEST_STREAM
-            to, _ = self._send_transition(rec, kind, Ev.SEND_REQUEST_N, sid)
-            assert rec is not None
-            rec.credits = add_credits(rec.credits, frame.n)
-            rec.phase = to
+            self._send_request_n_frame(frame, Kind.REQUEST_STREAM)
         elif isinstance(frame, Cancel):
-            kind = rec.kind if rec is not None else Kind.REQUEST_STREAM
-            to, _ = self._send_transition(rec, kind, Ev.SEND_CANCEL, sid)
-            self._apply(sid, rec, kind, to)
+            self._send_cancel_frame(frame, Kind.REQUEST_STREAM)
         else:
             raise LocalProtocolError(
                 f"the client sends SETUP, KEEPALIVE, METADATA_PUSH, REQUEST_RESPONSE, "
@@ -849,9 +667,8 @@ class ClientConnection(_Connection):
     def setup(self, frame: Setup) -> bytes:
         return self.send(frame)
 
-    def _request(self, frame: Request) -> tuple[int, list[bytes]]:
-        frames: list[Frame] = list(fragment(frame, self.max_fragment))
-        return frame.stream_id, self._send_all(frame.stream_id, frames)
+    def _fragment(self, frame: Request) -> list[Frame]:
+        return list(fragment(frame, self.max_fragment))
 
     def request_response(self, metadata: bytes | None, data: bytes) -> tuple[int, list[bytes]]:
         """Allocate a stream id and send the request (fragmented as needed)."""
@@ -863,15 +680,3 @@ class ClientConnection(_Connection):
     def request_stream(self, metadata: bytes | None, data: bytes,
                        initial_n: int) -> tuple[int, list[bytes]]:
         return self._request(RequestStream(self.next_stream_id(), initial_n, metadata, data))
-
-    def request_n(self, stream_id: int, n: int) -> bytes:
-        """REQUEST_N, or ``b""`` when the stream has already ended."""
-        if not self.is_live(stream_id):
-            return b""
-        return self.send(RequestN(stream_id, n))
-
-    def cancel(self, stream_id: int) -> bytes:
-        """CANCEL, or ``b""`` when the stream has already ended."""
-        if not self.is_live(stream_id):
-            return b""
-        return self.send(Cancel(stream_id))

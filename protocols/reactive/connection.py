@@ -1,0 +1,415 @@
+"""The sans-IO connection core both ReactiveSocket versions share.
+
+:class:`StreamConnection` does what does not depend on the frame layout: the
+TCP length-prefixed framing loop, the connection's own states, the checks
+every send goes through, the stream book-keeping (ids, phases, credits) and
+the table-driven steps of a stream's lifecycle.  Each version's connection
+module subclasses it and supplies its codec (encode / decode / describe, the
+length prefix), its error classes and its tables, then adds the rules that
+really differ: how a frame maps to a table event (B/E flags vs F), what a
+receive the table does not know means (a fault in the draft, ignored in
+RSocket's "Handling the Unexpected"), SETUP checks, LEASE, KEEPALIVE and
+extensions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from polyport.protocols.errors import MALFORMED, TOO_LARGE
+from polyport.protocols.reactive.streams import (
+    Action,
+    ConnectionState,
+    Ev,
+    Phase,
+    StreamInfo,
+    Transition,
+    add_credits,
+)
+
+CONNECTION_STREAM_ID = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    """The peer broke one stream's rules, or the stream cannot go on (a
+    limit, RSocket's LEASE); the connection lives on.
+
+    The connection object has already terminated the stream's normal flow.  The
+    application stops any work for ``stream_id`` and answers: a server sends
+    ``conn.send_error(e.stream_id, e.code, e.message)``, a client sends
+    ``conn.cancel(e.stream_id)``.  ``code`` is a canonical error name.
+    """
+
+    stream_id: int
+    code: str
+    message: str
+
+
+class StreamConnection:
+    """Framing, connection states, send checks and stream book-keeping.
+
+    Frames, records and errors are the subclass's (typed ``Any`` here): the
+    subclass names them in the class attributes and hooks below.
+    """
+
+    # The role's tables (``state.py`` of the version).
+    role: ClassVar[str] = ""
+    table: ClassVar[Mapping[tuple[Any, Phase, Ev], Transition]] = {}
+    live_phases: ClassVar[frozenset[Phase]] = frozenset()
+    connection_table: ClassVar[Mapping[tuple[str, ConnectionState, str], ConnectionState]] = {}
+    # The version's codec and rules.
+    transports: ClassVar[tuple[str, ...]] = ("tcp", "websocket")
+    length_size: ClassVar[int] = 0
+    # The draft's TCP length counts its own bytes; RSocket's does not.
+    length_counts_itself: ClassVar[bool] = False
+    # Credits saturate here.  ``unbounded_credits``: a count that is never used
+    # up (the draft's 2**63-1, as in Reactive Streams); None: every item counts.
+    credit_cap: ClassVar[int] = 0
+    unbounded_credits: ClassVar[int | None] = None
+    record_type: ClassVar[Any] = None
+    error_frame_type: ClassVar[Any] = None
+    remote_error: ClassVar[Any] = None
+    local_error: ClassVar[Any] = None
+
+    def __init__(
+        self,
+        transport: str,
+        *,
+        max_frame_size: int,
+        max_message_size: int,
+        max_fragment: int,
+    ) -> None:
+        if transport not in self.transports:
+            raise ValueError(f"transport must be one of {self.transports}, not {transport!r}")
+        self.transport = transport
+        self.max_frame_size = max_frame_size
+        self.max_message_size = max_message_size
+        self.max_fragment = max_fragment
+        self.state = ConnectionState.AWAITING_SETUP
+        self._buffer = bytearray()
+        self._streams: dict[int, Any] = {}
+
+    # --- the version's codec --------------------------------------------------------
+
+    def _decode(self, message: bytes) -> Any:
+        raise NotImplementedError
+
+    def _encode(self, frame: Any) -> bytes:
+        raise NotImplementedError
+
+    def _add_tcp_length(self, message: bytes) -> bytes:
+        raise NotImplementedError
+
+    def _describe(self, frame: Any) -> str:
+        raise NotImplementedError
+
+    def _check_tcp_length(self, length: int) -> None:
+        """Checked as soon as the length is in: we never wait for (or
+        allocate) a frame above the limit."""
+        raise NotImplementedError
+
+    def _check_message(self, message: bytes) -> None:
+        """A WebSocket message (one frame) against the limit."""
+        raise NotImplementedError
+
+    # --- introspection ----------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.state in (ConnectionState.CLOSED, ConnectionState.ERRORED)
+
+    @property
+    def streams(self) -> dict[int, StreamInfo[Any]]:
+        """Every stream with book-keeping, live or winding down."""
+        return {
+            sid: StreamInfo(sid, rec.kind, rec.phase, rec.credits)
+            for sid, rec in self._streams.items()
+        }
+
+    def live_streams(self) -> list[int]:
+        return sorted(sid for sid, rec in self._streams.items() if rec.phase in self.live_phases)
+
+    def is_live(self, stream_id: int) -> bool:
+        rec = self._streams.get(stream_id)
+        return rec is not None and rec.phase in self.live_phases
+
+    def credits(self, stream_id: int) -> int:
+        """Outstanding credits of a live stream (0 for an unknown one)."""
+        rec = self._streams.get(stream_id)
+        return rec.credits if rec is not None else 0
+
+    # --- receiving --------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> list[Any]:
+        """Feed bytes (TCP) or one message (WebSocket); get every complete frame.
+
+        Raises the version's ``RemoteProtocolError`` on a connection-level
+        fault; the error's ``frames`` are those decoded before it.  After the
+        fault or after an ERROR on stream 0, further data is discarded.
+        """
+        out: list[Any] = []
+        if self.closed:
+            return out
+        try:
+            if self.transport == "tcp":
+                self._receive_tcp(data, out)
+            else:
+                self._check_message(data)
+                self._receive_message(bytes(data), out)
+        except self.remote_error as exc:
+            self.state = ConnectionState.ERRORED
+            self._buffer.clear()
+            exc.frames = list(out)
+            raise
+        return out
+
+    def _receive_tcp(self, data: bytes, out: list[Any]) -> None:
+        buf = self._buffer
+        buf += data
+        pos = 0
+        prefix = self.length_size
+        try:
+            while len(buf) - pos >= prefix and not self.closed:
+                length = int.from_bytes(buf[pos : pos + prefix], "big")
+                self._check_tcp_length(length)
+                end = pos + (length if self.length_counts_itself else prefix + length)
+                if len(buf) < end:
+                    break
+                message = bytes(buf[pos + prefix : end])
+                pos = end
+                self._receive_message(message, out)
+        finally:
+            del buf[:pos]
+        if self.closed:
+            buf.clear()
+
+    def _receive_message(self, message: bytes, out: list[Any]) -> None:
+        frame = self._decode(message)
+        if self._skip_unknown(frame, out):
+            return
+        if self._is_connection_error(frame):
+            if self._ignore_connection_error(frame):
+                return
+            self._connection_event("recv ERROR 0", frame)
+            out.append(frame)
+            return
+        self._receive_frame(frame, out)
+
+    def _skip_unknown(self, frame: Any, out: list[Any]) -> bool:
+        """Frame types and extensions the version does not understand: True
+        when ``frame`` is dealt with (ignored or passed on); raises when it
+        lacks the I (ignore) flag."""
+        return False
+
+    def _is_connection_error(self, frame: Any) -> bool:
+        return isinstance(frame, self.error_frame_type) and frame.stream_id == CONNECTION_STREAM_ID
+
+    def _ignore_connection_error(self, frame: Any) -> bool:
+        return False
+
+    def _connection_event(self, what: str, frame: Any) -> None:
+        nxt = self.connection_table.get((self.role, self.state, what))
+        if nxt is None:
+            raise self.remote_error(
+                f"{self._describe(frame)} is not allowed while the connection is "
+                f"{self.state.value}",
+                code=MALFORMED,
+            )
+        self.state = nxt
+
+    def _receive_frame(self, frame: Any, out: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _follow(self, frame: Any, ev: Ev, out: list[Any]) -> None:
+        """A frame whose only effect is its table row (CANCEL to the responder,
+        ERROR to the requester).  Without a record or a row it is dropped: it
+        crossed the stream's end on the wire."""
+        sid = frame.stream_id
+        rec = self._streams.get(sid)
+        if rec is None:
+            return
+        t = self.table.get((rec.kind, rec.phase, ev))
+        if t is None:
+            return
+        to, action = t
+        self._apply(sid, rec, rec.kind, to)
+        if action is Action.DELIVER:
+            out.append(frame)
+
+    # --- sending ----------------------------------------------------------------------
+
+    def send(self, frame: Any) -> bytes:
+        """Bytes for one frame (one WebSocket message), after checking that the
+        frame is legal now.  Raises the version's ``LocalProtocolError``
+        otherwise."""
+        message = self._encode(frame)
+        if len(message) > self.max_frame_size:
+            raise self.local_error(
+                f"{self._describe(frame)} of {len(message)} bytes exceeds max_frame_size "
+                f"{self.max_frame_size}; fragment it",
+                code=TOO_LARGE,
+            )
+        if self.state is ConnectionState.CLOSED:
+            raise self.local_error("the connection is closed")
+        if self._is_connection_error(frame):
+            nxt = self.connection_table.get((self.role, self.state, "send ERROR 0"))
+            if nxt is None:
+                raise self.local_error(
+                    f"ERROR on stream 0 is not allowed while {self.state.value}"
+                )
+            self.state = nxt
+            self._streams.clear()
+        elif self.state is ConnectionState.ERRORED:
+            raise self.local_error("after a protocol error only ERROR on stream 0 may be sent")
+        elif not self._send_connection_frame(frame):
+            self._send_frame(frame)
+        return self._add_tcp_length(message) if self.transport == "tcp" else message
+
+    def _send_connection_frame(self, frame: Any) -> bool:
+        """Frames that belong to the connection, not a stream (the draft's EXT,
+        RSocket's LEASE / KEEPALIVE / METADATA_PUSH): check and count them,
+        True when ``frame`` was one."""
+        return False
+
+    def _send_frame(self, frame: Any) -> None:
+        raise NotImplementedError
+
+    def _send_all(self, stream_id: int, frames: list[Any]) -> list[bytes]:
+        """Send several frames of one stream all or nothing."""
+        rec = self._streams.get(stream_id)
+        saved = None if rec is None else (rec.phase, rec.credits)
+        sent: list[bytes] = []
+        try:
+            for frame in frames:
+                sent.append(self.send(frame))
+        except self.local_error:
+            if saved is None or rec is None:
+                self._streams.pop(stream_id, None)
+            else:
+                rec.phase, rec.credits = saved
+                self._streams[stream_id] = rec
+            raise
+        return sent
+
+    def _send_error_frame(self, frame: Any, default_kind: Any) -> None:
+        """The responder's ERROR on a stream (a stream it never saw counts as
+        ``default_kind``, whose table refuses it)."""
+        rec = self._streams.get(frame.stream_id)
+        kind = rec.kind if rec is not None else default_kind
+        to, _ = self._send_transition(rec, kind, Ev.SEND_ERROR, frame.stream_id)
+        self._apply(frame.stream_id, rec, kind, to)
+
+    def _send_request_n_frame(self, frame: Any, default_kind: Any) -> None:
+        rec = self._streams.get(frame.stream_id)
+        kind = rec.kind if rec is not None else default_kind
+        to, _ = self._send_transition(rec, kind, Ev.SEND_REQUEST_N, frame.stream_id)
+        assert rec is not None
+        rec.credits = self._add_credits(rec.credits, frame.n)
+        rec.phase = to
+
+    def _send_cancel_frame(self, frame: Any, default_kind: Any) -> None:
+        rec = self._streams.get(frame.stream_id)
+        kind = rec.kind if rec is not None else default_kind
+        to, _ = self._send_transition(rec, kind, Ev.SEND_CANCEL, frame.stream_id)
+        self._apply(frame.stream_id, rec, kind, to)
+
+    # --- stream table helpers -----------------------------------------------------------
+
+    def _transition(self, rec: Any, kind: Any, ev: Ev) -> Transition | None:
+        phase = rec.phase if rec is not None else Phase.CLOSED
+        return self.table.get((rec.kind if rec is not None else kind, phase, ev))
+
+    def _apply(self, stream_id: int, rec: Any, kind: Any, to: Phase) -> Any:
+        """Move the stream to ``to``; returns its record (None once closed)."""
+        if to is Phase.CLOSED:
+            self._streams.pop(stream_id, None)
+            return None
+        if rec is None:
+            rec = self.record_type(kind, to)
+            self._streams[stream_id] = rec
+        else:
+            rec.phase = to
+        return rec
+
+    def _send_transition(
+        self, rec: Any, kind: Any, ev: Ev, stream_id: int, hint: str = ""
+    ) -> Transition:
+        t = self._transition(rec, kind, ev)
+        if t is None:
+            what = ev.value.replace("send_", "").replace("_", " ").upper()
+            state = (
+                f"a {rec.kind.name} stream that is {rec.phase.value}" if rec else "no live stream"
+            )
+            raise self.local_error(
+                f"cannot send {what} on stream {stream_id}: {state}"
+                + (f" ({hint})" if hint else "")
+            )
+        return t
+
+    def _add_credits(self, current: int, n: int) -> int:
+        return add_credits(current, n, self.credit_cap)
+
+    def _use_credit(self, current: int) -> int:
+        if self.unbounded_credits is not None and current >= self.unbounded_credits:
+            return current
+        return current - 1
+
+    def _spend_credit(self, rec: Any, stream_id: int) -> None:
+        """The responder sends one item on a credited stream."""
+        if rec.credits <= 0:
+            raise self.local_error(f"no credits left on stream {stream_id}: wait for REQUEST_N")
+        rec.credits = self._use_credit(rec.credits)
+
+
+class RequesterConveniences(StreamConnection):
+    """The requester's calls both versions offer, on top of their frames'
+    ``request_n_type`` / ``cancel_type`` and the version's ``fragment``."""
+
+    request_n_type: ClassVar[Any] = None
+    cancel_type: ClassVar[Any] = None
+    setup_type: ClassVar[Any] = None
+    # The client takes SETUP as accepted once the server answers anything.
+    setup_accepted: bool
+
+    def _receive_error(self, frame: Any, out: list[Any]) -> None:
+        """ERROR on a stream: an unknown id is ignored (it crossed our CANCEL)."""
+        if frame.stream_id not in self._streams:
+            return
+        self.setup_accepted = True
+        self._follow(frame, Ev.RECV_ERROR, out)
+
+    def _send_setup(self, frame: Any) -> bool:
+        """SETUP goes first, once; a stream frame needs it sent and a stream
+        id other than 0.  True when ``frame`` was the SETUP."""
+        if isinstance(frame, self.setup_type):
+            nxt = self.connection_table.get((self.role, self.state, "send SETUP"))
+            if nxt is None:
+                raise self.local_error("SETUP is sent once, as the first frame")
+            self.state = nxt
+            return True
+        if self.state is not ConnectionState.OPEN:
+            raise self.local_error(f"send SETUP before {self._describe(frame)}")
+        if frame.stream_id == CONNECTION_STREAM_ID:
+            raise self.local_error(f"{self._describe(frame)} cannot use stream 0")
+        return False
+
+    def _fragment(self, frame: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def _request(self, frame: Any) -> tuple[int, list[bytes]]:
+        return frame.stream_id, self._send_all(frame.stream_id, self._fragment(frame))
+
+    def request_n(self, stream_id: int, n: int) -> bytes:
+        """REQUEST_N, or ``b""`` when the stream has already ended."""
+        if not self.is_live(stream_id):
+            return b""
+        return self.send(self.request_n_type(stream_id, n))
+
+    def cancel(self, stream_id: int) -> bytes:
+        """CANCEL, or ``b""`` when the stream has already ended."""
+        if not self.is_live(stream_id):
+            return b""
+        return self.send(self.cancel_type(stream_id))

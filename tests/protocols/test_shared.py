@@ -73,11 +73,18 @@ ROLE_FILES = ("frames.py", "wire.py", "state.py", "connection.py", "errors.py", 
               "client.py")
 
 
-def test_every_protocol_package_has_the_same_role_files() -> None:
+def _protocol_packages() -> list[Path]:
+    """The package of every protocol the gateway serves (shared helper
+    packages such as protocols/reactive have no listener of their own)."""
     import polyport.protocols as pkg
+    from polyport.gateway.registry import discover
 
     root = Path(pkg.__path__[0])
-    packages = sorted(p for p in root.iterdir() if (p / "__init__.py").exists())
+    return [root / d.name for d in discover()]
+
+
+def test_every_protocol_package_has_the_same_role_files() -> None:
+    packages = _protocol_packages()
     assert len(packages) >= 5
     for package in packages:
         missing = [f for f in ROLE_FILES if not (package / f).exists()]
@@ -87,11 +94,9 @@ def test_every_protocol_package_has_the_same_role_files() -> None:
 
 
 def test_every_protocol_builds_on_the_shared_errors() -> None:
-    import polyport.protocols as pkg
     from polyport.protocols import errors as shared
 
-    root = Path(pkg.__path__[0])
-    for package in sorted(p for p in root.iterdir() if (p / "__init__.py").exists()):
+    for package in _protocol_packages():
         errors = importlib.import_module(f"polyport.protocols.{package.name}.errors")
         assert issubclass(errors.RemoteProtocolError, shared.RemoteProtocolError), package
         assert issubclass(errors.LocalProtocolError, shared.LocalProtocolError), package

@@ -41,7 +41,9 @@ async def start(gw: Gateway, host: str, port: int) -> TcpListener:
 
     # The session applies the idle timeout itself: a subscriber that only
     # receives sends nothing for long stretches and must not be cut off.
-    listener = TcpListener(PROTOCOL, factory, host, port, stats, idle_timeout=None)
+    listener = TcpListener(
+        PROTOCOL, factory, host, port, stats, idle_timeout=None, tls=gw.server_tls(PROTOCOL)
+    )
     await listener.start()
     return listener
 

@@ -35,7 +35,9 @@ async def start(gw: Gateway, host: str, port: int) -> TcpListener:
 
     # Liveness is the SETUP's max lifetime, which the session enforces: a
     # subscriber that only receives still sends KEEPALIVEs.
-    listener = TcpListener(PROTOCOL, factory, host, port, stats, idle_timeout=None)
+    listener = TcpListener(
+        PROTOCOL, factory, host, port, stats, idle_timeout=None, tls=gw.server_tls(PROTOCOL)
+    )
     await listener.start()
     return listener
 

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from ssl import SSLContext
 from typing import Any, Protocol
 
 from polyport.core.aio import IterateUntilNone
@@ -259,10 +260,11 @@ class ReactiveSocketClient:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         max_fragment: int = DEFAULT_MAX_FRAGMENT,
+        ssl: SSLContext | None = None,
     ) -> ReactiveSocketClient:
-        """Connect over TCP and send SETUP.  A refused SETUP shows as
-        :class:`RemoteError` (stream 0) on the first request."""
-        reader, writer = await asyncio.open_connection(host, port)
+        """Connect over TCP (TLS with ``ssl``) and send SETUP.  A refused SETUP
+        shows as :class:`RemoteError` (stream 0) on the first request."""
+        reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
         conn = ClientConnection(
             "tcp",
             max_frame_size=max_frame_size,
@@ -284,13 +286,17 @@ class ReactiveSocketClient:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         max_fragment: int = DEFAULT_MAX_FRAGMENT,
+        ssl: SSLContext | None = None,
     ) -> ReactiveSocketClient:
-        """Connect to ``ws://host:port/reactivesocket`` (aiohttp) and send SETUP."""
+        """Connect to ``ws://host:port/reactivesocket`` (or ``wss://`` with
+        ``ssl``) (aiohttp) and send SETUP."""
         import aiohttp
 
         session = aiohttp.ClientSession()
         try:
-            ws = await session.ws_connect(url, max_msg_size=max_frame_size, autoping=True)
+            ws = await session.ws_connect(
+                url, max_msg_size=max_frame_size, autoping=True, ssl=ssl or True
+            )
         except BaseException:
             await session.close()
             raise

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
+from ssl import SSLContext
 from typing import Any
 
 from polyport.core.aio import IterateUntilNone
@@ -131,19 +132,27 @@ class RSocketClient:
     # --- connecting ---------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, host: str, port: int, **kw: Any) -> RSocketClient:
-        """Connect over TCP and send SETUP.  Keywords as :meth:`connect_websocket`."""
-        reader, writer = await asyncio.open_connection(host, port)
+    async def connect(
+        cls, host: str, port: int, *, ssl: SSLContext | None = None, **kw: Any
+    ) -> RSocketClient:
+        """Connect over TCP (TLS with ``ssl``) and send SETUP.  Keywords as
+        :meth:`connect_websocket`."""
+        reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
         return await cls._open(_TcpTransport(reader, writer), "tcp", **kw)
 
     @classmethod
-    async def connect_websocket(cls, url: str, **kw: Any) -> RSocketClient:
-        """Connect to ``ws://host:port/rsocket`` (aiohttp) and send SETUP."""
+    async def connect_websocket(
+        cls, url: str, *, ssl: SSLContext | None = None, **kw: Any
+    ) -> RSocketClient:
+        """Connect to ``ws://host:port/rsocket`` (``wss://`` with ``ssl``)
+        (aiohttp) and send SETUP."""
         import aiohttp
 
         session = aiohttp.ClientSession()
         try:
-            ws = await session.ws_connect(url, max_msg_size=DEFAULT_MAX_FRAME_SIZE + 1024)
+            ws = await session.ws_connect(
+                url, max_msg_size=DEFAULT_MAX_FRAME_SIZE + 1024, ssl=ssl or True
+            )
         except BaseException:
             await session.close()
             raise

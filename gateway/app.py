@@ -14,13 +14,13 @@ from polyport.core import migrate
 from polyport.core.limits import EventLimits
 from polyport.core.store import EventStore, StoreConfig
 from polyport.core.writer import WriterLimits
-from polyport.gateway.config import GatewayConfig
+from polyport.gateway.config import TLS_LISTENERS, ConfigError, GatewayConfig
 from polyport.gateway.database import database_url
 from polyport.gateway.fatal import bind_error
 from polyport.gateway.http import build_app
 from polyport.gateway.registry import ListenerDef, RunningListener, discover
 from polyport.gateway.telemetry import Telemetry
-from polyport.gateway.tls import ServerTls
+from polyport.gateway.tls import ServerTls, check_material
 from polyport.gateway.websocket import TLS_USER_FROM
 from polyport.protocols.session import ListenerStats, SessionContext
 
@@ -69,6 +69,9 @@ class Gateway:
         options = self.config.tls_for(listener)
         if options is None:
             return None
+        if listener == "http" and options.mode == "dual":
+            raise ConfigError("http: TLS mode dual is for the TCP listeners; HTTP is "
+                              "required or off (set http_tls to required or off)")
         tls = ServerTls(listener, options)
         self.tls[listener] = tls
         return tls
@@ -101,6 +104,11 @@ class Gateway:
         }
 
     async def start(self) -> None:
+        # Bad TLS material stops the start before anything else is done.
+        for name in TLS_LISTENERS:
+            options = self.config.tls_for(name)
+            if options is not None:
+                check_material(name, options)
         loop = asyncio.get_running_loop()
         url, embedded = await loop.run_in_executor(
             None, lambda: self._exit.enter_context(database_url(self.config))

@@ -167,9 +167,13 @@ class GatewayConfig:
         merged = own.over(self.tls)
         if not merged.enabled:
             return None
+        mode = merged.mode or "required"
+        if listener == "http" and own.mode is None and mode == "dual":
+            # Dual is for the byte-stream listeners: HTTP under a dual default is HTTPS.
+            mode = "required"
         return TlsOptions(
             merged.cert, merged.key, merged.client_ca, merged.min_version or "1.2",
-            merged.mode or "required", merged.user_from or "cn",
+            mode, merged.user_from or "cn",
         )
 
 

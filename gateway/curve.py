@@ -141,7 +141,7 @@ class CurveServer:
         provider = _KeyUsers(self._users)
         self._auth = _Authenticator(zctx, provider)
         self._auth.start()
-        self._auth.configure_curve_callback("*", credentials_provider=provider)
+        self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=provider)
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.keys.secret.encode("ascii"))
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.keys.public.encode("ascii"))

@@ -14,6 +14,9 @@ as in production; the clients run here.
   NOTIFY, timed until a LISTENing connection receives the notification.
   EMIT→RESPONSE (append acknowledgement) is also compared with a raw one-row
   INSERT.
+- ``--tls``: the BSON port runs in dual mode with a throwaway certificate
+  (trustme, a test extra), and the same measurements are repeated over TLS
+  on the same gateway: the cost of TLS as a ratio to plain in one run.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ import asyncio
 import os
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from ssl import SSLContext
 
 import asyncpg
 
@@ -89,9 +94,9 @@ async def raw_latencies(url: str, samples: int) -> tuple[list[float], list[float
 
 
 @asynccontextmanager
-async def gateway_process(url: str) -> AsyncIterator[tuple[str, int]]:
+async def gateway_process(url: str, *extra: str) -> AsyncIterator[tuple[str, int]]:
     args = [sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", url,
-            "--host", "127.0.0.1", "--http-port", "off", "--bson-port", "0"]
+            "--host", "127.0.0.1", "--http-port", "off", "--bson-port", "0", *extra]
     for name in DEFAULT_PORTS:
         if name != "bson":
             args += [f"--{name}-port", "off"]
@@ -116,14 +121,33 @@ async def gateway_process(url: str) -> AsyncIterator[tuple[str, int]]:
             await proc.wait()
 
 
+def _tls_setup(root: Path) -> tuple[tuple[str, ...], SSLContext]:
+    """A throwaway CA and certificate: the gateway's flags and a client context."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    cert, key = root / "bench.pem", root / "bench.key"
+    cert.write_bytes(b"".join(b.bytes() for b in leaf.cert_chain_pems))
+    key.write_bytes(leaf.private_key_pem.bytes())
+    key.chmod(0o600)
+    ctx = ssl.create_default_context()
+    ca.configure_trust(ctx)
+    return ("--tls-cert", str(cert), "--tls-key", str(key), "--bson-tls", "dual"), ctx
+
+
 # --- BSON measurements ----------------------------------------------------------------------
 
 
 async def bson_throughput(
-    addr: tuple[str, int], connections: int, window: int, seconds: float
+    addr: tuple[str, int], connections: int, window: int, seconds: float,
+    ssl: SSLContext | None = None,
 ) -> float:
-    clients = [await BsonClient.connect(*addr) for _ in range(connections)]
-    prog = Progress(f"BSON pipelined EMIT, {connections} conns x {window} in flight")
+    clients = [await BsonClient.connect(*addr, ssl=ssl) for _ in range(connections)]
+    over = " over TLS" if ssl else ""
+    prog = Progress(f"BSON pipelined EMIT{over}, {connections} conns x {window} in flight")
     confirmed = [0]
     failed = [0]
     deadline = time.monotonic() + seconds
@@ -168,15 +192,17 @@ async def bson_throughput(
     return confirmed[0] / elapsed
 
 
-async def bson_latencies(addr: tuple[str, int], samples: int) -> tuple[list[float], list[float]]:
+async def bson_latencies(
+    addr: tuple[str, int], samples: int, ssl: SSLContext | None = None
+) -> tuple[list[float], list[float]]:
     """(EMIT → RECEV on another connection, EMIT → RESPONSE) latencies in ms."""
-    producer = await BsonClient.connect(*addr)
-    consumer = await BsonClient.connect(*addr)
+    producer = await BsonClient.connect(*addr, ssl=ssl)
+    consumer = await BsonClient.connect(*addr, ssl=ssl)
     stream = f"lat-{uuid.uuid4().hex[:6]}"
     sub = await consumer.subscribe(stream)
     delivery: list[float] = []
     ack: list[float] = []
-    prog = Progress("BSON EMIT -> RECEV", samples)
+    prog = Progress("BSON EMIT -> RECEV" + (" over TLS" if ssl else ""), samples)
     try:
         for i in range(samples):
             acked_at: list[float] = []
@@ -213,10 +239,25 @@ async def run(args: argparse.Namespace) -> None:
         # checkpoint and vacuum work behind that would skew whatever follows);
         # then raw throughput before BSON's, so any such leftover costs BSON.
         raw_wake, raw_insert = await raw_latencies(raw_url, args.samples)
-        async with gateway_process(gw_url) as addr:
-            delivery, ack = await bson_latencies(addr, args.samples)
-            raw_rate = await raw_single_row_rate(raw_url, args.raw_clients, args.seconds, BODY)
-            bson_rate = await bson_throughput(addr, args.connections, args.window, args.seconds)
+        tls_delivery: list[float] = []
+        tls_ack: list[float] = []
+        tls_rate = 0.0
+        with tempfile.TemporaryDirectory() as tmp:
+            tls_args, client_ssl = _tls_setup(Path(tmp)) if args.tls else ((), None)
+            async with gateway_process(gw_url, *tls_args) as addr:
+                delivery, ack = await bson_latencies(addr, args.samples)
+                if client_ssl is not None:
+                    tls_delivery, tls_ack = await bson_latencies(addr, args.samples, client_ssl)
+                raw_rate = await raw_single_row_rate(
+                    raw_url, args.raw_clients, args.seconds, BODY
+                )
+                bson_rate = await bson_throughput(
+                    addr, args.connections, args.window, args.seconds
+                )
+                if client_ssl is not None:
+                    tls_rate = await bson_throughput(
+                        addr, args.connections, args.window, args.seconds, client_ssl
+                    )
 
     def p(xs: list[float], q: float) -> float:
         return percentile(xs, q / 100)
@@ -236,6 +277,15 @@ async def run(args: argparse.Namespace) -> None:
         ("BSON EMIT -> RESPONSE p50", p(ack, 50), "ms"),
         ("ratio ack p50 BSON / raw INSERT", p(ack, 50) / p(raw_insert, 50), "x"),
     ]
+    if args.tls:
+        rows += [
+            ("BSON over TLS pipelined EMIT", tls_rate, "events/s"),
+            ("ratio TLS / plain EMIT throughput", tls_rate / bson_rate, "x"),
+            ("BSON over TLS EMIT -> RECEV p50", p(tls_delivery, 50), "ms"),
+            ("ratio TLS / plain delivery p50", p(tls_delivery, 50) / p(delivery, 50), "x"),
+            ("BSON over TLS EMIT -> RESPONSE p50", p(tls_ack, 50), "ms"),
+            ("ratio TLS / plain ack p50", p(tls_ack, 50) / p(ack, 50), "x"),
+        ]
     report(
         "BSON frames (fsync on; gateway in its own process; same cluster, same table; "
         f"latency over {args.samples} sequential samples, mean delivery "
@@ -251,6 +301,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--window", type=int, default=256, help="EMITs in flight per connection")
     p.add_argument("--raw-clients", type=int, default=32)
     p.add_argument("--samples", type=int, default=300, help="latency samples")
+    p.add_argument("--tls", action="store_true",
+                   help="also measure over TLS (dual-mode port) and print TLS / plain ratios")
     args = p.parse_args(argv)
     asyncio.run(run(args))
     return 0

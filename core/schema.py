@@ -12,6 +12,7 @@ from sqlalchemy import (
     BigInteger,
     Column,
     DateTime,
+    ForeignKey,
     Index,
     Integer,
     LargeBinary,
@@ -103,6 +104,16 @@ users = Table(
     # NULL = every context.
     Column("contexts", ARRAY(Text)),
     Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+# Res01 CURVE client public keys (Z85) and their users (revision 0005).
+curve_keys = Table(
+    "curve_keys",
+    metadata,
+    Column("public_key", Text, primary_key=True),
+    Column("user_name", Text, ForeignKey("users.name", ondelete="CASCADE"), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Index("curve_keys_user", "user_name"),
 )
 
 binders = Table(

@@ -274,6 +274,18 @@ LIST_USERS = "SELECT name, default_context, contexts, created_at FROM users ORDE
 
 DELETE_USER = "DELETE FROM users WHERE name = $1 RETURNING name"
 
+# Res01 CURVE client keys (Z85 public keys) of users.
+ADD_CURVE_KEY = """
+INSERT INTO curve_keys (public_key, user_name, created_at)
+SELECT $1, name, now() FROM users WHERE name = $2 RETURNING user_name
+"""
+
+CURVE_KEY_USER = "SELECT user_name FROM curve_keys WHERE public_key = $1"
+
+LIST_CURVE_KEYS = "SELECT public_key, user_name, created_at FROM curve_keys ORDER BY user_name"
+
+DELETE_CURVE_KEY = "DELETE FROM curve_keys WHERE public_key = $1 RETURNING public_key"
+
 # --- binders ------------------------------------------------------------------
 
 # The schema check behind readiness (core.health), on a slow timer.

@@ -258,6 +258,26 @@ class UserService:
             for r in rows
         ]
 
+    # --- Res01 CURVE client keys ---------------------------------------------
+
+    async def add_curve_key(self, name: str, public_key: str) -> None:
+        """Map a client's CURVE public key (Z85) to user ``name``."""
+        if await self._pool.fetchval(sql.ADD_CURVE_KEY, public_key, name) is None:
+            raise NotFound(f"no user {name!r}")
+
+    async def curve_key_user(self, public_key: str) -> str | None:
+        """The user a CURVE public key (Z85) belongs to, or None."""
+        user: str | None = await self._pool.fetchval(sql.CURVE_KEY_USER, public_key)
+        return user
+
+    async def curve_keys(self) -> tuple[dict[str, Any], ...]:
+        rows = await self._pool.fetch(sql.LIST_CURVE_KEYS)
+        return tuple(dict(r) for r in rows)
+
+    async def remove_curve_key(self, public_key: str) -> None:
+        if await self._pool.fetchval(sql.DELETE_CURVE_KEY, public_key) is None:
+            raise NotFound(f"no CURVE key {public_key!r}")
+
     async def remove(self, name: str) -> None:
         if await self._pool.fetchval(sql.DELETE_USER, name) is None:
             raise NotFound(f"no user {name!r}")

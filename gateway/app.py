@@ -14,12 +14,14 @@ from polyport.core import migrate
 from polyport.core.limits import EventLimits
 from polyport.core.store import EventStore, StoreConfig
 from polyport.core.writer import WriterLimits
-from polyport.gateway.config import GatewayConfig
+from polyport.gateway.config import TLS_LISTENERS, ConfigError, GatewayConfig
 from polyport.gateway.database import database_url
 from polyport.gateway.fatal import bind_error
 from polyport.gateway.http import build_app
 from polyport.gateway.registry import ListenerDef, RunningListener, discover
 from polyport.gateway.telemetry import Telemetry
+from polyport.gateway.tls import ServerTls, check_material
+from polyport.gateway.websocket import TLS_USER_FROM
 from polyport.protocols.session import ListenerStats, SessionContext
 
 log = logging.getLogger("polyport.gateway")
@@ -40,6 +42,8 @@ class Gateway:
         self.telemetry: Telemetry | None = None
         self._exit = ExitStack()
         self._runner: web.AppRunner | None = None
+        # Listener name -> its TLS context (the HTTP port is "http").
+        self.tls: dict[str, ServerTls] = {}
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -59,6 +63,33 @@ class Gateway:
             log=logging.getLogger(f"polyport.{protocol}"),
         )
 
+    def server_tls(self, listener: str) -> ServerTls | None:
+        """The listener's TLS (built, checked and kept for :meth:`reload_tls`),
+        or None when it serves plain only."""
+        options = self.config.tls_for(listener)
+        if options is None:
+            return None
+        if listener == "http" and options.mode == "dual":
+            raise ConfigError("http: TLS mode dual is for the TCP listeners; HTTP is "
+                              "required or off (set http_tls to required or off)")
+        tls = ServerTls(listener, options)
+        self.tls[listener] = tls
+        return tls
+
+    def reload_tls(self, config: GatewayConfig) -> list[str]:
+        """Load the certificates and keys ``config`` names into the running
+        listeners: new connections get them, open ones keep theirs.  Returns
+        the listeners reloaded; ConfigError (nothing changed for that
+        listener and the ones after it) when new material is refused."""
+        done = []
+        for name, tls in self.tls.items():
+            options = config.tls_for(name)
+            if options is None:
+                continue  # turning TLS off needs a restart
+            tls.reload(options)
+            done.append(name)
+        return done
+
     @property
     def settings(self) -> dict[str, Any]:
         c = self.config
@@ -73,6 +104,11 @@ class Gateway:
         }
 
     async def start(self) -> None:
+        # Bad TLS material stops the start before anything else is done.
+        for name in TLS_LISTENERS:
+            options = self.config.tls_for(name)
+            if options is not None:
+                check_material(name, options)
         loop = asyncio.get_running_loop()
         url, embedded = await loop.run_in_executor(
             None, lambda: self._exit.enter_context(database_url(self.config))
@@ -125,12 +161,20 @@ class Gateway:
                 log.info("listener %s on %s:%d", d.name, host, bound)
             if self.config.http_port is not None:
                 app = build_app(self)
+                http_tls = self.server_tls("http")
+                if http_tls is not None:
+                    app[TLS_USER_FROM] = http_tls.user_from
                 for d in self.listener_defs:
                     if d.http_setup is not None:
                         d.http_setup(self, app)
                 self._runner = web.AppRunner(app, access_log=None)
                 await self._runner.setup()
-                site = web.TCPSite(self._runner, self.config.host, self.config.http_port)
+                # aiohttp takes the context as is: HTTPS only (dual mode is
+                # for the byte-stream listeners).
+                site = web.TCPSite(
+                    self._runner, self.config.host, self.config.http_port,
+                    ssl_context=http_tls.context if http_tls is not None else None,
+                )
                 try:
                     await site.start()
                 except Exception as exc:

@@ -30,8 +30,10 @@ from polyport.gateway.config import (
     DEFAULT_PORTS,
     LOG_FORMATS,
     LOG_LEVELS,
+    TLS_LISTENERS,
     GatewayConfig,
     load_config,
+    tls_keys,
 )
 from polyport.gateway.database import database_url
 from polyport.gateway.fatal import describe
@@ -137,6 +139,36 @@ def _password_options(p: argparse.ArgumentParser) -> None:
                         "(default: prompt on the terminal); never give it on the command line")
 
 
+_TLS_HELP = {
+    "cert": "PEM certificate chain: every TCP listener and HTTP speak TLS (docs/operations.md)",
+    "key": "PEM private key of --tls-cert (must not be readable by other users)",
+    "client_ca": "PEM CA bundle: client certificates it signed log in as the user they name",
+    "min_version": "lowest TLS version: 1.2 (default) or 1.3",
+    "mode": "required (default with a certificate), dual (plain and TLS on one port) or off",
+    "user_from": "where a client certificate names its user: cn (default), san-email, "
+                 "san-dns, san-uri",
+}
+
+
+def _tls_options(p: argparse.ArgumentParser) -> None:
+    """--tls-* for every listener; --NAME-tls MODE and --NAME-tls-* per listener."""
+    for key, (fld, opt) in tls_keys().items():
+        flag = "--" + key.replace("_", "-")
+        if fld == "tls":
+            p.add_argument(flag, metavar=opt.upper(), help=_TLS_HELP[opt])
+        elif key == fld:
+            p.add_argument(flag, metavar="MODE",
+                           help=f"{fld[:-4]}: TLS required, dual or off (over --tls-mode); "
+                                f"--{fld.replace('_', '-')}-cert etc. override --tls-* for it")
+        else:
+            p.add_argument(flag, help=argparse.SUPPRESS)
+    p.add_argument("--res01-curve", metavar="on|off",
+                   help="ZeroMQ CURVE on the Res01 socket (client keys: 'polyport keys')")
+    p.add_argument("--res01-curve-key-file", metavar="FILE",
+                   help="Z85 CURVE secret key of the server (default: generated into the data "
+                        "directory)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="polyport",
@@ -157,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         serve.add_argument(f"--{name}-port", metavar="N",
                            help=f"{name} listener port (default {DEFAULT_PORTS[name]}; "
                                 "'off' disables, 0 picks a free one)")
+    _tls_options(serve)
 
     mig = _leaf(sub, "migrate", "upgrade, downgrade or inspect the database schema")
     mig.add_argument("action", nargs="?", default="upgrade",
@@ -191,6 +224,17 @@ def build_parser() -> argparse.ArgumentParser:
     cx.add_argument("--context", action="append", dest="contexts", metavar="CONTEXT",
                     help="a context the user may use (repeat; none = every context)")
     cx.add_argument("--default-context", help="context used when a request names none")
+
+    keys = sub.add_parser("keys", help="manage Res01 CURVE client keys",
+                          description="manage Res01 CURVE client keys (docs/operations.md)")
+    _common(keys)
+    ks = keys.add_subparsers(dest="action", required=True, metavar="ACTION")
+    kc = _leaf(ks, "create", "create a CURVE key pair for a user: prints the secret key once, "
+                             "stores only the public key")
+    kc.add_argument("name", help="user name")
+    _leaf(ks, "list", "list CURVE public keys and their users")
+    kr = _leaf(ks, "remove", "remove a CURVE public key")
+    kr.add_argument("public_key", help="the Z85 public key")
 
     binders = sub.add_parser("binders", help="manage binders (queryable projections)",
                              description="manage binders (queryable projections)")
@@ -240,7 +284,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         for k, v in vars(args).items()
         if k not in _NOT_SETTINGS and v is not None
     }
-    known = set(GatewayConfig.__dataclass_fields__)
+    known = set(GatewayConfig.__dataclass_fields__) | set(tls_keys())
     return load_config(getattr(args, "config", None),
                        overrides={k: v for k, v in overrides.items() if k in known})
 
@@ -276,7 +320,12 @@ async def _serve(config: GatewayConfig, args: argparse.Namespace) -> int:
         host, port = listener.address
         print(f"polyport: {name} listening on {host}:{port}", flush=True)
     if gw.http_address:
-        print(f"polyport: http listening on {gw.http_address[0]}:{gw.http_address[1]}", flush=True)
+        scheme = "https" if "http" in gw.tls else "http"
+        print(f"polyport: http listening on {gw.http_address[0]}:{gw.http_address[1]}"
+              f"{' (' + scheme + ')' if scheme == 'https' else ''}", flush=True)
+    curve = getattr(gw.listeners.get("res01"), "curve", None)
+    if curve is not None:
+        print(f"polyport: res01 CURVE server public key {curve.public_key}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -293,6 +342,8 @@ async def _serve(config: GatewayConfig, args: argparse.Namespace) -> int:
 
 
 RELOADABLE = ("log_level", "log_format")
+# Certificates and keys: gw.reload_tls (modes and client CAs need a restart).
+TLS_FIELDS = ("tls", *(f"{n}_tls" for n in TLS_LISTENERS))
 
 
 def _reload(gw: Any, args: argparse.Namespace) -> None:
@@ -304,14 +355,23 @@ def _reload(gw: Any, args: argparse.Namespace) -> None:
         log.error("reload refused, nothing changed: %s", describe(exc))
         return
     old = gw.config
+    try:
+        reloaded = gw.reload_tls(new)
+    except Exception as exc:
+        log.error("TLS reload refused, the running certificates stay: %s", describe(exc))
+        reloaded = []
+        new = replace(new, **{k: getattr(old, k) for k in TLS_FIELDS})
+    if reloaded:
+        log.info("reloaded TLS certificates of %s", ", ".join(reloaded))
     changed = {k: (getattr(old, k), getattr(new, k)) for k in RELOADABLE
                if getattr(old, k) != getattr(new, k)}
     if changed:
         setup_logging(new.log_format, new.log_level)
-        gw.config = replace(old, **{k: v for k, (_o, v) in changed.items()})
+    gw.config = replace(old, **{k: v for k, (_o, v) in changed.items()},
+                        **{k: getattr(new, k) for k in TLS_FIELDS})
     pending = sorted(
         k for k in GatewayConfig.__dataclass_fields__
-        if k not in RELOADABLE and getattr(old, k) != getattr(new, k)
+        if k not in RELOADABLE and k not in TLS_FIELDS and getattr(old, k) != getattr(new, k)
     )
     said = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()) or "nothing changed"
     log.info("reloaded configuration: %s%s", said,
@@ -357,6 +417,25 @@ async def _users(args: argparse.Namespace, store: EventStore) -> int:
     elif args.action == "contexts":
         await u.set_contexts(args.name, args.contexts, args.default_context)
         print(f"contexts of {args.name} set")
+    return 0
+
+
+async def _keys(args: argparse.Namespace, store: EventStore) -> int:
+    from polyport.gateway.curve import new_key_pair
+
+    u = store.users
+    if args.action == "create":
+        keys = new_key_pair()
+        await u.add_curve_key(args.name, keys.public)
+        # The secret is shown this once and stored nowhere.
+        print(f"user {args.name}: CURVE key pair created; only the public key is stored")
+        print(f"public key: {keys.public}")
+        print(f"secret key: {keys.secret}")
+    elif args.action == "list":
+        _print(await u.curve_keys())
+    elif args.action == "remove":
+        await u.remove_curve_key(args.public_key)
+        print(f"CURVE key {args.public_key} removed")
     return 0
 
 
@@ -478,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_pipeline(args, config)
         if args.command == "users" and args.action in ("add", "passwd"):
             args.new_password = read_password(args)  # before any database work
-        handler = {"users": _users, "binders": _binders, "subscriptions": _subscriptions}[
+        handler = {"users": _users, "keys": _keys, "binders": _binders,
+                   "subscriptions": _subscriptions}[
             args.command
         ]
         return asyncio.run(_with_store(config, lambda s: handler(args, s)))

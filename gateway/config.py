@@ -24,6 +24,15 @@ DEFAULT_PORTS: dict[str, int] = {
 }
 DEFAULT_DATA_DIR = "./polyport-data"
 
+# Listeners that can speak TLS (Res01 is ZeroMQ: CURVE instead, see res01_curve).
+TLS_LISTENERS = ("bson", "reactivesocket", "rsocket", "micromsg2", "segment", "http")
+TLS_OPTIONS = ("cert", "key", "client_ca", "min_version", "mode", "user_from")
+TLS_MODES = ("off", "required", "dual")
+TLS_VERSIONS = ("1.2", "1.3")
+# Where a client certificate names its polyport user: the subject's CN or the
+# first subjectAltName of one kind.
+TLS_USER_FROM = ("cn", "san-email", "san-dns", "san-uri")
+
 
 class ConfigError(ValueError):
     pass
@@ -53,6 +62,32 @@ def _parse_bool(value: Any, key: str) -> bool:
     if text in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """TLS settings of one listener, or the defaults every listener inherits
+    (``GatewayConfig.tls``).  None = inherit; see :meth:`GatewayConfig.tls_for`."""
+
+    cert: str | None = None  # PEM certificate chain, leaf first
+    key: str | None = None  # PEM private key (mode 0600)
+    client_ca: str | None = None  # PEM bundle: client certificates it signed log in
+    min_version: str | None = None  # "1.2" (default) or "1.3"
+    # off, required (the default once a certificate is configured), dual
+    # (plain and TLS on one port, told apart by the first bytes).
+    mode: str | None = None
+    user_from: str | None = None  # cn (default), san-email, san-dns, san-uri
+
+    def over(self, base: TlsOptions) -> TlsOptions:
+        """These options, with what is unset taken from ``base``."""
+        return TlsOptions(*(
+            mine if mine is not None else getattr(base, name)
+            for name, mine in ((n, getattr(self, n)) for n in TLS_OPTIONS)
+        ))
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None and self.mode != "off"
 
 
 @dataclass(frozen=True)
@@ -102,15 +137,49 @@ class GatewayConfig:
     # /metrics: one lag series per durable subscription (their number is up
     # to the clients); off, only the count and the largest lag are exported.
     metrics_per_subscription: bool = False
+    # TLS: defaults for every listener, then per listener ([tls] and
+    # [tls.<listener>] in TOML, POLYPORT_TLS_CERT / POLYPORT_BSON_TLS_CERT,
+    # --tls-cert / --bson-tls-cert; --bson-tls MODE).
+    tls: TlsOptions = TlsOptions()
+    bson_tls: TlsOptions = TlsOptions()
+    reactivesocket_tls: TlsOptions = TlsOptions()
+    rsocket_tls: TlsOptions = TlsOptions()
+    micromsg2_tls: TlsOptions = TlsOptions()
+    segment_tls: TlsOptions = TlsOptions()
+    http_tls: TlsOptions = TlsOptions()
+    # Res01: ZeroMQ CURVE on the ROUTER socket (gateway/curve.py).  The server
+    # secret key (Z85) is read from this file, or generated into the data
+    # directory on first start.
+    res01_curve: bool = False
+    res01_curve_key_file: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def port_for(self, listener: str) -> int | None:
         value: int | None = getattr(self, f"{listener}_port")
         return value
 
+    def tls_for(self, listener: str) -> TlsOptions | None:
+        """The listener's TLS options over the defaults, or None when it
+        serves plain only (no certificate, or mode off)."""
+        if listener not in TLS_LISTENERS:
+            return None
+        own: TlsOptions = getattr(self, f"{listener}_tls")
+        merged = own.over(self.tls)
+        if not merged.enabled:
+            return None
+        mode = merged.mode or "required"
+        if listener == "http" and own.mode is None and mode == "dual":
+            # Dual is for the byte-stream listeners: HTTP under a dual default is HTTPS.
+            mode = "required"
+        return TlsOptions(
+            merged.cert, merged.key, merged.client_ca, merged.min_version or "1.2",
+            mode, merged.user_from or "cn",
+        )
+
 
 _PORT_KEYS = {f.name for f in fields(GatewayConfig) if f.name.endswith("_port")}
-_BOOL_KEYS = {"allow_anonymous", "metrics_per_subscription"}
+_TLS_FIELDS = {"tls", *(f"{n}_tls" for n in TLS_LISTENERS)}
+_BOOL_KEYS = {"allow_anonymous", "metrics_per_subscription", "res01_curve"}
 _INT_KEYS = {
     "max_event_bytes",
     "max_pending_events",
@@ -128,7 +197,39 @@ _INT_KEYS = {
 _FLOAT_KEYS = {
     "idle_timeout", "poll_interval", "commit_timeout", "read_timeout", "slow_commit_seconds",
 }
-_KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"}
+_KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"} - _TLS_FIELDS
+
+
+def tls_keys() -> dict[str, tuple[str, str]]:
+    """Flat setting names of the TLS options -> (config field, option):
+    ``tls_cert`` -> (tls, cert), ``bson_tls_cert`` -> (bson_tls, cert),
+    ``bson_tls`` -> (bson_tls, mode).  Environment variables and flags are
+    these names (POLYPORT_TLS_CERT, --bson-tls-cert)."""
+    out: dict[str, tuple[str, str]] = {}
+    for fld in sorted(_TLS_FIELDS):
+        for opt in TLS_OPTIONS:
+            out[f"{fld}_{opt}"] = (fld, opt)
+        if fld != "tls":
+            out[fld] = (fld, "mode")
+    return out
+
+
+_TLS_KEYS = tls_keys()
+_TLS_CHOICES = {"mode": TLS_MODES, "min_version": TLS_VERSIONS, "user_from": TLS_USER_FROM}
+
+
+def _tls_option(option: str, value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, float):  # TOML: min_version = 1.3
+        value = f"{value:.1f}"
+    text = str(value).strip()
+    choices = _TLS_CHOICES.get(option)
+    if choices is not None:
+        text = text.lower()
+        if text not in choices:
+            raise ConfigError(f"{where}: expected one of {', '.join(choices)}, got {value!r}")
+    return text
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -182,6 +283,8 @@ def load_config(
     overrides: dict[str, Any] | None = None,
 ) -> GatewayConfig:
     values: dict[str, Any] = {}
+    # TLS options by config field, merged in the same order (file < env < flags).
+    tls: dict[str, dict[str, str | None]] = {}
     env = dict(os.environ if env is None else env)
     config_file = config_file or env.get("POLYPORT_CONFIG")
     if config_file:
@@ -195,6 +298,13 @@ def load_config(
         data = data.get("polyport", data)
         for key, value in data.items():
             k = key.replace("-", "_")
+            if k == "tls" and isinstance(value, dict):
+                _tls_table(value, tls, path)
+                continue
+            if k in _TLS_KEYS:
+                fld, opt = _TLS_KEYS[k]
+                tls.setdefault(fld, {})[opt] = _tls_option(opt, value, f"{path}: {key}")
+                continue
             if k not in _KNOWN:
                 raise ConfigError(f"config file {path}: unknown key {key!r}")
             values[k] = coerce(k, value, f"{path}: {key}")
@@ -202,7 +312,37 @@ def load_config(
         env_key = f"POLYPORT_{key.upper()}"
         if env_key in env:
             values[key] = coerce(key, env[env_key], env_key)
+    for key, (fld, opt) in _TLS_KEYS.items():
+        env_key = f"POLYPORT_{key.upper()}"
+        if env_key in env:
+            tls.setdefault(fld, {})[opt] = _tls_option(opt, env[env_key], env_key)
     for key, value in (overrides or {}).items():
-        if value is not None:
-            values[key] = coerce(key, value, "--" + key.replace("_", "-"))
+        if value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if key in _TLS_KEYS:
+            fld, opt = _TLS_KEYS[key]
+            tls.setdefault(fld, {})[opt] = _tls_option(opt, value, flag)
+        else:
+            values[key] = coerce(key, value, flag)
+    for fld, options in tls.items():
+        values[fld] = replace(TlsOptions(), **options)
     return replace(GatewayConfig(), **values)
+
+
+def _tls_table(table: dict[str, Any], out: dict[str, dict[str, str | None]], path: Path) -> None:
+    """``[tls]``: options for every listener; ``[tls.<listener>]``: one listener's."""
+    for key, value in table.items():
+        k = key.replace("-", "_")
+        if k in TLS_LISTENERS and isinstance(value, dict):
+            for opt_key, opt_value in value.items():
+                opt = opt_key.replace("-", "_")
+                if opt not in TLS_OPTIONS:
+                    raise ConfigError(f"config file {path}: unknown key tls.{key}.{opt_key!s}")
+                out.setdefault(f"{k}_tls", {})[opt] = _tls_option(
+                    opt, opt_value, f"{path}: tls.{key}.{opt_key}"
+                )
+        elif k in TLS_OPTIONS:
+            out.setdefault("tls", {})[k] = _tls_option(k, value, f"{path}: tls.{key}")
+        else:
+            raise ConfigError(f"config file {path}: unknown key tls.{key}")

@@ -49,7 +49,9 @@ def reactive_listener(
         # The session applies liveness itself (the draft's idle timeout,
         # RSocket's SETUP lifetime): a subscriber that only receives sends
         # little or nothing for long stretches and must not be cut off.
-        listener = TcpListener(protocol, factory, host, p, stats, idle_timeout=None)
+        listener = TcpListener(
+            protocol, factory, host, p, stats, idle_timeout=None, tls=gw.server_tls(protocol)
+        )
         await listener.start()
         return listener
 

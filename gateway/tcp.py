@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from polyport.gateway.tls import ServerTls, TlsServer, serve_tls, transport_user
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
 
 log = logging.getLogger("polyport.tcp")
@@ -62,9 +63,11 @@ class TcpListener:
     port: int
     stats: ListenerStats
     idle_timeout: float | None = None
+    # TLS (required or dual), or None: plain only.
+    tls: ServerTls | None = None
 
     def __post_init__(self) -> None:
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.Server | TlsServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
     @property
@@ -74,7 +77,29 @@ class TcpListener:
         return sock[0], sock[1]
 
     async def start(self) -> None:
+        if self.tls is not None:
+            self._server = await self._start_tls(self.tls)
+            return
         self._server = await asyncio.start_server(self._accept, self.host, self.port)
+
+    # --- TLS (gateway/tls.py) ------------------------------------------------------
+
+    async def _start_tls(self, tls: ServerTls) -> TlsServer:
+        """TLS listeners accept in gateway.tls: it looks at the first bytes
+        (dual mode, clean refusal of plain clients) before wrapping."""
+
+        def refused(why: str) -> None:
+            self.stats.connections_refused += 1
+            log.info("%s: refused %s", self.name, why)
+
+        return await serve_tls(self._accept, self.host, self.port, tls, refused)
+
+    def _peer(self, writer: asyncio.StreamWriter, address: str) -> Peer:
+        """The connection's Peer, with the user a verified client certificate names."""
+        user = None
+        if self.tls is not None:
+            user = transport_user(writer.transport, self.tls.user_from)
+        return Peer(self.name, address, certificate_user=user)
 
     async def stop_accepting(self) -> None:
         if self._server is not None:
@@ -104,7 +129,7 @@ class TcpListener:
             out.close()
             return
         # Tasks the session starts inherit the peer (error lines, metrics).
-        CURRENT_PEER.set(Peer(self.name, out.peer))
+        CURRENT_PEER.set(self._peer(writer, out.peer))
         self._connections.add(task)
         self.stats.connections_total += 1
         self.stats.connections_open += 1

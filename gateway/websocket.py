@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from polyport.gateway.tls import transport_user
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
 
 log = logging.getLogger("polyport.websocket")
@@ -82,6 +83,18 @@ class WebSocketOutbound:
 SessionFactory = Callable[[Outbound], StreamSession]
 
 
+# Set by the gateway when the HTTP port speaks TLS: where a client
+# certificate names its user (gateway.tls.certificate_user).
+TLS_USER_FROM: web.AppKey[str] = web.AppKey("tls_user_from")
+
+
+def _certificate_user(request: web.Request) -> str | None:
+    user_from = request.app.get(TLS_USER_FROM)
+    if user_from is None:
+        return None
+    return transport_user(request.transport, user_from)
+
+
 @dataclass
 class WebSocketEndpoint:
     """A WebSocket route whose connections each get a session from ``factory``.
@@ -138,7 +151,7 @@ class WebSocketEndpoint:
         task = asyncio.current_task()
         assert task is not None
         # Tasks the session starts inherit the peer (error lines, metrics).
-        CURRENT_PEER.set(Peer(self.name, peer))
+        CURRENT_PEER.set(Peer(self.name, peer, certificate_user=_certificate_user(request)))
         out = WebSocketOutbound(ws, peer, self.stats)
         self._connections[task] = out
         self.stats.connections_total += 1

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from polyport.core.commands import Principal
     from polyport.core.store import EventStore
 
 
@@ -51,6 +52,9 @@ class Peer:
 
     protocol: str
     address: str
+    # The polyport user a verified TLS client certificate names (the
+    # transport checked it against the client CA); None without one.
+    certificate_user: str | None = None
 
 
 CURRENT_PEER: ContextVar[Peer | None] = ContextVar("polyport_peer", default=None)
@@ -137,3 +141,15 @@ class SessionContext:
     stats: ListenerStats
     settings: dict[str, Any]
     log: logging.Logger
+
+
+async def login(store: EventStore, user: str | None, password: str | None) -> Principal:
+    """The principal of a protocol login.  When the protocol carries no user
+    name and the connection came with a client certificate naming a user,
+    that user (``principal_for``: no password); otherwise the store's
+    password or anonymous login."""
+    if not user:
+        peer = CURRENT_PEER.get()
+        if peer is not None and peer.certificate_user:
+            return await store.users.principal_for(peer.certificate_user)
+    return await store.authenticate(user, password)

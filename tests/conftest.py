@@ -121,3 +121,11 @@ async def gateway_factory(db_url: str) -> AsyncIterator[Callable[..., Awaitable[
     yield start
     for gw in started:
         await gw.stop()
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A test CA and the gateway's certificate (tests/tlspki.py)."""
+    from tests.tlspki import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"))

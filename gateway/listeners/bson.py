@@ -25,6 +25,7 @@ async def start(gw: Gateway, host: str, port: int) -> TcpListener:
         port,
         stats,
         idle_timeout=float(idle) if idle else None,
+        tls=gw.server_tls(PROTOCOL),
     )
     await listener.start()
     return listener

@@ -38,7 +38,9 @@ async def start(gw: Gateway, host: str, port: int) -> MicroMsg2Listener:
     # The transport's idle timeout is off: a subscriber legitimately sends
     # nothing for a long time.  The session closes connections that never
     # finish the handshake or are idle with nothing subscribed.
-    listener = MicroMsg2Listener(PROTOCOL, factory, host, port, stats, idle_timeout=None)
+    listener = MicroMsg2Listener(
+        PROTOCOL, factory, host, port, stats, idle_timeout=None, tls=gw.server_tls(PROTOCOL)
+    )
     await listener.start()
     return listener
 

@@ -35,6 +35,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from polyport.gateway.curve import CurveServer, curve_server
 from polyport.gateway.registry import ListenerDef
 from polyport.protocols.res01 import DEFAULT_PORT, PROTOCOL, Error, Res01Error, Response
 from polyport.protocols.res01.adapter import (
@@ -70,9 +71,17 @@ def _endpoint(host: str, port: int) -> str:
 
 class Res01Listener:
     def __init__(
-        self, name: str, ctx: SessionContext, host: str, port: int, limits: Res01Limits
+        self,
+        name: str,
+        ctx: SessionContext,
+        host: str,
+        port: int,
+        limits: Res01Limits,
+        curve: CurveServer | None = None,
     ) -> None:
         self.name = name
+        # ZeroMQ CURVE (gateway/curve.py): set up before the socket binds.
+        self.curve = curve
         self.stats = ctx.stats
         self.limits = limits
         self.host = host
@@ -113,10 +122,14 @@ class Res01Listener:
         sock.setsockopt(zmq.LINGER, LINGER_MS)
         if ":" in self.host:
             sock.setsockopt(zmq.IPV6, 1)
+        if self.curve is not None:
+            self.curve.apply(self._zctx, sock)
         try:
             sock.bind(_endpoint(self.host, self.port))
         except zmq.ZMQError as exc:
             sock.close(linger=0)
+            if self.curve is not None:
+                self.curve.stop()
             self._zctx.term()
             raise OSError(
                 f"res01: cannot listen on {self.host}:{self.port}: {exc.strerror}"
@@ -166,6 +179,8 @@ class Res01Listener:
             self._monitor.close(linger=0)
         if self._sock is not None:
             self._sock.close()
+        if self.curve is not None:
+            self.curve.stop()
         # term() waits for the linger of queued replies: off the event loop.
         await asyncio.get_running_loop().run_in_executor(None, self._zctx.term)
 
@@ -335,7 +350,10 @@ class Res01Listener:
 async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
     stats = ListenerStats(PROTOCOL)
     ctx = gw.context(PROTOCOL, stats)
-    listener = Res01Listener(PROTOCOL, ctx, host, port, limits_from(gw.settings))
+    listener = Res01Listener(
+        PROTOCOL, ctx, host, port, limits_from(gw.settings),
+        curve=curve_server(gw.config, gw.store.users),
+    )
     await listener.start()
     return listener
 

@@ -25,7 +25,8 @@ async def start(gw: Gateway, host: str, port: int) -> TcpListener:
     def factory(out: Outbound) -> SegmentSession:
         return SegmentSession(ctx, out, registry, limits)
 
-    listener = TcpListener(PROTOCOL, factory, host, port, stats, idle_timeout=limits.idle_timeout)
+    listener = TcpListener(PROTOCOL, factory, host, port, stats, idle_timeout=limits.idle_timeout,
+                           tls=gw.server_tls(PROTOCOL))
     await listener.start()
     return listener
 

@@ -80,7 +80,7 @@ from polyport.protocols.bson.state import State
 from polyport.protocols.bson.subscriptions import Subscriptions, recev_document
 from polyport.protocols.bson.transactions import PendingCommit, Transactions
 from polyport.protocols.bson.wire import ENCODE_OPTIONS, is_supported_version
-from polyport.protocols.session import Outbound, SessionContext
+from polyport.protocols.session import Outbound, SessionContext, login
 from polyport.protocols.settings import settings_from
 
 MIB = 1024 * 1024
@@ -353,7 +353,7 @@ class BsonSession:
             )
         else:
             try:
-                self.principal = await self.store.authenticate(frame.username, frame.password)
+                self.principal = await login(self.store, frame.username, frame.password)
                 self.context = self.principal.default_context
                 verdict = OK
             except Exception as exc:

@@ -32,6 +32,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from ssl import SSLContext
 from types import TracebackType
 from typing import Any, cast
 
@@ -125,9 +126,13 @@ class BsonClient:
         password: str | None = None,
         version: str = "1.0",
         timeout: float | None = 30.0,
+        ssl: SSLContext | None = None,
     ) -> BsonClient:
-        """Open the connection and send CONNECT; raises BsonError if refused."""
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        """Open the connection (TLS with ``ssl``) and send CONNECT; raises
+        BsonError if refused."""
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=ssl), timeout
+        )
         client = cls(reader, writer)
         client._task = asyncio.create_task(client._read_loop(), name="bson-client-reader")
         try:

@@ -64,7 +64,7 @@ from polyport.protocols.micromsg2.pubsub import (
     parse_pubsub_command,
 )
 from polyport.protocols.micromsg2.state import State
-from polyport.protocols.session import Outbound, SessionContext
+from polyport.protocols.session import Outbound, SessionContext, login
 from polyport.protocols.settings import settings_from
 
 SERVER_IDENTITY = "polyport"
@@ -403,7 +403,7 @@ class MicroMsg2Session:
         negotiated = self._conn.negotiated
         assert negotiated is not None
         user, password = negotiated.credentials or (None, None)
-        principal = await self._store.authenticate(user, password)
+        principal = await login(self._store, user, password)
         if not principal.may_use(principal.default_context):
             raise Forbidden(
                 f"user {principal.user!r} may not use its default context "

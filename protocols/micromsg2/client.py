@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable, Mapping
+from ssl import SSLContext
 from types import TracebackType
 
 from polyport.protocols.micromsg2.connection import ClientConnection, error_frame
@@ -103,6 +104,7 @@ class MicroMsg2Client:
         first_inbound_seq: int = SEQ_FIRST,
         queue_size: int = 1000,
         timeout: float = 10.0,
+        ssl: SSLContext | None = None,
     ) -> MicroMsg2Client:
         """Connect and run the three-step handshake.  ``user`` adds a required
         ``x-auth`` extension.  Raises MicroMsg2Error when the server refuses
@@ -127,7 +129,9 @@ class MicroMsg2Client:
             version=version,
             first_inbound_seq=first_inbound_seq,
         )
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=ssl), timeout
+        )
         client = cls(reader, writer, conn, queue_size=queue_size)
         try:
             await asyncio.wait_for(client._handshake(), timeout)

@@ -62,7 +62,7 @@ from polyport.protocols.reactivesocket.frames import (
     RequestSub,
     Setup,
 )
-from polyport.protocols.session import Outbound, SessionContext
+from polyport.protocols.session import Outbound, SessionContext, login
 from polyport.protocols.settings import settings_from
 
 # Shared with RSocket 1.0 (protocols/eventservice.py); still importable here.
@@ -263,7 +263,7 @@ class ReactiveSocketSession:
             await self._fail_connection(exc.code, exc.message)
             return
         try:
-            principal = await self.store.authenticate(setup.user, setup.password)
+            principal = await login(self.store, setup.user, setup.password)
         except PolyportError as exc:
             await self._fail_connection(exc.code, exc.message)
             return

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
+from ssl import SSLContext
 from typing import Any
 
 from polyport.protocols.reactive.client import (
@@ -103,10 +104,11 @@ class ReactiveSocketClient(StreamClient):
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         max_fragment: int = DEFAULT_MAX_FRAGMENT,
+        ssl: SSLContext | None = None,
     ) -> ReactiveSocketClient:
-        """Connect over TCP and send SETUP.  A refused SETUP shows as
-        :class:`RemoteError` (stream 0) on the first request."""
-        reader, writer = await asyncio.open_connection(host, port)
+        """Connect over TCP (TLS with ``ssl``) and send SETUP.  A refused SETUP
+        shows as :class:`RemoteError` (stream 0) on the first request."""
+        reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
         conn = ClientConnection(
             "tcp",
             max_frame_size=max_frame_size,
@@ -128,9 +130,11 @@ class ReactiveSocketClient(StreamClient):
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         max_fragment: int = DEFAULT_MAX_FRAGMENT,
+        ssl: SSLContext | None = None,
     ) -> ReactiveSocketClient:
-        """Connect to ``ws://host:port/reactivesocket`` (aiohttp) and send SETUP."""
-        transport = await open_websocket(url, max_frame_size, autoping=True)
+        """Connect to ``ws://host:port/reactivesocket`` (or ``wss://`` with
+        ``ssl``) (aiohttp) and send SETUP."""
+        transport = await open_websocket(url, max_frame_size, autoping=True, ssl=ssl or True)
         conn = ClientConnection(
             "websocket",
             max_frame_size=max_frame_size,

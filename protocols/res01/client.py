@@ -24,7 +24,9 @@ import itertools
 import logging
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -97,6 +99,21 @@ def _endpoint(address: str | tuple[str, int]) -> str:
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
+@dataclass(frozen=True)
+class CurveClientKeys:
+    """CURVE for a client socket: the server's public key and this client's
+    key pair (Z85 text, as ``polyport keys create`` prints them)."""
+
+    server_public: str
+    public: str
+    secret: str
+
+    def apply(self, sock: zmq.Socket[Any]) -> None:
+        sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_public.encode("ascii"))
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public.encode("ascii"))
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret.encode("ascii"))
+
+
 class Res01Client:
     def __init__(
         self,
@@ -125,11 +142,15 @@ class Res01Client:
         timeout: float = 30.0,
         max_in_flight: int = 1000,
         context: zmq.asyncio.Context | None = None,
+        curve: CurveClientKeys | None = None,
     ) -> Res01Client:
-        """``address``: a ZeroMQ endpoint (``tcp://host:port``) or (host, port)."""
+        """``address``: a ZeroMQ endpoint (``tcp://host:port``) or (host, port).
+        ``curve``: speak CURVE to a server with that public key."""
         ctx = context or zmq.asyncio.Context.instance()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.apply(sock)
         sock.connect(_endpoint(address))
         return cls(sock, protocol=protocol, timeout=timeout, max_in_flight=max_in_flight)
 

@@ -72,7 +72,7 @@ from polyport.protocols.rsocket.metadata import (
     MetadataError,
     read_metadata,
 )
-from polyport.protocols.session import Outbound, SessionContext
+from polyport.protocols.session import Outbound, SessionContext, login
 from polyport.protocols.settings import settings_from
 
 ORIGIN = PROTOCOL
@@ -281,7 +281,7 @@ class RSocketSession:
 
     async def _login(self, credentials: Credentials | None) -> Principal:
         if credentials is None:
-            return await self.store.authenticate(None, None)
+            return await login(self.store, None, None)
         if credentials.auth_type != AUTH_SIMPLE:
             raise Unauthenticated(
                 f"authentication type {credentials.auth_type!r} is not served (simple is)"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
+from ssl import SSLContext
 from typing import Any
 
 from polyport.protocols.reactive.client import (
@@ -113,15 +114,21 @@ class RSocketClient(StreamClient):
     # --- connecting ---------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, host: str, port: int, **kw: Any) -> RSocketClient:
-        """Connect over TCP and send SETUP.  Keywords as :meth:`connect_websocket`."""
-        reader, writer = await asyncio.open_connection(host, port)
+    async def connect(
+        cls, host: str, port: int, *, ssl: SSLContext | None = None, **kw: Any
+    ) -> RSocketClient:
+        """Connect over TCP (TLS with ``ssl``) and send SETUP.  Keywords as
+        :meth:`connect_websocket`."""
+        reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
         return await cls._open(TcpTransport(reader, writer), "tcp", **kw)
 
     @classmethod
-    async def connect_websocket(cls, url: str, **kw: Any) -> RSocketClient:
-        """Connect to ``ws://host:port/rsocket`` (aiohttp) and send SETUP."""
-        transport = await open_websocket(url, DEFAULT_MAX_FRAME_SIZE + 1024)
+    async def connect_websocket(
+        cls, url: str, *, ssl: SSLContext | None = None, **kw: Any
+    ) -> RSocketClient:
+        """Connect to ``ws://host:port/rsocket`` (or ``wss://`` with ``ssl``)
+        (aiohttp) and send SETUP."""
+        transport = await open_websocket(url, DEFAULT_MAX_FRAME_SIZE + 1024, ssl=ssl or True)
         return await cls._open(transport, "websocket", **kw)
 
     @classmethod

@@ -71,7 +71,7 @@ from polyport.protocols.segment.frames import (
 )
 from polyport.protocols.segment.state import BlockEvents
 from polyport.protocols.segment.wire import split_segment_name
-from polyport.protocols.session import ListenerStats, Outbound, SessionContext
+from polyport.protocols.session import ListenerStats, Outbound, SessionContext, login
 from polyport.protocols.settings import settings_from
 
 # Segment data carries no type or content type of its own.
@@ -371,7 +371,7 @@ class SegmentSession:
         # The protocol carries no credentials: the connection acts as the
         # anonymous principal, which the gateway may disable.
         if self._principal is None:
-            self._principal = await self._store.authenticate(None, None)
+            self._principal = await login(self._store, None, None)
         if not self._principal.may_use(context):
             raise Forbidden(f"context {context!r} is not permitted")
         return self._principal

@@ -35,6 +35,7 @@ import struct
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from ssl import SSLContext
 
 from polyport.protocols.errors import NOT_FOUND, UNAUTHENTICATED
 from polyport.protocols.segment.connection import ClientConnection, ClientInput
@@ -142,9 +143,12 @@ class _Link:
         *,
         max_message_size: int = MAX_WIRE_LENGTH,
         seconds: float = DEFAULT_TIMEOUT,
+        ssl: SSLContext | None = None,
     ) -> _Link:
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), seconds)
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=ssl), seconds
+            )
         except (OSError, TimeoutError) as exc:
             raise ConnectionLost(f"cannot connect to {host}:{port}: {exc}") from exc
         return cls(reader, writer, on_reply, on_close, max_message_size)
@@ -298,9 +302,11 @@ class SegmentWriter:
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         resend_block_bytes: int = DEFAULT_RESEND_BLOCK_BYTES,
         timeout: float = DEFAULT_TIMEOUT,
+        ssl: SSLContext | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        self.ssl = ssl  # TLS context for every (re)connect
         self.window_bytes = window_bytes
         self.resend_block_bytes = resend_block_bytes
         self.timeout = timeout
@@ -314,7 +320,9 @@ class SegmentWriter:
         self._send_lock = asyncio.Lock()
 
     @classmethod
-    async def connect(cls, host: str, port: int, **options: float | int) -> SegmentWriter:
+    async def connect(
+        cls, host: str, port: int, **options: float | int | SSLContext | None
+    ) -> SegmentWriter:
         client = cls(host, port, **options)  # type: ignore[arg-type]
         await client.reconnect()
         return client
@@ -344,7 +352,8 @@ class SegmentWriter:
             if self._link is not None:
                 self._link.abort()
             self._link = await _Link.open(
-                self.host, self.port, self._on_reply, self._on_close, seconds=self.timeout
+                self.host, self.port, self._on_reply, self._on_close, seconds=self.timeout,
+                ssl=self.ssl,
             )
             for appender in list(self._appenders.values()):
                 await self._setup_and_resume(self._link, appender)
@@ -443,21 +452,26 @@ class SegmentReader:
     """A reader connection.  Reads may be pipelined: the server answers them
     in order, one SegmentRead (or error reply) each."""
 
-    def __init__(self, host: str, port: int, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, host: str, port: int, *, timeout: float = DEFAULT_TIMEOUT,
+        ssl: SSLContext | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
+        self.ssl = ssl
         self._link: _Link | None = None
         self._pending: deque[asyncio.Future[SegmentRead]] = deque()
         self._keep_alives = _KeepAlives()
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, *, seconds: float = DEFAULT_TIMEOUT
+        cls, host: str, port: int, *, seconds: float = DEFAULT_TIMEOUT,
+        ssl: SSLContext | None = None,
     ) -> SegmentReader:
-        reader = cls(host, port, timeout=seconds)
+        reader = cls(host, port, timeout=seconds, ssl=ssl)
         reader._link = await _Link.open(
-            host, port, reader._on_reply, reader._on_close, seconds=seconds
+            host, port, reader._on_reply, reader._on_close, seconds=seconds, ssl=ssl
         )
         return reader
 

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from ssl import SSLContext
 from typing import Any
 
 import bson
@@ -39,16 +40,18 @@ from bson.objectid import ObjectId
 from polyport.core.commands import ReadStream
 from polyport.core.events import RecordedEvent
 from polyport.gateway.app import Gateway
-from polyport.gateway.config import DEFAULT_PORTS, GatewayConfig
+from polyport.gateway.config import DEFAULT_PORTS, GatewayConfig, TlsOptions
+from polyport.gateway.curve import new_key_pair
 from polyport.protocols.bson.client import BsonClient, ClientSubscription
 from polyport.protocols.micromsg2.client import MicroMsg2Client
 from polyport.protocols.reactivesocket.client import NewEvent, ReactiveSocketClient
 from polyport.protocols.reactivesocket.payloads import EventMap, StartAt
-from polyport.protocols.res01.client import Res01Client, new_event
+from polyport.protocols.res01.client import CurveClientKeys, Res01Client, new_event
 from polyport.protocols.res01.frames import FetchedEvent
 from polyport.protocols.rsocket.client import RSocketClient
 from polyport.protocols.segment.client import SegmentAppender, SegmentReader, SegmentWriter
 from tests.conftest import create_database
+from tests.tlspki import Pki
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -277,44 +280,61 @@ def stream_name(reader: str, writer: str) -> str:
     return f"to-{reader}.from-{writer}"
 
 
+@dataclass(frozen=True)
+class Transport:
+    """How the clients connect: plain, or TLS (``ssl``) and CURVE (Res01)."""
+
+    ssl: SSLContext | None = None
+    curve: CurveClientKeys | None = None
+
+    @property
+    def ws(self) -> str:
+        return "wss" if self.ssl is not None else "ws"
+
+
 # --- the writers ------------------------------------------------------------------------
 
 
 class Writers:
     """One client per writer protocol, shared by the module's tests."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: Gateway, t: Transport) -> None:
         self.gw = gw
+        self.t = t
         self.sent_ids: dict[str, list[uuid.UUID]] = {}
         self._versions: dict[str, int] = {}
         self._appenders: dict[str, SegmentAppender] = {}
 
     async def open(self) -> None:
-        gw = self.gw
-        self.res01 = await Res01Client.connect(gw.listeners["res01"].address, timeout=10)
+        gw, t = self.gw, self.t
+        self.res01 = await Res01Client.connect(
+            gw.listeners["res01"].address, timeout=10, curve=t.curve
+        )
         self.bson = await BsonClient.connect(
-            *gw.listeners["bson"].address, username=USER, password=PASSWORD
+            *gw.listeners["bson"].address, username=USER, password=PASSWORD, ssl=t.ssl
         )
         host, port = gw.listeners["reactivesocket"].address
         self.rs_tcp = await ReactiveSocketClient.connect(
-            host, port, user=USER, password=PASSWORD, context=CTX
+            host, port, user=USER, password=PASSWORD, context=CTX, ssl=t.ssl
         )
         assert gw.http_address is not None
         h, p = gw.http_address
         self.rs_ws = await ReactiveSocketClient.connect_websocket(
-            f"ws://{h}:{p}/reactivesocket", user=USER, password=PASSWORD, context=CTX
+            f"{t.ws}://{h}:{p}/reactivesocket", user=USER, password=PASSWORD, context=CTX,
+            ssl=t.ssl,
         )
         mm_host, mm_port = gw.listeners["micromsg2"].address
         self.mm_json = await MicroMsg2Client.connect(
-            mm_host, mm_port, user=USER, password=PASSWORD, required=["json", "ack"]
+            mm_host, mm_port, user=USER, password=PASSWORD, required=["json", "ack"], ssl=t.ssl
         )
         self.mm_raw = await MicroMsg2Client.connect(
-            mm_host, mm_port, user=USER, password=PASSWORD, required=["ack"]
+            mm_host, mm_port, user=USER, password=PASSWORD, required=["ack"], ssl=t.ssl
         )
         assert self.mm_json.negotiated.has("json") and not self.mm_raw.negotiated.has("json")
-        self.segment = await SegmentWriter.connect(*gw.listeners["segment"].address)
+        self.segment = await SegmentWriter.connect(*gw.listeners["segment"].address, ssl=t.ssl)
         self.rso = await RSocketClient.connect(
-            *gw.listeners["rsocket"].address, user=USER, password=PASSWORD, data_format="json"
+            *gw.listeners["rsocket"].address, user=USER, password=PASSWORD, data_format="json",
+            ssl=t.ssl,
         )
 
     async def close(self) -> None:
@@ -394,6 +414,7 @@ class Writers:
 class World:
     gw: Gateway
     writers: Writers
+    t: Transport
 
     async def write_all(self, reader: str, which: slice = slice(None)) -> None:
         for writer in WRITERS:
@@ -423,22 +444,45 @@ class World:
         raise AssertionError(f"{count} subscriptions not in place")
 
 
-@pytest.fixture(scope="module")
-async def world(admin_url: str, template_url: str) -> AsyncIterator[World]:
+@pytest.fixture(scope="module", params=["plain", "tls"])
+async def world(
+    request: pytest.FixtureRequest,
+    admin_url: str,
+    template_url: str,
+    pki: Pki,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[World]:
+    """The whole matrix twice: plain, then every listener on TLS (HTTP too:
+    wss://) and Res01 on CURVE, with the same clients."""
     db_url = await create_database(admin_url)
+    tls = request.param == "tls"
     base = GatewayConfig(
         database_url=db_url,
         http_port=0,
         poll_interval=0.2,
+        data_dir=str(tmp_path_factory.mktemp("matrix")),
+        tls=TlsOptions(str(pki.cert), str(pki.key), str(pki.ca_file)) if tls else TlsOptions(),
+        res01_curve=tls,
         **{f"{n}_port": 0 for n in DEFAULT_PORTS},  # type: ignore[arg-type]
     )
     gw = Gateway(replace(base, extra={**base.extra, "segment_read_wait": 10}))
     await gw.start()
-    writers = Writers(gw)
+    t = Transport()
     try:
         await gw.store.users.add(USER, PASSWORD, default_context=CTX)
+        if tls:
+            keys = new_key_pair()
+            await gw.store.users.add_curve_key(USER, keys.public)
+            server = gw.listeners["res01"].curve.public_key  # type: ignore[attr-defined]
+            # The client certificate names USER too: segment wire logs in with it.
+            t = Transport(pki.client(USER), CurveClientKeys(server, keys.public, keys.secret))
+    except BaseException:
+        await gw.stop()
+        raise
+    writers = Writers(gw, t)
+    try:
         await writers.open()
-        yield World(gw, writers)
+        yield World(gw, writers, t)
     finally:
         try:
             await writers.close()
@@ -475,7 +519,9 @@ def check_res01_event(
 
 
 async def test_res01_reads_every_writer(world: World) -> None:
-    async with await Res01Client.connect(world.gw.listeners["res01"].address, timeout=10) as c:
+    async with await Res01Client.connect(
+        world.gw.listeners["res01"].address, timeout=10, curve=world.t.curve
+    ) as c:
         # Live: RS registered (prefix filter) before anything is written.
         start = datetime.now(UTC) - timedelta(seconds=1)
         [live] = await c.subscribe("matrix-live", [(CTX, "to-res01.", start)])
@@ -507,7 +553,7 @@ async def test_res01_reads_every_writer(world: World) -> None:
 
 async def test_bson_reads_every_writer(world: World) -> None:
     async with await BsonClient.connect(
-        *world.gw.listeners["bson"].address, username=USER, password=PASSWORD
+        *world.gw.listeners["bson"].address, username=USER, password=PASSWORD, ssl=world.t.ssl
     ) as c:
         live = {w: await c.subscribe(stream_name("bson", w)) for w in WRITERS}
         await world.write_all("bson")
@@ -542,13 +588,15 @@ async def test_reactivesocket_reads_every_writer(world: World, transport: str) -
     gw = world.gw
     if transport == "tcp":
         c = await ReactiveSocketClient.connect(
-            *gw.listeners["reactivesocket"].address, user=USER, password=PASSWORD, context=CTX
+            *gw.listeners["reactivesocket"].address, user=USER, password=PASSWORD, context=CTX,
+            ssl=world.t.ssl,
         )
     else:
         assert gw.http_address is not None
         h, p = gw.http_address
         c = await ReactiveSocketClient.connect_websocket(
-            f"ws://{h}:{p}/reactivesocket", user=USER, password=PASSWORD, context=CTX
+            f"{world.t.ws}://{h}:{p}/reactivesocket", user=USER, password=PASSWORD, context=CTX,
+            ssl=world.t.ssl,
         )
     try:
         # Live: one REQUEST_SUB over every writer's stream, in place before the writes.
@@ -613,13 +661,15 @@ async def test_rsocket_reads_every_writer(world: World, transport: str, fmt: str
     gw = world.gw
     if transport == "tcp":
         c = await RSocketClient.connect(
-            *gw.listeners["rsocket"].address, user=USER, password=PASSWORD, data_format=fmt
+            *gw.listeners["rsocket"].address, user=USER, password=PASSWORD, data_format=fmt,
+            ssl=world.t.ssl,
         )
     else:
         assert gw.http_address is not None
         h, p = gw.http_address
         c = await RSocketClient.connect_websocket(
-            f"ws://{h}:{p}/rsocket", user=USER, password=PASSWORD, data_format=fmt
+            f"{world.t.ws}://{h}:{p}/rsocket", user=USER, password=PASSWORD, data_format=fmt,
+            ssl=world.t.ssl,
         )
     try:
         before = len(gw.store.open_subscriptions())
@@ -673,10 +723,11 @@ async def test_micromsg2_reads_every_writer(world: World) -> None:
     gw = world.gw
     host, port = gw.listeners["micromsg2"].address
     text = await MicroMsg2Client.connect(
-        host, port, user=USER, password=PASSWORD, required=["pubsub", "json", "batch-ack"]
+        host, port, user=USER, password=PASSWORD, required=["pubsub", "json", "batch-ack"],
+        ssl=world.t.ssl,
     )
     raw = await MicroMsg2Client.connect(host, port, user=USER, password=PASSWORD,
-                                        required=["pubsub"])
+                                        required=["pubsub"], ssl=world.t.ssl)
     try:
         assert text.negotiated.has("json")
         assert not raw.negotiated.has("json")
@@ -716,7 +767,7 @@ async def test_micromsg2_reads_every_writer(world: World) -> None:
 
 
 async def test_segment_reads_every_writer(world: World) -> None:
-    reader = await SegmentReader.connect(*world.gw.listeners["segment"].address)
+    reader = await SegmentReader.connect(*world.gw.listeners["segment"].address, ssl=world.t.ssl)
     try:
         # The first event of each writer, then a ReadSegment waiting at the
         # tail while the writer appends the second (live), then a full read.

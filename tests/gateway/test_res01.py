@@ -46,20 +46,46 @@ ONLY_RES01: dict[str, Any] = {
 GatewayFactory = Callable[..., Awaitable[Any]]
 
 
+# Most tests act in contexts of their own, which anonymous may not use: they
+# log in (ZAP PLAIN) as a user who may use every context.
+USER, PASSWORD = "res01-tester", "res01-pw"
+
+
 async def start_gateway(factory: GatewayFactory, **overrides: Any) -> Any:
-    return await factory(**{**ONLY_RES01, **overrides})
+    gw = await factory(**{**ONLY_RES01, "allow_anonymous": False, **overrides})
+    await gw.store.users.add(USER, PASSWORD)
+    return gw
+
+
+def _login(gw: Any) -> dict[str, str]:
+    """PLAIN credentials for the main port, unless it is anonymous NULL."""
+    if gw.config.allow_anonymous:
+        return {}
+    return {"plain_username": USER, "plain_password": PASSWORD}
 
 
 async def connect(gw: Any, **kw: Any) -> Res01Client:
-    return await Res01Client.connect(gw.listeners["res01"].address, timeout=10, **kw)
+    return await Res01Client.connect(
+        gw.listeners["res01"].address, timeout=10, **{**_login(gw), **kw}
+    )
 
 
 @contextlib.asynccontextmanager
-async def raw_dealer(gw: Any) -> AsyncIterator[zmq.asyncio.Socket]:
-    """A bare DEALER for messages the client would never build."""
+async def raw_dealer(
+    gw: Any, address: tuple[str, int] | None = None, *, user: str | None = None,
+    password: str = "",
+) -> AsyncIterator[zmq.asyncio.Socket]:
+    """A bare DEALER for messages the client would never build; logged in
+    like :func:`connect` unless ``user`` names someone else."""
     sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    host, port = gw.listeners["res01"].address
+    login = _login(gw)
+    if user is not None:
+        login = {"plain_username": user, "plain_password": password}
+    if login:
+        sock.plain_username = login["plain_username"].encode()
+        sock.plain_password = login["plain_password"].encode()
+    host, port = address or gw.listeners["res01"].address
     sock.connect(f"tcp://{host}:{port}")
     try:
         yield sock

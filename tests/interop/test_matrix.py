@@ -291,7 +291,11 @@ class Writers:
 
     async def open(self) -> None:
         gw = self.gw
-        self.res01 = await Res01Client.connect(gw.listeners["res01"].address, timeout=10)
+        # Res01 logs in on its PLAIN login port (the main port is anonymous).
+        self.res01 = await Res01Client.connect(
+            gw.listeners["res01"].login_address, timeout=10,
+            plain_username=USER, plain_password=PASSWORD,
+        )
         self.bson = await BsonClient.connect(
             *gw.listeners["bson"].address, username=USER, password=PASSWORD
         )
@@ -431,6 +435,7 @@ async def world(admin_url: str, template_url: str) -> AsyncIterator[World]:
         http_port=0,
         poll_interval=0.2,
         **{f"{n}_port": 0 for n in DEFAULT_PORTS},  # type: ignore[arg-type]
+        res01_login_port=0,
     )
     gw = Gateway(replace(base, extra={**base.extra, "segment_read_wait": 10}))
     await gw.start()
@@ -475,7 +480,10 @@ def check_res01_event(
 
 
 async def test_res01_reads_every_writer(world: World) -> None:
-    async with await Res01Client.connect(world.gw.listeners["res01"].address, timeout=10) as c:
+    async with await Res01Client.connect(
+        world.gw.listeners["res01"].login_address, timeout=10,
+        plain_username=USER, plain_password=PASSWORD,
+    ) as c:
         # Live: RS registered (prefix filter) before anything is written.
         start = datetime.now(UTC) - timedelta(seconds=1)
         [live] = await c.subscribe("matrix-live", [(CTX, "to-res01.", start)])

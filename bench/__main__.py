@@ -1,4 +1,4 @@
-"""``python -m bench NAME``: run one benchmark (core, res01, bson,
+"""``python -m bench NAME``: run one benchmark (core, res01, bson, logins,
 reactivesocket, micromsg2, segment, pipeline) and print ratios against raw
 PostgreSQL measured in the same run."""
 

@@ -132,6 +132,17 @@ class Tenant:
             raise Forbidden(f"{_who(self.principal)} may not use subscription {sub_id}")
         return sub
 
+    async def fetch_subscription(self, sub_id: int) -> FetchSubscription:
+        """The fetch subscription ``sub_id``: NotFound when there is none,
+        Forbidden when its context is not the principal's."""
+        return await self._own(sub_id)
+
+    async def fetch_subscription_id(self, context: str, name: str) -> int | None:
+        """The id of the durable subscription ``name`` in ``context``, if the
+        principal may use that context."""
+        self.check(context)
+        return await self._store.subscription_id(name)
+
     async def fetch(self, sub_id: int, suggested_count: int, **kw: Any) -> list[RecordedEvent]:
         await self._own(sub_id)
         return await self._store.fetch(sub_id, suggested_count, **kw)

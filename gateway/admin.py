@@ -236,6 +236,11 @@ def _authorized(request: web.Request, token: str) -> bool:
     return hmac.compare_digest(given.strip().encode(), token.encode())
 
 
+def is_admin(request: web.Request, token: str | None) -> bool:
+    """Whether the request carries the admin token (never, when none is set)."""
+    return bool(token) and _authorized(request, token or "")
+
+
 def middleware(gw: Gateway) -> Middleware:
     """Guards and shapes everything under /admin (other paths pass through)."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from contextlib import ExitStack
@@ -25,6 +26,30 @@ from polyport.gateway.websocket import TLS_USER_FROM
 from polyport.protocols.session import ListenerStats, SessionContext
 
 log = logging.getLogger("polyport.gateway")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only reaches this machine (a name other than
+    ``localhost`` is taken as reachable from elsewhere)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_if_anonymous_exposed(config: GatewayConfig) -> None:
+    """Anonymous access is on by default because every listener binds
+    127.0.0.1; bound elsewhere, anyone who reaches the port may use the
+    anonymous contexts."""
+    if config.allow_anonymous and not is_loopback(config.host):
+        log.warning(
+            "listening on %s with anonymous access on: anyone who reaches these ports may "
+            "read and write the anonymous contexts; set allow_anonymous = false "
+            "(POLYPORT_ALLOW_ANONYMOUS=false) and add users with 'polyport users add'",
+            config.host,
+        )
 
 
 class Gateway:
@@ -109,6 +134,7 @@ class Gateway:
             options = self.config.tls_for(name)
             if options is not None:
                 check_material(name, options)
+        warn_if_anonymous_exposed(self.config)
         loop = asyncio.get_running_loop()
         url, embedded = await loop.run_in_executor(
             None, lambda: self._exit.enter_context(database_url(self.config))

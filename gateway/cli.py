@@ -190,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"{name} listener port (default {DEFAULT_PORTS[name]}; "
                                 "'off' disables, 0 picks a free one)")
     _tls_options(serve)
+    serve.add_argument("--res01-login-port", metavar="N",
+                       help="a second Res01 port that requires a ZeroMQ PLAIN login "
+                            "(default off; 0 picks a free one)")
+    serve.add_argument("--websocket-allowed-origins", metavar="ORIGINS",
+                       help="comma-separated browser origins (https://app.example) whose "
+                            "pages may open WebSocket endpoints (default: none)")
 
     mig = _leaf(sub, "migrate", "upgrade, downgrade or inspect the database schema")
     mig.add_argument("action", nargs="?", default="upgrade",

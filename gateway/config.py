@@ -64,6 +64,17 @@ def _parse_bool(value: Any, key: str) -> bool:
     raise ConfigError(f"{key}: expected true or false, got {value!r}")
 
 
+def _parse_list(value: Any, key: str) -> tuple[str, ...]:
+    """A TOML array, or comma-separated text (environment, command line)."""
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+    elif isinstance(value, list | tuple):
+        items = [str(v).strip() for v in value]
+    else:
+        raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
+    return tuple(v for v in items if v)
+
+
 @dataclass(frozen=True)
 class TlsOptions:
     """TLS settings of one listener, or the defaults every listener inherits
@@ -102,7 +113,16 @@ class GatewayConfig:
     rsocket_port: int | None = DEFAULT_PORTS["rsocket"]
     micromsg2_port: int | None = DEFAULT_PORTS["micromsg2"]
     segment_port: int | None = DEFAULT_PORTS["segment"]
+    # A second Res01 endpoint that always requires a ZAP PLAIN login, beside
+    # res01_port (anonymous NULL while allow_anonymous is on): ZeroMQ speaks
+    # one mechanism per socket.  None (default) = no such endpoint.
+    res01_login_port: int | None = None
     allow_anonymous: bool = True
+    # Browser origins (scheme://host[:port]) whose pages may open the
+    # WebSocket endpoints; empty = every handshake carrying an Origin (every
+    # browser page) is refused.  Clients that send no Origin are not browsers
+    # and are not affected.
+    websocket_allowed_origins: tuple[str, ...] = ()
     admin_token: str | None = None
     log_format: str = "text"
     log_level: str = "info"
@@ -197,6 +217,7 @@ _INT_KEYS = {
 _FLOAT_KEYS = {
     "idle_timeout", "poll_interval", "commit_timeout", "read_timeout", "slow_commit_seconds",
 }
+_LIST_KEYS = {"websocket_allowed_origins"}
 _KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"} - _TLS_FIELDS
 
 
@@ -258,6 +279,8 @@ def coerce(key: str, value: Any, where: str | None = None) -> Any:
         return parse_port(value, where)
     if key in _BOOL_KEYS:
         return _parse_bool(value, where)
+    if key in _LIST_KEYS:
+        return _parse_list(value, where)
     try:
         if key in _INT_KEYS:
             return int(value)

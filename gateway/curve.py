@@ -4,7 +4,8 @@
   or from ``<data dir>/res01-curve.key``, which is generated (mode 0600) on
   first start.  The public key is derived from it and printed at start; clients
   need it.
-- Client keys: a ZAP handler (pyzmq's AsyncioAuthenticator) asks the store
+- Client keys: the listener's ZAP handler (``gateway/zap.py``, which also
+  answers PLAIN) asks :meth:`CurveServer.user_for_key`, i.e. the store,
   which user a client's public key belongs to (``curve_keys``, created by
   ``polyport keys create``).  Unknown keys fail the handshake: the peer gets
   no reply at all.  The ZAP User-Id of an accepted peer is its user name (ZeroMQ
@@ -28,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
-from zmq.auth.asyncio import AsyncioAuthenticator
+from zmq.utils import z85
 
 from polyport.gateway.config import ConfigError, GatewayConfig
+from polyport.gateway.zap import DOMAIN as ZAP_DOMAIN
 
 if TYPE_CHECKING:
     from polyport.core.users import UserService
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("polyport.res01")
 
 KEY_FILE = "res01-curve.key"
-ZAP_DOMAIN = "polyport"
 Z85_KEY_LENGTH = 40
 
 
@@ -89,40 +90,6 @@ def server_keys(config: GatewayConfig) -> CurveKeys:
         raise ConfigError(f"res01: {path} does not hold a Z85 CURVE secret key: {exc}") from None
 
 
-class _KeyUsers:
-    """ZAP credentials provider: a public key is allowed when it maps to a
-    user.  The authenticator calls :meth:`callback` then, on success,
-    ``curve_user_id`` with the same key: the user found is kept for that."""
-
-    def __init__(self, users: UserService) -> None:
-        self._users = users
-        self.found: dict[bytes, str] = {}
-
-    async def callback(self, domain: str, key: bytes) -> bool:
-        try:
-            user = await self._users.curve_key_user(key.decode("ascii"))
-        except Exception:  # the database is away: refuse, never let in
-            log.exception("res01: CURVE key lookup failed")
-            return False
-        if user is None:
-            log.info("res01: CURVE handshake refused: unknown client key %s", key.decode())
-            return False
-        self.found[key] = user
-        return True
-
-
-class _Authenticator(AsyncioAuthenticator):
-    def __init__(self, context: zmq.asyncio.Context, provider: _KeyUsers) -> None:
-        super().__init__(context, log=logging.getLogger("polyport.res01.zap"))
-        self._provider = provider
-
-    def curve_user_id(self, client_public_key: bytes) -> str:
-        from zmq.utils import z85
-
-        key = z85.encode(client_public_key)
-        return self._provider.found.pop(key, key.decode("ascii"))
-
-
 class CurveServer:
     """CURVE for one ROUTER socket: :meth:`apply` before bind, :meth:`stop`
     at close."""
@@ -130,28 +97,34 @@ class CurveServer:
     def __init__(self, keys: CurveKeys, users: UserService) -> None:
         self.keys = keys
         self._users = users
-        self._auth: _Authenticator | None = None
 
     @property
     def public_key(self) -> str:
         return self.keys.public
 
-    def apply(self, zctx: zmq.asyncio.Context, sock: Any) -> None:
-        """Start the context's ZAP handler and make ``sock`` a CURVE server."""
-        provider = _KeyUsers(self._users)
-        self._auth = _Authenticator(zctx, provider)
-        self._auth.start()
-        self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=provider)
+    def apply(self, sock: Any) -> None:
+        """Make ``sock`` a CURVE server (before it binds).  The context's one
+        ZAP handler (gateway/zap.py) asks :meth:`user_for_key` who a client is."""
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.keys.secret.encode("ascii"))
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.keys.public.encode("ascii"))
         sock.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
         log.info("res01: CURVE on; server public key %s", self.keys.public)
 
-    def stop(self) -> None:
-        if self._auth is not None:
-            self._auth.stop()
-            self._auth = None
+    async def user_for_key(self, key: bytes, address: str) -> str | None:
+        """The user a client public key (32 bytes, from ZAP) belongs to, or
+        None: an unknown key is refused, and so is any key while the database
+        is away (never let in on doubt)."""
+        text = z85.encode(key).decode("ascii")
+        try:
+            user = await self._users.curve_key_user(text)
+        except Exception:
+            log.exception("res01: CURVE key lookup failed")
+            return None
+        if user is None:
+            log.info("res01: CURVE handshake from %s refused: unknown client key %s",
+                     address, text)
+        return user
 
 
 def curve_server(config: GatewayConfig, users: UserService) -> CurveServer | None:

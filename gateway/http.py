@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from polyport.gateway import admin, metrics, status
+from polyport.gateway import admin, metrics, status, websocket
 from polyport.gateway.telemetry import UNMATCHED_ROUTE
 
 if TYPE_CHECKING:
@@ -95,6 +95,7 @@ def build_app(gw: Gateway) -> web.Application:
     )
     app.on_startup.append(_prime_routes)
     app[GATEWAY_KEY] = gw
+    app[websocket.ALLOWED_ORIGINS] = gw.config.websocket_allowed_origins
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     status.setup(app, gw)

@@ -15,6 +15,9 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from polyport.gateway.admin import is_admin
+from polyport.gateway.telemetry import PER_SUBSCRIPTION_METRICS
+
 if TYPE_CHECKING:
     from polyport.gateway.app import Gateway
 
@@ -28,7 +31,10 @@ def setup(app: web.Application, gw: Gateway) -> None:
         # the synchronous collectors run.
         await telemetry.subscription_lag()
         telemetry.prime()
-        body = generate_latest(WithoutCreated(telemetry.registry))
+        # Per-subscription series (metrics_per_subscription) are labelled
+        # with subscription names: like /status, only for the admin token.
+        hidden = () if is_admin(request, gw.config.admin_token) else PER_SUBSCRIPTION_METRICS
+        body = generate_latest(WithoutCreated(telemetry.registry, hidden=hidden))
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app.router.add_get("/metrics", metrics)
@@ -40,11 +46,14 @@ class WithoutCreated(Collector):
     format, and each one is a series to store.  (Filtered here rather than
     with ``disable_created_metrics()``, which is process-wide.)"""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, hidden: Iterable[str] = ()) -> None:
         self._registry = registry
+        self._hidden = frozenset(hidden)
 
     def collect(self) -> Iterable[Metric]:
         for metric in self._registry.collect():
+            if metric.name in self._hidden:
+                continue
             kept = [s for s in metric.samples if not s.name.endswith("_created")]
             if len(kept) != len(metric.samples):
                 metric = _copy(metric, kept)

@@ -19,7 +19,13 @@ from aiohttp import web
 
 from polyport.core import migrate
 from polyport.core.monitor import HourlyVolume
-from polyport.gateway.telemetry import CHART_BUCKET, DB_TIMEOUT, polyport_version
+from polyport.gateway.admin import is_admin
+from polyport.gateway.telemetry import (
+    CHART_BUCKET,
+    DB_TIMEOUT,
+    SubscriptionLag,
+    polyport_version,
+)
 from polyport.gateway.websocket import WEBSOCKET_ENDPOINTS, WebSocketEndpoint
 
 if TYPE_CHECKING:
@@ -142,9 +148,24 @@ def _transport_rows(
     return rows
 
 
+def _subscription_json(lag: SubscriptionLag, names_shown: bool) -> dict[str, Any]:
+    """A subscription's row; its name and selector (stream names, matchers:
+    what tenants are interested in) only for an admin-token holder."""
+    out = lag.as_json()
+    if not names_shown:
+        out["name"] = None
+        out["selector"] = None
+    return out
+
+
 async def build_status(
-    gw: Gateway, websockets: Sequence[tuple[str, WebSocketEndpoint]] = ()
+    gw: Gateway,
+    websockets: Sequence[tuple[str, WebSocketEndpoint]] = (),
+    *,
+    names_shown: bool = False,
 ) -> dict[str, Any]:
+    """The /status document.  Counters are for everyone; subscription names
+    and selectors only with ``names_shown`` (the request had the admin token)."""
     telemetry = gw.telemetry
     assert telemetry is not None
     store = gw.store
@@ -206,8 +227,9 @@ async def build_status(
         "subscriptions": {
             "live": store.tailer.live_count,
             "open": len(lag.transient),
-            "durable": [x.as_json() for x in lag.durable],
-            "in_process": [x.as_json() for x in lag.transient[:100]],
+            "names_shown": names_shown,
+            "durable": [_subscription_json(x, names_shown) for x in lag.durable],
+            "in_process": [_subscription_json(x, names_shown) for x in lag.transient[:100]],
             "error": lag.error,
         },
         "database": database,
@@ -221,7 +243,8 @@ def setup(app: web.Application, gw: Gateway) -> None:
         if gw.telemetry is None or gw.store is None:
             raise web.HTTPServiceUnavailable(text="the gateway is starting\n")
         endpoints = request.app[WEBSOCKET_ENDPOINTS] if WEBSOCKET_ENDPOINTS in request.app else []
-        return web.json_response(await build_status(gw, endpoints))
+        names_shown = is_admin(request, gw.config.admin_token)
+        return web.json_response(await build_status(gw, endpoints, names_shown=names_shown))
 
     async def page(request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC_DIR / "index.html", headers=_NO_CACHE)

@@ -79,6 +79,11 @@ CORE_PROTOCOL = "core"
 # so scanners probing random paths cannot grow the series without bound.
 UNMATCHED_ROUTE = "unmatched"
 
+# Series labelled with subscription names (only with metrics_per_subscription,
+# and only for an admin-token holder).
+PER_SUBSCRIPTION_METRICS = ("polyport_subscription_lag_events", "polyport_subscription_lag_seconds")
+
+
 def polyport_version() -> str:
     try:
         return metadata.version("polyport")
@@ -546,6 +551,16 @@ class _GatewayCollector(Collector):
         if store is None or store.writer is None:
             return
         ws = store.writer.stats
+        # Logins checked by this process, every protocol together (the
+        # users service's throttle counts them).
+        throttle = store.users.throttle
+        yield CounterMetricFamily(
+            "polyport_login_failures", "Failed logins (wrong or unknown user or password)",
+            value=throttle.failures_total)
+        yield CounterMetricFamily(
+            "polyport_login_throttled",
+            "Logins delayed because their address failed too often",
+            value=throttle.delayed_total)
         yield CounterMetricFamily("polyport_commits", "Group commits", value=ws.commits)
         yield CounterMetricFamily(
             "polyport_committed_events", "Events written by this process", value=ws.events)
@@ -585,10 +600,10 @@ class _GatewayCollector(Collector):
         # is up to the clients, and every name is a new series in Prometheus.
         if gw.config.metrics_per_subscription:
             lag_events = GaugeMetricFamily(
-                "polyport_subscription_lag_events",
+                PER_SUBSCRIPTION_METRICS[0],
                 "Events a durable subscription has still to consume", labels=["subscription"])
             lag_seconds = GaugeMetricFamily(
-                "polyport_subscription_lag_seconds",
+                PER_SUBSCRIPTION_METRICS[1],
                 "Age of the oldest event a durable subscription has still to consume",
                 labels=["subscription"])
             for d in lag.durable:

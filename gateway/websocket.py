@@ -7,6 +7,13 @@ exactly one frame per message), writes wait for the socket to drain
 (backpressure), an optional idle timeout closes silent connections, and an
 exception in a session closes that connection only.  The endpoint is an
 aiohttp route on the gateway's HTTP port.
+
+Browsers let any page open a WebSocket to any address, and send the page's
+origin along: a handshake whose ``Origin`` is not in the app's
+:data:`ALLOWED_ORIGINS` (``websocket_allowed_origins``, empty by default) is
+refused with 403, so a page on some other site cannot use a visitor's
+browser to reach the gateway.  Clients that are not browsers send no Origin
+and are not affected.
 """
 
 from __future__ import annotations
@@ -82,6 +89,23 @@ class WebSocketOutbound:
 
 SessionFactory = Callable[[Outbound], StreamSession]
 
+# Any origin, when an operator really means it.
+ANY_ORIGIN = "*"
+
+
+def normalize_origin(origin: str) -> str:
+    """``scheme://host[:port]`` in lower case, without a trailing slash, as
+    browsers send it (``null`` for opaque origins stays ``null``)."""
+    return origin.strip().rstrip("/").lower()
+
+
+def origin_allowed(origin: str | None, allowed: tuple[str, ...]) -> bool:
+    """No Origin header: not a browser, allowed.  Otherwise it must be listed."""
+    if origin is None:
+        return True
+    wanted = {normalize_origin(a) for a in allowed}
+    return ANY_ORIGIN in wanted or normalize_origin(origin) in wanted
+
 
 # Set by the gateway when the HTTP port speaks TLS: where a client
 # certificate names its user (gateway.tls.certificate_user).
@@ -139,6 +163,18 @@ class WebSocketEndpoint:
             addr = transport.get_extra_info("peername")
             if isinstance(addr, tuple):
                 peer = f"{addr[0]}:{addr[1]}"
+        origin = request.headers.get("Origin")
+        if not origin_allowed(origin, request.app.get(ALLOWED_ORIGINS, ())):
+            CURRENT_PEER.set(Peer(self.name, peer))
+            self.stats.error("forbidden")
+            log.warning("%s: WebSocket from %s refused: origin %r is not allowed",
+                        self.name, peer, origin)
+            return web.Response(
+                status=403,
+                text=f"{self.name}: WebSocket connections from pages of {origin} are not "
+                     "allowed; the gateway's operator can add that origin to "
+                     "websocket_allowed_origins\n",
+            )
         limit = self.stats.max_connections
         if limit is not None and self.stats.connections_open >= limit:
             self.stats.connections_refused += 1
@@ -215,6 +251,10 @@ class WebSocketEndpoint:
         if pending:
             await asyncio.wait(pending, timeout=CLOSE_TIMEOUT)
 
+
+# The browser origins (``scheme://host[:port]``) allowed to open any
+# WebSocket endpoint of the app; set from ``websocket_allowed_origins``.
+ALLOWED_ORIGINS: web.AppKey[tuple[str, ...]] = web.AppKey("polyport_websocket_allowed_origins")
 
 WEBSOCKET_ENDPOINTS: web.AppKey[list[tuple[str, WebSocketEndpoint]]] = web.AppKey(
     "polyport_websocket_endpoints"

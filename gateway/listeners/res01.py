@@ -29,14 +29,20 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from polyport.core.access import Tenant
+from polyport.core.errors import Unauthenticated
 from polyport.gateway.curve import CurveServer, curve_server
 from polyport.gateway.registry import ListenerDef
+from polyport.gateway.zap import DOMAIN as ZAP_DOMAIN
+from polyport.gateway.zap import ZapHandler
 from polyport.protocols.res01 import DEFAULT_PORT, PROTOCOL, Error, Res01Error, Response
 from polyport.protocols.res01.adapter import (
     Res01Handler,
@@ -62,11 +68,34 @@ SEND_HWM = 1000
 # still flush their replies.
 CLOSE_GRACE = 5.0
 LINGER_MS = 500
+# A logged-in peer's principal is looked up again after this long, so a
+# change of the user's contexts reaches connections that stay open.
+TENANT_TTL = 30.0
+MAX_CACHED_TENANTS = 10_000
 
 
 def _endpoint(host: str, port: int) -> str:
     where = f"[{host}]" if ":" in host else host
     return f"tcp://{where}:{port if port else '*'}"
+
+
+@dataclass(eq=False)
+class _Endpoint:
+    """One ROUTER socket of the listener and its request/reply pairing.
+    ``plain``: connections log in with ZAP PLAIN (each message carries the
+    User-Id); otherwise NULL, every message anonymous."""
+
+    plain: bool
+    port: int
+    conn: ServerConnection
+    # CURVE: the client's public key, mapped to a user by ZAP, is its login.
+    curve: bool = False
+    sock: zmq.asyncio.Socket | None = None
+    monitor: zmq.asyncio.Socket | None = None
+    endpoint: str = ""
+    address: tuple[str, int] = ("", 0)
+    recv_task: asyncio.Task[None] | None = None
+    monitor_task: asyncio.Task[None] | None = None
 
 
 class Res01Listener:
@@ -78,6 +107,8 @@ class Res01Listener:
         port: int,
         limits: Res01Limits,
         curve: CurveServer | None = None,
+        *,
+        login_port: int | None = None,
     ) -> None:
         self.name = name
         # ZeroMQ CURVE (gateway/curve.py): set up before the socket binds.
@@ -86,25 +117,60 @@ class Res01Listener:
         self.limits = limits
         self.host = host
         self.port = port
-        self.handler = Res01Handler(ctx.store, ctx.stats, ctx.log, limits)
-        # Request/reply pairing per peer; the counters below are admission.
-        self.conn = ServerConnection(max_request_bytes=limits.max_request_bytes)
+        self._store = ctx.store
+        self._users = ctx.store.users
+        self.handler = Res01Handler(ctx.stats, ctx.log, limits)
+        self._anonymous = Tenant(ctx.store, self._users.anonymous)
+        # A ZeroMQ socket speaks one mechanism: the main port is NULL
+        # (anonymous) while anonymous access is on, PLAIN when it is off; the
+        # login port, when configured, is always PLAIN.
+        # With CURVE configured the main port is CURVE: the client's key is
+        # its login.
+        self._endpoints = [
+            _Endpoint(plain=not self._users.allow_anonymous and curve is None, port=port,
+                      conn=self._conn(), curve=curve is not None)
+        ]
+        if login_port is not None:
+            self._endpoints.append(_Endpoint(plain=True, port=login_port, conn=self._conn()))
         self._zctx = zmq.asyncio.Context()
-        self._sock: zmq.asyncio.Socket | None = None
-        self._monitor: zmq.asyncio.Socket | None = None
-        self._endpoint = ""
-        self._address: tuple[str, int] = (host, port)
-        self._recv_task: asyncio.Task[None] | None = None
-        self._monitor_task: asyncio.Task[None] | None = None
+        # One ZAP handler per ZeroMQ context answers PLAIN and CURVE alike.
+        self.zap = ZapHandler(self._zctx, self._users, ctx.stats, protocol=name,
+                              curve=curve.user_for_key if curve is not None else None)
+        self._zap_started = False
+        # (endpoint, routing id) → (user, tenant, expires): the principal of a
+        # logged-in peer, looked up once a while rather than per message.
+        self._tenants: OrderedDict[tuple[int, bytes], tuple[str, Tenant, float]] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._writes = 0
         self._reads = 0
         self._bytes = 0
         self._closed = False
 
+    def _conn(self) -> ServerConnection:
+        # Request/reply pairing per peer; the counters are admission.
+        return ServerConnection(max_request_bytes=self.limits.max_request_bytes)
+
     @property
     def address(self) -> tuple[str, int]:
-        return self._address
+        return self._endpoints[0].address if self._endpoints[0].sock else (self.host, self.port)
+
+    @property
+    def conn(self) -> ServerConnection:
+        """The main endpoint's request/reply pairing."""
+        return self._endpoints[0].conn
+
+    @property
+    def login_address(self) -> tuple[str, int] | None:
+        """Where the PLAIN-only login endpoint listens, when configured."""
+        if len(self._endpoints) < 2:
+            return None
+        return self._endpoints[1].address
+
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        """The ZeroMQ mechanism of each endpoint (main first)."""
+        return tuple("CURVE" if e.curve else "PLAIN" if e.plain else "NULL"
+                     for e in self._endpoints)
 
     @property
     def in_flight(self) -> tuple[int, int]:
@@ -112,6 +178,25 @@ class Res01Listener:
         return self._writes, self._reads
 
     async def start(self) -> None:
+        if any(e.plain or e.curve for e in self._endpoints):
+            # Bound before any PLAIN socket: libzmq lets PLAIN connections in
+            # unchecked when no ZAP handler is there.
+            self.zap.start()
+            self._zap_started = True
+        try:
+            for index, endpoint in enumerate(self._endpoints):
+                self._bind(endpoint)
+                endpoint.monitor_task = asyncio.create_task(
+                    self._watch_peers(endpoint), name="res01-monitor"
+                )
+                endpoint.recv_task = asyncio.create_task(
+                    self._receive_loop(index, endpoint), name="res01-receive"
+                )
+        except BaseException:
+            await self.close()
+            raise
+
+    def _bind(self, endpoint: _Endpoint) -> None:
         sock = self._zctx.socket(zmq.ROUTER)
         # libzmq checks MAXMSGSIZE per frame; the whole message is checked
         # after receipt (max_request_bytes).
@@ -120,42 +205,42 @@ class Res01Listener:
         sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
         sock.setsockopt(zmq.SNDHWM, SEND_HWM)
         sock.setsockopt(zmq.LINGER, LINGER_MS)
+        if endpoint.plain:
+            sock.setsockopt(zmq.PLAIN_SERVER, 1)
+            sock.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
         if ":" in self.host:
             sock.setsockopt(zmq.IPV6, 1)
-        if self.curve is not None:
-            self.curve.apply(self._zctx, sock)
+        if endpoint.curve:
+            assert self.curve is not None
+            self.curve.apply(sock)
         try:
-            sock.bind(_endpoint(self.host, self.port))
+            sock.bind(_endpoint(self.host, endpoint.port))
         except zmq.ZMQError as exc:
             sock.close(linger=0)
-            if self.curve is not None:
-                self.curve.stop()
-            self._zctx.term()
             raise OSError(
-                f"res01: cannot listen on {self.host}:{self.port}: {exc.strerror}"
+                f"res01: cannot listen on {self.host}:{endpoint.port}: {exc.strerror}"
             ) from exc
-        self._sock = sock
-        self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        host, _, port = self._endpoint.removeprefix("tcp://").rpartition(":")
-        self._address = (host.strip("[]"), int(port))
-        self._monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-        self._monitor_task = asyncio.create_task(self._watch_peers(), name="res01-monitor")
-        self._recv_task = asyncio.create_task(self._receive_loop(), name="res01-receive")
+        endpoint.sock = sock
+        endpoint.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        host, _, port = endpoint.endpoint.removeprefix("tcp://").rpartition(":")
+        endpoint.address = (host.strip("[]"), int(port))
+        endpoint.monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
 
     # --- lifecycle ----------------------------------------------------------
 
     async def stop_accepting(self) -> None:
         """No new requests: stop receiving and unbind.  Requests already
         admitted go on, so commits drained by the store still get their CR."""
-        if self._recv_task is not None:
-            self._recv_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._recv_task
-            self._recv_task = None
-        if self._sock is not None and self._endpoint:
-            with contextlib.suppress(zmq.ZMQError):
-                self._sock.unbind(self._endpoint)
-            self._endpoint = ""
+        for endpoint in self._endpoints:
+            if endpoint.recv_task is not None:
+                endpoint.recv_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await endpoint.recv_task
+                endpoint.recv_task = None
+            if endpoint.sock is not None and endpoint.endpoint:
+                with contextlib.suppress(zmq.ZMQError):
+                    endpoint.sock.unbind(endpoint.endpoint)
+                endpoint.endpoint = ""
 
     async def close(self) -> None:
         if self._closed:
@@ -168,73 +253,116 @@ class Res01Listener:
                 task.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
-        if self._monitor_task is not None:
-            self._monitor_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor_task
-        if self._sock is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._sock.disable_monitor()
-        if self._monitor is not None:
-            self._monitor.close(linger=0)
-        if self._sock is not None:
-            self._sock.close()
-        if self.curve is not None:
-            self.curve.stop()
+        for endpoint in self._endpoints:
+            if endpoint.monitor_task is not None:
+                endpoint.monitor_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await endpoint.monitor_task
+            if endpoint.sock is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    endpoint.sock.disable_monitor()
+            if endpoint.monitor is not None:
+                endpoint.monitor.close(linger=0)
+            if endpoint.sock is not None:
+                endpoint.sock.close()
+        if self._zap_started:
+            await self.zap.close()
         # term() waits for the linger of queued replies: off the event loop.
         await asyncio.get_running_loop().run_in_executor(None, self._zctx.term)
 
     # --- receiving ----------------------------------------------------------
 
-    async def _receive_loop(self) -> None:
-        assert self._sock is not None
+    async def _receive_loop(self, index: int, endpoint: _Endpoint) -> None:
+        sock = endpoint.sock
+        assert sock is not None
         while True:
             try:
-                frames = await self._sock.recv_multipart()
+                if endpoint.plain or endpoint.curve:
+                    # Frames, not bytes: each carries its connection's
+                    # User-Id, which ZAP's reply gave it.
+                    received = await sock.recv_multipart(copy=False)
+                    user = _user_id(received[0])
+                    frames = [f.bytes for f in received]
+                else:
+                    frames = await sock.recv_multipart()
+                    user = None
             except zmq.ZMQError as exc:
                 if self._closed or exc.errno == zmq.ETERM:
                     return
                 log.warning("res01: receive failed: %s", exc)
                 await asyncio.sleep(0.01)
                 continue
-            await self._handle_message(frames)
+            await self._handle_message(index, endpoint, frames, user)
 
-    async def _handle_message(self, frames: list[bytes]) -> None:
+    async def _handle_message(
+        self, index: int, endpoint: _Endpoint, frames: list[bytes], user: str | None
+    ) -> None:
         try:
-            await self._dispatch(frames)
+            await self._dispatch(index, endpoint, frames, user)
         except Exception:  # a bug in one message must not end the loop
             log.exception("res01: dispatching a message failed")
             self.stats.error("internal")
 
-    async def _dispatch(self, frames: list[bytes]) -> None:
+    async def _dispatch(
+        self, index: int, endpoint: _Endpoint, frames: list[bytes], user: str | None
+    ) -> None:
         size = sum(len(f) for f in frames)
         # ZeroMQ hides the peer's address: the routing identity names it.  The
         # request task started below inherits this (error lines, metrics).
         CURRENT_PEER.set(Peer("res01", "zmq:" + frames[0].hex() if frames else "zmq:?"))
         self.stats.frames_in += 1
         self.stats.bytes_in += size
+        conn = endpoint.conn
         try:
-            exchange = self.conn.receive_message(frames)
+            exchange = conn.receive_message(frames)
         except Res01Error as exc:  # undecodable or over max_request_bytes
             self.stats.error(exc.code)
-            await self._send(self.conn.refuse(exc), wait=False)
+            await self._send(endpoint, conn.refuse(exc), wait=False)
             return
         write = is_write(exchange.request)
         refusal = self._admission(write, exchange.size)
         if refusal is not None:
             self.stats.error("busy")
             code = ErrorCode.STORAGE_WRITER_BUSY if write else ErrorCode.STORAGE_READER_BUSY
-            await self._reply(exchange, error_reply(exchange.request, code, refusal), wait=False)
-            self.conn.abandon(exchange)  # answered, unless the ER itself was refused
+            await self._reply(
+                endpoint, exchange, error_reply(exchange.request, code, refusal), wait=False
+            )
+            conn.abandon(exchange)  # answered, unless the ER itself was refused
             return
         if write:
             self._writes += 1
         else:
             self._reads += 1
         self._bytes += exchange.size
-        task = asyncio.create_task(self._serve(exchange, write))
+        task = asyncio.create_task(self._serve(index, endpoint, exchange, write, user))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _tenant(
+        self, index: int, endpoint: _Endpoint, peer: bytes, user: str | None
+    ) -> Tenant:
+        """The tenant a request of this peer is served as.  A PLAIN peer is
+        the user ZAP logged in; the principal (contexts may change) is looked
+        up again after TENANT_TTL seconds, and whenever the routing id shows
+        up with another user (a client may choose its routing id)."""
+        if not endpoint.plain:
+            return self._anonymous
+        if not user:
+            # Cannot happen on a PLAIN socket behind our ZAP handler: refuse
+            # rather than guess.
+            raise Unauthenticated("this endpoint requires a ZeroMQ PLAIN login")
+        key = (index, peer)
+        now = time.monotonic()
+        cached = self._tenants.get(key)
+        if cached is not None and cached[0] == user and cached[2] > now:
+            self._tenants.move_to_end(key)
+            return cached[1]
+        tenant = Tenant(self._store, await self._users.principal_for(user))
+        self._tenants[key] = (user, tenant, now + TENANT_TTL)
+        self._tenants.move_to_end(key)
+        while len(self._tenants) > MAX_CACHED_TENANTS:
+            self._tenants.popitem(last=False)
+        return tenant
 
     def _admission(self, write: bool, size: int) -> str | None:
         """Why the request cannot be admitted now, or None."""
@@ -249,19 +377,28 @@ class Res01Listener:
             return f"server busy: {self._bytes} bytes of requests in progress; retry shortly"
         return None
 
-    async def _serve(self, exchange: Exchange, write: bool) -> None:
+    async def _serve(
+        self, index: int, endpoint: _Endpoint, exchange: Exchange, write: bool, user: str | None
+    ) -> None:
         request = exchange.request
         try:
-            async with contextlib.aclosing(self.handler.handle(request)) as replies:
+            try:
+                tenant = await self._tenant(index, endpoint, exchange.routing[0], user)
+            except Unauthenticated as exc:  # the user was removed since logging in
+                self.stats.error(exc.code)
+                reply = error_reply(request, ErrorCode.UNAUTHENTICATED, exc.message)
+                await self._reply(endpoint, exchange, reply, wait=True)
+                return
+            async with contextlib.aclosing(self.handler.handle(request, tenant)) as replies:
                 async for response in replies:
-                    if not await self._reply(exchange, response, wait=True):
+                    if not await self._reply(endpoint, exchange, response, wait=True):
                         break  # the peer is gone or not reading: stop producing
                 else:
-                    if self.conn.owed(exchange):
+                    if endpoint.conn.owed(exchange):
                         log.error(
                             "res01: %s ended with %d replies still due",
                             type(request).__name__,
-                            self.conn.owed(exchange),
+                            endpoint.conn.owed(exchange),
                         )
                         self.stats.error("internal")
         except asyncio.CancelledError:
@@ -270,7 +407,7 @@ class Res01Listener:
             log.exception("res01: serving %s failed", type(request).__name__)
             self.stats.error("internal")
         finally:
-            self.conn.abandon(exchange)
+            endpoint.conn.abandon(exchange)
             if write:
                 self._writes -= 1
             else:
@@ -279,11 +416,14 @@ class Res01Listener:
 
     # --- sending ------------------------------------------------------------
 
-    async def _reply(self, exchange: Exchange, response: Response, *, wait: bool) -> bool:
+    async def _reply(
+        self, endpoint: _Endpoint, exchange: Exchange, response: Response, *, wait: bool
+    ) -> bool:
         """Send one reply; False when no more should follow (the peer is gone
         or not reading, or the request had to be ended with an ER)."""
+        conn = endpoint.conn
         try:
-            frames = self.conn.send(exchange, response)
+            frames = conn.send(exchange, response)
         except LocalProtocolError as exc:  # our bug: a value the wire cannot carry, …
             log.error("res01: cannot send %s: %s", type(response).__name__, exc)
             self.stats.error("internal")
@@ -295,18 +435,18 @@ class Res01Listener:
                 request.protocol,
             )
             try:
-                frames = self.conn.send(exchange, substitute)
+                frames = conn.send(exchange, substitute)
             except LocalProtocolError:
                 return False  # already answered: nothing more may go out
-            await self._send(frames, wait=wait)
+            await self._send(endpoint, frames, wait=wait)
             return False  # ER is final: the request is over
-        return await self._send(frames, wait=wait)
+        return await self._send(endpoint, frames, wait=wait)
 
-    async def _send(self, frames: list[bytes], *, wait: bool) -> bool:
+    async def _send(self, endpoint: _Endpoint, frames: list[bytes], *, wait: bool) -> bool:
         """Send without blocking the loop.  ``wait``: retry while the peer's
         queue is full, up to send_timeout (request tasks); otherwise drop at
         once (the receive loop must never wait on one peer)."""
-        sock = self._sock
+        sock = endpoint.sock
         if sock is None or sock.closed or not frames or not frames[0]:
             return False
         deadline = time.monotonic() + self.limits.send_timeout
@@ -332,12 +472,12 @@ class Res01Listener:
 
     # --- peers --------------------------------------------------------------
 
-    async def _watch_peers(self) -> None:
+    async def _watch_peers(self, endpoint: _Endpoint) -> None:
         """Connection counters for /status, from the socket monitor."""
-        assert self._monitor is not None
+        assert endpoint.monitor is not None
         while True:
             try:
-                event = parse_monitor_message(await self._monitor.recv_multipart())
+                event = parse_monitor_message(await endpoint.monitor.recv_multipart())
             except zmq.ZMQError:
                 return
             if event["event"] == zmq.EVENT_ACCEPTED:
@@ -347,14 +487,26 @@ class Res01Listener:
                 self.stats.connections_open = max(0, self.stats.connections_open - 1)
 
 
+def _user_id(frame: zmq.Frame) -> str | None:
+    """The User-Id ZAP gave the frame's connection, None without one."""
+    try:
+        user = frame.get("User-Id")
+    except zmq.ZMQError:  # no such property: the connection had no ZAP login
+        return None
+    return user if isinstance(user, str) and user else None
+
+
 async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
     stats = ListenerStats(PROTOCOL)
     ctx = gw.context(PROTOCOL, stats)
     listener = Res01Listener(
         PROTOCOL, ctx, host, port, limits_from(gw.settings),
         curve=curve_server(gw.config, gw.store.users),
+        login_port=gw.config.res01_login_port,
     )
     await listener.start()
+    if listener.login_address is not None:
+        log.info("listener res01 (PLAIN login) on %s:%d", *listener.login_address)
     return listener
 
 

@@ -101,8 +101,10 @@ function renderSubscriptions(status) {
     const tr = document.createElement("tr");
     tr.dataset.kind = s.kind;
     cell(tr, s.kind, "text");
-    cell(tr, s.name || "–", "text");
-    cell(tr, JSON.stringify(s.selector), "text wrap");
+    // Names and selectors are only sent to an admin-token holder.
+    const hidden = subs.names_shown === false;
+    cell(tr, hidden ? "(hidden)" : (s.name || "–"), "text");
+    cell(tr, hidden ? "(hidden)" : JSON.stringify(s.selector), "text wrap");
     cell(tr, s.state || "", "text");
     cell(tr, (s.lag_exact ? "" : "≤ ") + fmt(s.lag_events)).dataset.field = "lag_events";
     cell(tr, fmt(s.lag_seconds, 1)).dataset.field = "lag_seconds";

@@ -5,7 +5,7 @@ its :class:`~polyport.protocols.res01.connection.ServerConnection`, admits it
 (in-flight limits) and runs :meth:`Res01Handler.handle` in a task of its own;
 every :class:`Response` the handler yields goes back through the connection
 (which checks it answers the request) to the request's routing frames.  The handler reaches storage
-only through :class:`core.store.EventStore` methods.
+only through the :class:`core.access.Tenant` of the request's principal.
 
 Mapping and decisions: ``docs/protocols/res01.md``.
 """
@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from polyport.core import bodies
+from polyport.core.access import Tenant
 from polyport.core.commands import (
     ANY,
     NO_STREAM,
@@ -33,17 +34,18 @@ from polyport.core.commands import (
 )
 from polyport.core.errors import (
     Busy,
+    Forbidden,
     Malformed,
     NotFound,
     PolyportError,
     StorageUnavailable,
     Timeout,
     TooLarge,
+    Unauthenticated,
     Unsupported,
     WrongExpectedVersion,
 )
 from polyport.core.events import EventData, RecordedEvent
-from polyport.core.store import EventStore
 from polyport.protocols.res01.errors import ErrorCode
 from polyport.protocols.res01.frames import (
     EXPECTED_VERSION_ANY,
@@ -335,6 +337,10 @@ def error_code(exc: PolyportError, *, write: bool) -> int:
         return ErrorCode.STORAGE_WRITER_TIMEOUT if write else ErrorCode.STORAGE_READER_TIMEOUT
     if isinstance(exc, StorageUnavailable):
         return ErrorCode.EVENT_STORAGE
+    if isinstance(exc, Unauthenticated):
+        return ErrorCode.UNAUTHENTICATED
+    if isinstance(exc, Forbidden):
+        return ErrorCode.FORBIDDEN
     return ErrorCode.UNEXPECTED
 
 
@@ -346,37 +352,40 @@ def error_reply(request: Request, code: int, message: str) -> Error:
 
 
 class Res01Handler:
-    """Serves decoded requests against the store.  Stateless per peer: every
-    Res01 request is complete in itself, and durable state lives in Postgres."""
+    """Serves decoded requests for one principal at a time.  Stateless per
+    peer: every Res01 request is complete in itself, durable state lives in
+    Postgres, and who may do what is the :class:`~polyport.core.access.Tenant`
+    each request is served with (the listener makes it from the peer's ZAP
+    login, or the anonymous principal)."""
 
     def __init__(
         self,
-        store: EventStore,
         stats: ListenerStats,
         log: logging.Logger,
         limits: Res01Limits,
     ) -> None:
-        self.store = store
         self.stats = stats
         self.log = log
         self.limits = limits
 
-    async def handle(self, request: Request) -> AsyncGenerator[Response, None]:
+    async def handle(
+        self, request: Request, tenant: Tenant
+    ) -> AsyncGenerator[Response, None]:
         """The replies to one request: one response, or one EF per FE entry.
         Failures become a single ER (after any EF already yielded)."""
         write = is_write(request)
         try:
             if isinstance(request, AppendCommit):
-                yield await self._commit(request)
+                yield await self._commit(request, tenant)
             elif isinstance(request, RegisterSubscriptions):
-                yield await self._register(request)
+                yield await self._register(request, tenant)
             elif isinstance(request, FetchEvents):
-                async for reply in self._fetch(request):
+                async for reply in self._fetch(request, tenant):
                     yield reply
             elif isinstance(request, ProgressSubscriptions):
-                yield await self._progress(request)
+                yield await self._progress(request, tenant)
             elif isinstance(request, SetSubscription):
-                yield await self._set(request)
+                yield await self._set(request, tenant)
             else:  # the codec only produces the five requests above
                 raise Unsupported(f"unsupported request {type(request).__name__}")
         except PolyportError as exc:
@@ -400,51 +409,59 @@ class Res01Handler:
                 f"storage read took longer than {self.limits.read_timeout:g}s", reader=True
             ) from None
 
-    async def _commit(self, request: AppendCommit) -> CommitResult:
+    async def _commit(self, request: AppendCommit, tenant: Tenant) -> CommitResult:
         # Acknowledged only here, after the core confirmed the commit.
-        result = await self.store.append(to_append(request, self.limits.max_event_bytes))
+        result = await tenant.append(to_append(request, self.limits.max_event_bytes))
         return CommitResult(request.request_id, result.commit_id, request.protocol)
 
-    async def _register(self, request: RegisterSubscriptions) -> SubscribeResult:
-        # Validate every definition before creating any: a bad entry must not
-        # leave the others half-registered.
+    async def _register(
+        self, request: RegisterSubscriptions, tenant: Tenant
+    ) -> SubscribeResult:
+        # Validate every definition, and the principal's right to each
+        # context, before creating any: a bad entry must not leave the others
+        # half-registered.
         defs = [
             (subscription_name(request.subscriber_id, d.context, d.filter), d)
             for d in request.subscriptions
         ]
+        for _name, d in defs:
+            tenant.check(d.context)
         ids: list[int] = []
         for name, d in defs:
             sub = await self._read(
-                self.store.register_fetch_subscription(
+                tenant.register_fetch_subscription(
                     name, selector_for(d.context, d.filter), FromTime(d.start_time)
                 )
             )
             ids.append(sub.id)
         return SubscribeResult(request.request_id, tuple(ids), request.protocol)
 
-    async def _check_ids(self, ids: list[int]) -> None:
-        """NotFound for the first unknown id, before anything is done."""
+    async def _check_ids(self, ids: list[int], tenant: Tenant) -> None:
+        """NotFound for the first unknown id, Forbidden for the first id of a
+        context the principal may not use, before anything is done."""
         for sub_id in dict.fromkeys(ids):
-            await self._read(self.store.get_fetch_subscription(sub_id))
+            await self._read(tenant.fetch_subscription(sub_id))
 
-    async def _fetch(self, request: FetchEvents) -> AsyncIterator[EventsFetched]:
+    async def _fetch(
+        self, request: FetchEvents, tenant: Tenant
+    ) -> AsyncIterator[EventsFetched]:
         for entry in request.entries:
             if entry.suggested_count < 1:
                 raise Malformed(
                     f"FetchEvents: suggested count {entry.suggested_count} for subscription "
                     f"{entry.subscription_id} must be at least 1"
                 )
-        await self._check_ids([e.subscription_id for e in request.entries])
+        await self._check_ids([e.subscription_id for e in request.entries], tenant)
         # One EF at a time: the next batch is read only after the previous one
         # went out, so a request holds at most one batch in memory.
         for entry in request.entries:
             count = min(entry.suggested_count, self.limits.max_fetch_count)
-            events = await self._read(self.store.fetch(entry.subscription_id, count))
+            events = await self._read(tenant.fetch(entry.subscription_id, count))
             fits = _prefix_within(events, self.limits.max_fetch_bytes)
             if fits < len(events):
                 # Fetch again with the smaller count, so the batch the store
                 # recorded (what PS must name) is the batch we send.
-                events = await self._read(self.store.fetch(entry.subscription_id, fits))
+                events = await self._read(tenant.fetch(entry.subscription_id, fits))
             yield EventsFetched(
                 request.request_id,
                 entry.subscription_id,
@@ -452,31 +469,35 @@ class Res01Handler:
                 request.protocol,
             )
 
-    async def _progress(self, request: ProgressSubscriptions) -> SubscriptionProgressed:
+    async def _progress(
+        self, request: ProgressSubscriptions, tenant: Tenant
+    ) -> SubscriptionProgressed:
         ids = [e.subscription_id for e in request.entries]
-        await self._check_ids(ids)
+        await self._check_ids(ids, tenant)
         for entry in request.entries:
             # False when LastEventTime does not name the fetched batch: the
             # spec's idempotency, not an error.
-            await self._read(self.store.progress(entry.subscription_id, entry.last_event_time))
+            await self._read(tenant.progress(entry.subscription_id, entry.last_event_time))
         return SubscriptionProgressed(request.request_id, tuple(ids), request.protocol)
 
-    async def _set(self, request: SetSubscription) -> SubscriptionSet:
+    async def _set(self, request: SetSubscription, tenant: Tenant) -> SubscriptionSet:
         results: list[str] = []
         for entry in request.entries:
             try:
                 name = subscription_name(entry.subscriber_id, entry.context, entry.filter)
-                sub_id = await self._read(self.store.subscription_id(name))
+                sub_id = await self._read(tenant.fetch_subscription_id(entry.context, name))
                 if sub_id is None:
                     raise NotFound(
                         f"no subscription for subscriber {entry.subscriber_id!r}, context "
                         f"{entry.context!r}, filter {entry.filter!r}"
                     )
-                await self._read(self.store.seek(sub_id, FromTime(entry.set_to)))
+                await self._read(tenant.seek(sub_id, FromTime(entry.set_to)))
                 results.append("")
-            except (Malformed, NotFound) as exc:
-                # Per-entry failures are ST's own form; storage trouble is not
-                # about one entry and fails the request (ER) instead.
+            except (Malformed, NotFound, Forbidden) as exc:
+                # Per-entry failures are ST's own form (a context the
+                # principal may not use is one entry's failure, as a missing
+                # subscription is); storage trouble is not about one entry
+                # and fails the request (ER) instead.
                 self.stats.error(exc.code)
                 results.append(exc.message)
         return SubscriptionSet(request.request_id, tuple(results), request.protocol)

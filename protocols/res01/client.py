@@ -143,14 +143,25 @@ class Res01Client:
         max_in_flight: int = 1000,
         context: zmq.asyncio.Context | None = None,
         curve: CurveClientKeys | None = None,
+        plain_username: str | None = None,
+        plain_password: str | None = None,
     ) -> Res01Client:
         """``address``: a ZeroMQ endpoint (``tcp://host:port``) or (host, port).
-        ``curve``: speak CURVE to a server with that public key."""
+
+        ``curve``: speak CURVE to a server with that public key.
+        ``plain_username``/``plain_password``: log in with ZeroMQ's PLAIN
+        mechanism (the server checks them through ZAP).  A refused login is
+        not an error reply: ZeroMQ closes the connection during the handshake
+        and requests time out, as with any other ZeroMQ PLAIN server.
+        """
         ctx = context or zmq.asyncio.Context.instance()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         if curve is not None:
             curve.apply(sock)
+        if plain_username is not None:
+            sock.setsockopt(zmq.PLAIN_USERNAME, plain_username.encode("utf-8"))
+            sock.setsockopt(zmq.PLAIN_PASSWORD, (plain_password or "").encode("utf-8"))
         sock.connect(_endpoint(address))
         return cls(sock, protocol=protocol, timeout=timeout, max_in_flight=max_in_flight)
 

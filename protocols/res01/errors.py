@@ -20,7 +20,8 @@ from polyport.protocols.errors import MALFORMED, UNSUPPORTED
 
 
 class ErrorCode(IntEnum):
-    """The error codes of the spec's table, sent as decimal text in ER replies."""
+    """The error codes of the spec's table (and two of ours beyond it), sent
+    as decimal text in ER replies."""
 
     UNEXPECTED = -1
     MALFORMED = 1
@@ -33,6 +34,10 @@ class ErrorCode(IntEnum):
     EVENT_NOT_FOUND = 8
     STORAGE_READER_TIMEOUT = 9
     STORAGE_READER_BUSY = 10
+    # Not in the spec's table, which stops at 10: the first free codes, so a
+    # client can tell "log in" and "not yours" from a server fault (-1).
+    UNAUTHENTICATED = 11
+    FORBIDDEN = 12
 
 
 # The ER codes a refused message can get → canonical names (the listener's

@@ -26,17 +26,21 @@ from polyport.protocols.segment.client import NoSuchSegmentError, SegmentReader,
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-async def scrape_text(gw: Any) -> str:
+ADMIN_TOKEN = "metrics-admin"
+
+
+async def scrape_text(gw: Any, token: str | None = None) -> str:
     host, port = gw.http_address
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with aiohttp.ClientSession() as http:
-        async with http.get(f"http://{host}:{port}/metrics") as r:
+        async with http.get(f"http://{host}:{port}/metrics", headers=headers) as r:
             assert r.status == 200
             assert r.headers["Content-Type"].startswith("text/plain")
             return await r.text()
 
 
-async def scrape(gw: Any) -> tuple[Samples, set[str]]:
-    text = await scrape_text(gw)
+async def scrape(gw: Any, token: str | None = None) -> tuple[Samples, set[str]]:
+    text = await scrape_text(gw, token)
     samples: Samples = {}
     types: set[str] = set()
     for family in text_string_to_metric_families(text):
@@ -58,18 +62,20 @@ async def until(check: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> N
 
 
 async def test_metrics_match_traffic_on_every_protocol(gateway_factory) -> None:
-    gw = await gateway_factory(metrics_per_subscription=True)
+    gw = await gateway_factory(metrics_per_subscription=True, admin_token=ADMIN_TOKEN)
     host = "127.0.0.1"
 
-    # Res01: 3 commits of 2 events, 1 commit with a wrong expected version,
-    # then a durable subscription fetched once (6 events delivered).
+    # Res01 (anonymous, so in the context "default"): 3 commits of 2 events,
+    # 1 commit with a wrong expected version, then a durable subscription
+    # fetched once (6 events delivered).
     res01 = await Res01Client.connect(gw.listeners["res01"].address)
     for _ in range(3):
-        await res01.commit("ctx", "r-stream", -1, [new_event("T", "{}"), new_event("T", "{}")])
+        await res01.commit("default", "r-stream", -1,
+                           [new_event("T", "{}"), new_event("T", "{}")])
     with pytest.raises(Res01ServerError):
-        await res01.commit("ctx", "r-stream", 99, [new_event("T", "{}")])
-    [sub_id] = await res01.subscribe("metrics", [("ctx", "r-stream", datetime(2000, 1, 1,
-                                                                            tzinfo=UTC))])
+        await res01.commit("default", "r-stream", 99, [new_event("T", "{}")])
+    [sub_id] = await res01.subscribe("metrics", [("default", "r-stream", datetime(2000, 1, 1,
+                                                                                tzinfo=UTC))])
     [fetched] = await res01.fetch([(sub_id, 100)])
     assert len(fetched.events) == 6
 
@@ -98,14 +104,15 @@ async def test_metrics_match_traffic_on_every_protocol(gateway_factory) -> None:
         await mm.publish("topic/mm-stream", f"m{i}".encode())
     await mm.flush(timeout=5)
 
-    # Segment: one appender writing 7 events; a reader asking for a missing segment.
+    # Segment (anonymous: context "default"): one appender writing 7 events; a
+    # reader asking for a missing segment.
     writer = await SegmentWriter.connect(*gw.listeners["segment"].address)
-    appender = await writer.open_segment("segctx/seg-stream")
+    appender = await writer.open_segment("default/seg-stream")
     await appender.append([b"e%d" % i for i in range(7)])
     await appender.flush()
     reader = await SegmentReader.connect(*gw.listeners["segment"].address)
     with pytest.raises(NoSuchSegmentError):
-        await reader.read("segctx/missing")
+        await reader.read("default/missing")
 
     # Res01 counts connections from the ZeroMQ socket monitor: asynchronous.
     async def res01_counted() -> bool:
@@ -113,7 +120,7 @@ async def test_metrics_match_traffic_on_every_protocol(gateway_factory) -> None:
         return value(samples, "polyport_connections_total", protocol="res01") == 1
 
     await until(res01_counted)
-    samples, types = await scrape(gw)
+    samples, types = await scrape(gw, ADMIN_TOKEN)
     try:
         expected_connections = {"res01": 1, "bson": 1, "reactivesocket": 1, "micromsg2": 1,
                                 "segment": 2}
@@ -178,9 +185,9 @@ async def test_metrics_match_traffic_on_every_protocol(gateway_factory) -> None:
         assert value(samples, "polyport_writer_queue_depth") == 0
         lag = {dict(k[1])["subscription"]: v for k, v in samples.items()
                if k[0] == "polyport_subscription_lag_events"}
-        assert lag == {'res01:["metrics","ctx","r-stream"]': 6}
+        assert lag == {'res01:["metrics","default","r-stream"]': 6}
         assert value(samples, "polyport_subscription_lag_seconds",
-                     subscription='res01:["metrics","ctx","r-stream"]') > 0
+                     subscription='res01:["metrics","default","r-stream"]') > 0
         assert value(samples, "polyport_open_subscriptions") >= 1
         assert value(samples, "polyport_durable_subscriptions") == 1
         assert value(samples, "polyport_durable_subscription_lag_max_events") == 6
@@ -225,7 +232,7 @@ async def http_traffic(gw: Any) -> None:
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed "
                     "(apt-get install -y prometheus puts it in /usr/bin)")
 async def test_promtool_finds_nothing_to_warn_about(gateway_factory) -> None:
-    gw = await gateway_factory(metrics_per_subscription=True)
+    gw = await gateway_factory(metrics_per_subscription=True, admin_token=ADMIN_TOKEN)
     client = await BsonClient.connect(*gw.listeners["bson"].address)
     try:
         for i in range(3):
@@ -235,7 +242,11 @@ async def test_promtool_finds_nothing_to_warn_about(gateway_factory) -> None:
     finally:
         await client.close()
     await http_traffic(gw)
-    text = await scrape_text(gw)
+    # A failed login: the login counters have a value to check too.
+    with pytest.raises(BsonError):
+        await BsonClient.connect(*gw.listeners["bson"].address, username="x", password="y")
+    text = await scrape_text(gw, ADMIN_TOKEN)
+    assert "polyport_login_failures_total 1.0" in text
     assert PROMTOOL is not None
     done = await asyncio.to_thread(
         subprocess.run, [PROMTOOL, "check", "metrics"], input=text, capture_output=True,
@@ -320,3 +331,41 @@ async def test_http_requests_by_route_template_and_status(gateway_factory) -> No
     assert value(samples, "polyport_http_request_duration_seconds_count",
                  method="GET", route="/healthz") == 2
     assert "polyport_http_request_duration_seconds:histogram" in types
+
+
+async def test_subscription_names_in_metrics_need_the_admin_token(gateway_factory) -> None:
+    gw = await gateway_factory(metrics_per_subscription=True, admin_token=ADMIN_TOKEN)
+    res01 = await Res01Client.connect(gw.listeners["res01"].address)
+    try:
+        await res01.subscribe("secret-reader", [("default", "payroll-", datetime(2000, 1, 1,
+                                                                                  tzinfo=UTC))])
+    finally:
+        await res01.close()
+    for token in (None, "wrong"):
+        text = await scrape_text(gw, token)
+        assert "secret-reader" not in text and "payroll" not in text
+        assert "polyport_subscription_lag_events" not in text
+        # The counts stay public.
+        assert "polyport_durable_subscriptions 1.0" in text
+    assert 'res01:[\\"secret-reader\\",\\"default\\",\\"payroll-\\"]' in await scrape_text(
+        gw, ADMIN_TOKEN)
+
+
+async def test_login_failures_and_throttling_are_counted(gateway_factory) -> None:
+    from polyport.core.errors import Unauthenticated
+
+    gw = await gateway_factory(allow_anonymous=False)
+    users = gw.store.users
+    await users.add("known", "right")
+    throttle = users.throttle
+    throttle.base_delay = 0.05  # the 11th failure waits, briefly
+    # Through the users service with a peer address, as every listener
+    # logs in (Res01's ZAP path is tested end to end in test_res01).
+    for _ in range(throttle.free_failures + 1):
+        with pytest.raises(Unauthenticated):
+            await users.authenticate("known", "wrong", peer="192.0.2.7")
+    await users.authenticate("known", "right", peer="192.0.2.8")
+    samples, types = await scrape(gw)
+    assert value(samples, "polyport_login_failures_total") == throttle.free_failures + 1
+    assert value(samples, "polyport_login_throttled_total") == 1
+    assert {"polyport_login_failures:counter", "polyport_login_throttled:counter"} <= types

@@ -19,6 +19,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from polyport.core.commands import ReadStream
 from polyport.gateway.config import DEFAULT_PORTS
 from polyport.protocols.res01 import (
     AppendCommit,
@@ -31,6 +32,7 @@ from polyport.protocols.res01 import (
     decode_response,
     encode_request,
 )
+from polyport.protocols.res01.adapter import subscription_name
 from polyport.protocols.res01.client import Res01Client, Res01ServerError, new_event
 from polyport.protocols.res01.values import encode_datetime
 from tests.pg import HEAD_LOCK, SUBSCRIPTION_LOCK, row_locked
@@ -46,20 +48,46 @@ ONLY_RES01: dict[str, Any] = {
 GatewayFactory = Callable[..., Awaitable[Any]]
 
 
+# Most tests act in contexts of their own, which anonymous may not use: they
+# log in (ZAP PLAIN) as a user who may use every context.
+USER, PASSWORD = "res01-tester", "res01-pw"
+
+
 async def start_gateway(factory: GatewayFactory, **overrides: Any) -> Any:
-    return await factory(**{**ONLY_RES01, **overrides})
+    gw = await factory(**{**ONLY_RES01, "allow_anonymous": False, **overrides})
+    await gw.store.users.add(USER, PASSWORD)
+    return gw
+
+
+def _login(gw: Any) -> dict[str, str]:
+    """PLAIN credentials for the main port, unless it is anonymous NULL."""
+    if gw.config.allow_anonymous:
+        return {}
+    return {"plain_username": USER, "plain_password": PASSWORD}
 
 
 async def connect(gw: Any, **kw: Any) -> Res01Client:
-    return await Res01Client.connect(gw.listeners["res01"].address, timeout=10, **kw)
+    return await Res01Client.connect(
+        gw.listeners["res01"].address, timeout=10, **{**_login(gw), **kw}
+    )
 
 
 @contextlib.asynccontextmanager
-async def raw_dealer(gw: Any) -> AsyncIterator[zmq.asyncio.Socket]:
-    """A bare DEALER for messages the client would never build."""
+async def raw_dealer(
+    gw: Any, address: tuple[str, int] | None = None, *, user: str | None = None,
+    password: str = "",
+) -> AsyncIterator[zmq.asyncio.Socket]:
+    """A bare DEALER for messages the client would never build; logged in
+    like :func:`connect` unless ``user`` names someone else."""
     sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    host, port = gw.listeners["res01"].address
+    login = _login(gw)
+    if user is not None:
+        login = {"plain_username": user, "plain_password": password}
+    if login:
+        sock.plain_username = login["plain_username"].encode()
+        sock.plain_password = login["plain_password"].encode()
+    host, port = address or gw.listeners["res01"].address
     sock.connect(f"tcp://{host}:{port}")
     try:
         yield sock
@@ -435,14 +463,20 @@ async def test_fetch_batches_are_bounded_in_bytes(gateway_factory) -> None:
 async def test_client_gone_before_its_reply(gateway_factory, db_url: str) -> None:
     gw = await start_gateway(gateway_factory)
     stream = stream_name()
+    listener = gw.listeners["res01"]
     async with row_locked(db_url, HEAD_LOCK):
         async with raw_dealer(gw) as sock:
             req = AppendCommit(b"gone", "ctx", stream, 1, (new_event("Orphan", "{}"),))
             await sock.send_multipart(encode_request(req))
-            await asyncio.sleep(0.2)
+            # The login and the request reached the server (a PLAIN
+            # handshake may take a while on a busy machine).
+            for _ in range(1000):
+                if listener.in_flight == (1, 0):
+                    break
+                await asyncio.sleep(0.01)
+            assert listener.in_flight == (1, 0)
         # The socket is closed; the commit completes after the lock and its
         # reply has nowhere to go.
-    listener = gw.listeners["res01"]
     for _ in range(500):  # the task finishes once the reply found no peer
         if listener.in_flight == (0, 0):
             break
@@ -453,3 +487,200 @@ async def test_client_gone_before_its_reply(gateway_factory, db_url: str) -> Non
     await client.commit("ctx", stream, 2, [new_event("Next", "{}")])  # the orphan was stored
     assert listener.stats.frames_in >= 2
     await client.close()
+
+
+# --- authentication: ZAP PLAIN, the login port, contexts ------------------------
+
+HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
+
+@contextlib.asynccontextmanager
+async def watched_dealer(
+    address: tuple[str, int], user: str | None = None, password: str = ""
+) -> AsyncIterator[tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]]:
+    """A DEALER (PLAIN when ``user`` is given, else NULL) and its monitor,
+    watching from before it connects."""
+    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if user is not None:
+        sock.plain_username = user.encode()
+        sock.plain_password = password.encode()
+    monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS)
+    sock.connect(f"tcp://{address[0]}:{address[1]}")
+    try:
+        yield sock, monitor
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+
+
+async def handshake(monitor: zmq.asyncio.Socket) -> dict[str, Any]:
+    """The first handshake outcome the client saw."""
+    from zmq.utils.monitor import parse_monitor_message
+
+    return parse_monitor_message(await asyncio.wait_for(monitor.recv_multipart(), 10))
+
+
+async def nothing_through(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
+    """Send ``frames`` and see that no reply comes.  A DEALER whose handshake
+    failed has no peer, so its send may not even complete."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(sock.send_multipart(frames), 0.5)
+    try:
+        await asyncio.wait_for(sock.recv_multipart(), 0.5)
+    except TimeoutError:
+        return True
+    return False
+
+
+def _commit_frames(ctx: str, rid: bytes = b"auth-1") -> list[bytes]:
+    return encode_request(
+        AppendCommit(rid, ctx, stream_name(), -1, (new_event("T", "{}"),))
+    )
+
+
+async def test_null_client_gets_nothing_through_when_anonymous_is_off(gateway_factory) -> None:
+    gw = await start_gateway(gateway_factory)  # allow_anonymous=False: the port is PLAIN
+    stats = gw.listeners["res01"].stats
+    assert gw.listeners["res01"].mechanisms == ("PLAIN",)
+    async with watched_dealer(gw.listeners["res01"].address) as (sock, monitor):
+        outcome = await handshake(monitor)
+        assert outcome["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED
+        assert await nothing_through(sock, _commit_frames("default"))
+    assert stats.frames_in == 0
+
+
+async def test_plain_login_acts_in_the_users_contexts(gateway_factory) -> None:
+    gw = await start_gateway(gateway_factory)
+    await gw.store.users.add("ann", "ann-pw", default_context="ann-a", contexts=["ann-a", "ann-b"])
+    client = await connect(gw, plain_username="ann", plain_password="ann-pw")
+    stream = stream_name()
+    await client.commit("ann-b", stream, 1, [new_event("Mine", "{}")])
+    stored = await gw.store.read_stream(ReadStream("ann-b", stream))
+    assert [e.type for e in stored] == ["Mine"]
+    with pytest.raises(Res01ServerError) as info:
+        await client.commit("someone-else", stream, -1, [new_event("Not mine", "{}")])
+    assert info.value.code == ErrorCode.FORBIDDEN == 12
+    assert "may not use context 'someone-else'" in info.value.message
+    with pytest.raises(Res01ServerError) as info:
+        await client.subscribe("ann-sub", [("ann-a", "*", T0), ("someone-else", "*", T0)])
+    assert info.value.code == ErrorCode.FORBIDDEN
+    # Refused as a whole: the allowed definition was not created either.
+    assert await gw.store.subscription_id(subscription_name("ann-sub", "ann-a", "*")) is None
+    await client.close()
+    assert gw.listeners["res01"].stats.errors["forbidden"] == 2
+
+
+async def test_wrong_password_is_refused_at_the_handshake(gateway_factory) -> None:
+    gw = await start_gateway(gateway_factory)
+    stats = gw.listeners["res01"].stats
+    # (libzmq itself refuses an empty PLAIN user name on the client.)
+    for user, password in ((USER, "wrong"), ("nobody", PASSWORD)):
+        async with watched_dealer(gw.listeners["res01"].address, user, password) as (sock, mon):
+            outcome = await handshake(mon)
+            assert outcome["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH, (user, outcome)
+            assert outcome["value"] == 400  # the ZAP status code
+            assert await nothing_through(sock, _commit_frames("default"))
+    assert stats.frames_in == 0
+    assert stats.errors["unauthenticated"] == 2
+    # The right password on the same port works.
+    async with watched_dealer(gw.listeners["res01"].address, USER, PASSWORD) as (sock, mon):
+        assert (await handshake(mon))["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        reply = await exchange(sock, _commit_frames("anywhere"))
+        assert isinstance(decode_response(reply), CommitResult)
+
+
+async def test_login_port_serves_plain_beside_anonymous_null(gateway_factory) -> None:
+    gw = await start_gateway(gateway_factory, allow_anonymous=True, res01_login_port=0)
+    listener = gw.listeners["res01"]
+    assert listener.mechanisms == ("NULL", "PLAIN")
+    assert listener.login_address is not None and listener.login_address != listener.address
+    await gw.store.users.add("bob", "bob-pw", default_context="bob", contexts=["bob"])
+    # Anonymous on the main port: only the anonymous contexts ("default").
+    anon = await connect(gw)
+    await anon.commit("default", stream_name(), -1, [new_event("Anon", "{}")])
+    with pytest.raises(Res01ServerError) as info:
+        await anon.commit("bob", stream_name(), -1, [new_event("Anon", "{}")])
+    assert info.value.code == ErrorCode.FORBIDDEN
+    assert "anonymous may not use context 'bob'" in info.value.message
+    # Bob on the login port: his context, not anonymous's.
+    bob = await Res01Client.connect(
+        listener.login_address, timeout=10, plain_username="bob", plain_password="bob-pw"
+    )
+    await bob.commit("bob", stream_name(), -1, [new_event("Bob", "{}")])
+    with pytest.raises(Res01ServerError) as info:
+        await bob.commit("default", stream_name(), -1, [new_event("Bob", "{}")])
+    assert info.value.code == ErrorCode.FORBIDDEN
+    # NULL on the login port, PLAIN on the NULL port: no handshake either way.
+    async with watched_dealer(listener.login_address) as (sock, mon):
+        assert (await handshake(mon))["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED
+        assert await nothing_through(sock, _commit_frames("default"))
+    async with watched_dealer(listener.address, "bob", "bob-pw") as (sock, mon):
+        assert (await handshake(mon))["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED
+    await anon.close()
+    await bob.close()
+
+
+async def test_another_tenants_subscription_ids_are_forbidden(gateway_factory) -> None:
+    gw = await start_gateway(gateway_factory)
+    users = gw.store.users
+    await users.add("carol", "c-pw", default_context="carol", contexts=["carol"])
+    await users.add("dave", "d-pw", default_context="dave", contexts=["dave"])
+    carol = await connect(gw, plain_username="carol", plain_password="c-pw")
+    dave = await connect(gw, plain_username="dave", plain_password="d-pw")
+    await carol.commit("carol", "secret-1", 1, [new_event("Secret", '{"pin": 1234}')])
+    [carol_sub] = await carol.subscribe("shared-name", [("carol", "*", T0)])
+    [dave_sub] = await dave.subscribe("shared-name", [("dave", "*", T0)])
+    assert carol_sub != dave_sub
+    # Dave names Carol's context or her subscription id: forbidden, code 12.
+    attempts: list[Callable[[], Awaitable[Any]]] = [
+        lambda: dave.subscribe("shared-name", [("carol", "*", T0)]),
+        lambda: dave.fetch([(carol_sub, 10)]),
+        lambda: dave.fetch([(dave_sub, 10), (carol_sub, 10)]),
+        lambda: dave.progress([(carol_sub, T0)]),
+    ]
+    for attempt in attempts:
+        with pytest.raises(Res01ServerError) as info:
+            await attempt()
+        assert info.value.code == ErrorCode.FORBIDDEN
+    # SS is answered per entry (ST): the refusal is that entry's text.
+    [result] = await dave.set_subscription([("shared-name", "carol", "*", T0)])
+    assert "may not use context 'carol'" in result
+    # Carol's subscription did not move, and is hers to read.
+    [batch] = await carol.fetch([(carol_sub, 10)])
+    assert [e.type for e in batch.events] == ["Secret"]
+    await carol.close()
+    await dave.close()
+
+
+async def test_a_removed_user_is_unauthenticated(gateway_factory) -> None:
+    gw = await start_gateway(gateway_factory)
+    await gw.store.users.add("erin", "e-pw")
+    async with watched_dealer(gw.listeners["res01"].address, "erin", "e-pw") as (sock, mon):
+        assert (await handshake(mon))["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        await gw.store.users.remove("erin")
+        # The connection was logged in, but the user is gone: ER 11.
+        response = decode_response(await exchange(sock, _commit_frames("default")))
+        assert isinstance(response, Error)
+        assert response.code == ErrorCode.UNAUTHENTICATED == 11
+
+
+async def test_eleventh_rapid_failure_is_delayed(gateway_factory) -> None:
+    gw = await start_gateway(gateway_factory)
+    throttle = gw.store.users.throttle
+    address = gw.listeners["res01"].address
+    elapsed: list[float] = []
+    for _ in range(throttle.free_failures + 1):
+        started = asyncio.get_running_loop().time()
+        async with watched_dealer(address, USER, "guess") as (_sock, mon):
+            assert (await handshake(mon))["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        elapsed.append(asyncio.get_running_loop().time() - started)
+    assert throttle.delayed_total == 1
+    assert elapsed[-1] >= throttle.base_delay
+    assert max(elapsed[:-1]) < throttle.base_delay

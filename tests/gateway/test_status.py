@@ -23,8 +23,14 @@ def base(gw: Any) -> str:
     return f"http://{host}:{port}"
 
 
-async def get_status(gw: Any) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as http, http.get(base(gw) + "/status") as r:
+ADMIN_TOKEN = "status-admin"
+
+
+async def get_status(gw: Any, token: str | None = None) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as http, http.get(
+        base(gw) + "/status", headers=headers
+    ) as r:
         assert r.status == 200
         data: dict[str, Any] = await r.json()
         return data
@@ -74,7 +80,7 @@ async def test_status_reports_listeners_writer_rates_and_database(gateway_factor
 
 
 async def test_status_subscription_lag(gateway_factory) -> None:
-    gw = await gateway_factory()
+    gw = await gateway_factory(admin_token=ADMIN_TOKEN)
     store = gw.store
     await store.append(Append("default", "lagged", events(7)))
     # A durable subscription that has consumed nothing yet: 7 events behind.
@@ -92,7 +98,7 @@ async def test_status_subscription_lag(gateway_factory) -> None:
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.2)
         gw.telemetry.lag.taken = 0  # no cached lag
-        st = await get_status(gw)
+        st = await get_status(gw, ADMIN_TOKEN)
         durable = {d["name"]: d for d in st["subscriptions"]["durable"]}
         assert durable["reports"]["lag_events"] == 7
         assert durable["reports"]["checkpoint"] == store_sub.checkpoint == 0
@@ -213,7 +219,7 @@ async def test_status_page_assets_are_served(gateway_factory) -> None:
 
 
 async def test_durable_lag_counts_only_what_the_matcher_selects(gateway_factory) -> None:
-    gw = await gateway_factory()
+    gw = await gateway_factory(admin_token=ADMIN_TOKEN)
     store = gw.store
     await store.append(Append("default", "matched", events(7, prefix="n")))
     spec = {"n": {"$gte": 5}}
@@ -224,7 +230,45 @@ async def test_durable_lag_counts_only_what_the_matcher_selects(gateway_factory)
         FromBeginning(),
     )
     gw.telemetry.lag.taken = 0
-    st = await get_status(gw)
+    st = await get_status(gw, ADMIN_TOKEN)
     [sub] = [d for d in st["subscriptions"]["durable"] if d["name"] == "big-ones"]
     assert sub["lag_events"] == 2 and sub["lag_exact"] is True
     assert sub["lag_seconds"] >= 0
+
+
+async def test_subscription_names_and_selectors_need_the_admin_token(gateway_factory) -> None:
+    gw = await gateway_factory(admin_token=ADMIN_TOKEN)
+    store = gw.store
+    await store.append(Append("default", "payroll-2024", tuple(
+        EventData("t", b'{"salary": %d}' % n, content_type="application/json")
+        for n in (90000, 120000, 150000, 200000))))
+    spec = {"salary": {"$gte": 100000}}
+    await store.register_fetch_subscription(
+        "hr-audit",
+        Selector(context="default", prefix="payroll-", matcher=event_matcher(spec),
+                 matcher_spec=spec),
+        FromBeginning(),
+    )
+    live = await store.subscribe(Subscribe(Selector(context="default", stream="payroll-2024"),
+                                           FromBeginning()))
+    try:
+        for token in (None, "wrong-token"):
+            gw.telemetry.lag.taken = 0
+            st = await get_status(gw, token)
+            subs = st["subscriptions"]
+            assert subs["names_shown"] is False
+            text = json.dumps(subs)
+            assert "hr-audit" not in text and "payroll" not in text and "salary" not in text
+            [durable] = subs["durable"]
+            assert durable["name"] is None and durable["selector"] is None
+            # The numbers stay public.
+            assert durable["lag_events"] == 3 and durable["checkpoint"] == 0
+            assert all(x["selector"] is None for x in subs["in_process"])
+        st = await get_status(gw, ADMIN_TOKEN)
+        assert st["subscriptions"]["names_shown"] is True
+        [durable] = st["subscriptions"]["durable"]
+        assert durable["name"] == "hr-audit"
+        assert durable["selector"] == {"context": "default", "prefix": "payroll-",
+                                       "matcher": spec}
+    finally:
+        live.close()

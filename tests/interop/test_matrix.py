@@ -78,6 +78,17 @@ def b64(data: bytes) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+
+async def res01_client(gw: Gateway, t: Any) -> Res01Client:
+    """Res01 logs in: with CURVE (the TLS run) on the main port by its key,
+    else with PLAIN on the login port (the main port is anonymous)."""
+    if t.curve is not None:
+        return await Res01Client.connect(gw.listeners["res01"].address, timeout=10,
+                                         curve=t.curve)
+    listener = gw.listeners["res01"]
+    return await Res01Client.connect(listener.login_address,  # type: ignore[attr-defined]
+                                     timeout=10, plain_username=USER, plain_password=PASSWORD)
+
 class Expect:
     """What each kind of reader gets for one written event."""
 
@@ -307,9 +318,7 @@ class Writers:
 
     async def open(self) -> None:
         gw, t = self.gw, self.t
-        self.res01 = await Res01Client.connect(
-            gw.listeners["res01"].address, timeout=10, curve=t.curve
-        )
+        self.res01 = await res01_client(gw, t)
         self.bson = await BsonClient.connect(
             *gw.listeners["bson"].address, username=USER, password=PASSWORD, ssl=t.ssl
         )
@@ -464,6 +473,7 @@ async def world(
         tls=TlsOptions(str(pki.cert), str(pki.key), str(pki.ca_file)) if tls else TlsOptions(),
         res01_curve=tls,
         **{f"{n}_port": 0 for n in DEFAULT_PORTS},  # type: ignore[arg-type]
+        res01_login_port=0,
     )
     gw = Gateway(replace(base, extra={**base.extra, "segment_read_wait": 10}))
     await gw.start()
@@ -519,9 +529,7 @@ def check_res01_event(
 
 
 async def test_res01_reads_every_writer(world: World) -> None:
-    async with await Res01Client.connect(
-        world.gw.listeners["res01"].address, timeout=10, curve=world.t.curve
-    ) as c:
+    async with await res01_client(world.gw, world.t) as c:
         # Live: RS registered (prefix filter) before anything is written.
         start = datetime.now(UTC) - timedelta(seconds=1)
         [live] = await c.subscribe("matrix-live", [(CTX, "to-res01.", start)])

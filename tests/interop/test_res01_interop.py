@@ -24,11 +24,27 @@ ONLY_RES01: dict[str, Any] = {
     **{f"{n}_port": None for n in DEFAULT_PORTS if n != "res01"},
     "http_port": None,
 }
+# The context "interop" is not anonymous's: the clients log in (ZAP PLAIN) on
+# the login port, beside the anonymous main port.
+USER, PASSWORD = "interop-res01", "pw"
+
+
+async def start_gateway(factory: Any) -> Any:
+    gw = await factory(**ONLY_RES01, res01_login_port=0)
+    await gw.store.users.add(USER, PASSWORD)
+    return gw
+
+
+async def connect(gw: Any) -> Res01Client:
+    return await Res01Client.connect(
+        gw.listeners["res01"].login_address, timeout=10,
+        plain_username=USER, plain_password=PASSWORD,
+    )
 
 
 async def test_res01_commits_are_canonical_events(gateway_factory) -> None:
-    gw = await gateway_factory(**ONLY_RES01)
-    client = await Res01Client.connect(gw.listeners["res01"].address, timeout=10)
+    gw = await start_gateway(gateway_factory)
+    client = await connect(gw)
     ctx, stream = "interop", f"r-{uuid.uuid4().hex[:8]}"
     sent_at = datetime(2011, 1, 1, 4, 0, 15, 123456, tzinfo=UTC)
     events = [
@@ -65,8 +81,8 @@ async def test_res01_commits_are_canonical_events(gateway_factory) -> None:
 
 async def test_extreme_client_times(gateway_factory) -> None:
     # DateTime.MinValue / MaxValue must store, not fail the shared group commit.
-    gw = await gateway_factory(**ONLY_RES01)
-    client = await Res01Client.connect(gw.listeners["res01"].address, timeout=10)
+    gw = await start_gateway(gateway_factory)
+    client = await connect(gw)
     stream = f"t-{uuid.uuid4().hex[:8]}"
     lo = datetime(1, 1, 1, tzinfo=UTC)
     hi = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
@@ -79,7 +95,7 @@ async def test_extreme_client_times(gateway_factory) -> None:
 
 
 async def test_core_events_of_every_content_type_come_out_as_text(gateway_factory) -> None:
-    gw = await gateway_factory(**ONLY_RES01)
+    gw = await start_gateway(gateway_factory)
     ctx, stream = "interop", f"c-{uuid.uuid4().hex[:8]}"
     doc = {"name": "ann", "n": 7, "nested": {"ok": True}}
     oid = bson.ObjectId("64b7f0c2a1b2c3d4e5f60718")
@@ -101,7 +117,7 @@ async def test_core_events_of_every_content_type_come_out_as_text(gateway_factor
             origin="core",
         )
     )
-    client = await Res01Client.connect(gw.listeners["res01"].address, timeout=10)
+    client = await connect(gw)
     [sub] = await client.subscribe("from-core", [(ctx, "*", T0)])
     [batch] = await client.fetch([(sub, 10)])
     assert [e.type for e in batch.events] == [ct for ct, _, _ in cases]

@@ -78,17 +78,6 @@ def b64(data: bytes) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-
-async def res01_client(gw: Gateway, t: Any) -> Res01Client:
-    """Res01 logs in: with CURVE (the TLS run) on the main port by its key,
-    else with PLAIN on the login port (the main port is anonymous)."""
-    if t.curve is not None:
-        return await Res01Client.connect(gw.listeners["res01"].address, timeout=10,
-                                         curve=t.curve)
-    listener = gw.listeners["res01"]
-    return await Res01Client.connect(listener.login_address,  # type: ignore[attr-defined]
-                                     timeout=10, plain_username=USER, plain_password=PASSWORD)
-
 class Expect:
     """What each kind of reader gets for one written event."""
 
@@ -417,6 +406,17 @@ class Writers:
         else:  # pragma: no cover
             raise AssertionError(writer)
         self._versions[stream] = version + 1
+
+
+async def res01_client(gw: Gateway, t: Any) -> Res01Client:
+    """Res01 logs in: with CURVE (the TLS run) on the main port by its key,
+    else with PLAIN on the login port (the main port is anonymous)."""
+    if t.curve is not None:
+        return await Res01Client.connect(gw.listeners["res01"].address, timeout=10,
+                                         curve=t.curve)
+    listener = gw.listeners["res01"]
+    return await Res01Client.connect(listener.login_address,  # type: ignore[attr-defined]
+                                     timeout=10, plain_username=USER, plain_password=PASSWORD)
 
 
 @dataclass

@@ -21,7 +21,8 @@ from tenacity import (
     retry_if_exception_type,
     stop_after_delay,
     stop_never,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from polyport.core.health import Health
@@ -113,7 +114,7 @@ def reconnecting(
     return AsyncRetrying(
         retry=retry_if_exception_type(Exception) if any_error
         else retry_if_exception(connection_lost),
-        wait=wait_exponential_jitter(initial=FIRST_WAIT, max=MAX_WAIT, jitter=FIRST_WAIT),
+        wait=wait_exponential(multiplier=FIRST_WAIT, max=MAX_WAIT) + wait_random(0, FIRST_WAIT),
         stop=stop_never if within is None else stop_after_delay(within),
         before_sleep=before_sleep,
         reraise=True,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from polyport.core.commands import Append, FromBeginning, Selector, Subscribe
-from polyport.core.errors import PolyportError
+from polyport.core.errors import PolyportError, Timeout
 from polyport.core.events import EventData
 from polyport.core.migrate import asyncpg_dsn
 from polyport.core.store import EventStore
@@ -50,10 +50,16 @@ def summary_lines() -> list[str]:
 @dataclass
 class Appender:
     """Appends numbered events to its own stream, one at a time; a failed
-    append is resent with the same event id until acknowledged."""
+    append is resent with the same event id until acknowledged.
+
+    With ``trust_failures`` it behaves like a client without event ids of
+    its own: a definite failure ("nothing was stored") is resent as a new
+    event, so a failure that was in fact stored shows up as a duplicate;
+    only ``timeout`` (outcome unknown) is resent with the same id."""
 
     store: EventStore
     stream: str
+    trust_failures: bool = False
     acked: list[int] = field(default_factory=list)
     failures: int = 0
     # Monotonic time of the last failure and of the first success after it.
@@ -70,7 +76,9 @@ class Appender:
                 try:
                     await self.store.append(Append("default", self.stream, (event,)))
                     break
-                except PolyportError:
+                except PolyportError as exc:
+                    if self.trust_failures and not isinstance(exc, Timeout):
+                        event = EventData("n", event.body, event_id=uuid.uuid4())
                     self.failures += 1
                     self.last_failure = time.monotonic()
                     await asyncio.sleep(0.02)

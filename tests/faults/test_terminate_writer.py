@@ -112,9 +112,11 @@ async def test_reply_lost_after_commit(fault_db: str) -> None:
         # None: nothing was sent (a failure elsewhere withdrew the plan).
         if result is not None and lost_replies < 20 and random.random() < 0.3:
             lost_replies += 1
-            for conn in writer._conns:
-                if conn is not None:
-                    conn.terminate()
+            # Only this batch's connection: a batch in flight on the other
+            # slot would fail for real (and rightly say so).
+            conn = writer._conns[args[1]]  # type: ignore[index]
+            if conn is not None:
+                conn.terminate()
             raise ConnectionResetError("reply lost (injected)")
         return result
 
@@ -123,9 +125,10 @@ async def test_reply_lost_after_commit(fault_db: str) -> None:
     tasks = [asyncio.create_task(a.run()) for a in appenders]
     try:
         started = time.monotonic()
-        while lost_replies < 20:
-            assert time.monotonic() - started < 20
+        # Bounded: the fast path (where this injects) is not every commit's.
+        while lost_replies < 20 and time.monotonic() - started < 10:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
+        assert lost_replies >= 3
         for a in appenders:
             a.stop()
         await asyncio.gather(*tasks)

@@ -7,6 +7,13 @@ with room.  The checkpoint advances to the highest position below which every
 handed-out event has been acknowledged; a member that leaves gives its
 unacknowledged events back to the others.  Across gateway processes one
 process at a time owns a group (an advisory lock); members elsewhere wait.
+
+Database trouble does not end a group: its task restarts with bounded
+backoff and keeps its members.  While it still owns the lock it resumes
+where it was (nothing handed out twice); once the lock connection is gone it
+stops handing out at once, drops what its members had not read yet, and
+when it owns the group again starts over from the saved checkpoint, so every
+unacknowledged event is delivered again (at least once, never skipped).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from polyport.core.commands import Selector
 from polyport.core.events import RecordedEvent
 from polyport.core.locks import GroupLocks
 from polyport.core.reader import BufferedReader
+from polyport.core.retry import Outage, reconnecting
 from polyport.core.subscriptions import Subscription
 
 if TYPE_CHECKING:
@@ -91,6 +99,10 @@ class ConsumerGroup:
         self._saved_checkpoint = 0
         self._saving: asyncio.Task[None] | None = None
         self._owner = False
+        # The lock generation the group was taken in (GroupLocks.holds).
+        self._generation = -1
+        self._outage = Outage(f"consumer group {name}", log, None)
+        locks.on_lost.append(self._ownership_lost)
 
     def add(self, member: GroupMember) -> None:
         self.members.append(member)
@@ -117,6 +129,8 @@ class ConsumerGroup:
             self._feeder.interrupt()
         if not self.members:
             self.store.forget_group(self)
+            with contextlib.suppress(ValueError):
+                self._locks.on_lost.remove(self._ownership_lost)
             if self._task is not None:
                 self._task.cancel()
             asyncio.ensure_future(self._shutdown())
@@ -125,9 +139,10 @@ class ConsumerGroup:
         if self._feeder is not None:
             self._feeder.close()
         await self.flush()
-        if self._owner:
-            await self._locks.release(self.name)
-            self._owner = False
+        if self._owner and self._locks.holds(self._generation):
+            with contextlib.suppress(Exception):  # a lost connection released it already
+                await self._locks.release(self.name)
+        self._owner = False
 
     def ack(self, member: GroupMember, position: int, *, through: bool) -> None:
         if through:
@@ -167,18 +182,54 @@ class ConsumerGroup:
                 return m
         return None
 
+    def _ownership_lost(self) -> None:
+        """The lock connection ended: another process may own the group now.
+        Stop handing out at once and forget what was handed out but not read
+        (the next owner delivers everything above the saved checkpoint)."""
+        if not self._owner:
+            return
+        self._owner = False
+        log.warning("consumer group %s: lost ownership; stopped delivering", self.name)
+        self._inflight.clear()
+        self._redeliver.clear()
+        for m in self.members:
+            m._buffer.clear()
+        if self._feeder is not None:
+            self._feeder.interrupt()
+        self._room.set()
+
     async def _run(self) -> None:
         try:
-            # The lock lives in another process: nothing to wait on but time.
-            while not await self._locks.try_acquire(self.name):  # noqa: ASYNC110
-                await asyncio.sleep(self.store.config.poll_interval)
-            self._owner = True
-            checkpoint = await self.store.durable_checkpoint(self.name)
-            self.checkpoint = self._saved_checkpoint = self.dispatched_upto = checkpoint
+            # Restarted after any failure, with bounded backoff; members stay.
+            async for attempt in reconnecting(self._outage, any_error=True):
+                with attempt:
+                    await self._serve()
+            self._outage.recovered()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("consumer group %s stopped", self.name)
+
+    async def _serve(self) -> None:
+        try:
+            if not (self._owner and self._locks.holds(self._generation)):
+                # The lock lives in another process: nothing to wait on but time.
+                while not await self._locks.try_acquire(self.name):  # noqa: ASYNC110
+                    await asyncio.sleep(self.store.config.poll_interval)
+                self._generation = self._locks.generation
+                checkpoint = await self.store.durable_checkpoint(self.name)
+                self._owner = True
+                self.checkpoint = self._saved_checkpoint = self.dispatched_upto = checkpoint
+                self._inflight.clear()
+                self._redeliver.clear()
+            self._outage.recovered()
+            # Still the owner after a failure: resume after what was handed out.
             self._feeder = self.store.start_subscription(
-                self.selector, checkpoint, buffer_size=1000
+                self.selector, self.dispatched_upto, buffer_size=1000
             )
             while True:
+                if not self._owner:
+                    raise OwnershipLost(self.name)
                 member = self._pick()
                 if member is None:
                     self._room.clear()
@@ -191,8 +242,10 @@ class ConsumerGroup:
                     if got is None:
                         if self._feeder.closed:
                             return
-                        continue  # interrupted: events came back to redeliver
+                        continue  # interrupted: redelivery, or ownership lost
                     ev = got
+                    if not self._owner:
+                        raise OwnershipLost(self.name)
                     self.dispatched_upto = max(self.dispatched_upto, ev.position)
                 member = self._pick() or member
                 if member.closed:
@@ -200,11 +253,11 @@ class ConsumerGroup:
                     continue
                 self._inflight[ev.position] = (member, ev)
                 member._push(ev)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("consumer group %s stopped", self.name)
         finally:
             with contextlib.suppress(Exception):
                 if self._feeder is not None:
                     self._feeder.close()
+
+
+class OwnershipLost(Exception):
+    """The group's lock connection ended; its task starts over."""

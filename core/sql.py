@@ -60,6 +60,8 @@ CROSS JOIN LATERAL ({_LAST_EVENT_STATE}) st
 """
 
 EXISTING_EVENT_IDS = f"SELECT {_COLS} FROM events WHERE event_id = ANY($1::uuid[])"
+# Did a commit whose outcome is unknown store anything? (Its batch commits whole.)
+ANY_EVENT_ID_STORED = "SELECT EXISTS (SELECT 1 FROM events WHERE event_id = ANY($1::uuid[]))"
 
 # The stream registry: one row per stream, written by its first append.
 INSERT_STREAMS = """

@@ -151,7 +151,10 @@ class EventStore:
             ) from exc
         self.tailer = Tailer(self._pool, self._dsn, self.config.poll_interval, self._health)
         await self.tailer.start()
-        self.writer = Writer(self._pool, self._dsn, self.config.writer, on_commit=self._committed)
+        self.writer = Writer(
+            self._pool, self._dsn, self.config.writer, on_commit=self._committed,
+            health=self._health,
+        )
         self.writer.start()
         self._notify_task = asyncio.create_task(self._notifier(), name="polyport-notify")
         self._schema_task = asyncio.create_task(self._watch_schema(), name="polyport-schema")

@@ -245,7 +245,7 @@ def test_served_and_documented_operations_are_the_same() -> None:
     document = openapi(admin.ROUTES)
     documented = {(method.upper(), PREFIX + path) for path, item in document["paths"].items()
                   for method in item if method != "parameters"}
-    assert served == documented and len(served) == len(admin.ROUTES) == 15
+    assert served == documented and len(served) == len(admin.ROUTES) == 21
     ids = [op["operationId"] for item in document["paths"].values()
            for key, op in item.items() if key != "parameters"]
     assert len(set(ids)) == len(ids)
@@ -260,7 +260,9 @@ def test_a_route_must_name_known_schemas_and_parameters() -> None:
     with pytest.raises(ValueError, match="component"):
         Route("GET", "/users", handler, "x", "x", Reply(200, "x", "Usr"))
     with pytest.raises(ValueError, match="path parameters"):
-        Route("GET", "/users/{id}", handler, "x", "x", Reply(200, "x"))
+        Route("GET", "/users/{uid}", handler, "x", "x", Reply(200, "x"))
+    with pytest.raises(ValueError, match="query parameters"):
+        Route("GET", "/users", handler, "x", "x", Reply(200, "x"), query=("colour",))
     with pytest.raises(ValueError, match="method"):
         Route("get", "/users", handler, "x", "x", Reply(200, "x"))
 

@@ -32,7 +32,7 @@ METHODS = ("GET", "POST", "PUT", "DELETE")
 PATH_PARAMETERS: Mapping[str, Mapping[str, Any]] = {
     "name": NAME,
     # A connection id (decimal; path segments are text).
-    "id": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+    "id": {"type": "string", "pattern": "^[0-9]{1,18}$", "example": "1"},
 }
 # The schema of each query parameter an operation may take, by its name.
 QUERY_PARAMETERS: Mapping[str, Mapping[str, Any]] = {

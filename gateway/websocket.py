@@ -49,6 +49,11 @@ class WebSocketOutbound:
     def closed(self) -> bool:
         return self._closed or self._ws.closed
 
+    @property
+    def closed_here(self) -> bool:
+        """Closed by the server side (a session, an admin, shutdown)."""
+        return self._closed
+
     async def send(self, data: bytes) -> None:
         if self.closed:
             return
@@ -171,7 +176,7 @@ class WebSocketEndpoint:
                     if msg.type == WSMsgType.ERROR:
                         log.info("%s: WebSocket from %s failed: %s", self.name, peer, msg.data)
                         reason = f"protocol error {msg.data}"
-                    elif not out.closed:
+                    elif not out.closed_here:
                         reason = PEER_CLOSED
                     break
                 self.stats.bytes_in += len(data)

@@ -162,6 +162,11 @@ class Parking:
             for r in rows
         }
 
+    async def parked_counts(self) -> dict[str, int]:
+        """Parked events by subscription name (those with any)."""
+        rows = await self._pool.fetch(sql.PARKED_BY_NAME)
+        return {r["name"]: int(r["parked"]) for r in rows}
+
     async def park(self, sub_id: int, position: int, retries: int, reason: str) -> None:
         await self._pool.execute(sql.PARK_EVENT, sub_id, position, retries, reason)
 

@@ -235,6 +235,12 @@ DO UPDATE SET retries = EXCLUDED.retries, reason = EXCLUDED.reason,
               parked_at = EXCLUDED.parked_at, replay = false
 """
 
+# Parked counts by subscription name, for /status.
+PARKED_BY_NAME = """
+SELECT s.name, count(*) AS parked
+FROM parked_events p JOIN subscriptions s ON s.id = p.subscription_id GROUP BY s.name
+"""
+
 UNPARK_EVENT = "DELETE FROM parked_events WHERE subscription_id = $1 AND position = $2"
 
 LIST_PARKED = """

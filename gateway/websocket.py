@@ -203,6 +203,12 @@ class WebSocketEndpoint:
             await out.wait_closed()
         return ws
 
+    @property
+    def open_connections(self) -> int:
+        """This endpoint's open WebSocket connections (its listener's stats
+        count them together with the TCP ones)."""
+        return len(self._connections)
+
     async def _on_shutdown(self, app: web.Application) -> None:
         """Close every connection (going away) so the HTTP server can stop
         without waiting for its shutdown timeout."""

@@ -69,6 +69,11 @@ async def test_bson_consumer_that_keeps_dying_on_an_event_gets_it_parked(
         await eventually_parked(http, gw, "billing", 1)
         async with http.get(admin_url(gw) + "/subscriptions/billing/parked") as r:
             [parked] = await r.json()
+        host_http, port_http = gw.http_address
+        async with http.get(f"http://{host_http}:{port_http}/status") as r:
+            status = await r.json()
+        [durable] = [d for d in status["subscriptions"]["durable"] if d["name"] == "billing"]
+        assert durable["parked"] == 1
         assert (parked["stream"], parked["version"], parked["retries"]) == ("invoices", 1, 1)
         assert parked["reason"] == "consumer left"
 

@@ -536,6 +536,8 @@ class EventStore:
             if stop or exhausted:
                 break
             cursor = last_row
+        if out and await self._park_refetched(sub, out):
+            return await self.fetch(sub_id, suggested_count, extend_same_time=extend_same_time)
         if out:
             await self._pool.execute(
                 sql.RECORD_FETCH, sub_id, out[-1].position, out[-1].recorded_at
@@ -544,6 +546,25 @@ class EventStore:
                 for ev in out:
                     self.on_deliver(ev)
         return out
+
+    async def _park_refetched(self, sub: FetchSubscription, batch: list[RecordedEvent]) -> bool:
+        """A fetch subscription's retry: the same batch fetched again without
+        progress.  Past ``max_retries`` the batch is parked and the checkpoint
+        moves past it (True: fetch the next batch instead)."""
+        _, settings = await self.parking.settings(sub.name)
+        if settings.max_retries is None:
+            return False
+        fetches = await self.parking.count_fetch_attempt(sub.id, batch[-1].position)
+        if fetches <= settings.max_retries + 1:  # the first fetch is no retry
+            return False
+        for ev in batch:
+            await self.parking.park(sub.id, ev.position, fetches - 1, "fetched again")
+        await self._pool.execute(sql.SET_CHECKPOINT, sub.id, batch[-1].position)
+        await self.parking.reset_fetch_attempts(sub.id)
+        log.info("subscription %s: parked %d events (positions %d-%d) fetched %d times "
+                 "without progress", sub.name, len(batch), batch[0].position,
+                 batch[-1].position, fetches)
+        return True
 
     async def progress(self, sub_id: int, last_event_time: datetime) -> bool:
         """Move the checkpoint past the last fetched batch if ``last_event_time``

@@ -171,3 +171,22 @@ async def test_max_in_flight_bounds_unacknowledged_events(store: EventStore) -> 
     third = await m.next(2)
     assert third is not None and third.version == 3
     m.close()
+
+
+async def test_fetch_subscription_batch_fetched_too_often_is_parked(store: EventStore) -> None:
+    for i in range(3):
+        await store.append(append("work", ev(i)))
+    sub = await store.register_fetch_subscription("puller", SEL, BEGINNING)
+    await store.update_subscription("puller", {"max_retries": 1})
+    first = await store.fetch(sub.id, 2)
+    again = await store.fetch(sub.id, 2)  # one retry: still allowed
+    assert [e.version for e in first] == [e.version for e in again] == [1, 2]
+    # The third fetch without progress parks the batch and moves on.
+    assert [e.version for e in await store.fetch(sub.id, 2)] == [3]
+    parked = await store.parked_events("puller")
+    assert [(p.version, p.retries, p.reason) for p in parked] == [
+        (1, 2, "fetched again"), (2, 2, "fetched again")]
+    # Progress resets the count.
+    batch = await store.fetch(sub.id, 2)
+    assert await store.progress(sub.id, batch[-1].recorded_at)
+    assert await store.fetch(sub.id, 2) == []

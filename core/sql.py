@@ -213,6 +213,65 @@ FROM subscriptions s CROSS JOIN log_head h ORDER BY s.id
 
 DELETE_SUBSCRIPTION = "DELETE FROM subscriptions WHERE name = $1 RETURNING id"
 
+# --- persistent subscriptions (core.parking) ----------------------------------
+
+SUBSCRIPTION_SETTINGS = "SELECT id, settings FROM subscriptions WHERE name = $1"
+
+SET_SUBSCRIPTION_SETTINGS = """
+UPDATE subscriptions SET settings = $2::jsonb, updated_at = now() WHERE id = $1
+"""
+
+# Settings and parked counts of every subscription, for listings.
+PERSISTENT_STATE = """
+SELECT s.id, s.settings,
+       (SELECT count(*) FROM parked_events p WHERE p.subscription_id = s.id) AS parked
+FROM subscriptions s
+"""
+
+# Parking again (a replayed event failed once more) refreshes the row.
+PARK_EVENT = """
+INSERT INTO parked_events (subscription_id, position, retries, reason, parked_at)
+VALUES ($1, $2, $3, $4, now())
+ON CONFLICT (subscription_id, position)
+DO UPDATE SET retries = EXCLUDED.retries, reason = EXCLUDED.reason,
+              parked_at = EXCLUDED.parked_at, replay = false
+"""
+
+# Parked counts by subscription name, for /status.
+PARKED_BY_NAME = """
+SELECT s.name, count(*) AS parked
+FROM parked_events p JOIN subscriptions s ON s.id = p.subscription_id GROUP BY s.name
+"""
+
+UNPARK_EVENT = "DELETE FROM parked_events WHERE subscription_id = $1 AND position = $2"
+
+LIST_PARKED = """
+SELECT p.position, p.retries, p.reason, p.parked_at, p.replay, e.context, e.stream,
+       e.version, e.type
+FROM parked_events p JOIN events e ON e.position = p.position
+WHERE p.subscription_id = $1 ORDER BY p.position LIMIT $2
+"""
+
+REQUEST_REPLAY = """
+UPDATE parked_events SET replay = true WHERE subscription_id = $1 AND NOT replay
+"""
+
+# The parked events to hand out again, as events.
+REPLAY_DUE = f"""
+SELECT {', '.join('e.' + c for c in EVENT_COLUMNS)}
+FROM parked_events p JOIN events e ON e.position = p.position
+WHERE p.subscription_id = $1 AND p.replay ORDER BY p.position LIMIT $2
+"""
+
+# A fetch-style subscription's batch fetched again without progress.
+COUNT_FETCH_ATTEMPT = """
+UPDATE subscriptions
+SET fetch_attempts = CASE WHEN fetched_position = $2 THEN fetch_attempts + 1 ELSE 1 END
+WHERE id = $1 RETURNING fetch_attempts
+"""
+
+RESET_FETCH_ATTEMPTS = "UPDATE subscriptions SET fetch_attempts = 0 WHERE id = $1"
+
 TRY_GROUP_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 7461))"
 RELEASE_GROUP_LOCK = "SELECT pg_advisory_unlock(hashtextextended($1, 7461))"
 

@@ -46,6 +46,7 @@ from polyport.core.locks import GroupLocks
 from polyport.core.matcher import event_matcher
 from polyport.core.migrate import asyncpg_dsn
 from polyport.core.monitor import Monitor
+from polyport.core.parking import ParkedEvent, Parking, SubscriptionSettings, start_from_json
 from polyport.core.records import record_from_row
 from polyport.core.subscriptions import Subscription, Tailer
 from polyport.core.users import UserService
@@ -121,7 +122,12 @@ class EventStore:
         self.users: UserService = None  # type: ignore[assignment]
         self.binders: BinderService = None  # type: ignore[assignment]
         self.monitor: Monitor = None  # type: ignore[assignment]
+        self.parking: Parking = None  # type: ignore[assignment]
         self._groups: dict[str, ConsumerGroup] = {}
+        # Failure counts of groups whose last member left, for the next group
+        # with that name (a lone consumer that keeps crashing on an event must
+        # reach max_retries too).  In this process only.
+        self._kept_retries: dict[str, dict[int, int]] = {}
         self._group_locks = GroupLocks(self._dsn)
         self._reads = asyncio.Semaphore(config.max_concurrent_reads)
         self._waiting_reads = 0
@@ -135,6 +141,11 @@ class EventStore:
         # Optional: called with each event handed to a subscriber or fetched
         # by a fetch-style subscription (delivery metrics).
         self.on_deliver: Callable[[RecordedEvent], None] | None = None
+        # Optional, called in the caller's task (the gateway's per-connection
+        # counters): events appended, a login, a subscription handed out.
+        self.on_append: Callable[[int], None] | None = None
+        self.on_login: Callable[[Principal], None] | None = None
+        self.on_subscribe: Callable[[Subscription | GroupMember], None] | None = None
         self._handed_out: weakref.WeakSet[Subscription | GroupMember] = weakref.WeakSet()
 
     # --- lifecycle ----------------------------------------------------------
@@ -164,6 +175,7 @@ class EventStore:
             anonymous_contexts=self.config.anonymous_contexts,
         )
         self.monitor = Monitor(self._pool)
+        self.parking = Parking(self._pool)
         self.binders = BinderService(self, run_projector=self.config.run_binders)
         await self.binders.start()
         self.started = True
@@ -198,12 +210,19 @@ class EventStore:
 
     async def append(self, command: Append) -> AppendResult:
         results = await self.writer.submit([command])
+        self._appended([command])
         return results[0]
 
     async def append_batch(self, command: AppendBatch) -> list[AppendResult]:
         if not command.appends:
             raise Malformed("an append batch needs at least one append")
-        return await self.writer.submit(command.appends)
+        results = await self.writer.submit(command.appends)
+        self._appended(command.appends)
+        return results
+
+    def _appended(self, appends: list[Append] | tuple[Append, ...]) -> None:
+        if self.on_append is not None:
+            self.on_append(sum(len(a.events) for a in appends))
 
     def _committed(self, position: int) -> None:
         self._health.ok()
@@ -383,16 +402,21 @@ class EventStore:
             )
             sub.on_deliver = self.on_deliver
             self._handed_out.add(sub)
+            if self.on_subscribe is not None:
+                self.on_subscribe(sub)
             return sub
         await self._ensure_durable(command.durable, command.selector, command.start)
         group = self._groups.get(command.durable)
         if group is None:
             group = ConsumerGroup(self, self._group_locks, command.durable, command.selector)
+            group.retries.update(self._kept_retries.pop(command.durable, {}))
             self._groups[command.durable] = group
         member = GroupMember(group, command.buffer_size, credit)
         member.on_deliver = self.on_deliver
         self._handed_out.add(member)
         group.add(member)
+        if self.on_subscribe is not None:
+            self.on_subscribe(member)
         return member
 
     def open_subscriptions(self) -> list[Subscription | GroupMember]:
@@ -404,6 +428,8 @@ class EventStore:
         that name starts a new group from the saved checkpoint."""
         if self._groups.get(group.name) is group:
             del self._groups[group.name]
+            if group.retries:
+                self._kept_retries[group.name] = dict(group.retries)
 
     async def _ensure_durable(self, name: str, selector: Selector, start: Start) -> asyncpg.Record:
         row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, name)
@@ -419,6 +445,42 @@ class EventStore:
                 sql.UPDATE_SUBSCRIPTION_SELECTOR, row["id"], json.dumps(selector_to_json(selector))
             )
         return row
+
+    # --- persistent-subscription settings and parked events (core.parking) ---
+
+    async def create_subscription(
+        self, name: str, selector: Selector, settings: SubscriptionSettings
+    ) -> bool:
+        """Create the durable subscription ``name`` with ``settings`` (its
+        checkpoint placed by ``settings.start``); False if it exists already."""
+        if await self.subscription_id(name) is not None:
+            return False
+        row = await self._ensure_durable(name, selector, start_from_json(settings.start))
+        await self.parking.set_settings(int(row["id"]), settings)
+        return True
+
+    async def update_subscription(self, name: str, changes: dict[str, Any]) -> None:
+        """Change some settings of ``name``; the group owning it (here at
+        once, in other processes within a few seconds) applies them."""
+        sub_id, settings = await self.parking.settings(name)
+        await self.parking.set_settings(sub_id, settings.merged(changes))
+        self.poke_group(name)
+
+    async def parked_events(self, name: str) -> list[ParkedEvent]:
+        sub_id, _ = await self.parking.settings(name)
+        return await self.parking.parked(sub_id)
+
+    async def replay_parked(self, name: str) -> int:
+        """Mark the parked events of ``name`` for delivery again; how many."""
+        sub_id, _ = await self.parking.settings(name)
+        count = await self.parking.request_replay(sub_id)
+        self.poke_group(name)
+        return count
+
+    def poke_group(self, name: str) -> None:
+        group = self._groups.get(name)
+        if group is not None:
+            group.poke()
 
     async def durable_checkpoint(self, name: str) -> int:
         """The saved checkpoint of the durable subscription ``name``."""
@@ -477,6 +539,8 @@ class EventStore:
             if stop or exhausted:
                 break
             cursor = last_row
+        if out and await self._park_refetched(sub, out):
+            return await self.fetch(sub_id, suggested_count, extend_same_time=extend_same_time)
         if out:
             await self._pool.execute(
                 sql.RECORD_FETCH, sub_id, out[-1].position, out[-1].recorded_at
@@ -485,6 +549,25 @@ class EventStore:
                 for ev in out:
                     self.on_deliver(ev)
         return out
+
+    async def _park_refetched(self, sub: FetchSubscription, batch: list[RecordedEvent]) -> bool:
+        """A fetch subscription's retry: the same batch fetched again without
+        progress.  Past ``max_retries`` the batch is parked and the checkpoint
+        moves past it (True: fetch the next batch instead)."""
+        _, settings = await self.parking.settings(sub.name)
+        if settings.max_retries is None:
+            return False
+        fetches = await self.parking.count_fetch_attempt(sub.id, batch[-1].position)
+        if fetches <= settings.max_retries + 1:  # the first fetch is no retry
+            return False
+        for ev in batch:
+            await self.parking.park(sub.id, ev.position, fetches - 1, "fetched again")
+        await self._pool.execute(sql.SET_CHECKPOINT, sub.id, batch[-1].position)
+        await self.parking.reset_fetch_attempts(sub.id)
+        log.info("subscription %s: parked %d events (positions %d-%d) fetched %d times "
+                 "without progress", sub.name, len(batch), batch[0].position,
+                 batch[-1].position, fetches)
+        return True
 
     async def progress(self, sub_id: int, last_event_time: datetime) -> bool:
         """Move the checkpoint past the last fetched batch if ``last_event_time``
@@ -505,6 +588,8 @@ class EventStore:
 
     async def list_subscriptions(self) -> list[dict[str, Any]]:
         rows = await self._pool.fetch(sql.LIST_SUBSCRIPTIONS)
+        persistent = await self.parking.state()
+        none = (SubscriptionSettings(), 0)
         return [
             {
                 "id": r["id"],
@@ -513,6 +598,8 @@ class EventStore:
                 "checkpoint": r["checkpoint"],
                 "lag_events": r["last_position"] - r["checkpoint"],
                 "updated_at": r["updated_at"].isoformat(),
+                "settings": persistent.get(r["id"], none)[0].as_json(),
+                "parked": persistent.get(r["id"], none)[1],
             }
             for r in rows
         ]
@@ -523,7 +610,10 @@ class EventStore:
     # --- auth and queries ---------------------------------------------------
 
     async def authenticate(self, user: str | None, password: str | None) -> Principal:
-        return await self.users.authenticate(user, password)
+        principal = await self.users.authenticate(user, password)
+        if self.on_login is not None:
+            self.on_login(principal)
+        return principal
 
     async def query(self, binder: str, matcher: dict[str, Any]) -> BinderQuery:
         """Matching documents of a binder: ``.count`` now, then ``async for``."""

@@ -13,8 +13,16 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from polyport.gateway.tls import ServerTls, TlsServer, serve_tls, transport_user
+from polyport.protocols.connections import (
+    IDLE,
+    INTERNAL,
+    PEER_CLOSED,
+    SHUTDOWN,
+    Connection,
+)
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
 
 log = logging.getLogger("polyport.tcp")
@@ -31,6 +39,7 @@ class StreamOutbound:
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._closed = False
         writer.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self.connection: Connection | None = None  # set once registered
 
     @property
     def closed(self) -> bool:
@@ -41,6 +50,8 @@ class StreamOutbound:
             return
         self._writer.write(data)
         self._stats.bytes_out += len(data)
+        if self.connection is not None:
+            self.connection.bytes_out += len(data)
         try:
             await self._writer.drain()
         except (ConnectionError, OSError):
@@ -53,6 +64,22 @@ class StreamOutbound:
 
 
 SessionFactory = Callable[[Outbound], StreamSession]
+
+
+def register_connection(
+    stats: ListenerStats, protocol: str, peer: str, closer: Callable[[], None]
+) -> Connection:
+    """A row in the gateway's connection table (a detached one when the
+    listener runs without a gateway, as in some tests)."""
+    if stats.connections is None:
+        return Connection(0, protocol, peer, datetime.now(UTC), closer=closer)
+    return stats.connections.open(protocol, peer, closer)
+
+
+def unregister_connection(stats: ListenerStats, conn: Connection, reason: str | None) -> None:
+    """``reason`` None: the server side ended it (a protocol error, or an admin close)."""
+    if stats.connections is not None:
+        stats.connections.closed(conn, reason or conn.server_closed_reason())
 
 
 @dataclass
@@ -94,12 +121,15 @@ class TcpListener:
 
         return await serve_tls(self._accept, self.host, self.port, tls, refused)
 
-    def _peer(self, writer: asyncio.StreamWriter, address: str) -> Peer:
-        """The connection's Peer, with the user a verified client certificate names."""
+    def _peer(
+        self, writer: asyncio.StreamWriter, address: str, conn: Connection | None = None
+    ) -> Peer:
+        """The connection's Peer (its connection-table row), with the user a
+        verified client certificate names."""
         user = None
         if self.tls is not None:
             user = transport_user(writer.transport, self.tls.user_from)
-        return Peer(self.name, address, certificate_user=user)
+        return Peer(self.name, address, conn, certificate_user=user)
 
     async def stop_accepting(self) -> None:
         if self._server is not None:
@@ -115,6 +145,13 @@ class TcpListener:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
+    def _register(self, out: StreamOutbound) -> Connection:
+        out.connection = register_connection(self.stats, self.name, out.peer, out.close)
+        return out.connection
+
+    def _unregister(self, conn: Connection, reason: str | None) -> None:
+        unregister_connection(self.stats, conn, reason)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -128,8 +165,10 @@ class TcpListener:
             )
             out.close()
             return
+        conn = self._register(out)
+        reason: str | None = None  # None: the server side closed it
         # Tasks the session starts inherit the peer (error lines, metrics).
-        CURRENT_PEER.set(self._peer(writer, out.peer))
+        CURRENT_PEER.set(self._peer(writer, out.peer, conn))
         self._connections.add(task)
         self.stats.connections_total += 1
         self.stats.connections_open += 1
@@ -142,19 +181,24 @@ class TcpListener:
                     data = await asyncio.wait_for(reader.read(READ_CHUNK), self.idle_timeout)
                 except TimeoutError:
                     log.info("%s: closing idle connection from %s", self.name, out.peer)
+                    reason = IDLE
                     break
                 if not data:
+                    reason = PEER_CLOSED
                     break
                 self.stats.bytes_in += len(data)
+                conn.bytes_in += len(data)
                 await session.data_received(data)
         except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+            reason = PEER_CLOSED
         except asyncio.CancelledError:
-            pass
+            reason = SHUTDOWN
         except Exception:
             log.exception("%s: connection from %s failed", self.name, out.peer)
             self.stats.error("internal")
+            reason = INTERNAL
         finally:
+            self._unregister(conn, reason)
             self.stats.connections_open -= 1
             log.debug("%s: connection from %s closed", self.name, out.peer)
             if session is not None:

@@ -41,8 +41,10 @@ from polyport.core.access import Tenant
 from polyport.core.errors import Unauthenticated
 from polyport.gateway.curve import CurveServer, curve_server
 from polyport.gateway.registry import ListenerDef
+from polyport.gateway.tcp import register_connection, unregister_connection
 from polyport.gateway.zap import DOMAIN as ZAP_DOMAIN
 from polyport.gateway.zap import ZapHandler
+from polyport.protocols.connections import ADMIN_CLOSE, IDLE, PEER_CLOSED, SHUTDOWN, Connection
 from polyport.protocols.res01 import DEFAULT_PORT, PROTOCOL, Error, Res01Error, Response
 from polyport.protocols.res01.adapter import (
     Res01Handler,
@@ -72,6 +74,11 @@ LINGER_MS = 500
 # change of the user's contexts reaches connections that stay open.
 TENANT_TTL = 30.0
 MAX_CACHED_TENANTS = 10_000
+# A ROUTER cannot tell which peer a disconnect was: a peer silent this long
+# (or the listener's idle timeout, if shorter) leaves the connection table;
+# so does every peer once no TCP connection is left.
+PEER_FORGET_AFTER = 600.0
+PEER_SWEEP_INTERVAL = 10.0
 
 
 def _endpoint(host: str, port: int) -> str:
@@ -145,6 +152,11 @@ class Res01Listener:
         self._reads = 0
         self._bytes = 0
         self._closed = False
+        # The connection table's row of each peer, by routing identity, and
+        # when it last sent something (monotonic).
+        self._peers: dict[bytes, tuple[Connection, float]] = {}
+        self._swept = time.monotonic()
+        self.forget_after = PEER_FORGET_AFTER
 
     def _conn(self) -> ServerConnection:
         # Request/reply pairing per peer; the counters are admission.
@@ -267,6 +279,7 @@ class Res01Listener:
                 endpoint.sock.close()
         if self._zap_started:
             await self.zap.close()
+        self._forget_all(SHUTDOWN)
         # term() waits for the linger of queued replies: off the event loop.
         await asyncio.get_running_loop().run_in_executor(None, self._zctx.term)
 
@@ -309,7 +322,10 @@ class Res01Listener:
         size = sum(len(f) for f in frames)
         # ZeroMQ hides the peer's address: the routing identity names it.  The
         # request task started below inherits this (error lines, metrics).
-        CURRENT_PEER.set(Peer("res01", "zmq:" + frames[0].hex() if frames else "zmq:?"))
+        identity = frames[0] if frames else b""
+        conn = self._peer_connection(identity)
+        conn.bytes_in += size
+        CURRENT_PEER.set(Peer("res01", conn.peer, conn))
         self.stats.frames_in += 1
         self.stats.bytes_in += size
         conn = endpoint.conn
@@ -467,7 +483,11 @@ class Res01Listener:
                     log.warning("res01: send failed: %s", exc)
                 return False  # the peer disconnected: nobody to answer
             self.stats.frames_out += 1
-            self.stats.bytes_out += sum(len(f) for f in frames)
+            size = sum(len(f) for f in frames)
+            self.stats.bytes_out += size
+            known = self._peers.get(frames[0])
+            if known is not None:
+                known[0].bytes_out += size
             return True
 
     # --- peers --------------------------------------------------------------
@@ -485,6 +505,38 @@ class Res01Listener:
                 self.stats.connections_open += 1
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self.stats.connections_open = max(0, self.stats.connections_open - 1)
+                if self.stats.connections_open == 0:
+                    self._forget_all(PEER_CLOSED)
+
+    def _peer_connection(self, identity: bytes) -> Connection:
+        """The peer's row in the connection table, registered on its first message."""
+        now = time.monotonic()
+        if now - self._swept >= PEER_SWEEP_INTERVAL:
+            self._swept = now
+            for old, (_, seen) in list(self._peers.items()):
+                if now - seen >= self.forget_after:
+                    self._forget(old, IDLE)
+        known = self._peers.get(identity)
+        if known is not None:
+            conn = known[0]
+        else:
+            conn = register_connection(
+                self.stats, self.name, "zmq:" + (identity.hex() or "?"),
+                lambda: self._forget(identity, ADMIN_CLOSE),
+            )
+        self._peers[identity] = (conn, now)
+        return conn
+
+    def _forget(self, identity: bytes, reason: str) -> None:
+        """Drop a peer from the table: a ROUTER cannot close one peer, but its
+        next message registers it afresh."""
+        known = self._peers.pop(identity, None)
+        if known is not None:
+            unregister_connection(self.stats, known[0], reason)
+
+    def _forget_all(self, reason: str) -> None:
+        for identity in list(self._peers):
+            self._forget(identity, reason)
 
 
 def _user_id(frame: zmq.Frame) -> str | None:
@@ -504,6 +556,9 @@ async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
         curve=curve_server(gw.config, gw.store.users),
         login_port=gw.config.res01_login_port,
     )
+    idle = gw.settings.get("idle_timeout")
+    if idle:
+        listener.forget_after = min(PEER_FORGET_AFTER, float(idle))
     await listener.start()
     if listener.login_address is not None:
         log.info("listener res01 (PLAIN login) on %s:%d", *listener.login_address)

@@ -323,9 +323,9 @@ class Res01Listener:
         # ZeroMQ hides the peer's address: the routing identity names it.  The
         # request task started below inherits this (error lines, metrics).
         identity = frames[0] if frames else b""
-        conn = self._peer_connection(identity)
-        conn.bytes_in += size
-        CURRENT_PEER.set(Peer("res01", conn.peer, conn))
+        row = self._peer_connection(identity)  # the connection table's row
+        row.bytes_in += size
+        CURRENT_PEER.set(Peer("res01", row.peer, row))
         self.stats.frames_in += 1
         self.stats.bytes_in += size
         conn = endpoint.conn
@@ -361,7 +361,7 @@ class Res01Listener:
         the user ZAP logged in; the principal (contexts may change) is looked
         up again after TENANT_TTL seconds, and whenever the routing id shows
         up with another user (a client may choose its routing id)."""
-        if not endpoint.plain:
+        if not (endpoint.plain or endpoint.curve):
             return self._anonymous
         if not user:
             # Cannot happen on a PLAIN socket behind our ZAP handler: refuse

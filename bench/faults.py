@@ -35,6 +35,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +76,12 @@ class Appender:
 
     protocol: str
     stream: str
-    data_dir: Path
+    # Where the gateway listens now (None while it is down): the ports file
+    # for a child process, the listeners of an in-process gateway in tests.
+    where: Callable[[], dict[str, tuple[str, int]] | None]
     acked: list[uuid.UUID] = field(default_factory=list)
     acked_at: list[float] = field(default_factory=list)
+    failed_at: list[float] = field(default_factory=list)
     failures: int = 0
     stopping: bool = False
     client: Any = None
@@ -86,7 +90,7 @@ class Appender:
 
     async def _connect(self) -> None:
         while True:
-            ports = _ports(self.data_dir)
+            ports = self.where()
             if ports is not None:
                 host, port = ports[self.protocol]
                 try:
@@ -178,6 +182,7 @@ class Appender:
                     break
                 except Exception:  # noqa: BLE001 - outcome unknown: resend, same id
                     self.failures += 1
+                    self.failed_at.append(time.monotonic())
                     await self._drop()
                     await asyncio.sleep(0.05)
                     await self._connect()
@@ -280,7 +285,10 @@ def audit(appenders: list[Appender], killed_at: float,
                 stored += sum(1 for e in set(a.acked) if ids[e] > 0)
                 lost += sum(1 for e in a.acked if ids[e] == 0)
                 dup += sum(ids[e] - 1 for e in set(a.acked) if ids[e] > 1)
-            after = [t for t in a.acked_at if t > killed_at]
+            # From the first failure the fault caused: an acknowledgement
+            # the dead process had already sent may still arrive after it.
+            failed = [t for t in a.failed_at if t > killed_at][:1] or [killed_at]
+            after = [t for t in a.acked_at if t > failed[0]]
             recovery = max(recovery, (after[0] - killed_at) if after else float("inf"))
         out.append(Result(proto, acked, stored, lost, dup, recovery))
     return out
@@ -304,7 +312,8 @@ async def _until(check: Callable[[], bool], timeout: float) -> None:
 
 
 async def one_round(n: int, gw: Gateway, url: str, per_protocol: int, load: float) -> list[Result]:
-    appenders = [Appender(p, f"r{n}-{p}-{i}", gw.data_dir)
+    where = partial(_ports, gw.data_dir)
+    appenders = [Appender(p, f"r{n}-{p}-{i}", where)
                  for p in PROTOCOLS for i in range(per_protocol)]
     tasks = [asyncio.create_task(a.run()) for a in appenders]
     try:

@@ -211,16 +211,22 @@ class Result:
 class Gateway:
     """``polyport serve`` as a child process on one data directory."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, database_url: str | None = None,
+                 listeners: tuple[str, ...] = tuple(DEFAULT_PORTS)) -> None:
+        """No ``database_url``: the embedded PostgreSQL under ``data_dir``."""
         self.data_dir = data_dir
+        self.database_url = database_url
+        self.listeners = listeners
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> float:
         """Start and wait for gateway.json to name this process; seconds taken."""
         started = time.monotonic()
-        ports = [a for n in DEFAULT_PORTS for a in (f"--{n}-port", "0")]
+        ports = [a for n in DEFAULT_PORTS
+                 for a in (f"--{n}-port", "0" if n in self.listeners else "off")]
+        db = ["--database-url", self.database_url] if self.database_url else []
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "polyport.gateway.cli", "serve",
+            sys.executable, "-m", "polyport.gateway.cli", "serve", *db,
             "--data-dir", str(self.data_dir), "--http-port", "off", *ports,
             stdout=asyncio.subprocess.DEVNULL,
             env={**os.environ, "POLYPORT_LOG_LEVEL": "warning"},
@@ -234,6 +240,9 @@ class Gateway:
             if time.monotonic() - started > 120:
                 raise RuntimeError("polyport serve did not listen within 120 s")
             await asyncio.sleep(0.05)
+
+    def ports(self) -> dict[str, tuple[str, int]] | None:
+        return _ports(self.data_dir)
 
     async def kill(self) -> None:
         assert self.proc is not None

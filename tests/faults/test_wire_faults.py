@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import asyncpg
@@ -30,7 +30,7 @@ from polyport.protocols.reactivesocket.client import ReactiveSocketClient
 from polyport.protocols.res01.client import Res01Client
 from polyport.protocols.rsocket.client import RSocketClient
 from polyport.protocols.segment.client import SegmentReader, iter_events
-from tests.faults.support import SUMMARY, Row, delivery_gaps
+from tests.faults.support import SUMMARY, PgProxy, Row, delivery_gaps
 
 PER_PROTOCOL = 2
 T0 = datetime(2000, 1, 1, tzinfo=UTC)
@@ -52,8 +52,15 @@ async def _wait(check: Callable[[], bool], timeout: float) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_pg_restart_through_the_wire(fault_pg: EmbeddedPostgres, fault_db: str) -> None:
-    base = GatewayConfig(database_url=fault_db, http_port=None, poll_interval=0.2,
+async def _wire_fault(
+    db_url: str, fault_name: str, fault: Callable[[], Awaitable[None]],
+    gateway_db_url: str | None = None,
+) -> None:
+    """Load and readers on every protocol; ``fault()`` while they run.
+    ``gateway_db_url``: where the gateway reaches the database (a proxy),
+    when not ``db_url`` (where the audit reads)."""
+    base = GatewayConfig(database_url=gateway_db_url or db_url, http_port=None,
+                         poll_interval=0.2,
                          **{f"{n}_port": 0 for n in DEFAULT_PORTS})  # type: ignore[arg-type]
     gw = Gateway(base)
     await gw.start()
@@ -134,13 +141,13 @@ async def test_pg_restart_through_the_wire(fault_pg: EmbeddedPostgres, fault_db:
         await _wait(lambda: all(a.acked for a in appenders), 10)
         await asyncio.sleep(1.0)
         restarted_at = time.monotonic()
-        await asyncio.to_thread(fault_pg.restart)
+        await fault()
         await _wait(lambda: all(a.acked_at[-1] > restarted_at for a in appenders), 20)
         await asyncio.sleep(1.0)
         for a in appenders:
             a.stopping = True
         await asyncio.wait_for(asyncio.gather(*tasks[len(readers):]), 15)
-        rows = await _rows(fault_db)
+        rows = await _rows(db_url)
         positions = [r["position"] for r in rows]
         # BSON's seqNo counts from 0 (the stream's version - 1).
         bson_versions = [r["version"] - 1 for r in rows if r["stream"] == bson_stream]
@@ -173,10 +180,10 @@ async def test_pg_restart_through_the_wire(fault_pg: EmbeddedPostgres, fault_db:
             "micromsg2": delivery_gaps([int(b) for b in mm2_got], [int(b) for b in mm2_bodies]),
         }
         for r in results:
-            SUMMARY.append(Row("pg restart (wire)", r.protocol, r.acknowledged, r.stored,
+            SUMMARY.append(Row(fault_name, r.protocol, r.acknowledged, r.stored,
                                r.lost, r.duplicated, gaps[r.protocol], r.recovery))
         # RSocket reads the ReactiveSocket appender's stream; no appender of its own.
-        SUMMARY.append(Row("pg restart (wire)", "rsocket (read)", 0, len(rs_versions), 0, 0,
+        SUMMARY.append(Row(fault_name, "rsocket (read)", 0, len(rs_versions), 0, 0,
                            gaps["rsocket"], 0.0))
         assert all((r.lost, r.duplicated) == (0, 0) for r in results), results
         assert all(r.acknowledged > 0 and r.recovery < 20 for r in results), results
@@ -191,3 +198,25 @@ async def test_pg_restart_through_the_wire(fault_pg: EmbeddedPostgres, fault_db:
         for c in (rs, bson, mm2, rsocket, res01, seg_reader):
             await c.close()
         await gw.stop()
+
+
+async def test_pg_restart_through_the_wire(fault_pg: EmbeddedPostgres, fault_db: str) -> None:
+    async def restart() -> None:
+        await asyncio.to_thread(fault_pg.restart)
+
+    await _wire_fault(fault_db, "pg restart (wire)", restart)
+
+
+async def test_stalled_then_dropped_pg_connections(fault_db: str) -> None:
+    """A network fault between gateway and PostgreSQL: every byte stops
+    (nothing fails, statements just hang), then every connection is cut.
+    Appends resume on new connections, readers catch up with no gap."""
+    async with PgProxy(fault_db) as proxy:
+        async def stall_then_drop() -> None:
+            proxy.stall()
+            await asyncio.sleep(1.5)
+            proxy.drop()
+
+        await _wire_fault(fault_db, "pg stall, then drop (wire)", stall_then_drop,
+                          gateway_db_url=proxy.url)
+        assert proxy.dropped > 0  # the gateway's connections did go through it

@@ -42,6 +42,20 @@ async def _wait_all(db_url: str, received: list[list[int]], timeout: float) -> t
         await asyncio.sleep(0.05)
 
 
+async def _stop_and_record(
+    fault: str, protocol: str, db_url: str, appender: Appender, received: list[list[int]],
+    since: float,
+) -> tuple[int, int]:
+    """Stop the load, wait until every stored event was received, add the
+    summary row; returns (missing, duplicated) over every member."""
+    appender.stop()
+    await asyncio.sleep(0.2)
+    missing, dup = await _wait_all(db_url, received, 15)
+    SUMMARY.append(Row(fault, protocol, len(appender.acked), len(await all_positions(db_url)),
+                       missing, dup, missing, time.monotonic() - since))
+    return missing, dup
+
+
 async def test_group_over_two_processes_when_owner_loses_its_lock(fault_db: str) -> None:
     stores = [EventStore(StoreConfig(fault_db, poll_interval=0.2)) for _ in range(2)]
     for s in stores:
@@ -67,12 +81,8 @@ async def test_group_over_two_processes_when_owner_loses_its_lock(fault_db: str)
         owners = [s._groups["g-two"]._owner for s in stores]
         assert owners.count(True) <= 1
         await asyncio.sleep(1.5)
-        appender.stop()
-        await asyncio.sleep(0.2)
-        missing, dup = await _wait_all(fault_db, received, 15)
-        recovery = time.monotonic() - killed_at
-        SUMMARY.append(Row("group lock lost (2 procs)", "core", len(appender.acked),
-                           len(await all_positions(fault_db)), missing, dup, missing, recovery))
+        missing, dup = await _stop_and_record("group lock lost (2 procs)", "core", fault_db,
+                                              appender, received, killed_at)
         assert missing == 0
         assert dup <= 2000  # at least once: re-delivery only of what was unacknowledged
     finally:
@@ -99,12 +109,8 @@ async def test_group_survives_restart(fault_pg: EmbeddedPostgres, fault_db: str)
         started = time.monotonic()
         await asyncio.to_thread(fault_pg.restart)
         await asyncio.sleep(1.5)
-        appender.stop()
-        await asyncio.sleep(0.2)
-        missing, dup = await _wait_all(fault_db, received, 15)
-        SUMMARY.append(Row("group across pg restart", "core", len(appender.acked),
-                           len(await all_positions(fault_db)), missing, dup, missing,
-                           time.monotonic() - started))
+        missing, _ = await _stop_and_record("group across pg restart", "core", fault_db,
+                                            appender, received, started)
         assert missing == 0
         assert store._groups["g-restart"].members == members  # kept its members
     finally:
@@ -154,12 +160,8 @@ async def test_group_over_two_gateway_processes_one_killed(
         killed_at = time.monotonic()
         await gateways[owner].kill()
         await asyncio.sleep(1.5)
-        appender.stop()
-        await asyncio.sleep(0.2)
-        missing, dup = await _wait_all(fault_db, received, 15)
-        SUMMARY.append(Row("group, 2 procs, 1 SIGKILLed", "reactivesocket", len(appender.acked),
-                           len(await all_positions(fault_db)), missing, dup, missing,
-                           time.monotonic() - killed_at))
+        missing, _ = await _stop_and_record("group, 2 procs, 1 SIGKILLed", "reactivesocket",
+                                            fault_db, appender, received, killed_at)
         assert missing == 0
         # The survivor took over: its members got the newest events.
         survivor = received[2 * (1 - owner)] + received[2 * (1 - owner) + 1]

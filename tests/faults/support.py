@@ -9,10 +9,13 @@ and no repeat."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from types import TracebackType
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -155,3 +158,75 @@ def delivery_gaps(received: list[int], expected: list[int]) -> int:
     repeats = len(received) - len(set(received))
     disorder = sum(1 for a, b in zip(received, received[1:], strict=False) if b <= a)
     return max(1, missing + repeats + disorder)
+
+
+class PgProxy:
+    """A TCP proxy between the gateway and PostgreSQL that can fail like a
+    network: :meth:`stall` stops every byte both ways (connections stay
+    open, statements hang, nothing errors), :meth:`drop` cuts every
+    connection (both sides see a reset) and lets bytes flow again."""
+
+    def __init__(self, db_url: str) -> None:
+        parts = urlsplit(db_url)
+        assert parts.hostname is not None and parts.port is not None
+        self._target = (parts.hostname, parts.port)
+        self._parts = parts
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self._transports: set[asyncio.WriteTransport] = set()
+        self._server: asyncio.Server | None = None
+        self.url = ""
+        self.dropped = 0
+
+    async def __aenter__(self) -> PgProxy:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        netloc = self._parts.netloc.rsplit(":", 1)[0] + f":{port}"
+        self.url = urlunsplit(self._parts._replace(netloc=netloc))
+        return self
+
+    async def __aexit__(self, *exc: type[BaseException] | BaseException | TracebackType | None
+                        ) -> None:
+        assert self._server is not None
+        self._server.close()
+        self.drop()
+        await self._server.wait_closed()
+
+    def stall(self) -> None:
+        self._flowing.clear()
+
+    def drop(self) -> None:
+        for t in list(self._transports):
+            t.abort()
+            self.dropped += 1
+        self._transports.clear()
+        self._flowing.set()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self._target)
+        except OSError:
+            writer.transport.abort()
+            return
+        pair = (writer.transport, up_writer.transport)
+        self._transports.update(pair)
+        try:
+            await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for t in pair:
+                t.abort()
+                self._transports.discard(t)
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            # A stall holds what was read: nothing reaches the other side
+            # until the connection is dropped (then the write fails).
+            await self._flowing.wait()
+            if writer.transport.is_closing():
+                return
+            writer.write(data)
+            await writer.drain()
+        with contextlib.suppress(OSError):
+            writer.write_eof()

@@ -9,7 +9,9 @@ acknowledging it, negatively acknowledged, or held past ``message_timeout``)
 is *parked*: recorded in ``parked_events`` and stepped over, so one poison
 event no longer holds its group's checkpoint back forever.  ``replay-parked``
 marks the parked events of a subscription; the group that owns it hands them
-out again and deletes each row once it is acknowledged.
+out again and deletes each row once it is acknowledged.  A fetch-style (Res01)
+subscription's FE returns them as a batch before new events, and the PS that
+names that batch deletes them.
 
 Empty settings keep the behaviour durable subscriptions always had: no
 in-flight limit, no timeout, unlimited retries (nothing is ever parked).
@@ -191,6 +193,14 @@ class Parking:
 
     async def replay_due(self, sub_id: int, limit: int = REPLAY_BATCH) -> list[RecordedEvent]:
         rows = await self._pool.fetch(sql.REPLAY_DUE, sub_id, limit)
+        return [record_from_row(r) for r in rows]
+
+    async def fetch_replay_due(
+        self, sub_id: int, checkpoint: int, limit: int = REPLAY_BATCH
+    ) -> list[RecordedEvent]:
+        """A fetch subscription's replay-marked events at or before its
+        checkpoint, oldest first."""
+        rows = await self._pool.fetch(sql.FETCH_REPLAY_DUE, sub_id, checkpoint, limit)
         return [record_from_row(r) for r in rows]
 
     async def count_fetch_attempt(self, sub_id: int, batch_end: int) -> int:

@@ -198,12 +198,33 @@ WHERE id = $1
 """
 
 # Progress only if the caller names the batch it was handed (idempotent).
+# A batch of replayed parked events ends at or before the checkpoint: its
+# progress unparks those rows and leaves the checkpoint where it is.  A normal
+# batch unparks only replay-marked rows inside it (after a seek backwards), so
+# a replay requested while it was out is not lost.
 PROGRESS_FETCHED = """
-UPDATE subscriptions
-SET checkpoint = fetched_position, fetched_position = NULL, fetched_time = NULL,
-    updated_at = now()
-WHERE id = $1 AND fetched_time = $2 AND fetched_position IS NOT NULL
-RETURNING checkpoint
+WITH batch AS (
+    SELECT id, checkpoint, fetched_position FROM subscriptions
+    WHERE id = $1 AND fetched_time = $2 AND fetched_position IS NOT NULL
+    FOR UPDATE
+), moved AS (
+    UPDATE subscriptions s
+    SET checkpoint = GREATEST(b.checkpoint, b.fetched_position), fetched_position = NULL,
+        fetched_time = NULL, updated_at = now()
+    FROM batch b WHERE s.id = b.id
+    RETURNING s.checkpoint
+), unparked AS (
+    DELETE FROM parked_events p USING batch b
+    WHERE p.subscription_id = b.id AND p.replay AND p.position <= b.fetched_position
+      AND (b.fetched_position <= b.checkpoint OR p.position > b.checkpoint)
+)
+SELECT checkpoint FROM moved
+"""
+
+# A replayed batch parked again: forget it was fetched, keep the checkpoint.
+CLEAR_FETCH = """
+UPDATE subscriptions SET fetched_position = NULL, fetched_time = NULL, updated_at = now()
+WHERE id = $1
 """
 
 LIST_SUBSCRIPTIONS = """
@@ -261,6 +282,15 @@ REPLAY_DUE = f"""
 SELECT {', '.join('e.' + c for c in EVENT_COLUMNS)}
 FROM parked_events p JOIN events e ON e.position = p.position
 WHERE p.subscription_id = $1 AND p.replay ORDER BY p.position LIMIT $2
+"""
+
+# A fetch-style subscription's replayed parked events: only those the
+# checkpoint has passed (after a seek backwards the rest come in order anyway).
+FETCH_REPLAY_DUE = f"""
+SELECT {', '.join('e.' + c for c in EVENT_COLUMNS)}
+FROM parked_events p JOIN events e ON e.position = p.position
+WHERE p.subscription_id = $1 AND p.replay AND p.position <= $2
+ORDER BY p.position LIMIT $3
 """
 
 # A fetch-style subscription's batch fetched again without progress.

@@ -518,27 +518,25 @@ class EventStore:
     ) -> list[RecordedEvent]:
         """Up to ``suggested_count`` events after the checkpoint (more when
         later events share the last one's recorded time).  Fetching again
-        without progressing returns the same batch."""
+        without progressing returns the same batch.  Parked events marked
+        for replay come first, as a batch of their own (oldest first)."""
         sub = await self.get_fetch_subscription(sub_id)
-        head = int(await self._pool.fetchval(sql.HEAD_POSITION))
         want = max(1, suggested_count)
         out: list[RecordedEvent] = []
-        cursor = sub.checkpoint
-        while cursor < head:
-            events, last_row, exhausted = await self.tailer.read_selected(
-                sub.selector, cursor, head, 500
-            )
-            stop = False
-            for ev in events:
-                if len(out) >= want and (
-                    not extend_same_time or ev.recorded_at != out[-1].recorded_at
-                ):
-                    stop = True
+        # One extra round's worth so extend_same_time can see past ``want``.
+        replayed = await self.parking.fetch_replay_due(sub.id, sub.checkpoint, want + 500)
+        if replayed:
+            _fill_batch(out, replayed, want, extend_same_time)
+        else:
+            head = int(await self._pool.fetchval(sql.HEAD_POSITION))
+            cursor = sub.checkpoint
+            while cursor < head:
+                events, last_row, exhausted = await self.tailer.read_selected(
+                    sub.selector, cursor, head, 500
+                )
+                if _fill_batch(out, events, want, extend_same_time) or exhausted:
                     break
-                out.append(ev)
-            if stop or exhausted:
-                break
-            cursor = last_row
+                cursor = last_row
         if out and await self._park_refetched(sub, out):
             return await self.fetch(sub_id, suggested_count, extend_same_time=extend_same_time)
         if out:
@@ -562,7 +560,12 @@ class EventStore:
             return False
         for ev in batch:
             await self.parking.park(sub.id, ev.position, fetches - 1, "fetched again")
-        await self._pool.execute(sql.SET_CHECKPOINT, sub.id, batch[-1].position)
+        if batch[-1].position <= sub.checkpoint:
+            # A replayed batch: the checkpoint is already past it and must
+            # not move back; parking it again is all there is to do.
+            await self._pool.execute(sql.CLEAR_FETCH, sub.id)
+        else:
+            await self._pool.execute(sql.SET_CHECKPOINT, sub.id, batch[-1].position)
         await self.parking.reset_fetch_attempts(sub.id)
         log.info("subscription %s: parked %d events (positions %d-%d) fetched %d times "
                  "without progress", sub.name, len(batch), batch[0].position,
@@ -571,7 +574,9 @@ class EventStore:
 
     async def progress(self, sub_id: int, last_event_time: datetime) -> bool:
         """Move the checkpoint past the last fetched batch if ``last_event_time``
-        names it; otherwise nothing changes (idempotent).  Returns whether it moved."""
+        names it; otherwise nothing changes (idempotent).  A batch of replayed
+        parked events is unparked instead (the checkpoint never moves back).
+        Returns whether the batch was accepted."""
         await self.get_fetch_subscription(sub_id)
         row = await self._pool.fetchrow(sql.PROGRESS_FETCHED, sub_id, last_event_time)
         return row is not None
@@ -618,6 +623,19 @@ class EventStore:
     async def query(self, binder: str, matcher: dict[str, Any]) -> BinderQuery:
         """Matching documents of a binder: ``.count`` now, then ``async for``."""
         return await self.binders.query(binder, matcher)
+
+
+def _fill_batch(
+    out: list[RecordedEvent], events: list[RecordedEvent], want: int, extend_same_time: bool
+) -> bool:
+    """Append ``events`` to a fetch batch until it holds ``want`` (and, with
+    ``extend_same_time``, the events sharing the last one's recorded time);
+    True once the batch is full."""
+    for ev in events:
+        if len(out) >= want and (not extend_same_time or ev.recorded_at != out[-1].recorded_at):
+            return True
+        out.append(ev)
+    return False
 
 
 def segment_frame(ev: RecordedEvent) -> bytes:

@@ -190,3 +190,80 @@ async def test_fetch_subscription_batch_fetched_too_often_is_parked(store: Event
     batch = await store.fetch(sub.id, 2)
     assert await store.progress(sub.id, batch[-1].recorded_at)
     assert await store.fetch(sub.id, 2) == []
+
+
+async def _park_first_two(store: EventStore) -> int:
+    """Three events on a fetch subscription with max_retries 1; the batch of
+    the first two fetched three times without progress, so parked."""
+    for i in range(3):
+        await store.append(append("work", ev(i)))
+    sub = await store.register_fetch_subscription("puller", SEL, BEGINNING)
+    await store.update_subscription("puller", {"max_retries": 1})
+    for _ in range(2):
+        assert [e.version for e in await store.fetch(sub.id, 2)] == [1, 2]
+    assert [e.version for e in await store.fetch(sub.id, 2)] == [3]
+    return sub.id
+
+
+async def test_fetch_subscription_replays_parked_batch_then_moves_on(store: EventStore) -> None:
+    sub_id = await _park_first_two(store)
+    checkpoint = await store.durable_checkpoint("puller")
+    assert await store.replay_parked("puller") == 2
+    # Replayed events come first, as a batch, and FE again returns the same.
+    replayed = await store.fetch(sub_id, 10)
+    assert [e.version for e in replayed] == [1, 2]
+    assert [e.version for e in await store.fetch(sub_id, 10)] == [1, 2]
+    # A PS naming another batch changes nothing.
+    assert not await store.progress(sub_id, replayed[0].recorded_at.replace(year=2000))
+    assert len(await store.parked_events("puller")) == 2
+    # The PS naming the replayed batch unparks it; the checkpoint stays put.
+    assert await store.progress(sub_id, replayed[-1].recorded_at)
+    assert await store.parked_events("puller") == []
+    assert await store.durable_checkpoint("puller") == checkpoint
+    # Then FE returns the events past the checkpoint, and new ones after them.
+    batch = await store.fetch(sub_id, 10)
+    assert [e.version for e in batch] == [3]
+    assert await store.progress(sub_id, batch[-1].recorded_at)
+    await store.append(append("work", ev(3)))
+    assert [e.version for e in await store.fetch(sub_id, 10)] == [4]
+
+
+async def test_fetch_subscription_replay_in_batches_oldest_first(store: EventStore) -> None:
+    sub_id = await _park_first_two(store)
+    await store.replay_parked("puller")
+    first = await store.fetch(sub_id, 1, extend_same_time=False)
+    assert [e.version for e in first] == [1]
+    assert await store.progress(sub_id, first[-1].recorded_at)
+    assert [p.version for p in await store.parked_events("puller")] == [2]
+    second = await store.fetch(sub_id, 1, extend_same_time=False)
+    assert [e.version for e in second] == [2]
+
+
+async def test_fetch_subscription_replayed_batch_refetched_is_parked_again(
+    store: EventStore,
+) -> None:
+    sub_id = await _park_first_two(store)
+    checkpoint = await store.durable_checkpoint("puller")
+    await store.replay_parked("puller")
+    for _ in range(2):
+        assert [e.version for e in await store.fetch(sub_id, 2)] == [1, 2]
+    # The third fetch without progress parks the replayed batch again (not
+    # lost, no longer marked) and FE goes on with the events past it.
+    assert [e.version for e in await store.fetch(sub_id, 2)] == [3]
+    parked = await store.parked_events("puller")
+    assert [(p.version, p.replay, p.reason) for p in parked] == [
+        (1, False, "fetched again"), (2, False, "fetched again")]
+    assert await store.durable_checkpoint("puller") == checkpoint
+    # Replaying again hands them out once more.
+    assert await store.replay_parked("puller") == 2
+    assert [e.version for e in await store.fetch(sub_id, 2)] == [1, 2]
+
+
+async def test_fetch_subscription_replay_requested_mid_batch_is_kept(store: EventStore) -> None:
+    sub_id = await _park_first_two(store)
+    batch = await store.fetch(sub_id, 2)  # the normal batch [3] is out
+    await store.replay_parked("puller")
+    # Its PS moves the checkpoint and leaves the replay request alone.
+    assert await store.progress(sub_id, batch[-1].recorded_at)
+    assert [p.replay for p in await store.parked_events("puller")] == [True, True]
+    assert [e.version for e in await store.fetch(sub_id, 2)] == [1, 2]

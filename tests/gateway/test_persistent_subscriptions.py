@@ -1,11 +1,13 @@
 """Persistent subscriptions end to end: settings through the admin API, events a
 consumer keeps failing get parked, replay-parked delivers them again (BSON
-durable subscriptions and ReactiveSocket groups)."""
+durable subscriptions, ReactiveSocket groups and Res01 fetch subscriptions)."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -13,6 +15,8 @@ from polyport.core.commands import Append
 from polyport.core.events import EventData
 from polyport.protocols.bson.client import BsonClient
 from polyport.protocols.reactivesocket.client import ReactiveSocketClient
+from polyport.protocols.res01.adapter import subscription_name
+from polyport.protocols.res01.client import Res01Client
 
 TOKEN = "persistent-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -138,3 +142,44 @@ async def test_reactivesocket_group_nacks_past_max_retries_then_replays(gateway_
         await c.ack(stream, again.position)
         await eventually_parked(http, gw, name, 0)
         await c.close()
+
+
+async def test_res01_batch_fetched_too_often_is_parked_then_replayed(gateway_factory) -> None:
+    gw = await gateway_factory(admin_token=TOKEN)
+    # The main Res01 port is anonymous: context "default" only.
+    client = await Res01Client.connect(gw.listeners["res01"].address, timeout=10)
+    name = subscription_name("puller", "default", "jobs")
+    url = admin_url(gw) + "/subscriptions/" + quote(name, safe="")
+    try:
+        await put_events(gw, "jobs", 3)
+        since = datetime(2000, 1, 1, tzinfo=UTC)
+        [sub_id] = await client.subscribe("puller", [("default", "jobs", since)])
+        async with aiohttp.ClientSession(headers=AUTH) as http:
+            async with http.put(url + "/settings", json={"max_retries": 1}) as r:
+                assert r.status == 200, await r.text()
+            # FE twice without PS (the first try and one retry), then the
+            # third FE parks the batch and returns the next one.
+            for _ in range(2):
+                [batch] = await client.fetch([(sub_id, 2)])
+                assert [e.sequence for e in batch.events] == [1, 2]
+            [after] = await client.fetch([(sub_id, 2)])
+            assert [e.sequence for e in after.events] == [3]
+            assert await client.progress([(sub_id, after.events[-1].timestamp)]) == [sub_id]
+            async with http.post(url + "/replay-parked") as r:
+                assert r.status == 202 and (await r.json())["replaying"] == 2
+            # The replayed batch comes out again, the same on FE without PS.
+            [replayed] = await client.fetch([(sub_id, 10)])
+            assert [e.sequence for e in replayed.events] == [1, 2]
+            [again] = await client.fetch([(sub_id, 10)])
+            assert again.events == replayed.events
+            # PS naming it unparks the rows; FE then has nothing old to give.
+            assert await client.progress([(sub_id, replayed.events[-1].timestamp)]) == [sub_id]
+            async with http.get(url + "/parked") as r:
+                assert await r.json() == []
+            [empty] = await client.fetch([(sub_id, 10)])
+            assert empty.events == ()
+            await put_events(gw, "jobs", 1)
+            [new] = await client.fetch([(sub_id, 10)])
+            assert [e.sequence for e in new.events] == [4]
+    finally:
+        await client.close()

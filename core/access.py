@@ -123,14 +123,24 @@ class Tenant:
 
     async def _own(self, sub_id: int) -> FetchSubscription:
         # A durable id is a small integer anyone can guess: it must belong to
-        # a context this principal may use, or it does not exist for them.
+        # a context this principal may use, and (for a row from before names
+        # were scoped, whose selector names no context) select only there.
         sub = await self._store.get_fetch_subscription(sub_id)
-        context = sub.selector.context
-        if context is None and self.principal.contexts is None:
-            return sub
-        if context is None or not self.principal.may_use(context):
+        selected = sub.selector.context
+        if not self.principal.may_use(sub.context) or (
+            selected is None and self.principal.contexts is not None
+        ) or (selected is not None and not self.principal.may_use(selected)):
             raise Forbidden(f"{_who(self.principal)} may not use subscription {sub_id}")
         return sub
+
+    async def get_fetch_subscription(self, sub_id: int) -> FetchSubscription:
+        """The subscription ``sub_id``, if it is this principal's to use."""
+        return await self._own(sub_id)
+
+    async def subscription_id(self, context: str, name: str) -> int | None:
+        """The id of the durable subscription ``name`` in ``context``."""
+        self.check(context)
+        return await self._store.subscription_id(context, name)
 
     async def fetch(self, sub_id: int, suggested_count: int, **kw: Any) -> list[RecordedEvent]:
         await self._own(sub_id)

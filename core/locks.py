@@ -23,18 +23,19 @@ class GroupLocks:
         # One statement at a time on the shared connection.
         self._mutex = asyncio.Lock()
 
-    async def try_acquire(self, group: str) -> bool:
-        """Take ``group``'s lock if no other session holds it; never waits."""
+    async def try_acquire(self, context: str, group: str) -> bool:
+        """Take the lock of ``group`` in ``context`` if no other session
+        holds it; never waits.  Keyed by both: a group name is the context's."""
         async with self._mutex:
             if self._conn is None or self._conn.is_closed():
                 self._conn = await asyncpg.connect(self._dsn)
-            return bool(await self._conn.fetchval(sql.TRY_GROUP_LOCK, group))
+            return bool(await self._conn.fetchval(sql.TRY_GROUP_LOCK, context, group))
 
-    async def release(self, group: str) -> None:
+    async def release(self, context: str, group: str) -> None:
         async with self._mutex:
             # A lost connection already released everything it held.
             if self._conn is not None and not self._conn.is_closed():
-                await self._conn.fetchval(sql.RELEASE_GROUP_LOCK, group)
+                await self._conn.fetchval(sql.RELEASE_GROUP_LOCK, context, group)
 
     async def close(self) -> None:
         if self._conn is not None:

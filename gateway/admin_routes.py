@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from polyport.core.events import DEFAULT_CONTEXT
 from polyport.gateway.admin_schema import COMPONENTS, NAME, parse_body, validate
 from polyport.gateway.telemetry import polyport_version
 
@@ -30,6 +31,12 @@ METHODS = ("GET", "POST", "PUT", "DELETE")
 
 # The schema of each path parameter an admin path may hold, by its name.
 PATH_PARAMETERS: Mapping[str, Mapping[str, Any]] = {"name": NAME}
+# Optional query parameters an operation may take: (schema, description).
+# Durable subscription names are scoped by context, so the operations on one
+# subscription name its context; not naming one means "default".
+QUERY_PARAMETERS: Mapping[str, tuple[Mapping[str, Any], str]] = {
+    "context": ({**NAME, "default": DEFAULT_CONTEXT}, "the context the name belongs to"),
+}
 
 # What each error status means, as the document describes it.
 ERROR_DESCRIPTIONS: Mapping[int, str] = {
@@ -58,6 +65,11 @@ class Call:
     def name(self) -> str:
         """The ``{name}`` path parameter."""
         return self.params["name"]
+
+    @property
+    def context(self) -> str:
+        """The ``context`` query parameter, ``default`` when not given."""
+        return self.params.get("context", DEFAULT_CONTEXT)
 
     @property
     def store(self) -> EventStore:
@@ -93,6 +105,7 @@ class Route:
     reply: Reply
     body: str | None = None  # the JSON body's schema, a key of COMPONENTS
     conflict: bool = False  # it creates something that may already exist (409)
+    query: tuple[str, ...] = ()  # optional query parameters, keys of QUERY_PARAMETERS
 
     def __post_init__(self) -> None:
         # A typo here would otherwise surface as a KeyError on the first request.
@@ -101,6 +114,9 @@ class Route:
         unknown = set(self.parameters) - set(PATH_PARAMETERS)
         if unknown:
             raise ValueError(f"{self.operation_id}: no schema for path parameters {unknown}")
+        unknown = set(self.query) - set(QUERY_PARAMETERS)
+        if unknown:
+            raise ValueError(f"{self.operation_id}: no schema for query parameters {unknown}")
         for schema in (self.body, self.reply.schema):
             if schema is not None and schema not in COMPONENTS:
                 raise ValueError(f"{self.operation_id}: no component schema {schema!r}")
@@ -143,6 +159,12 @@ def _response(reply: Reply) -> dict[str, Any]:
 
 def _operation(route: Route) -> dict[str, Any]:
     operation: dict[str, Any] = {"operationId": route.operation_id, "summary": route.summary}
+    if route.query:
+        operation["parameters"] = [
+            {"name": name, "in": "query", "required": False,
+             "description": QUERY_PARAMETERS[name][1], "schema": QUERY_PARAMETERS[name][0]}
+            for name in route.query
+        ]
     if route.body is not None:
         operation["requestBody"] = {
             "required": True, "content": {"application/json": {"schema": _ref(route.body)}},
@@ -198,6 +220,10 @@ def _bind(route: Route, gw: Gateway) -> Callable[[web.Request], Awaitable[web.St
         for key in route.parameters:
             params[key] = request.match_info[key]
             validate(params[key], PATH_PARAMETERS[key], key)
+        for key in route.query:
+            if key in request.query:
+                params[key] = request.query[key]
+                validate(params[key], QUERY_PARAMETERS[key][0], key)
         # Operations without a body ignore whatever was sent, unread.
         body = {} if route.body is None else parse_body(await request.read(),
                                                         COMPONENTS[route.body])

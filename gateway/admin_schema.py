@@ -139,9 +139,11 @@ BINDER: dict[str, Any] = {
 }
 SUBSCRIPTION: dict[str, Any] = {
     "type": "object",
-    "required": ["id", "name", "selector", "checkpoint", "lag_events", "updated_at"],
+    "required": ["id", "context", "name", "selector", "checkpoint", "lag_events",
+                 "updated_at"],
     "properties": {
         "id": {"type": "integer"},
+        "context": {"type": "string", "description": "the context the name belongs to"},
         "name": {"type": "string"},
         "selector": {"type": "object"},
         "checkpoint": {"type": "integer", "description": "last position consumed"},

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 from polyport.core import migrate
 from polyport.core.commands import FromPosition, FromTime
+from polyport.core.events import DEFAULT_CONTEXT
 from polyport.core.store import EventStore, StoreConfig
 from polyport.gateway.config import (
     DEFAULT_HTTP_PORT,
@@ -219,11 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
     _leaf(ss, "list", "list durable subscriptions with checkpoint and lag")
     reset = _leaf(ss, "reset", "move a subscription's checkpoint")
     reset.add_argument("name", help="subscription name")
+    reset.add_argument("--context", default=DEFAULT_CONTEXT,
+                       help="the context the name belongs to (default: %(default)s)")
     where = reset.add_mutually_exclusive_group(required=True)
     where.add_argument("--position", type=int, help="resume after this log position")
     where.add_argument("--time", help="resume at the first event at or after this ISO 8601 time")
     de = _leaf(ss, "delete", "delete a subscription and its checkpoint")
     de.add_argument("name", help="subscription name")
+    de.add_argument("--context", default=DEFAULT_CONTEXT,
+                    help="the context the name belongs to (default: %(default)s)")
 
     add_status_parser(sub, _common)
 
@@ -381,9 +386,10 @@ async def _subscriptions(args: argparse.Namespace, store: EventStore) -> int:
     if args.action == "list":
         _print(await store.list_subscriptions())
     elif args.action == "reset":
-        sub_id = await store.subscription_id(args.name)
+        sub_id = await store.subscription_id(args.context, args.name)
         if sub_id is None:
-            print(f"no subscription named {args.name!r}", file=sys.stderr)
+            print(f"no subscription named {args.name!r} in context {args.context!r}",
+                  file=sys.stderr)
             return 1
         if args.time:
             t = datetime.fromisoformat(args.time)
@@ -392,12 +398,13 @@ async def _subscriptions(args: argparse.Namespace, store: EventStore) -> int:
             cursor = await store.seek(sub_id, FromTime(t))
         else:
             cursor = await store.seek(sub_id, FromPosition(args.position))
-        print(f"subscription {args.name} now resumes after position {cursor}")
+        print(f"subscription {args.name} in {args.context} now resumes after position {cursor}")
     elif args.action == "delete":
-        if not await store.delete_subscription(args.name):
-            print(f"no subscription named {args.name!r}", file=sys.stderr)
+        if not await store.delete_subscription(args.context, args.name):
+            print(f"no subscription named {args.name!r} in context {args.context!r}",
+                  file=sys.stderr)
             return 1
-        print(f"subscription {args.name} deleted")
+        print(f"subscription {args.name} in {args.context} deleted")
     return 0
 
 

@@ -101,6 +101,11 @@ class WebSocketEndpoint:
         default_factory=dict, init=False, repr=False
     )
 
+    @property
+    def open_connections(self) -> int:
+        """Connections this endpoint serves now (``/status`` lists it)."""
+        return len(self._connections)
+
     def install(self, app: web.Application, path: str) -> None:
         app.router.add_get(path, self.handle)
         app.on_shutdown.append(self._on_shutdown)

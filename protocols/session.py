@@ -15,6 +15,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from polyport.core.access import Tenant
+
 if TYPE_CHECKING:
     from polyport.core.store import EventStore
 
@@ -129,11 +131,58 @@ class ListenerStats:
         )
 
 
-@dataclass
 class SessionContext:
-    """What every protocol session gets from the gateway."""
+    """What every protocol session gets from the gateway.
 
-    store: EventStore
-    stats: ListenerStats
-    settings: dict[str, Any]
-    log: logging.Logger
+    Not the event store: a session logs in (or asks for anonymous access)
+    here and gets a :class:`~polyport.core.access.Tenant`, the store as that
+    principal may use it, and reaches storage only through it.  The store
+    itself stays private to this object, which only the gateway builds.
+    """
+
+    __slots__ = ("_store", "log", "settings", "stats")
+
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        stats: ListenerStats,
+        settings: dict[str, Any],
+        log: logging.Logger,
+    ) -> None:
+        self._store = store
+        self.stats = stats
+        self.settings = settings
+        self.log = log
+
+    async def login(self, user: str, password: str | None) -> Tenant:
+        """The tenant of a user who gave a password.  The connection's
+        address (:data:`CURRENT_PEER`) feeds the failed-login throttle."""
+        peer = CURRENT_PEER.get()
+        principal = await self._store.users.authenticate(
+            user, password, peer=peer.address if peer is not None else None
+        )
+        return Tenant(self._store, principal)
+
+    async def anonymous(self) -> Tenant:
+        """The anonymous tenant (only its configured contexts);
+        :class:`Unauthenticated` when anonymous access is off."""
+        return Tenant(self._store, await self._store.users.authenticate(None, None))
+
+    async def authenticate(self, user: str | None, password: str | None) -> Tenant:
+        """A login when the client names a user, else anonymous: how every
+        protocol with optional credentials treats them."""
+        return await self.login(user, password) if user else await self.anonymous()
+
+    async def tenant_for_user(self, name: str) -> Tenant:
+        """The tenant of a user who proved who they are another way (a client
+        certificate, a CURVE key): no password is checked here."""
+        return Tenant(self._store, await self._store.users.principal_for(name))
+
+    @property
+    def store_for_res01(self) -> EventStore:
+        """TEMPORARY: the Res01 listener still serves from the store itself
+        until Res01 logs in through ZAP and moves onto :class:`Tenant` (owned
+        by that work, which removes this property).  Nothing else may use it;
+        tests/test_layers.py enforces that."""
+        return self._store

@@ -77,7 +77,7 @@ class Res01Listener:
         self.limits = limits
         self.host = host
         self.port = port
-        self.handler = Res01Handler(ctx.store, ctx.stats, ctx.log, limits)
+        self.handler = Res01Handler(ctx.store_for_res01, ctx.stats, ctx.log, limits)
         # Request/reply pairing per peer; the counters below are admission.
         self.conn = ServerConnection(max_request_bytes=limits.max_request_bytes)
         self._zctx = zmq.asyncio.Context()

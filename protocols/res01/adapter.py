@@ -466,7 +466,7 @@ class Res01Handler:
         for entry in request.entries:
             try:
                 name = subscription_name(entry.subscriber_id, entry.context, entry.filter)
-                sub_id = await self._read(self.store.subscription_id(name))
+                sub_id = await self._read(self.store.subscription_id(entry.context, name))
                 if sub_id is None:
                     raise NotFound(
                         f"no subscription for subscriber {entry.subscriber_id!r}, context "

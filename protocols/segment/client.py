@@ -298,9 +298,12 @@ class SegmentWriter:
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         resend_block_bytes: int = DEFAULT_RESEND_BLOCK_BYTES,
         timeout: float = DEFAULT_TIMEOUT,
+        credentials: str = "",
     ) -> None:
         self.host = host
         self.port = port
+        # "<user>:<password>" sent with every SetupAppend; empty = anonymous.
+        self.credentials = credentials
         self.window_bytes = window_bytes
         self.resend_block_bytes = resend_block_bytes
         self.timeout = timeout
@@ -314,7 +317,7 @@ class SegmentWriter:
         self._send_lock = asyncio.Lock()
 
     @classmethod
-    async def connect(cls, host: str, port: int, **options: float | int) -> SegmentWriter:
+    async def connect(cls, host: str, port: int, **options: float | int | str) -> SegmentWriter:
         client = cls(host, port, **options)  # type: ignore[arg-type]
         await client.reconnect()
         return client
@@ -329,7 +332,9 @@ class SegmentWriter:
     ) -> SegmentAppender:
         """SetupAppend for a new appender.  With the ConnectionId of earlier
         appends, the appender continues after that ConnectionId's ack level."""
-        writer = AppendWriter(connection_id or uuid.uuid4(), segment)
+        writer = AppendWriter(
+            connection_id or uuid.uuid4(), segment, credentials=self.credentials
+        )
         appender = SegmentAppender(self, writer)
         async with self._send_lock:
             await self._setup_and_resume(self._current(), appender)
@@ -443,19 +448,23 @@ class SegmentReader:
     """A reader connection.  Reads may be pipelined: the server answers them
     in order, one SegmentRead (or error reply) each."""
 
-    def __init__(self, host: str, port: int, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, host: str, port: int, *, timeout: float = DEFAULT_TIMEOUT, credentials: str = ""
+    ) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
+        # "<user>:<password>" sent with every ReadSegment; empty = anonymous.
+        self.credentials = credentials
         self._link: _Link | None = None
         self._pending: deque[asyncio.Future[SegmentRead]] = deque()
         self._keep_alives = _KeepAlives()
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, *, seconds: float = DEFAULT_TIMEOUT
+        cls, host: str, port: int, *, seconds: float = DEFAULT_TIMEOUT, credentials: str = ""
     ) -> SegmentReader:
-        reader = cls(host, port, timeout=seconds)
+        reader = cls(host, port, timeout=seconds, credentials=credentials)
         reader._link = await _Link.open(
             host, port, reader._on_reply, reader._on_close, seconds=seconds
         )
@@ -473,7 +482,7 @@ class SegmentReader:
         link = self._current()
         fut: asyncio.Future[SegmentRead] = asyncio.get_running_loop().create_future()
         self._pending.append(fut)
-        await link.send([ReadSegment(segment, offset, suggested_length)])
+        await link.send([ReadSegment(segment, offset, suggested_length, self.credentials)])
         return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
 
     async def iterate(

@@ -1,8 +1,9 @@
 """The trust boundary: what one principal may do with the event store.
 
 Protocol adapters never hold the :class:`~polyport.core.store.EventStore`;
-they hold a :class:`Tenant`, made by :meth:`EventStore.login` (or
-``anonymous``) for the connection's principal.  Every method that touches
+they hold a :class:`Tenant`, made by the gateway's
+:class:`~polyport.protocols.session.SessionContext` (``login``, ``anonymous``,
+``tenant_for_user``) for the connection's principal.  Every method that touches
 tenant data checks the principal here, in core, before any storage is
 touched, so no adapter can forget the check.  The operator's own tools (CLI,
 admin API, pipeline) use the store directly: they act for the operator.

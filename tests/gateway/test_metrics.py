@@ -100,12 +100,12 @@ async def test_metrics_match_traffic_on_every_protocol(gateway_factory) -> None:
 
     # Segment: one appender writing 7 events; a reader asking for a missing segment.
     writer = await SegmentWriter.connect(*gw.listeners["segment"].address)
-    appender = await writer.open_segment("segctx/seg-stream")
+    appender = await writer.open_segment("default/seg-stream")
     await appender.append([b"e%d" % i for i in range(7)])
     await appender.flush()
     reader = await SegmentReader.connect(*gw.listeners["segment"].address)
     with pytest.raises(NoSuchSegmentError):
-        await reader.read("segctx/missing")
+        await reader.read("default/missing")
 
     # Res01 counts connections from the ZeroMQ socket monitor: asynchronous.
     async def res01_counted() -> bool:
@@ -263,7 +263,7 @@ async def test_every_counter_is_present_at_zero_from_start(gateway_factory) -> N
     gw = await gateway_factory()
     samples, types = await scrape(gw)
     protocols = sorted(gw.listeners)
-    assert protocols == ["bson", "micromsg2", "reactivesocket", "res01", "segment"]
+    assert protocols == ["bson", "micromsg2", "reactivesocket", "res01", "rsocket", "segment"]
     for proto in protocols:
         for name in ("polyport_connections_total", "polyport_connections_refused_total",
                      "polyport_frames_received_total", "polyport_frames_sent_total",

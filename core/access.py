@@ -1,8 +1,9 @@
 """The trust boundary: what one principal may do with the event store.
 
 Protocol adapters never hold the :class:`~polyport.core.store.EventStore`;
-they hold a :class:`Tenant`, made by :meth:`EventStore.login` (or
-``anonymous``) for the connection's principal.  Every method that touches
+they hold a :class:`Tenant`, made by the gateway's
+:class:`~polyport.protocols.session.SessionContext` (``login``, ``anonymous``,
+``tenant_for_user``) for the connection's principal.  Every method that touches
 tenant data checks the principal here, in core, before any storage is
 touched, so no adapter can forget the check.  The operator's own tools (CLI,
 admin API, pipeline) use the store directly: they act for the operator.
@@ -123,12 +124,13 @@ class Tenant:
 
     async def _own(self, sub_id: int) -> FetchSubscription:
         # A durable id is a small integer anyone can guess: it must belong to
-        # a context this principal may use, or it does not exist for them.
+        # a context this principal may use, and (for a row from before names
+        # were scoped, whose selector names no context) select only there.
         sub = await self._store.get_fetch_subscription(sub_id)
-        context = sub.selector.context
-        if context is None and self.principal.contexts is None:
-            return sub
-        if context is None or not self.principal.may_use(context):
+        selected = sub.selector.context
+        if not self.principal.may_use(sub.context) or (
+            selected is None and self.principal.contexts is not None
+        ) or (selected is not None and not self.principal.may_use(selected)):
             raise Forbidden(f"{_who(self.principal)} may not use subscription {sub_id}")
         return sub
 
@@ -141,7 +143,8 @@ class Tenant:
         """The id of the durable subscription ``name`` in ``context``, if the
         principal may use that context."""
         self.check(context)
-        return await self._store.subscription_id(name)
+        return await self._store.subscription_id(context, name)
+
 
     async def fetch(self, sub_id: int, suggested_count: int, **kw: Any) -> list[RecordedEvent]:
         await self._own(sub_id)

@@ -1,12 +1,13 @@
 """Durable subscriptions and consumer groups.
 
-A durable name owns a checkpoint row in ``subscriptions``.  Every live
-subscriber with that name is a member of one group: a single feeding
-subscription reads from the checkpoint and hands each event to one member
-with room.  The checkpoint advances to the highest position below which every
-handed-out event has been acknowledged; a member that leaves gives its
-unacknowledged events back to the others.  Across gateway processes one
-process at a time owns a group (an advisory lock); members elsewhere wait.
+A durable name is scoped by its context: (context, name) owns a checkpoint
+row in ``subscriptions``.  Every live subscriber with that name is a member
+of one group: a single feeding subscription reads from the checkpoint and
+hands each event to one member with room.  The checkpoint advances to the
+highest position below which every handed-out event has been acknowledged; a
+member that leaves gives its unacknowledged events back to the others.
+Across gateway processes one process at a time owns a group (an advisory
+lock); members elsewhere wait.
 
 Database trouble does not end a group: its task restarts with bounded
 backoff and keeps its members.  While it still owns the lock it resumes
@@ -68,6 +69,10 @@ class GroupMember(BufferedReader):
         return self._group.name
 
     @property
+    def context(self) -> str:
+        return self._group.context
+
+    @property
     def capacity(self) -> int:
         room = self._limit - len(self._buffer)
         if self._credits is not None:
@@ -107,10 +112,11 @@ class GroupMember(BufferedReader):
 
 class ConsumerGroup:
     def __init__(
-        self, store: EventStore, locks: GroupLocks, name: str, selector: Selector
+        self, store: EventStore, locks: GroupLocks, context: str, name: str, selector: Selector
     ) -> None:
         self.store = store
         self._locks = locks
+        self.context = context
         self.name = name
         self.selector = selector
         self.members: list[GroupMember] = []
@@ -144,7 +150,9 @@ class ConsumerGroup:
         self.members.append(member)
         self.member_has_room()
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"polyport-group-{self.name}")
+            self._task = asyncio.create_task(
+                self._run(), name=f"polyport-group-{self.context}/{self.name}"
+            )
 
     def member_has_room(self) -> None:
         self._room.set()
@@ -185,7 +193,7 @@ class ConsumerGroup:
         await self.flush()
         if self._owner and self._locks.holds(self._generation):
             with contextlib.suppress(Exception):  # a lost connection released it already
-                await self._locks.release(self.name)
+                await self._locks.release(self.context, self.name)
         self._owner = False
 
     def ack(self, member: GroupMember, position: int, *, through: bool) -> None:
@@ -295,7 +303,7 @@ class ConsumerGroup:
 
     async def _refresh(self) -> None:
         assert self.sub_id is not None
-        _, self.settings = await self.store.parking.settings(self.name)
+        _, self.settings = await self.store.parking.settings(self.context, self.name)
         due = await self.store.parking.replay_due(self.sub_id)
         fresh = [ev for ev in due if ev.position not in self._replaying]
         if fresh:
@@ -336,9 +344,11 @@ class ConsumerGroup:
         while self._saved_checkpoint < self.checkpoint:
             target = self.checkpoint
             try:
-                await self.store.advance_checkpoint(self.name, target)
+                await self.store.advance_checkpoint(self.context, self.name, target)
             except Exception as exc:
-                log.warning("checkpoint save for %s failed: %s", self.name, exc)
+                log.warning(
+                    "checkpoint save for %s in %s failed: %s", self.name, self.context, exc
+                )
                 return
             self._saved_checkpoint = target
 
@@ -380,16 +390,16 @@ class ConsumerGroup:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("consumer group %s stopped", self.name)
+            log.exception("consumer group %s in %s stopped", self.name, self.context)
 
     async def _serve(self) -> None:
         try:
             if not (self._owner and self._locks.holds(self._generation)):
                 # The lock lives in another process: nothing to wait on but time.
-                while not await self._locks.try_acquire(self.name):  # noqa: ASYNC110
+                while not await self._locks.try_acquire(self.context, self.name):  # noqa: ASYNC110
                     await asyncio.sleep(self.store.config.poll_interval)
                 self._generation = self._locks.generation
-                checkpoint = await self.store.durable_checkpoint(self.name)
+                checkpoint = await self.store.durable_checkpoint(self.context, self.name)
                 self._owner = True
                 self.checkpoint = self._saved_checkpoint = self.dispatched_upto = checkpoint
                 self._inflight.clear()
@@ -400,7 +410,7 @@ class ConsumerGroup:
                 self._replaying.clear()
             self._outage.recovered()
             # Still the owner after a failure: resume after what was handed out.
-            self.sub_id, self.settings = await self.store.parking.settings(self.name)
+            self.sub_id, self.settings = await self.store.parking.settings(self.context, self.name)
             await self._refresh()
             if self._housekeeper is None or self._housekeeper.done():
                 self._housekeeper = asyncio.create_task(

@@ -38,15 +38,16 @@ class GroupLocks:
         # taken on it is gone.
         self.on_lost: list[Callable[[], None]] = []
 
-    async def try_acquire(self, group: str) -> bool:
-        """Take ``group``'s lock if no other session holds it; never waits."""
+    async def try_acquire(self, context: str, group: str) -> bool:
+        """Take the lock of ``group`` in ``context`` if no other session
+        holds it; never waits.  Keyed by both: a group name is the context's."""
         async with self._mutex:
             if self._conn is None or self._conn.is_closed():
                 self._conn = await asyncpg.connect(self._dsn, timeout=10)
                 self.generation += 1
                 self._conn.add_termination_listener(self._terminated)
             try:
-                return bool(await self._conn.fetchval(sql.TRY_GROUP_LOCK, group))
+                return bool(await self._conn.fetchval(sql.TRY_GROUP_LOCK, context, group))
             except Exception:
                 # Unusable or gone (an InternalClientError leaves it open but
                 # stuck): end it, which ends every lock it held, and say so.
@@ -67,11 +68,11 @@ class GroupLocks:
         for cb in list(self.on_lost):
             cb()
 
-    async def release(self, group: str) -> None:
+    async def release(self, context: str, group: str) -> None:
         async with self._mutex:
             # A lost connection already released everything it held.
             if self._conn is not None and not self._conn.is_closed():
-                await self._conn.fetchval(sql.RELEASE_GROUP_LOCK, group)
+                await self._conn.fetchval(sql.RELEASE_GROUP_LOCK, context, group)
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None  # a deliberate close is no loss

@@ -143,11 +143,12 @@ class Parking:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def settings(self, name: str) -> tuple[int, SubscriptionSettings]:
-        """(subscription id, settings) of the durable subscription ``name``."""
-        row = await self._pool.fetchrow(sql.SUBSCRIPTION_SETTINGS, name)
+    async def settings(self, context: str, name: str) -> tuple[int, SubscriptionSettings]:
+        """(subscription id, settings) of the durable subscription ``name``
+        in ``context``."""
+        row = await self._pool.fetchrow(sql.SUBSCRIPTION_SETTINGS, context, name)
         if row is None:
-            raise NotFound(f"no subscription named {name!r}")
+            raise NotFound(f"no subscription named {name!r} in context {context!r}")
         return int(row["id"]), SubscriptionSettings.from_json(json.loads(row["settings"]))
 
     async def set_settings(self, sub_id: int, settings: SubscriptionSettings) -> None:
@@ -164,10 +165,10 @@ class Parking:
             for r in rows
         }
 
-    async def parked_counts(self) -> dict[str, int]:
-        """Parked events by subscription name (those with any)."""
+    async def parked_counts(self) -> dict[tuple[str, str], int]:
+        """Parked events by subscription (context, name), those with any."""
         rows = await self._pool.fetch(sql.PARKED_BY_NAME)
-        return {r["name"]: int(r["parked"]) for r in rows}
+        return {(r["context"], r["name"]): int(r["parked"]) for r in rows}
 
     async def park(self, sub_id: int, position: int, retries: int, reason: str) -> None:
         await self._pool.execute(sql.PARK_EVENT, sub_id, position, retries, reason)

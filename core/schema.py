@@ -83,12 +83,14 @@ producer_checkpoints = Table(
 # Durable subscriptions and consumer groups.  ``checkpoint`` is the position of
 # the last event acknowledged (every event at or below it is done).
 # ``fetched_position``/``fetched_time`` remember the last batch handed out by a
-# fetch-style protocol, so that a progress call can be matched to it.
+# fetch-style protocol, so that a progress call can be matched to it.  Names
+# are scoped by context (tenants may choose the same name and never meet).
 subscriptions = Table(
     "subscriptions",
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("name", Text, nullable=False, unique=True),
+    Column("context", Text, nullable=False),
+    Column("name", Text, nullable=False),
     Column("selector", JSONB, nullable=False),
     Column("checkpoint", BigInteger, nullable=False),
     Column("fetched_position", BigInteger),
@@ -111,6 +113,7 @@ parked_events = Table(
     Column("reason", Text, nullable=False),
     Column("parked_at", DateTime(timezone=True), nullable=False),
     Column("replay", Boolean, nullable=False, server_default=false()),
+    UniqueConstraint("context", "name", name="subscriptions_context_name_key"),
 )
 
 users = Table(

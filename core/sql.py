@@ -159,21 +159,22 @@ ORDER BY version LIMIT 1
 
 # --- durable subscriptions ----------------------------------------------------
 
+# Durable names are scoped by context: every lookup by name takes (context, name).
 GET_SUBSCRIPTION = """
-SELECT id, name, selector, checkpoint, fetched_position, fetched_time
-FROM subscriptions WHERE name = $1
+SELECT id, context, name, selector, checkpoint, fetched_position, fetched_time
+FROM subscriptions WHERE context = $1 AND name = $2
 """
 
 GET_SUBSCRIPTION_BY_ID = """
-SELECT id, name, selector, checkpoint, fetched_position, fetched_time
+SELECT id, context, name, selector, checkpoint, fetched_position, fetched_time
 FROM subscriptions WHERE id = $1
 """
 
 CREATE_SUBSCRIPTION = """
-INSERT INTO subscriptions (name, selector, checkpoint, created_at, updated_at)
-VALUES ($1, $2::jsonb, $3, now(), now())
-ON CONFLICT (name) DO NOTHING
-RETURNING id, name, selector, checkpoint, fetched_position, fetched_time
+INSERT INTO subscriptions (context, name, selector, checkpoint, created_at, updated_at)
+VALUES ($1, $2, $3::jsonb, $4, now(), now())
+ON CONFLICT (context, name) DO NOTHING
+RETURNING id, context, name, selector, checkpoint, fetched_position, fetched_time
 """
 
 UPDATE_SUBSCRIPTION_SELECTOR = """
@@ -182,8 +183,8 @@ UPDATE subscriptions SET selector = $2::jsonb, updated_at = now() WHERE id = $1
 
 # Checkpoints only move forward through acks; seeks use SET_CHECKPOINT.
 ADVANCE_CHECKPOINT = """
-UPDATE subscriptions SET checkpoint = GREATEST(checkpoint, $2), updated_at = now()
-WHERE name = $1
+UPDATE subscriptions SET checkpoint = GREATEST(checkpoint, $3), updated_at = now()
+WHERE context = $1 AND name = $2
 """
 
 SET_CHECKPOINT = """
@@ -228,15 +229,15 @@ WHERE id = $1
 """
 
 LIST_SUBSCRIPTIONS = """
-SELECT s.id, s.name, s.selector, s.checkpoint, s.updated_at, h.last_position
+SELECT s.id, s.context, s.name, s.selector, s.checkpoint, s.updated_at, h.last_position
 FROM subscriptions s CROSS JOIN log_head h ORDER BY s.id
 """
 
-DELETE_SUBSCRIPTION = "DELETE FROM subscriptions WHERE name = $1 RETURNING id"
+DELETE_SUBSCRIPTION = "DELETE FROM subscriptions WHERE context = $1 AND name = $2 RETURNING id"
 
 # --- persistent subscriptions (core.parking) ----------------------------------
 
-SUBSCRIPTION_SETTINGS = "SELECT id, settings FROM subscriptions WHERE name = $1"
+SUBSCRIPTION_SETTINGS = "SELECT id, settings FROM subscriptions WHERE context = $1 AND name = $2"
 
 SET_SUBSCRIPTION_SETTINGS = """
 UPDATE subscriptions SET settings = $2::jsonb, updated_at = now() WHERE id = $1
@@ -258,10 +259,11 @@ DO UPDATE SET retries = EXCLUDED.retries, reason = EXCLUDED.reason,
               parked_at = EXCLUDED.parked_at, replay = false
 """
 
-# Parked counts by subscription name, for /status.
+# Parked counts by subscription (context, name), for /status.
 PARKED_BY_NAME = """
-SELECT s.name, count(*) AS parked
-FROM parked_events p JOIN subscriptions s ON s.id = p.subscription_id GROUP BY s.name
+SELECT s.context, s.name, count(*) AS parked
+FROM parked_events p JOIN subscriptions s ON s.id = p.subscription_id
+GROUP BY s.context, s.name
 """
 
 UNPARK_EVENT = "DELETE FROM parked_events WHERE subscription_id = $1 AND position = $2"
@@ -302,8 +304,10 @@ WHERE id = $1 RETURNING fetch_attempts
 
 RESET_FETCH_ATTEMPTS = "UPDATE subscriptions SET fetch_attempts = 0 WHERE id = $1"
 
-TRY_GROUP_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 7461))"
-RELEASE_GROUP_LOCK = "SELECT pg_advisory_unlock(hashtextextended($1, 7461))"
+# Two int4 keys, (context, name): the same group name in two contexts is two
+# locks.  (Two-key locks never meet the one-bigint-key locks the pipeline takes.)
+TRY_GROUP_LOCK = "SELECT pg_try_advisory_lock(hashtext($1), hashtext($2))"
+RELEASE_GROUP_LOCK = "SELECT pg_advisory_unlock(hashtext($1), hashtext($2))"
 
 # --- monitoring (core.monitor: /status, /metrics, ``polyport status``) ----------
 
@@ -320,7 +324,7 @@ SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'streams'::regcl
 # /status and /metrics list them in.
 DURABLE_CHECKPOINTS = """
 SELECT s.name, s.selector, s.checkpoint, h.last_position
-FROM subscriptions s CROSS JOIN log_head h ORDER BY s.name
+FROM subscriptions s CROSS JOIN log_head h ORDER BY s.name, s.context
 """
 
 # The pipeline's hourly statistics (table created by its own migration):

@@ -85,6 +85,7 @@ class FetchSubscription:
     then progress it explicitly."""
 
     id: int
+    context: str
     name: str
     selector: Selector
     checkpoint: int
@@ -112,6 +113,14 @@ def selector_from_json(data: dict[str, Any]) -> Selector:
     )
 
 
+def durable_context(selector: Selector) -> str:
+    """The context a durable subscription's name belongs to: names are scoped
+    by context, so a durable subscription must name exactly one."""
+    if selector.context is None:
+        raise Malformed("a durable subscription or consumer group must name one context")
+    return selector.context
+
+
 class EventStore:
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
@@ -123,11 +132,12 @@ class EventStore:
         self.binders: BinderService = None  # type: ignore[assignment]
         self.monitor: Monitor = None  # type: ignore[assignment]
         self.parking: Parking = None  # type: ignore[assignment]
-        self._groups: dict[str, ConsumerGroup] = {}
+        # Keyed by (context, name): group names are the context's own.
+        self._groups: dict[tuple[str, str], ConsumerGroup] = {}
         # Failure counts of groups whose last member left, for the next group
-        # with that name (a lone consumer that keeps crashing on an event must
+        # with that key (a lone consumer that keeps crashing on an event must
         # reach max_retries too).  In this process only.
-        self._kept_retries: dict[str, dict[int, int]] = {}
+        self._kept_retries: dict[tuple[str, str], dict[int, int]] = {}
         self._group_locks = GroupLocks(self._dsn)
         self._reads = asyncio.Semaphore(config.max_concurrent_reads)
         self._waiting_reads = 0
@@ -405,12 +415,16 @@ class EventStore:
             if self.on_subscribe is not None:
                 self.on_subscribe(sub)
             return sub
-        await self._ensure_durable(command.durable, command.selector, command.start)
-        group = self._groups.get(command.durable)
+        context = durable_context(command.selector)
+        await self._ensure_durable(context, command.durable, command.selector, command.start)
+        key = (context, command.durable)
+        group = self._groups.get(key)
         if group is None:
-            group = ConsumerGroup(self, self._group_locks, command.durable, command.selector)
-            group.retries.update(self._kept_retries.pop(command.durable, {}))
-            self._groups[command.durable] = group
+            group = ConsumerGroup(
+                self, self._group_locks, context, command.durable, command.selector
+            )
+            group.retries.update(self._kept_retries.pop(key, {}))
+            self._groups[key] = group
         member = GroupMember(group, command.buffer_size, credit)
         member.on_deliver = self.on_deliver
         self._handed_out.add(member)
@@ -426,20 +440,27 @@ class EventStore:
     def forget_group(self, group: ConsumerGroup) -> None:
         """Called by a group whose last member left: the next subscriber with
         that name starts a new group from the saved checkpoint."""
-        if self._groups.get(group.name) is group:
-            del self._groups[group.name]
+        key = (group.context, group.name)
+        if self._groups.get(key) is group:
+            del self._groups[key]
             if group.retries:
-                self._kept_retries[group.name] = dict(group.retries)
+                self._kept_retries[key] = dict(group.retries)
 
-    async def _ensure_durable(self, name: str, selector: Selector, start: Start) -> asyncpg.Record:
-        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, name)
+    async def _ensure_durable(
+        self, context: str, name: str, selector: Selector, start: Start
+    ) -> asyncpg.Record:
+        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, context, name)
         if row is None:
             cursor = await self.resolve_start(selector, start)
             row = await self._pool.fetchrow(
-                sql.CREATE_SUBSCRIPTION, name, json.dumps(selector_to_json(selector)), cursor
+                sql.CREATE_SUBSCRIPTION,
+                context,
+                name,
+                json.dumps(selector_to_json(selector)),
+                cursor,
             )
             if row is None:  # created concurrently
-                row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, name)
+                row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, context, name)
         elif json.loads(row["selector"]) != selector_to_json(selector):
             await self._pool.execute(
                 sql.UPDATE_SUBSCRIPTION_SELECTOR, row["id"], json.dumps(selector_to_json(selector))
@@ -451,56 +472,65 @@ class EventStore:
     async def create_subscription(
         self, name: str, selector: Selector, settings: SubscriptionSettings
     ) -> bool:
-        """Create the durable subscription ``name`` with ``settings`` (its
-        checkpoint placed by ``settings.start``); False if it exists already."""
-        if await self.subscription_id(name) is not None:
+        """Create the durable subscription ``name`` in the selector's context
+        with ``settings`` (its checkpoint placed by ``settings.start``); False
+        if it exists already."""
+        context = durable_context(selector)
+        if await self.subscription_id(context, name) is not None:
             return False
-        row = await self._ensure_durable(name, selector, start_from_json(settings.start))
+        row = await self._ensure_durable(context, name, selector, start_from_json(settings.start))
         await self.parking.set_settings(int(row["id"]), settings)
         return True
 
-    async def update_subscription(self, name: str, changes: dict[str, Any]) -> None:
-        """Change some settings of ``name``; the group owning it (here at
-        once, in other processes within a few seconds) applies them."""
-        sub_id, settings = await self.parking.settings(name)
+    async def update_subscription(
+        self, context: str, name: str, changes: dict[str, Any]
+    ) -> None:
+        """Change some settings of ``name`` in ``context``; the group owning
+        it (here at once, in other processes within a few seconds) applies them."""
+        sub_id, settings = await self.parking.settings(context, name)
         await self.parking.set_settings(sub_id, settings.merged(changes))
-        self.poke_group(name)
+        self.poke_group(context, name)
 
-    async def parked_events(self, name: str) -> list[ParkedEvent]:
-        sub_id, _ = await self.parking.settings(name)
+    async def parked_events(self, context: str, name: str) -> list[ParkedEvent]:
+        sub_id, _ = await self.parking.settings(context, name)
         return await self.parking.parked(sub_id)
 
-    async def replay_parked(self, name: str) -> int:
-        """Mark the parked events of ``name`` for delivery again; how many."""
-        sub_id, _ = await self.parking.settings(name)
+    async def replay_parked(self, context: str, name: str) -> int:
+        """Mark the parked events of ``name`` in ``context`` for delivery
+        again; how many."""
+        sub_id, _ = await self.parking.settings(context, name)
         count = await self.parking.request_replay(sub_id)
-        self.poke_group(name)
+        self.poke_group(context, name)
         return count
 
-    def poke_group(self, name: str) -> None:
-        group = self._groups.get(name)
+    def poke_group(self, context: str, name: str) -> None:
+        group = self._groups.get((context, name))
         if group is not None:
             group.poke()
 
-    async def durable_checkpoint(self, name: str) -> int:
-        """The saved checkpoint of the durable subscription ``name``."""
-        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, name)
+    async def durable_checkpoint(self, context: str, name: str) -> int:
+        """The saved checkpoint of the durable subscription ``name`` in ``context``."""
+        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, context, name)
         if row is None:
-            raise NotFound(f"no durable subscription named {name!r}")
+            raise NotFound(f"no durable subscription named {name!r} in context {context!r}")
         return int(row["checkpoint"])
 
-    async def advance_checkpoint(self, name: str, position: int) -> None:
-        """Move the checkpoint of ``name`` forward to ``position`` (never back)."""
-        await self._pool.execute(sql.ADVANCE_CHECKPOINT, name, position)
+    async def advance_checkpoint(self, context: str, name: str, position: int) -> None:
+        """Move the checkpoint of ``name`` in ``context`` forward to
+        ``position`` (never back)."""
+        await self._pool.execute(sql.ADVANCE_CHECKPOINT, context, name, position)
 
     # --- fetch-style durable subscriptions (pull) ---------------------------
 
     async def register_fetch_subscription(
         self, name: str, selector: Selector, start: Start
     ) -> FetchSubscription:
-        """Idempotent: the same name returns the existing subscription."""
-        row = await self._ensure_durable(name, selector, start)
-        return FetchSubscription(row["id"], row["name"], selector, row["checkpoint"])
+        """Idempotent: the same name in the selector's context returns the
+        existing subscription."""
+        row = await self._ensure_durable(durable_context(selector), name, selector, start)
+        return FetchSubscription(
+            row["id"], row["context"], row["name"], selector, row["checkpoint"]
+        )
 
     async def get_fetch_subscription(self, sub_id: int) -> FetchSubscription:
         row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION_BY_ID, sub_id)
@@ -508,6 +538,7 @@ class EventStore:
             raise NotFound(f"no subscription with id {sub_id}")
         return FetchSubscription(
             row["id"],
+            row["context"],
             row["name"],
             selector_from_json(json.loads(row["selector"])),
             row["checkpoint"],
@@ -552,7 +583,7 @@ class EventStore:
         """A fetch subscription's retry: the same batch fetched again without
         progress.  Past ``max_retries`` the batch is parked and the checkpoint
         moves past it (True: fetch the next batch instead)."""
-        _, settings = await self.parking.settings(sub.name)
+        _, settings = await self.parking.settings(sub.context, sub.name)
         if settings.max_retries is None:
             return False
         fetches = await self.parking.count_fetch_attempt(sub.id, batch[-1].position)
@@ -587,8 +618,8 @@ class EventStore:
         await self._pool.execute(sql.SET_CHECKPOINT, sub_id, cursor)
         return cursor
 
-    async def subscription_id(self, name: str) -> int | None:
-        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, name)
+    async def subscription_id(self, context: str, name: str) -> int | None:
+        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, context, name)
         return None if row is None else int(row["id"])
 
     async def list_subscriptions(self) -> list[dict[str, Any]]:
@@ -598,6 +629,7 @@ class EventStore:
         return [
             {
                 "id": r["id"],
+                "context": r["context"],
                 "name": r["name"],
                 "selector": json.loads(r["selector"]),
                 "checkpoint": r["checkpoint"],
@@ -609,8 +641,8 @@ class EventStore:
             for r in rows
         ]
 
-    async def delete_subscription(self, name: str) -> bool:
-        return await self._pool.fetchval(sql.DELETE_SUBSCRIPTION, name) is not None
+    async def delete_subscription(self, context: str, name: str) -> bool:
+        return await self._pool.fetchval(sql.DELETE_SUBSCRIPTION, context, name) is not None
 
     # --- auth and queries ---------------------------------------------------
 

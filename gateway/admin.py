@@ -148,11 +148,15 @@ async def rebuild_binder(call: Call) -> web.Response:
 # --- subscriptions -------------------------------------------------------------------------
 
 
-async def _subscription(store: EventStore, name: str) -> dict[str, Any]:
+def _no_subscription(context: str, name: str) -> NotFound:
+    return NotFound(f"no subscription named {name!r} in context {context!r}")
+
+
+async def _subscription(store: EventStore, context: str, name: str) -> dict[str, Any]:
     for s in await store.list_subscriptions():
-        if s["name"] == name:
+        if s["context"] == context and s["name"] == name:
             return s
-    raise NotFound(f"no subscription named {name!r}")
+    raise _no_subscription(context, name)
 
 
 async def list_subscriptions(call: Call) -> web.Response:
@@ -160,27 +164,28 @@ async def list_subscriptions(call: Call) -> web.Response:
 
 
 async def get_subscription(call: Call) -> web.Response:
-    return web.json_response(await _subscription(call.store, call.name))
+    return web.json_response(await _subscription(call.store, call.context, call.name))
 
 
 async def reset_subscription(call: Call) -> web.Response:
-    store, name, body = call.store, call.name, call.body
-    sub_id = await store.subscription_id(name)
+    store, context, name, body = call.store, call.context, call.name, call.body
+    sub_id = await store.subscription_id(context, name)
     if sub_id is None:
-        raise NotFound(f"no subscription named {name!r}")
+        raise _no_subscription(context, name)
     if "time" in body:
         cursor = await store.seek(sub_id, FromTime(parse_date_time(body["time"])))
     else:
         cursor = await store.seek(sub_id, FromPosition(int(body["position"])))
-    log.info("admin: subscription %s reset to resume after position %d (from %s)",
-             name, cursor, call.peer)
-    return web.json_response(await _subscription(store, name))
+    log.info("admin: subscription %s in %s reset to resume after position %d (from %s)",
+             name, context, cursor, call.peer)
+    return web.json_response(await _subscription(store, context, name))
 
 
 async def delete_subscription(call: Call) -> web.Response:
-    if not await call.store.delete_subscription(call.name):
-        raise NotFound(f"no subscription named {call.name!r}")
-    log.info("admin: subscription %s deleted (from %s)", call.name, call.peer)
+    if not await call.store.delete_subscription(call.context, call.name):
+        raise _no_subscription(call.context, call.name)
+    log.info("admin: subscription %s in %s deleted (from %s)", call.name, call.context,
+             call.peer)
     return web.Response(status=204)
 
 
@@ -214,21 +219,23 @@ async def create_subscription(call: Call) -> web.Response:
     if not await call.store.create_subscription(name, selector, settings):
         return _error(409, f"subscription {name!r} already exists", "conflict")
     log.info("admin: subscription %s created (from %s)", name, call.peer)
-    return web.json_response(await _subscription(call.store, name), status=201)
+    return web.json_response(await _subscription(call.store, body["context"], name), status=201)
 
 
 async def update_subscription(call: Call) -> web.Response:
-    await call.store.update_subscription(call.name, settings_changes(call.body))
+    await call.store.update_subscription(call.context, call.name, settings_changes(call.body))
     log.info("admin: settings of subscription %s changed (from %s)", call.name, call.peer)
-    return web.json_response(await _subscription(call.store, call.name))
+    return web.json_response(await _subscription(call.store, call.context, call.name))
 
 
 async def list_parked(call: Call) -> web.Response:
-    return web.json_response([p.as_json() for p in await call.store.parked_events(call.name)])
+    return web.json_response(
+        [p.as_json() for p in await call.store.parked_events(call.context, call.name)]
+    )
 
 
 async def replay_parked(call: Call) -> web.Response:
-    count = await call.store.replay_parked(call.name)
+    count = await call.store.replay_parked(call.context, call.name)
     log.info("admin: replaying %d parked events of %s (from %s)", count, call.name, call.peer)
     return web.json_response({"replaying": count}, status=202)
 
@@ -286,25 +293,29 @@ ROUTES: tuple[Route, ...] = (
           "List durable subscriptions and consumer groups",
           Reply(200, "subscriptions", "Subscription", many=True)),
     Route("GET", "/subscriptions/{name}", get_subscription, "getSubscription",
-          "One subscription", Reply(200, "the subscription", "Subscription")),
+          "One subscription", Reply(200, "the subscription", "Subscription"),
+          query=("context",)),
     Route("DELETE", "/subscriptions/{name}", delete_subscription, "deleteSubscription",
-          "Delete a subscription and its checkpoint", Reply(204, "deleted")),
+          "Delete a subscription and its checkpoint", Reply(204, "deleted"),
+          query=("context",)),
     Route("POST", "/subscriptions/{name}/reset", reset_subscription, "resetSubscription",
           "Move the checkpoint to a position or a time "
           "(takes effect when its consumers next start)",
-          Reply(200, "moved", "Subscription"), body="SubscriptionReset"),
+          Reply(200, "moved", "Subscription"), body="SubscriptionReset",
+          query=("context",)),
     Route("POST", "/subscriptions", create_subscription, "createSubscription",
           "Create a persistent subscription with its settings",
           Reply(201, "created", "Subscription"), body="SubscriptionCreate", conflict=True),
     Route("PUT", "/subscriptions/{name}/settings", update_subscription, "updateSubscription",
           "Change a subscription's settings (absent keys stay, null clears a limit)",
-          Reply(200, "changed", "Subscription"), body="SubscriptionSettings"),
+          Reply(200, "changed", "Subscription"), body="SubscriptionSettings",
+          query=("context",)),
     Route("GET", "/subscriptions/{name}/parked", list_parked, "listParked",
           "Events parked after too many retries (the first 1000)",
-          Reply(200, "parked events", "ParkedEvent", many=True)),
+          Reply(200, "parked events", "ParkedEvent", many=True), query=("context",)),
     Route("POST", "/subscriptions/{name}/replay-parked", replay_parked, "replayParked",
           "Hand the parked events out again (each leaves the list once acknowledged)",
-          Reply(202, "replaying", "ReplayParked")),
+          Reply(202, "replaying", "ReplayParked"), query=("context",)),
     Route("GET", "/connections", list_connections, "listConnections",
           "Open connections of every protocol",
           Reply(200, "connections", "Connection", many=True),

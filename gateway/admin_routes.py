@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from polyport.core.events import DEFAULT_CONTEXT
 from polyport.gateway.admin_schema import COMPONENTS, NAME, TEXT, parse_body, validate
 from polyport.gateway.telemetry import polyport_version
 
@@ -34,15 +35,14 @@ PATH_PARAMETERS: Mapping[str, Mapping[str, Any]] = {
     # A connection id (decimal; path segments are text).
     "id": {"type": "string", "pattern": "^[0-9]{1,18}$", "example": "1"},
 }
-# The schema of each query parameter an operation may take, by its name.
-QUERY_PARAMETERS: Mapping[str, Mapping[str, Any]] = {
-    "protocol": NAME,
-    "user": NAME,
-    "address": TEXT,
-}
-QUERY_DESCRIPTIONS: Mapping[str, str] = {
-    "protocol": "only this protocol's", "user": "only this user's",
-    "address": "only those whose peer address contains this",
+# Optional query parameters an operation may take: (schema, description).
+# Durable subscription names are scoped by context, so the operations on one
+# subscription name its context; not naming one means "default".
+QUERY_PARAMETERS: Mapping[str, tuple[Mapping[str, Any], str]] = {
+    "context": ({**NAME, "default": DEFAULT_CONTEXT}, "the context the name belongs to"),
+    "protocol": (NAME, "only this protocol's"),
+    "user": (NAME, "only this user's"),
+    "address": (TEXT, "only those whose peer address contains this"),
 }
 
 # What each error status means, as the document describes it.
@@ -72,6 +72,11 @@ class Call:
     def name(self) -> str:
         """The ``{name}`` path parameter."""
         return self.params["name"]
+
+    @property
+    def context(self) -> str:
+        """The ``context`` query parameter, ``default`` when not given."""
+        return self.params.get("context", DEFAULT_CONTEXT)
 
     @property
     def store(self) -> EventStore:
@@ -164,7 +169,7 @@ def _operation(route: Route) -> dict[str, Any]:
     if route.query:
         operation["parameters"] = [
             {"name": name, "in": "query", "required": False,
-             "description": QUERY_DESCRIPTIONS[name], "schema": QUERY_PARAMETERS[name]}
+             "description": QUERY_PARAMETERS[name][1], "schema": QUERY_PARAMETERS[name][0]}
             for name in route.query
         ]
     if route.body is not None:
@@ -225,7 +230,7 @@ def _bind(route: Route, gw: Gateway) -> Callable[[web.Request], Awaitable[web.St
         for key in route.query:
             if key in request.query:
                 params[key] = request.query[key]
-                validate(params[key], QUERY_PARAMETERS[key], key)
+                validate(params[key], QUERY_PARAMETERS[key][0], key)
         # Operations without a body ignore whatever was sent, unread.
         body = {} if route.body is None else parse_body(await request.read(),
                                                         COMPONENTS[route.body])

@@ -183,10 +183,11 @@ BINDER: dict[str, Any] = {
 }
 SUBSCRIPTION: dict[str, Any] = {
     "type": "object",
-    "required": ["id", "name", "selector", "checkpoint", "lag_events", "updated_at",
-                 "settings", "parked"],
+    "required": ["id", "context", "name", "selector", "checkpoint", "lag_events",
+                 "updated_at", "settings", "parked"],
     "properties": {
         "id": {"type": "integer"},
+        "context": {"type": "string", "description": "the context the name belongs to"},
         "name": {"type": "string"},
         "selector": {"type": "object"},
         "checkpoint": {"type": "integer", "description": "last position consumed"},

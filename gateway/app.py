@@ -89,7 +89,7 @@ class Gateway:
         stats.max_connections = self.config.max_connections or None
         stats.connections = self.connections
         return SessionContext(
-            store=self.store,
+            self.store,
             stats=stats,
             settings=self.settings,
             log=logging.getLogger(f"polyport.{protocol}"),
@@ -157,6 +157,7 @@ class Gateway:
                     url,
                     poll_interval=self.config.poll_interval,
                     allow_anonymous=self.config.allow_anonymous,
+                    anonymous_contexts=self.config.anonymous_contexts,
                     read_timeout=self.config.read_timeout,
                     writer=WriterLimits(
                         commit_timeout=self.config.commit_timeout,

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 from polyport.core import migrate
 from polyport.core.commands import FromPosition, FromTime, Selector
+from polyport.core.events import DEFAULT_CONTEXT
 from polyport.core.parking import SubscriptionSettings
 from polyport.core.store import EventStore, StoreConfig
 from polyport.gateway.config import (
@@ -132,6 +133,11 @@ class _RefusePassword(argparse.Action):
         # The value is not echoed: it is the secret.
         parser.error("--password is not accepted (a password in argv is visible to every "
                      "user of this machine): use the prompt or --password-stdin")
+
+
+def _context_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--context", default=DEFAULT_CONTEXT,
+                   help="the context the name belongs to (default: %(default)s)")
 
 
 def _password_options(p: argparse.ArgumentParser) -> None:
@@ -271,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     _leaf(ss, "list", "list durable subscriptions with checkpoint and lag")
     reset = _leaf(ss, "reset", "move a subscription's checkpoint")
     reset.add_argument("name", help="subscription name")
+    reset.add_argument("--context", default=DEFAULT_CONTEXT,
+                       help="the context the name belongs to (default: %(default)s)")
     where = reset.add_mutually_exclusive_group(required=True)
     where.add_argument("--position", type=int, help="resume after this log position")
     where.add_argument("--time", help="resume at the first event at or after this ISO 8601 time")
@@ -286,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="event type it reads (repeat; none = every type)")
     up = _leaf(ss, "update", "change a subscription's settings (options not given stay)")
     up.add_argument("name", help="subscription name")
+    _context_option(up)
     for p in (cr, up):
         p.add_argument("--start", help="beginning, end (default), a log position, or an "
                                        "ISO 8601 time (on update: kept for the record; "
@@ -298,9 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how long a consumer may hold an event unacknowledged")
     pk = _leaf(ss, "parked", "list the events parked after too many retries")
     pk.add_argument("name", help="subscription name")
+    _context_option(pk)
     rp = _leaf(ss, "replay-parked", "hand the parked events out again (a running gateway "
                                     "picks the request up within seconds)")
     rp.add_argument("name", help="subscription name")
+    _context_option(rp)
 
     add_status_parser(sub, _common)
     add_connections_parser(sub, _common)
@@ -536,19 +547,20 @@ async def _subscriptions(args: argparse.Namespace, store: EventStore) -> int:
         [sub] = [s for s in await store.list_subscriptions() if s["name"] == args.name]
         _print(sub)
     elif args.action == "update":
-        await store.update_subscription(args.name, _setting_changes(args))
+        await store.update_subscription(args.context, args.name, _setting_changes(args))
         [sub] = [s for s in await store.list_subscriptions() if s["name"] == args.name]
         _print(sub)
     elif args.action == "parked":
-        _print([p.as_json() for p in await store.parked_events(args.name)])
+        _print([p.as_json() for p in await store.parked_events(args.context, args.name)])
     elif args.action == "replay-parked":
-        count = await store.replay_parked(args.name)
+        count = await store.replay_parked(args.context, args.name)
         print(f"{count} parked events of {args.name} marked for replay; the gateway owning "
               "the subscription hands them out again")
     elif args.action == "reset":
-        sub_id = await store.subscription_id(args.name)
+        sub_id = await store.subscription_id(args.context, args.name)
         if sub_id is None:
-            print(f"no subscription named {args.name!r}", file=sys.stderr)
+            print(f"no subscription named {args.name!r} in context {args.context!r}",
+                  file=sys.stderr)
             return 1
         if args.time:
             t = datetime.fromisoformat(args.time)
@@ -557,12 +569,13 @@ async def _subscriptions(args: argparse.Namespace, store: EventStore) -> int:
             cursor = await store.seek(sub_id, FromTime(t))
         else:
             cursor = await store.seek(sub_id, FromPosition(args.position))
-        print(f"subscription {args.name} now resumes after position {cursor}")
+        print(f"subscription {args.name} in {args.context} now resumes after position {cursor}")
     elif args.action == "delete":
-        if not await store.delete_subscription(args.name):
-            print(f"no subscription named {args.name!r}", file=sys.stderr)
+        if not await store.delete_subscription(args.context, args.name):
+            print(f"no subscription named {args.name!r} in context {args.context!r}",
+                  file=sys.stderr)
             return 1
-        print(f"subscription {args.name} deleted")
+        print(f"subscription {args.name} in {args.context} deleted")
     return 0
 
 

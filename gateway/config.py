@@ -123,6 +123,9 @@ class GatewayConfig:
     # browser page) is refused.  Clients that send no Origin are not browsers
     # and are not affected.
     websocket_allowed_origins: tuple[str, ...] = ()
+    # The only contexts anonymous connections may use, the first their
+    # default (comma-separated in the environment, a list in TOML).
+    anonymous_contexts: tuple[str, ...] = ("default",)
     admin_token: str | None = None
     log_format: str = "text"
     log_level: str = "info"
@@ -271,6 +274,19 @@ def _check_database_url(value: str, where: str) -> str:
     return value
 
 
+def _parse_contexts(value: Any, where: str) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{where}: expected a list of context names, got {value!r}")
+    contexts = tuple(dict.fromkeys(i.strip() for i in items if i.strip()))
+    if not contexts:
+        raise ConfigError(
+            f"{where}: anonymous access needs at least one context "
+            "(turn it off with allow_anonymous = false instead)"
+        )
+    return contexts
+
+
 def coerce(key: str, value: Any, where: str | None = None) -> Any:
     """``value`` as the type of setting ``key``; errors name ``where`` the value
     came from (a flag, an environment variable, a file key), else ``key``."""
@@ -297,6 +313,8 @@ def coerce(key: str, value: Any, where: str | None = None) -> Any:
         return text
     if key == "database_url" and value:
         return _check_database_url(str(value), where)
+    if key == "anonymous_contexts":
+        return _parse_contexts(value, where)
     return value if value is None else str(value)
 
 

@@ -229,7 +229,8 @@ async def build_status(
             "live": store.tailer.live_count,
             "open": len(lag.transient),
             "names_shown": names_shown,
-            "durable": [{**_subscription_json(x, names_shown), "parked": parked.get(x.name, 0)}
+            "durable": [{**_subscription_json(x, names_shown),
+                         "parked": parked.get((x.selector.get("context"), x.name), 0)}
                         for x in lag.durable],
             "in_process": [_subscription_json(x, names_shown) for x in lag.transient[:100]],
             "error": lag.error,
@@ -243,7 +244,7 @@ async def build_status(
     }
 
 
-async def _parked(gw: Gateway) -> dict[str, int]:
+async def _parked(gw: Gateway) -> dict[tuple[str, str], int]:
     """Parked events by durable subscription; empty when the database is away
     (the lag part reports that)."""
     try:

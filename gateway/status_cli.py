@@ -115,7 +115,8 @@ def render(data: dict[str, Any]) -> str:
                      f"lag {b['lag_events']:<8} documents {b['documents']}")
     lines.append(f"durable subscriptions ({len(data['subscriptions'])})")
     for s in data["subscriptions"]:
-        lines.append(f"  {s['name']:<40} checkpoint {s['checkpoint']:<10} "
+        where = f"{s['name']} ({s['context']})"
+        lines.append(f"  {where:<40} checkpoint {s['checkpoint']:<10} "
                      f"lag {s['lag_events']} events")
     lines.append("")
     gw = data["gateway"]

@@ -148,6 +148,11 @@ class WebSocketEndpoint:
         default_factory=dict, init=False, repr=False
     )
 
+    @property
+    def open_connections(self) -> int:
+        """Connections this endpoint serves now (``/status`` lists it)."""
+        return len(self._connections)
+
     def install(self, app: web.Application, path: str) -> None:
         app.router.add_get(path, self.handle)
         app.on_shutdown.append(self._on_shutdown)
@@ -251,12 +256,6 @@ class WebSocketEndpoint:
             out.close()
             await out.wait_closed()
         return ws
-
-    @property
-    def open_connections(self) -> int:
-        """This endpoint's open WebSocket connections (its listener's stats
-        count them together with the TCP ones)."""
-        return len(self._connections)
 
     async def _on_shutdown(self, app: web.Application) -> None:
         """Close every connection (going away) so the HTTP server can stop

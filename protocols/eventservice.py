@@ -4,7 +4,9 @@ Both protocols take the same requests (the draft's MessagePack schema:
 append, read, query, subscribe; ``protocols/reactivesocket/payloads.py``) and
 answer from the same store; only framing, routing and data encoding differ.
 These functions are the part between a decoded request and the core's
-commands, written once for both adapters.
+commands, written once for both adapters.  Storage is reached only through
+the connection's :class:`~polyport.core.access.Tenant`, which checks every
+context against the principal.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from polyport.core.access import Tenant
 from polyport.core.commands import (
     ANY,
     BEGINNING,
@@ -26,16 +29,14 @@ from polyport.core.commands import (
     FromPosition,
     FromTime,
     FromVersion,
-    Principal,
     ReadStream,
     Selector,
     Start,
     Subscribe,
 )
-from polyport.core.errors import Forbidden, TooLarge
+from polyport.core.errors import TooLarge
 from polyport.core.events import DEFAULT_CONTENT_TYPE, EventData, RecordedEvent
 from polyport.core.groups import GroupMember
-from polyport.core.store import EventStore
 from polyport.core.subscriptions import Subscription
 from polyport.protocols.reactivesocket.payloads import (
     AppendRequest,
@@ -105,12 +106,6 @@ def start_from(start: StartAt | None) -> Start:
     return FromTime(datetime.fromtimestamp(start.value / 1000, tz=UTC))
 
 
-def durable_name(context: str, group: str) -> str:
-    """Durable subscription names are global in the store; a group is the
-    connection's context's, so two tenants' groups called alike never meet."""
-    return f"{context}/{group}"
-
-
 def append_command(
     context: str, request: AppendRequest, *, max_event_bytes: int, origin: str
 ) -> Append:
@@ -137,7 +132,7 @@ def append_command(
 
 
 async def read_events(
-    store: EventStore,
+    tenant: Tenant,
     context: str,
     request: ReadRequest,
     *,
@@ -154,7 +149,7 @@ async def read_events(
     version = request.from_version
     while len(out) < wanted:
         count = min(page, wanted - len(out))
-        batch = await store.read_stream(ReadStream(context, request.stream, version, count))
+        batch = await tenant.read_stream(ReadStream(context, request.stream, version, count))
         for ev in batch:
             if out and size + len(ev.body) > max_bytes:
                 return out
@@ -167,11 +162,11 @@ async def read_events(
 
 
 async def finite_read(
-    store: EventStore, context: str, request: ReadRequest, *, page: int
+    tenant: Tenant, context: str, request: ReadRequest, *, page: int
 ) -> AsyncIterator[RecordedEvent]:
     """The events of a streamed read: from ``from_version`` up to the
     stream's last version when the request came ("finite"), at most ``max``."""
-    state = await store.stream_state(context, request.stream)
+    state = await tenant.stream_state(context, request.stream)
     end = state[0] if state is not None else 0
     remaining = request.max
     version = request.from_version
@@ -179,7 +174,7 @@ async def finite_read(
         count = min(page, end - version + 1)
         if remaining is not None:
             count = min(count, remaining)
-        batch = await store.read_stream(ReadStream(context, request.stream, version, count))
+        batch = await tenant.read_stream(ReadStream(context, request.stream, version, count))
         if not batch:
             return
         for ev in batch:
@@ -200,16 +195,14 @@ def subscribe_command(context: str, request: SubscribeRequest, *, buffer_size: i
         prefix=request.prefix,
         types=frozenset(request.types),
     )
-    durable = durable_name(context, request.group) if request.group else None
+    # A group name is the context's own (the core keys groups by (context,
+    # name)), so it goes to the core as the client spelled it.
+    durable = request.group or None
     return Subscribe(selector, start_from(request.start), durable=durable, buffer_size=buffer_size)
 
 
-async def query_documents(
-    store: EventStore, principal: Principal, request: QueryRequest
-) -> list[object]:
-    """A binder's matching documents, if the principal may use its context."""
-    binder = await store.binders.get(request.binder)
-    if not principal.may_use(binder.context):
-        raise Forbidden(f"binder {request.binder!r} belongs to a context you may not use")
-    result = await store.query(request.binder, dict(request.matcher))
+async def query_documents(tenant: Tenant, request: QueryRequest) -> list[object]:
+    """A binder's matching documents (Forbidden unless the principal may
+    use the binder's context: :meth:`Tenant.query` checks)."""
+    result = await tenant.query(request.binder, dict(request.matcher))
     return [doc async for doc in result]

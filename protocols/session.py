@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from polyport.core.access import Tenant
 from polyport.protocols.connections import Connection, ConnectionTable
 
 if TYPE_CHECKING:
@@ -142,23 +143,64 @@ class ListenerStats:
         )
 
 
-@dataclass
 class SessionContext:
-    """What every protocol session gets from the gateway."""
+    """What every protocol session gets from the gateway.
 
-    store: EventStore
-    stats: ListenerStats
-    settings: dict[str, Any]
-    log: logging.Logger
+    Not the event store: a session logs in (or asks for anonymous access)
+    here and gets a :class:`~polyport.core.access.Tenant`, the store as that
+    principal may use it, and reaches storage only through it.  The store
+    itself stays private to this object, which only the gateway builds.
+    """
 
+    __slots__ = ("_store", "log", "settings", "stats")
 
-async def login(store: EventStore, user: str | None, password: str | None) -> Principal:
-    """The principal of a protocol login.  When the protocol carries no user
-    name and the connection came with a client certificate naming a user,
-    that user (``principal_for``: no password); otherwise the store's
-    password or anonymous login."""
-    if not user:
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        stats: ListenerStats,
+        settings: dict[str, Any],
+        log: logging.Logger,
+    ) -> None:
+        self._store = store
+        self.stats = stats
+        self.settings = settings
+        self.log = log
+
+    async def login(self, user: str, password: str | None) -> Tenant:
+        """The tenant of a user who gave a password.  The connection's
+        address (:data:`CURRENT_PEER`) feeds the failed-login throttle."""
+        peer = CURRENT_PEER.get()
+        principal = await self._store.users.authenticate(
+            user, password, peer=peer.address if peer is not None else None
+        )
+        return self._tenant(principal)
+
+    async def anonymous(self) -> Tenant:
+        """The anonymous tenant (only its configured contexts);
+        :class:`Unauthenticated` when anonymous access is off."""
+        return self._tenant(await self._store.users.authenticate(None, None))
+
+    async def authenticate(self, user: str | None, password: str | None) -> Tenant:
+        """A login when the client names a user; else, when the connection
+        came with a verified client certificate naming a user, that user (no
+        password: the certificate is the proof); else anonymous.  How every
+        protocol with optional credentials treats them."""
+        if user:
+            return await self.login(user, password)
         peer = CURRENT_PEER.get()
         if peer is not None and peer.certificate_user:
-            return await store.users.principal_for(peer.certificate_user)
-    return await store.authenticate(user, password)
+            return await self.tenant_for_user(peer.certificate_user)
+        return await self.anonymous()
+
+    async def tenant_for_user(self, name: str) -> Tenant:
+        """The tenant of a user who proved who they are another way (a client
+        certificate, a CURVE key): no password is checked here."""
+        return self._tenant(await self._store.users.principal_for(name))
+
+    def _tenant(self, principal: Principal) -> Tenant:
+        # The gateway's hook: the connection table shows who logged in.
+        if self._store.on_login is not None:
+            self._store.on_login(principal)
+        return Tenant(self._store, principal)
+

@@ -74,3 +74,74 @@ def f(session):
     return session.select("Select an option", "an INSERT key")
 '''
     assert layer_violations(source) == []
+
+
+# --- the trust boundary: adapters reach storage only through a Tenant ---------------
+
+# protocols/session.py is the seam: SessionContext keeps the store private and
+# hands adapters Tenants.  (Res01's listener, in gateway/, makes each
+# request's Tenant from the principal its ZAP login gave.)
+TRUST_BOUNDARY_EXEMPT = frozenset({"protocols/session.py"})
+STORE_MODULE = "polyport.core.store"
+STORE_ATTRIBUTES = {"store", "_store", "store_for_res01"}
+
+
+def store_violations(source: str) -> list[str]:
+    """Imports of ``polyport.core.store`` (or of ``EventStore`` from anywhere)
+    and ``.store`` / ``._store`` attribute access, as ``line: what``."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            names = {a.name for a in node.names}
+            package, _, module = STORE_MODULE.rpartition(".")
+            if (node.module == STORE_MODULE or "EventStore" in names
+                    or (node.module == package and module in names)):
+                found.append((node.lineno, f"import from {node.module}"))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == STORE_MODULE or alias.name.startswith(STORE_MODULE + "."):
+                    found.append((node.lineno, f"import {alias.name}"))
+        elif isinstance(node, ast.Attribute) and node.attr in STORE_ATTRIBUTES:
+            found.append((node.lineno, f"attribute .{node.attr}"))
+    return [f"{line}: {what}" for line, what in sorted(found)]
+
+
+def _protocol_modules() -> list[Path]:
+    return sorted(
+        p for p in (REPO / "protocols").rglob("*.py")
+        if str(p.relative_to(REPO)) not in TRUST_BOUNDARY_EXEMPT
+    )
+
+
+@pytest.mark.parametrize("path", _protocol_modules(), ids=lambda p: str(p.relative_to(REPO)))
+def test_protocol_adapters_reach_storage_only_through_a_tenant(path: Path) -> None:
+    assert store_violations(path.read_text()) == []
+
+
+def test_the_exemptions_exist() -> None:
+    # A renamed or removed module must not leave a stale exemption behind.
+    for name in TRUST_BOUNDARY_EXEMPT:
+        assert (REPO / name).is_file(), name
+
+
+def test_the_store_rule_sees_every_form() -> None:
+    source = '''
+import polyport.core.store
+from polyport.core.store import StoreConfig
+from polyport.core import store
+from somewhere import EventStore
+def serve(ctx, self):
+    ctx.store.append(x)
+    self._store = ctx._store
+    return ctx.store_for_res01, self._store_appends, ctx.restore
+'''
+    assert store_violations(source) == [
+        "2: import polyport.core.store",
+        "3: import from polyport.core.store",
+        "4: import from polyport.core",
+        "5: import from somewhere",
+        "7: attribute .store",
+        "8: attribute ._store",
+        "8: attribute ._store",
+        "9: attribute .store_for_res01",
+    ]

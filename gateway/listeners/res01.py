@@ -58,6 +58,7 @@ from polyport.protocols.res01.errors import ErrorCode, LocalProtocolError
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Peer, SessionContext
 
 if TYPE_CHECKING:
+    from polyport.core.store import EventStore
     from polyport.gateway.app import Gateway
 
 log = logging.getLogger("polyport.res01")
@@ -115,6 +116,7 @@ class Res01Listener:
         limits: Res01Limits,
         curve: CurveServer | None = None,
         *,
+        store: EventStore,
         login_port: int | None = None,
     ) -> None:
         self.name = name
@@ -124,10 +126,10 @@ class Res01Listener:
         self.limits = limits
         self.host = host
         self.port = port
-        self._store = ctx.store
-        self._users = ctx.store.users
+        self._store = store
+        self._users = store.users
         self.handler = Res01Handler(ctx.stats, ctx.log, limits)
-        self._anonymous = Tenant(ctx.store, self._users.anonymous)
+        self._anonymous = Tenant(store, self._users.anonymous)
         # A ZeroMQ socket speaks one mechanism: the main port is NULL
         # (anonymous) while anonymous access is on, PLAIN when it is off; the
         # login port, when configured, is always PLAIN.
@@ -554,6 +556,7 @@ async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
     listener = Res01Listener(
         PROTOCOL, ctx, host, port, limits_from(gw.settings),
         curve=curve_server(gw.config, gw.store.users),
+        store=gw.store,  # a gateway listener: it makes each request's Tenant
         login_port=gw.config.res01_login_port,
     )
     idle = gw.settings.get("idle_timeout")

@@ -24,7 +24,8 @@ How the pieces fit:
   canonical ``errCode``, then the close.  Other connections never notice.
 
 The parts call back into the session through ``reply``, ``queue_reply``,
-``spawn``, ``fatal`` and ``closing``, and read ``store``, ``conn``,
+``spawn``, ``fatal`` and ``closing``, and read ``tenant`` (the store as the
+CONNECT's principal may use it), ``conn``,
 ``settings``, ``context``, ``out`` and ``ctx``.
 """
 
@@ -40,9 +41,10 @@ from typing import Any
 import bson
 import bson.binary
 
+from polyport.core.access import Tenant
 from polyport.core.bodies import BSON
 from polyport.core.commands import Append, AppendBatch, Principal
-from polyport.core.errors import Malformed, PolyportError, TooLarge, Unsupported
+from polyport.core.errors import Malformed, PolyportError, TooLarge, Unauthenticated, Unsupported
 from polyport.core.events import EventData
 from polyport.protocols.bson.connection import ServerConnection
 from polyport.protocols.bson.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
@@ -82,7 +84,7 @@ from polyport.protocols.bson.state import State
 from polyport.protocols.bson.subscriptions import Subscriptions, recev_document
 from polyport.protocols.bson.transactions import PendingCommit, Transactions
 from polyport.protocols.bson.wire import ENCODE_OPTIONS, is_supported_version
-from polyport.protocols.session import Outbound, SessionContext, login
+from polyport.protocols.session import Outbound, SessionContext
 from polyport.protocols.settings import settings_from
 
 MIB = 1024 * 1024
@@ -173,7 +175,7 @@ class BsonSession:
         self, ctx: SessionContext, out: Outbound, settings: BsonSettings | None = None
     ) -> None:
         self.ctx = ctx
-        self.store = ctx.store
+        self._tenant: Tenant | None = None
         self.out = out
         self.settings = settings or BsonSettings.from_settings(ctx.settings)
         s = self.settings
@@ -367,6 +369,13 @@ class BsonSession:
         self.subscriptions.close_all()
         self.queries.cancel_all()
 
+    @property
+    def tenant(self) -> Tenant:
+        """The store as the connection's principal may use it (after CONNECT)."""
+        if self._tenant is None:
+            raise Unauthenticated("CONNECT first")
+        return self._tenant
+
     # --- CONNECT -----------------------------------------------------------------------
 
     async def _connect(self, frame: Connect) -> None:
@@ -382,7 +391,8 @@ class BsonSession:
             )
         else:
             try:
-                self.principal = await login(self.store, frame.username, frame.password)
+                self._tenant = await self.ctx.authenticate(frame.username, frame.password)
+                self.principal = self._tenant.principal
                 self.context = self.principal.default_context
                 verdict = OK
             except Exception as exc:
@@ -432,7 +442,7 @@ class BsonSession:
 
     async def _append(self, append: Append) -> Frame:
         try:
-            await self.store.append(append)
+            await self.tenant.append(append)
         except Exception as exc:
             return error_response(exc)
         return OK
@@ -448,7 +458,7 @@ class BsonSession:
 
     async def _append_batch(self, batch: AppendBatch) -> Frame:
         try:
-            await self.store.append_batch(batch)
+            await self.tenant.append_batch(batch)
         except Exception as exc:
             return error_response(exc)
         return OK

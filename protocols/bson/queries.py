@@ -71,7 +71,7 @@ class Queries:
         try:
             if not frame.binder:
                 raise Malformed("QUERY: 'binder' must not be empty")
-            q.result = await self.session.store.query(frame.binder, frame.matcher)
+            q.result = await self.session.tenant.query(frame.binder, frame.matcher)
         except Exception as exc:
             return error_response(exc)
         return QueryResponse(query_id=frame.query_id, num_results=q.result.count)

@@ -179,7 +179,7 @@ class Subscriptions:
         try:
             if command.durable is not None and not command.durable:
                 raise Malformed("SUBSCRIBE: 'durableID' must not be empty")
-            source = await self.session.store.subscribe(command)
+            source = await self.session.tenant.subscribe(command)
         except Exception as exc:
             self._subs.pop(sub.sub_id, None)
             return sub_error(exc)

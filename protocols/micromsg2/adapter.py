@@ -29,10 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from polyport.core.access import Tenant
 from polyport.core.bodies import JSON, OCTETS, body_json_text, loads_json
 from polyport.core.commands import END, Append, AppendBatch, Principal, Selector
 from polyport.core.commands import Subscribe as CoreSubscribe
-from polyport.core.errors import Busy, Forbidden, NotFound, PolyportError
+from polyport.core.errors import Busy, NotFound, PolyportError, Unauthenticated
 from polyport.core.events import EventData, RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
@@ -65,7 +66,7 @@ from polyport.protocols.micromsg2.pubsub import (
     parse_pubsub_command,
 )
 from polyport.protocols.micromsg2.state import State
-from polyport.protocols.session import Outbound, SessionContext, login
+from polyport.protocols.session import Outbound, SessionContext
 from polyport.protocols.settings import settings_from
 
 SERVER_IDENTITY = "polyport"
@@ -292,7 +293,8 @@ class MicroMsg2Session:
         self, ctx: SessionContext, out: Outbound, options: MicroMsg2Limits | None = None
     ) -> None:
         self._ctx = ctx
-        self._store = ctx.store
+        # The store as the x-auth (or anonymous) principal may use it.
+        self._tenant: Tenant | None = None
         self._stats = ctx.stats
         self._log = ctx.log
         self._out = out
@@ -423,18 +425,23 @@ class MicroMsg2Session:
             self._closing = True
             self._out.close()
 
+    @property
+    def tenant(self) -> Tenant:
+        """The store as the connection's principal may use it (once open)."""
+        if self._tenant is None:
+            raise Unauthenticated("the handshake has not completed")
+        return self._tenant
+
     async def _opened(self) -> None:
         negotiated = self._conn.negotiated
         assert negotiated is not None
         user, password = negotiated.credentials or (None, None)
-        principal = await login(self._store, user, password)
-        if not principal.may_use(principal.default_context):
-            raise Forbidden(
-                f"user {principal.user!r} may not use its default context "
-                f"{principal.default_context!r}"
-            )
-        self.principal = principal
-        self.context = principal.default_context
+        tenant = await self._ctx.authenticate(user, password)
+        # The connection acts in the principal's default context, checked
+        # like any other (a user may have been given a default it may not use).
+        self.context = tenant.context()
+        self._tenant = tenant
+        self.principal = tenant.principal
         self._json = negotiated.has(EXT_JSON)
         self._acks = negotiated.ack_window is not None
         self._confirm_task = asyncio.create_task(self._confirm_appends())
@@ -487,9 +494,9 @@ class MicroMsg2Session:
         while True:
             try:
                 if len(appends) == 1:
-                    await self._store.append(appends[0])
+                    await self.tenant.append(appends[0])
                 else:
-                    await self._store.append_batch(AppendBatch(appends))
+                    await self.tenant.append_batch(AppendBatch(appends))
                 return
             except Busy:
                 if self._loop.time() + delay > deadline:
@@ -566,7 +573,7 @@ class MicroMsg2Session:
         handle: Subscription | GroupMember
         if request.destination.kind == QUEUE:
             durable = queue_group_name(self.context, request.destination, flt)
-            member = await self._store.subscribe(
+            member = await self.tenant.subscribe(
                 CoreSubscribe(selector, END, durable, SUBSCRIPTION_BUFFER), credit=True
             )
             assert isinstance(member, GroupMember)
@@ -574,7 +581,7 @@ class MicroMsg2Session:
             member.grant(window or QUEUE_CREDIT_WITHOUT_ACKS)
             handle = member
         else:
-            handle = await self._store.subscribe(
+            handle = await self.tenant.subscribe(
                 CoreSubscribe(selector, END, None, SUBSCRIPTION_BUFFER)
             )
         if self._closing:

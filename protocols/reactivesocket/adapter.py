@@ -1,5 +1,5 @@
 """ReactiveSocket adapter: frames from the sans-IO :class:`ServerConnection`
-become canonical commands on the :class:`EventStore`; results go back as
+become canonical commands on the connection's :class:`Tenant`; results go back as
 RESPONSE / ERROR frames.
 
 One :class:`ReactiveSocketSession` per connection, for either transport (TCP
@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from polyport.core.access import Tenant
 from polyport.core.commands import Append, Principal
 from polyport.core.errors import NotFound, PolyportError, TooLarge, Unsupported
 from polyport.core.events import RecordedEvent
@@ -30,7 +31,6 @@ from polyport.core.groups import GroupMember
 from polyport.protocols.eventservice import StreamWork as _Work
 from polyport.protocols.eventservice import (
     append_command,
-    durable_name,
     event_map,
     expected_from,
     finite_read,
@@ -62,14 +62,13 @@ from polyport.protocols.reactivesocket.frames import (
     RequestSub,
     Setup,
 )
-from polyport.protocols.session import Outbound, SessionContext, login
+from polyport.protocols.session import Outbound, SessionContext
 from polyport.protocols.settings import settings_from
 
 # Shared with RSocket 1.0 (protocols/eventservice.py); still importable here.
 __all__ = [
     "AdapterLimits",
     "ReactiveSocketSession",
-    "durable_name",
     "event_map",
     "expected_from",
     "start_from",
@@ -154,7 +153,8 @@ class ReactiveSocketSession:
         limits: AdapterLimits | None = None,
     ) -> None:
         self.ctx = ctx
-        self.store = ctx.store
+        # The store as the SETUP's principal may use it; None before SETUP.
+        self.tenant: Tenant | None = None
         self.stats = ctx.stats
         self.out = out
         self.limits = limits or AdapterLimits.from_settings(ctx.settings)
@@ -265,16 +265,14 @@ class ReactiveSocketSession:
             await self._fail_connection(exc.code, exc.message)
             return
         try:
-            principal = await login(self.store, setup.user, setup.password)
+            tenant = await self.ctx.authenticate(setup.user, setup.password)
+            # A context the principal may not use rejects the SETUP (forbidden).
+            context = tenant.context(setup.context)
         except PolyportError as exc:
             await self._fail_connection(exc.code, exc.message)
             return
-        context = setup.context or principal.default_context
-        if not principal.may_use(context):
-            who = principal.user or "anonymous"
-            await self._fail_connection("forbidden", f"{who} may not use context {context!r}")
-            return
-        self.principal = principal
+        self.tenant = tenant
+        self.principal = tenant.principal
         self.context = context
 
     # --- stream tasks ----------------------------------------------------------
@@ -319,7 +317,7 @@ class ReactiveSocketSession:
     async def _request_response(self, frame: RequestResponse) -> None:
         request = payloads.decode_request(frame.data)
         if isinstance(request, payloads.AppendRequest):
-            result = await self.store.append(self._append_command(request))
+            result = await self._tenant().append(self._append_command(request))
             answer = payloads.encode_append_response(
                 payloads.AppendResponse(
                     result.first_version, result.last_version, result.last_position
@@ -360,7 +358,7 @@ class ReactiveSocketSession:
                 return
             if not isinstance(request, payloads.AppendRequest):
                 raise Unsupported("REQUEST_FNF serves ops 'append', 'ack' and 'nack' only")
-            await self.store.append(self._append_command(request))
+            await self._tenant().append(self._append_command(request))
         except asyncio.CancelledError:
             raise
         except (PolyportError, PayloadError) as exc:
@@ -378,7 +376,9 @@ class ReactiveSocketSession:
         request = payloads.decode_request(frame.data)
         if not isinstance(request, payloads.ReadRequest):
             raise Unsupported("REQUEST_STREAM serves op 'read' only")
-        events = finite_read(self.store, self._context(), request, page=self.limits.read_page)
+        events = finite_read(
+            self._tenant(), self._context(), request, page=self.limits.read_page
+        )
         async for ev in events:
             await self._wait_credit(work)
             await self._respond(sid, payloads.encode_event(event_map(ev)))
@@ -396,7 +396,7 @@ class ReactiveSocketSession:
     async def _request_sub(self, work: _Work, frame: RequestSub) -> None:
         sid = frame.stream_id
         request = payloads.decode_subscribe_request(frame.data)
-        sub = await self.store.subscribe(
+        sub = await self._tenant().subscribe(
             subscribe_command(
                 self._context(), request, buffer_size=self.limits.subscription_buffer
             ),
@@ -428,6 +428,10 @@ class ReactiveSocketSession:
         assert self.context is not None, "requests arrive only after an accepted SETUP"
         return self.context
 
+    def _tenant(self) -> Tenant:
+        assert self.tenant is not None, "requests arrive only after an accepted SETUP"
+        return self.tenant
+
     def _append_command(self, request: payloads.AppendRequest) -> Append:
         return append_command(
             self._context(), request, max_event_bytes=self.limits.max_event_bytes, origin=ORIGIN
@@ -435,7 +439,7 @@ class ReactiveSocketSession:
 
     async def _read(self, request: payloads.ReadRequest) -> list[RecordedEvent]:
         return await read_events(
-            self.store,
+            self._tenant(),
             self._context(),
             request,
             default_max=self.limits.default_read_max,
@@ -444,9 +448,7 @@ class ReactiveSocketSession:
         )
 
     async def _query(self, request: payloads.QueryRequest) -> bytes:
-        principal = self.principal
-        assert principal is not None
-        documents = await query_documents(self.store, principal, request)
+        documents = await query_documents(self._tenant(), request)
         answer = payloads.encode_query_response(payloads.QueryResponse(tuple(documents)))
         if len(answer) > self.limits.max_response_bytes:
             raise TooLarge(

@@ -24,8 +24,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from polyport.core.commands import Principal
-from polyport.core.errors import Forbidden, PolyportError, TooLarge, Unauthenticated, Unsupported
+from polyport.core.access import Tenant
+from polyport.core.errors import PolyportError, TooLarge, Unauthenticated, Unsupported
 from polyport.core.groups import GroupMember
 from polyport.protocols import errors as shared_errors
 from polyport.protocols.eventservice import (
@@ -72,7 +72,7 @@ from polyport.protocols.rsocket.metadata import (
     MetadataError,
     read_metadata,
 )
-from polyport.protocols.session import Outbound, SessionContext, login
+from polyport.protocols.session import Outbound, SessionContext
 from polyport.protocols.settings import settings_from
 
 ORIGIN = PROTOCOL
@@ -140,7 +140,6 @@ class RSocketSession:
         limits: AdapterLimits | None = None,
     ) -> None:
         self.ctx = ctx
-        self.store = ctx.store
         self.stats = ctx.stats
         self.out = out
         self.limits = limits or AdapterLimits.from_settings(ctx.settings)
@@ -154,11 +153,12 @@ class RSocketSession:
             max_streams=self.limits.max_streams,
             clock=loop.time,
         )
-        self.principal: Principal | None = None
+        # The store as the SETUP's principal may use it; None before SETUP.
+        self.tenant: Tenant | None = None
         self.data_format = "json"
         self.metadata_mime = COMPOSITE
         # Per-request credentials already checked on this connection.
-        self._logins: dict[tuple[str, str], Principal] = {}
+        self._logins: dict[tuple[str, str], Tenant] = {}
         self._work: dict[int, StreamWork] = {}
         self._fnf_slots = asyncio.Semaphore(self.limits.max_fnf_inflight)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -266,7 +266,7 @@ class RSocketSession:
         self.data_format, self.metadata_mime = fmt, frame.metadata_mime
         try:
             credentials = read_metadata(frame.metadata, frame.metadata_mime).credentials
-            self.principal = await self._login(credentials)
+            self.tenant = await self._login(credentials)
         except MetadataError as exc:
             await self._fail_connection(exc.code, exc.message, INVALID_SETUP)
             return
@@ -279,19 +279,19 @@ class RSocketSession:
             await self._grant_lease()
         self._wake_watch.set()
 
-    async def _login(self, credentials: Credentials | None) -> Principal:
+    async def _login(self, credentials: Credentials | None) -> Tenant:
         if credentials is None:
-            return await login(self.store, None, None)
+            return await self.ctx.authenticate(None, None)
         if credentials.auth_type != AUTH_SIMPLE:
             raise Unauthenticated(
                 f"authentication type {credentials.auth_type!r} is not served (simple is)"
             )
         key = (credentials.user, credentials.password)
-        principal = self._logins.get(key)
-        if principal is None:
-            principal = await self.store.authenticate(credentials.user, credentials.password)
-            self._logins[key] = principal
-        return principal
+        tenant = self._logins.get(key)
+        if tenant is None:
+            tenant = await self.ctx.authenticate(credentials.user, credentials.password)
+            self._logins[key] = tenant
+        return tenant
 
     async def _grant_lease(self) -> None:
         lease = Lease(self.limits.lease_ttl_ms, self.limits.lease_requests)
@@ -339,8 +339,9 @@ class RSocketSession:
 
     async def _routed(
         self, frame: Request, interaction: str
-    ) -> tuple[payloads.RoutedRequest, Principal, str]:
-        """Route, principal and context of a request, checked."""
+    ) -> tuple[payloads.RoutedRequest, Tenant, str]:
+        """Route, tenant (the connection's, or the request's own credentials')
+        and context of a request, checked."""
         meta = read_metadata(frame.metadata, self.metadata_mime)
         if meta.route is None:
             raise Unsupported(
@@ -356,30 +357,26 @@ class RSocketSession:
                 f"route {meta.route} is served as {' or '.join(sorted(served))}, "
                 f"not {interaction}"
             )
-        principal = self.principal
+        tenant = self.tenant
         if meta.credentials is not None:
-            principal = await self._login(meta.credentials)
-        assert principal is not None, "requests arrive only after an accepted SETUP"
+            tenant = await self._login(meta.credentials)
+        assert tenant is not None, "requests arrive only after an accepted SETUP"
         routed = payloads.decode_request(meta.route, frame.data, self.data_format)
-        context = routed.context or principal.default_context
-        if not principal.may_use(context):
-            who = principal.user or "anonymous"
-            raise Forbidden(f"{who} may not use context {context!r}")
-        return routed, principal, context
+        return routed, tenant, tenant.context(routed.context)
 
     async def _request(self, work: StreamWork, frame: RequestResponse | RequestStream) -> None:
-        routed, principal, context = await self._routed(frame, _INTERACTION[type(frame)])
+        routed, tenant, context = await self._routed(frame, _INTERACTION[type(frame)])
         request, fmt = routed.request, self.data_format
         sid = frame.stream_id
         if isinstance(frame, RequestStream):
             if isinstance(request, payloads.SubscribeRequest):
-                await self._subscribe(work, context, request)
+                await self._subscribe(work, tenant, context, request)
             else:
                 assert isinstance(request, payloads.ReadRequest)
-                await self._read_stream(work, context, request)
+                await self._read_stream(work, tenant, context, request)
             return
         if isinstance(request, payloads.AppendRequest):
-            result = await self.store.append(self._append_command(context, request))
+            result = await tenant.append(self._append_command(context, request))
             answer = payloads.encode_append_response(
                 payloads.AppendResponse(
                     result.first_version, result.last_version, result.last_position
@@ -388,7 +385,7 @@ class RSocketSession:
             )
         elif isinstance(request, payloads.ReadRequest):
             events = await read_events(
-                self.store, context, request,
+                tenant, context, request,
                 default_max=self.limits.default_read_max,
                 page=self.limits.read_page,
                 max_bytes=self.limits.max_response_bytes,
@@ -398,7 +395,7 @@ class RSocketSession:
             )
         else:
             assert isinstance(request, payloads.QueryRequest)
-            documents = await query_documents(self.store, principal, request)
+            documents = await query_documents(tenant, request)
             answer = payloads.encode_query_response(payloads.QueryResponse(tuple(documents)), fmt)
             if len(answer) > self.limits.max_response_bytes:
                 raise TooLarge(
@@ -414,9 +411,9 @@ class RSocketSession:
 
     async def _fire_and_forget(self, frame: RequestFnf) -> None:
         try:
-            routed, _, context = await self._routed(frame, payloads.FNF)
+            routed, tenant, context = await self._routed(frame, payloads.FNF)
             assert isinstance(routed.request, payloads.AppendRequest)
-            await self.store.append(self._append_command(context, routed.request))
+            await tenant.append(self._append_command(context, routed.request))
         except asyncio.CancelledError:
             raise
         except (PolyportError, payloads.PayloadError, MetadataError) as exc:
@@ -429,10 +426,10 @@ class RSocketSession:
             self.ctx.log.exception("REQUEST_FNF %d from %s failed", frame.stream_id, self.out.peer)
 
     async def _read_stream(
-        self, work: StreamWork, context: str, request: payloads.ReadRequest
+        self, work: StreamWork, tenant: Tenant, context: str, request: payloads.ReadRequest
     ) -> None:
         sid = work.stream_id
-        async for ev in finite_read(self.store, context, request, page=self.limits.read_page):
+        async for ev in finite_read(tenant, context, request, page=self.limits.read_page):
             await self._wait_credit(work)
             await self._write(self.conn.send_payload(
                 sid, payloads.encode_event(event_map(ev), self.data_format)
@@ -449,10 +446,14 @@ class RSocketSession:
             await work.wake.wait()
 
     async def _subscribe(
-        self, work: StreamWork, context: str, request: payloads.SubscribeRequest
+        self,
+        work: StreamWork,
+        tenant: Tenant,
+        context: str,
+        request: payloads.SubscribeRequest,
     ) -> None:
         sid = work.stream_id
-        sub = await self.store.subscribe(
+        sub = await tenant.subscribe(
             subscribe_command(context, request, buffer_size=self.limits.subscription_buffer),
             credit=True,
         )

@@ -4,12 +4,17 @@ One :class:`SegmentSession` per TCP connection.  The sans-IO
 :class:`~protocols.segment.connection.ServerConnection` turns bytes into
 SetupAppend / BlockEvents / ReadSegment / KeepAlive; this module maps them:
 
-- SetupAppend(cid, "<context>/<stream>") -> ``store.producer_ack_level`` ->
+Every storage call goes through a :class:`~polyport.core.access.Tenant`: the
+optional credentials at the end of SetupAppend and ReadSegment log in (absent
+or empty = anonymous), and the tenant refuses contexts the principal may not
+use (AUTH_FAILED).
+
+- SetupAppend(cid, "<context>/<stream>") -> ``tenant.producer_ack_level`` ->
   AppendSetup(ack level).
 - BlockEvents -> one ``Append`` of the events after the ack level, with a
   ``ProducerCheckpoint`` so the new ack level commits in the same transaction
   -> DataAppended after the commit.
-- ReadSegment -> ``store.read_segment`` -> one SegmentRead; at the tail the
+- ReadSegment -> ``tenant.read_segment`` -> one SegmentRead; at the tail the
   read waits (bounded) for new data first.
 - KeepAlive -> the same KeepAlive back.
 
@@ -34,10 +39,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from polyport.core.access import Tenant
 from polyport.core.commands import (
     END,
     Append,
-    Principal,
     ProducerCheckpoint,
     SegmentChunk,
     Selector,
@@ -46,7 +51,6 @@ from polyport.core.commands import (
 from polyport.core.commands import ReadSegment as CoreReadSegment
 from polyport.core.errors import (
     Busy,
-    Forbidden,
     Internal,
     Malformed,
     NotFound,
@@ -68,10 +72,11 @@ from polyport.protocols.segment.frames import (
     ReplyFrame,
     SegmentRead,
     SetupAppend,
+    split_credentials,
 )
 from polyport.protocols.segment.state import BlockEvents
 from polyport.protocols.segment.wire import split_segment_name
-from polyport.protocols.session import ListenerStats, Outbound, SessionContext, login
+from polyport.protocols.session import ListenerStats, Outbound, SessionContext
 from polyport.protocols.settings import settings_from
 
 # Segment data carries no type or content type of its own.
@@ -204,6 +209,8 @@ class _Appender:
     key: AppenderKey
     segment: str
     ack_level: int
+    # Who set it up: its appends go through this tenant.
+    tenant: Tenant
     id_base: int = 0
 
     def __post_init__(self) -> None:
@@ -274,7 +281,9 @@ class SegmentSession:
         limits: SegmentLimits | None = None,
     ) -> None:
         self._ctx = ctx
-        self._store = ctx.store
+        # Logins of this connection by credentials string ("" = anonymous):
+        # a client sends the same credentials with every request.
+        self._tenants: dict[str, Tenant] = {}
         self._stats: ListenerStats = ctx.stats
         self._log = ctx.log
         self._out = out
@@ -286,7 +295,6 @@ class SegmentSession:
         self._appends = _AppendQueue(limit=MAX_QUEUED_APPEND_BYTES)
         self._reads: asyncio.Queue[ReadSegment] = asyncio.Queue(maxsize=MAX_QUEUED_READS)
         self._appenders: dict[uuid.UUID, _Appender] = {}
-        self._principal: Principal | None = None
         self._append_task: asyncio.Task[None] | None = None
         self._read_task: asyncio.Task[None] | None = None
         self._closing = False
@@ -367,14 +375,16 @@ class SegmentSession:
             self._log.exception("segment: cannot send the error reply to %s", self._out.peer)
         self._out.close()
 
-    async def _principal_for(self, context: str) -> Principal:
-        # The protocol carries no credentials: the connection acts as the
-        # anonymous principal, which the gateway may disable.
-        if self._principal is None:
-            self._principal = await login(self._store, None, None)
-        if not self._principal.may_use(context):
-            raise Forbidden(f"context {context!r} is not permitted")
-        return self._principal
+    async def _tenant_for(self, credentials: str, context: str) -> Tenant:
+        """The tenant of a request's credentials (anonymous when empty),
+        checked for ``context`` before anything is read or stored."""
+        tenant = self._tenants.get(credentials)
+        if tenant is None:
+            user, password = split_credentials(credentials)
+            tenant = await self._ctx.authenticate(user, password)
+            self._tenants[credentials] = tenant
+        tenant.check(context)
+        return tenant
 
     # --- appends ------------------------------------------------------------------
 
@@ -407,16 +417,16 @@ class SegmentSession:
 
     async def _setup(self, frame: SetupAppend) -> None:
         context, stream = split_segment_name(frame.segment)
-        await self._principal_for(context)
+        tenant = await self._tenant_for(frame.credentials, context)
         key: AppenderKey = (frame.connection_id, context, stream)
         async with self._registry.locked(key):
-            ack = await self._store.producer_ack_level(frame.connection_id, context, stream)
+            ack = await tenant.producer_ack_level(frame.connection_id, context, stream)
             # A newer SetupAppend fences older connections of the same key.
             self._registry.claim(key, self)
         previous = self._appenders.get(frame.connection_id)
         if previous is not None and previous.key != key:
             self._registry.release(previous.key, self)
-        self._appenders[frame.connection_id] = _Appender(key, frame.segment, ack)
+        self._appenders[frame.connection_id] = _Appender(key, frame.segment, ack, tenant)
         if self._codec.segment_of(frame.connection_id) != frame.segment:
             return  # a later SetupAppend for this cid (other segment) supersedes this one
         try:
@@ -492,16 +502,16 @@ class SegmentSession:
                 origin=PROTOCOL,
                 producer_checkpoint=ProducerCheckpoint(key[0], end),
             )
-            await self._append(command)
+            await self._append(appender.tenant, command)
             appender.ack_level = end
             return end
 
-    async def _append(self, command: Append) -> None:
+    async def _append(self, tenant: Tenant, command: Append) -> None:
         deadline = time.monotonic() + BUSY_RETRY_SECONDS
         delay = 0.01
         while True:
             try:
-                await self._store.append(command)
+                await tenant.append(command)
                 return
             except Busy:
                 # Nothing was queued: waiting keeps the writer's data in its
@@ -530,12 +540,12 @@ class SegmentSession:
 
     async def _read(self, request: ReadSegment) -> SegmentRead:
         context, stream = split_segment_name(request.segment)
-        await self._principal_for(context)
+        tenant = await self._tenant_for(request.credentials, context)
         limit = self._limits.max_reply_bytes
         budget = min(request.suggested_length, limit) if request.suggested_length > 0 else limit
-        chunk = await self._read_chunk(request, context, stream, budget)
+        chunk = await self._read_chunk(tenant, request, context, stream, budget)
         if not chunk.data and self._limits.read_wait > 0:
-            chunk = await self._wait_for_data(request, context, stream, budget)
+            chunk = await self._wait_for_data(tenant, request, context, stream, budget)
         data, at_tail = chunk.data, chunk.at_tail
         if len(data) > budget:
             # The core returns a whole event even when it is larger than asked;
@@ -550,14 +560,14 @@ class SegmentSession:
         )
 
     async def _read_chunk(
-        self, request: ReadSegment, context: str, stream: str, budget: int
+        self, tenant: Tenant, request: ReadSegment, context: str, stream: str, budget: int
     ) -> SegmentChunk:
         try:
-            chunk = await self._store.read_segment(
+            chunk = await tenant.read_segment(
                 CoreReadSegment(context, stream, request.offset, max_bytes=budget)
             )
         except Malformed:
-            if await self._store.stream_state(context, stream) is None:
+            if await tenant.stream_state(context, stream) is None:
                 raise self._no_such_segment(request.segment) from None
             raise
         # Every event occupies at least 8 bytes: an empty segment is a stream
@@ -571,19 +581,19 @@ class SegmentSession:
         return NotFound(f"segment {segment!r} does not exist (no event was ever appended to it)")
 
     async def _wait_for_data(
-        self, request: ReadSegment, context: str, stream: str, budget: int
+        self, tenant: Tenant, request: ReadSegment, context: str, stream: str, budget: int
     ) -> SegmentChunk:
         """At the tail: wait up to ``read_wait`` seconds for an append to the
         stream.  Subscribing before re-reading means no append can slip in
         between the read and the wait."""
-        sub = await self._store.subscribe(
+        sub = await tenant.subscribe(
             Subscribe(Selector(context=context, stream=stream), start=END, buffer_size=1)
         )
         try:
-            chunk = await self._read_chunk(request, context, stream, budget)
+            chunk = await self._read_chunk(tenant, request, context, stream, budget)
             if chunk.data:
                 return chunk
             await sub.next(timeout=self._limits.read_wait)
-            return await self._read_chunk(request, context, stream, budget)
+            return await self._read_chunk(tenant, request, context, stream, budget)
         finally:
             sub.close()

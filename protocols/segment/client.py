@@ -303,10 +303,13 @@ class SegmentWriter:
         resend_block_bytes: int = DEFAULT_RESEND_BLOCK_BYTES,
         timeout: float = DEFAULT_TIMEOUT,
         ssl: SSLContext | None = None,
+        credentials: str = "",
     ) -> None:
         self.host = host
         self.port = port
         self.ssl = ssl  # TLS context for every (re)connect
+        # "<user>:<password>" sent with every SetupAppend; empty = anonymous.
+        self.credentials = credentials
         self.window_bytes = window_bytes
         self.resend_block_bytes = resend_block_bytes
         self.timeout = timeout
@@ -321,7 +324,7 @@ class SegmentWriter:
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, **options: float | int | SSLContext | None
+        cls, host: str, port: int, **options: float | int | str | SSLContext | None
     ) -> SegmentWriter:
         client = cls(host, port, **options)  # type: ignore[arg-type]
         await client.reconnect()
@@ -337,7 +340,9 @@ class SegmentWriter:
     ) -> SegmentAppender:
         """SetupAppend for a new appender.  With the ConnectionId of earlier
         appends, the appender continues after that ConnectionId's ack level."""
-        writer = AppendWriter(connection_id or uuid.uuid4(), segment)
+        writer = AppendWriter(
+            connection_id or uuid.uuid4(), segment, credentials=self.credentials
+        )
         appender = SegmentAppender(self, writer)
         async with self._send_lock:
             await self._setup_and_resume(self._current(), appender)
@@ -454,12 +459,14 @@ class SegmentReader:
 
     def __init__(
         self, host: str, port: int, *, timeout: float = DEFAULT_TIMEOUT,
-        ssl: SSLContext | None = None,
+        ssl: SSLContext | None = None, credentials: str = "",
     ) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
         self.ssl = ssl
+        # "<user>:<password>" sent with every ReadSegment; empty = anonymous.
+        self.credentials = credentials
         self._link: _Link | None = None
         self._pending: deque[asyncio.Future[SegmentRead]] = deque()
         self._keep_alives = _KeepAlives()
@@ -467,9 +474,9 @@ class SegmentReader:
     @classmethod
     async def connect(
         cls, host: str, port: int, *, seconds: float = DEFAULT_TIMEOUT,
-        ssl: SSLContext | None = None,
+        ssl: SSLContext | None = None, credentials: str = "",
     ) -> SegmentReader:
-        reader = cls(host, port, timeout=seconds, ssl=ssl)
+        reader = cls(host, port, timeout=seconds, ssl=ssl, credentials=credentials)
         reader._link = await _Link.open(
             host, port, reader._on_reply, reader._on_close, seconds=seconds, ssl=ssl
         )
@@ -487,7 +494,7 @@ class SegmentReader:
         link = self._current()
         fut: asyncio.Future[SegmentRead] = asyncio.get_running_loop().create_future()
         self._pending.append(fut)
-        await link.send([ReadSegment(segment, offset, suggested_length)])
+        await link.send([ReadSegment(segment, offset, suggested_length, self.credentials)])
         return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
 
     async def iterate(

@@ -9,7 +9,7 @@ existing clients interoperate.  Layouts are documented in
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 # The listener's name, its settings prefix and the origin of appended events.
@@ -121,6 +121,10 @@ class Event:
 class SetupAppend:
     connection_id: uuid.UUID
     segment: str
+    # Optional, at the very end of the body (where Pravega's later wire
+    # versions put the delegation token): "<user>:<password>"; empty or
+    # absent = anonymous.  Kept out of repr: it holds a password.
+    credentials: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +152,18 @@ class ReadSegment:
     segment: str
     offset: int
     suggested_length: int
+    # As SetupAppend's: optional "<user>:<password>" at the end of the body.
+    credentials: str = field(default="", repr=False)
+
+
+def split_credentials(credentials: str) -> tuple[str | None, str | None]:
+    """(user, password) of a credentials string; (None, None) when empty
+    (anonymous).  The user name ends at the first ':' (the password may hold
+    more); without one the whole string is the user name, with no password."""
+    if not credentials:
+        return None, None
+    user, _, password = credentials.partition(":")
+    return user, password
 
 
 # --- replies ----------------------------------------------------------------

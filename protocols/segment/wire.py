@@ -111,8 +111,15 @@ def encode_event(frame: Event) -> bytes:
     return _message(EVENT, bytes(frame.data))
 
 
+def _credentials(credentials: str) -> bytes:
+    # Optional trailing field: written only when there is something to say,
+    # so an anonymous request is byte for byte the original message.
+    return _string(credentials) if credentials else b""
+
+
 def encode_setup_append(frame: SetupAppend) -> bytes:
-    return _message(SETUP_APPEND, _uuid(frame.connection_id) + _string(frame.segment))
+    body = _uuid(frame.connection_id) + _string(frame.segment) + _credentials(frame.credentials)
+    return _message(SETUP_APPEND, body)
 
 
 def encode_append_setup(frame: AppendSetup) -> bytes:
@@ -139,7 +146,12 @@ def encode_data_appended(frame: DataAppended) -> bytes:
 
 
 def encode_read_segment(frame: ReadSegment) -> bytes:
-    body = _string(frame.segment) + _i64(frame.offset) + _i32(frame.suggested_length)
+    body = (
+        _string(frame.segment)
+        + _i64(frame.offset)
+        + _i32(frame.suggested_length)
+        + _credentials(frame.credentials)
+    )
     return _message(READ_SEGMENT, body)
 
 
@@ -240,6 +252,10 @@ class _Body:
     def u8(self) -> int:
         return self.take(1)[0]
 
+    def optional_string(self) -> str:
+        """A trailing optional string: empty when the body ends before it."""
+        return self.string() if self.pos < len(self.data) else ""
+
     def rest(self) -> bytes:
         chunk = self.data[self.pos :]
         self.pos = len(self.data)
@@ -257,7 +273,9 @@ def _decode_event(body: _Body) -> Frame:
 
 
 def _decode_setup_append(body: _Body) -> Frame:
-    return SetupAppend(connection_id=body.uuid(), segment=body.string())
+    return SetupAppend(
+        connection_id=body.uuid(), segment=body.string(), credentials=body.optional_string()
+    )
 
 
 def _decode_append_setup(body: _Body) -> Frame:
@@ -284,7 +302,12 @@ def _decode_data_appended(body: _Body) -> Frame:
 
 
 def _decode_read_segment(body: _Body) -> Frame:
-    return ReadSegment(segment=body.string(), offset=body.i64(), suggested_length=body.i32())
+    return ReadSegment(
+        segment=body.string(),
+        offset=body.i64(),
+        suggested_length=body.i32(),
+        credentials=body.optional_string(),
+    )
 
 
 def _decode_segment_read(body: _Body) -> Frame:

@@ -93,9 +93,11 @@ def encode_block(
 class AppendWriter:
     """One appender (ConnectionId) to one segment."""
 
-    def __init__(self, connection_id: uuid.UUID, segment: str) -> None:
+    def __init__(self, connection_id: uuid.UUID, segment: str, *, credentials: str = "") -> None:
         self.connection_id = connection_id
         self.segment = segment
+        # "<user>:<password>" sent with every SetupAppend; empty = anonymous.
+        self.credentials = credentials
         # Connection offset after every event handed to ``block`` so far.
         self.offset = 0
         self.ack_level = 0
@@ -107,7 +109,9 @@ class AppendWriter:
         return tuple(self._unacked)
 
     def setup_append(self) -> SetupAppend:
-        return SetupAppend(connection_id=self.connection_id, segment=self.segment)
+        return SetupAppend(
+            connection_id=self.connection_id, segment=self.segment, credentials=self.credentials
+        )
 
     def block(self, events: Sequence[bytes], *, boundary: int | None = None) -> list[RequestFrame]:
         """Frames appending ``events`` after everything written so far."""

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import asyncpg
+import pytest
 
 from polyport.core import migrate
 from polyport.core.commands import Append
@@ -144,3 +145,59 @@ async def test_binder_errors_come_and_go_with_0004(empty_db_url: str) -> None:
         assert (spec.name, spec.position, spec.failures, spec.recent_failures) == ("b", 7, 0, ())
     finally:
         await store.close()
+
+
+async def test_subscription_context_comes_and_goes_with_0007(empty_db_url: str) -> None:
+    """0007 scopes durable names by context, backfilled from the selector
+    ('default' when it names none); the downgrade refuses while two contexts
+    share a name and puts the global unique name back once they do not."""
+    await asyncio.to_thread(migrate.upgrade, empty_db_url, "0006")
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        for name, selector in (("g", '{"context": "shop"}'), ("all", '{"context": null}'),
+                               ("bare", "{}")):
+            await conn.execute(
+                "INSERT INTO subscriptions (name, selector, checkpoint, created_at, updated_at) "
+                "VALUES ($1, $2::jsonb, 3, now(), now())", name, selector)
+    finally:
+        await conn.close()
+
+    await asyncio.to_thread(migrate.upgrade, empty_db_url, "0007")
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        rows = await conn.fetch("SELECT name, context FROM subscriptions ORDER BY name")
+        assert [tuple(r) for r in rows] == [("all", "default"), ("bare", "default"),
+                                            ("g", "shop")]
+        # Same name, another context: allowed now; same pair twice: not.
+        insert = ("INSERT INTO subscriptions (context, name, selector, checkpoint, created_at, "
+                  "updated_at) VALUES ($1, 'g', '{}'::jsonb, 0, now(), now())")
+        await conn.execute(insert, "other")
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await conn.execute(insert, "shop")
+    finally:
+        await conn.close()
+
+    with pytest.raises(Exception, match="'g' in other, shop"):
+        await asyncio.to_thread(migrate.downgrade, empty_db_url, "0006")
+    assert await migrate.current_revision(empty_db_url) == "0007"
+
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        await conn.execute("DELETE FROM subscriptions WHERE context = 'other'")
+    finally:
+        await conn.close()
+    await asyncio.to_thread(migrate.downgrade, empty_db_url, "0006")
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        columns = {r["column_name"] for r in await conn.fetch(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_name = 'subscriptions'")}
+        assert "context" not in columns
+        assert await conn.fetchval("SELECT checkpoint FROM subscriptions WHERE name = 'g'") == 3
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await conn.execute(
+                "INSERT INTO subscriptions (name, selector, checkpoint, created_at, updated_at) "
+                "VALUES ('g', '{}'::jsonb, 0, now(), now())")
+    finally:
+        await conn.close()
+    await asyncio.to_thread(migrate.upgrade, empty_db_url, "head")

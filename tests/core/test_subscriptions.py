@@ -2,14 +2,19 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from polyport.core.access import Tenant
 from polyport.core.commands import (
     BEGINNING,
     FromPosition,
     FromTime,
     FromVersion,
+    Principal,
     Selector,
     Subscribe,
 )
+from polyport.core.errors import Forbidden, Malformed
 from polyport.core.store import EventStore, StoreConfig
 from tests.core.helpers import append, ev
 
@@ -166,3 +171,59 @@ async def test_fetch_and_progress(store: EventStore) -> None:
     assert [e.version for e in await store.fetch(sub.id, 10)] == [3, 4, 5]
     await store.seek(sub.id, FromTime(b1[-1].recorded_at))
     assert [e.version for e in await store.fetch(sub.id, 1)] == [2]
+
+
+async def test_durable_names_are_scoped_by_context(store: EventStore) -> None:
+    """The same group name in two contexts is two groups with two checkpoints:
+    neither sees the other's events, and acks in one do not move the other."""
+    for i in range(3):
+        await store.append(append("q", ev(i), context="ctx-a"))
+        await store.append(append("q", ev(10 + i), context="ctx-b"))
+    a = await store.subscribe(Subscribe(Selector(context="ctx-a"), start=BEGINNING,
+                                        durable="same"))
+    b = await store.subscribe(Subscribe(Selector(context="ctx-b"), start=BEGINNING,
+                                        durable="same"))
+    got_a, got_b = await collect(a, 3), await collect(b, 3)
+    assert {e.context for e in got_a} == {"ctx-a"} and {e.context for e in got_b} == {"ctx-b"}
+    assert await a.next(0.2) is None and await b.next(0.2) is None
+    a.ack_through(got_a[-1].position)
+    a.close()
+    b.close()
+    await asyncio.sleep(0.1)  # the group saves its checkpoint as it shuts down
+    assert await store.durable_checkpoint("ctx-a", "same") == got_a[-1].position
+    assert await store.durable_checkpoint("ctx-b", "same") == 0
+    subs = {(s["context"], s["name"]) for s in await store.list_subscriptions()}
+    assert subs == {("ctx-a", "same"), ("ctx-b", "same")}
+    assert await store.delete_subscription("ctx-b", "same")
+    assert await store.subscription_id("ctx-b", "same") is None
+    assert await store.subscription_id("ctx-a", "same") is not None
+
+
+async def test_durable_subscription_must_name_one_context(store: EventStore) -> None:
+    with pytest.raises(Malformed):
+        await store.subscribe(Subscribe(Selector(context=None), start=BEGINNING, durable="g"))
+    with pytest.raises(Malformed):
+        await store.register_fetch_subscription("f", Selector(context=None), BEGINNING)
+    assert await store.list_subscriptions() == []
+
+
+async def test_tenant_keeps_durable_subscriptions_in_its_contexts(store: EventStore) -> None:
+    """Through a Tenant, a durable name, a fetch id or a context outside the
+    principal's contexts is forbidden, whoever guesses it."""
+    alice = Tenant(store, Principal("alice", "ctx-a", frozenset({"ctx-a"})))
+    bob = Tenant(store, Principal("bob", "ctx-b", frozenset({"ctx-b"})))
+    mine = await alice.register_fetch_subscription("f", Selector(context="ctx-a"), BEGINNING)
+    theirs = await bob.register_fetch_subscription("f", Selector(context="ctx-b"), BEGINNING)
+    assert mine.id != theirs.id and (mine.context, theirs.context) == ("ctx-a", "ctx-b")
+    assert await alice.subscription_id("ctx-a", "f") == mine.id
+    for attempt in (
+        alice.fetch(theirs.id, 1),
+        alice.seek(theirs.id, BEGINNING),
+        alice.get_fetch_subscription(theirs.id),
+        alice.subscription_id("ctx-b", "f"),
+        alice.subscribe(Subscribe(Selector(context="ctx-b"), start=BEGINNING, durable="f")),
+        alice.subscribe(Subscribe(Selector(context=None), start=BEGINNING)),
+    ):
+        with pytest.raises(Forbidden):
+            await attempt
+    assert (await alice.get_fetch_subscription(mine.id)).name == "f"

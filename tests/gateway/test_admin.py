@@ -169,20 +169,32 @@ async def test_users_binders_subscriptions(gateway_factory) -> None:
                                                 FromBeginning())
         async with http.get(url + "/subscriptions") as r:
             [sub] = await r.json()
-        assert sub["name"] == "reports" and sub["checkpoint"] == 0 and sub["lag_events"] == 1
-        async with http.post(url + "/subscriptions/reports/reset", json={"position": 1}) as r:
+        assert (sub["context"], sub["name"], sub["checkpoint"], sub["lag_events"]) == (
+            "shop", "reports", 0, 1)
+        # Names are scoped by context: without ?context= it is "default"'s.
+        async with http.get(url + "/subscriptions/reports") as r:
+            assert r.status == 404 and "'default'" in (await r.json())["error"]
+        shop = "?context=shop"
+        async with http.get(url + "/subscriptions/reports" + shop) as r:
+            assert r.status == 200 and (await r.json())["id"] == sub["id"]
+        async with http.post(url + "/subscriptions/reports/reset" + shop,
+                             json={"position": 1}) as r:
             assert r.status == 200 and (await r.json())["checkpoint"] == 1
-        async with http.post(url + "/subscriptions/reports/reset",
+        async with http.post(url + "/subscriptions/reports/reset" + shop,
                              json={"time": "2000-01-01T00:00:00Z"}) as r:
             assert r.status == 200 and (await r.json())["checkpoint"] == 0
-        async with http.post(url + "/subscriptions/reports/reset",
+        async with http.post(url + "/subscriptions/reports/reset" + shop,
                              json={"position": 1, "time": "2000-01-01T00:00:00Z"}) as r:
             assert r.status == 400
         async with http.post(url + "/subscriptions/nope/reset", json={"position": 1}) as r:
             assert r.status == 404
+        async with http.delete(url + "/subscriptions/reports?context=") as r:
+            assert r.status == 400
         async with http.delete(url + "/subscriptions/reports") as r:
+            assert r.status == 404
+        async with http.delete(url + "/subscriptions/reports" + shop) as r:
             assert r.status == 204
-        async with http.delete(url + "/subscriptions/reports") as r:
+        async with http.delete(url + "/subscriptions/reports" + shop) as r:
             assert r.status == 404
         # Unknown methods: 405 with Allow, as JSON.
         async with http.patch(url + "/users") as r:

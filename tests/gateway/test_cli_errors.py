@@ -149,3 +149,18 @@ async def test_alembic_is_quiet_by_default(empty_db_url: str) -> None:
     assert done.returncode == 0, done.stderr
     assert "Context impl" not in done.stderr + done.stdout
     assert done.stdout.startswith("schema at ")
+
+
+def test_anonymous_contexts_from_environment_and_toml(tmp_path: Path) -> None:
+    from polyport.gateway.config import ConfigError, load_config
+
+    assert load_config(env={}).anonymous_contexts == ("default",)
+    env = {"POLYPORT_ANONYMOUS_CONTEXTS": " public, default,public"}
+    assert load_config(env=env).anonymous_contexts == ("public", "default")
+    conf = tmp_path / "polyport.toml"
+    conf.write_text('anonymous_contexts = ["open", "default"]\n')
+    assert load_config(str(conf), env={}).anonymous_contexts == ("open", "default")
+    for bad in ('anonymous_contexts = []\n', "anonymous_contexts = 3\n"):
+        conf.write_text(bad)
+        with pytest.raises(ConfigError, match="anonymous_contexts"):
+            load_config(str(conf), env={})

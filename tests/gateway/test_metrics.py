@@ -274,7 +274,7 @@ async def test_every_counter_is_present_at_zero_from_start(gateway_factory) -> N
     gw = await gateway_factory()
     samples, types = await scrape(gw)
     protocols = sorted(gw.listeners)
-    assert protocols == ["bson", "micromsg2", "reactivesocket", "res01", "segment"]
+    assert protocols == ["bson", "micromsg2", "reactivesocket", "res01", "rsocket", "segment"]
     for proto in protocols:
         for name in ("polyport_connections_total", "polyport_connections_refused_total",
                      "polyport_frames_received_total", "polyport_frames_sent_total",

@@ -380,8 +380,9 @@ async def test_consumer_group_shares_events(gw: Any, clients: list) -> None:
 
     # Delivered events are acknowledged: the durable checkpoint moves on.
     async def lag() -> Any:
-        subs = {s["name"]: s for s in await gw.store.list_subscriptions()}
-        return subs.get("default/workers", {}).get("lag_events")
+        # Group names are scoped by context: the client's name, as it spelled it.
+        subs = {(s["context"], s["name"]): s for s in await gw.store.list_subscriptions()}
+        return subs.get(("default", "workers"), {}).get("lag_events")
 
     await eventually(lag, lambda n: n == 0, timeout=3)
 

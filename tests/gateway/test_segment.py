@@ -46,6 +46,18 @@ from polyport.protocols.segment.wire import encode_frame
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST_READS = {"segment_read_wait": 0.5}
+# These tests exercise the wire, not logins (tests/interop/test_isolation.py
+# does): anonymous may use the contexts they write.
+ANONYMOUS_CONTEXTS = ("default", "a", "bad", "c", "e2e", "f", "mix", "none", "p", "shop", "t")
+
+
+@pytest.fixture
+def gateway_factory(gateway_factory):  # type: ignore[no-untyped-def]
+    async def start(**overrides):  # type: ignore[no-untyped-def]
+        overrides.setdefault("anonymous_contexts", ANONYMOUS_CONTEXTS)
+        return await gateway_factory(**overrides)
+
+    return start
 
 
 def address(gw) -> tuple[str, int]:  # type: ignore[no-untyped-def]
@@ -190,7 +202,8 @@ class GatewayProcess:
             [sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", db_url,
              "--segment-port", "0", *off],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1",
+                 "POLYPORT_ANONYMOUS_CONTEXTS": ",".join(ANONYMOUS_CONTEXTS)},
         )
         self.address: tuple[str, int] | None = None
 

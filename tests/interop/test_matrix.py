@@ -329,7 +329,9 @@ class Writers:
             mm_host, mm_port, user=USER, password=PASSWORD, required=["ack"], ssl=t.ssl
         )
         assert self.mm_json.negotiated.has("json") and not self.mm_raw.negotiated.has("json")
-        self.segment = await SegmentWriter.connect(*gw.listeners["segment"].address, ssl=t.ssl)
+        self.segment = await SegmentWriter.connect(
+            *gw.listeners["segment"].address, ssl=t.ssl, credentials=f"{USER}:{PASSWORD}"
+        )
         self.rso = await RSocketClient.connect(
             *gw.listeners["rsocket"].address, user=USER, password=PASSWORD, data_format="json",
             ssl=t.ssl,
@@ -775,7 +777,10 @@ async def test_micromsg2_reads_every_writer(world: World) -> None:
 
 
 async def test_segment_reads_every_writer(world: World) -> None:
-    reader = await SegmentReader.connect(*world.gw.listeners["segment"].address, ssl=world.t.ssl)
+    reader = await SegmentReader.connect(
+        *world.gw.listeners["segment"].address, ssl=world.t.ssl,
+        credentials=f"{USER}:{PASSWORD}",
+    )
     try:
         # The first event of each writer, then a ReadSegment waiting at the
         # tail while the writer appends the second (live), then a full read.

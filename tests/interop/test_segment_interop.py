@@ -28,9 +28,16 @@ def framed(body: bytes) -> bytes:
     return struct.pack(">iI", 0, len(body)) + body
 
 
+# Segment logs in with the optional credentials string of SetupAppend and
+# ReadSegment (anonymous may use only "default").
+USER, PASSWORD = "seg", "pw"
+LOGIN = f"{USER}:{PASSWORD}"
+
+
 async def test_segment_appends_read_through_the_core(gateway_factory, store) -> None:
     gw = await gateway_factory()
-    writer = await SegmentWriter.connect(*gw.listeners["segment"].address)
+    await gw.store.users.add(USER, PASSWORD, default_context="interop", contexts=["interop"])
+    writer = await SegmentWriter.connect(*gw.listeners["segment"].address, credentials=LOGIN)
     app = await writer.open_segment("interop/from-segment")
     bodies = [b"", b"\x00\x01\x02", b'{"looks": "like json"}', "текст".encode()]
     await app.append(bodies)
@@ -68,7 +75,8 @@ async def test_core_events_of_every_content_type_read_through_segment(
         EventData("created", body, content_type=content_type, headers={"trace": "t-1"}),
         EventData("noted", b"second", content_type="text/plain"),
     ), origin="bson"))
-    reader = await SegmentReader.connect(*gw.listeners["segment"].address)
+    await gw.store.users.add(USER, PASSWORD, default_context="interop", contexts=["interop"])
+    reader = await SegmentReader.connect(*gw.listeners["segment"].address, credentials=LOGIN)
     data = await reader.read_to_tail("interop/from-core")
     assert data == framed(body) + framed(b"second")
     assert list(iter_events(data)) == [body, b"second"]

@@ -69,9 +69,15 @@ class _Out:
         self.closed = True
 
 
-class _Store:
-    async def authenticate(self, user: str | None, password: str | None) -> Principal:
+class _Users:
+    async def authenticate(
+        self, user: str | None, password: str | None, *, peer: str | None = None
+    ) -> Principal:
         return Principal(user, "default", None)
+
+
+class _Store:
+    users = _Users()
 
 
 def _session() -> tuple[BsonSession, _Out, ListenerStats]:

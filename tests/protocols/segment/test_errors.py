@@ -88,9 +88,15 @@ def test_what_this_side_may_not_send_is_local() -> None:
 # --- the adapter -----------------------------------------------------------------------
 
 
-class _Store:
-    async def authenticate(self, user: str | None, password: str | None) -> Principal:
+class _Users:
+    async def authenticate(
+        self, user: str | None, password: str | None, *, peer: str | None = None
+    ) -> Principal:
         return Principal(user, "default", None)
+
+
+class _Store:
+    users = _Users()
 
     async def producer_ack_level(self, cid: uuid.UUID, context: str, stream: str) -> int:
         return 0

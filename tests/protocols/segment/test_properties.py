@@ -46,12 +46,12 @@ blobs = st.binary(max_size=40)
 
 frames: st.SearchStrategy[Frame] = st.one_of(
     st.builds(Event, blobs),
-    st.builds(SetupAppend, st.uuids(), names),
+    st.builds(SetupAppend, st.uuids(), names, names),  # "" = no credentials field
     st.builds(AppendSetup, names, st.uuids(), i64),
     st.builds(BeginAppendBlock, st.uuids(), i64, i32),
     st.builds(EndAppendBlock, st.uuids(), i64, i32),
     st.builds(DataAppended, st.uuids(), i64),
-    st.builds(ReadSegment, names, i64, i32),
+    st.builds(ReadSegment, names, i64, i32, names),
     st.builds(SegmentRead, names, i64, st.booleans(), st.booleans(), blobs),
     st.builds(PartialMessage, st.sampled_from(PartialKind), blobs),
     st.builds(KeepAlive, blobs),

@@ -58,6 +58,11 @@ VECTORS = [
     (DataAppended(CID, 312), f"00000007 00000018 {CID_HEX} 0000000000000138"),
     (DataAppended(CID, -1), f"00000007 00000018 {CID_HEX} ffffffffffffffff"),
     (ReadSegment("s", 1024, 4096), "00000009 0000000f 0001 73 0000000000000400 00001000"),
+    # The optional credentials string at the very end (docs/protocols/segment.md).
+    (SetupAppend(CID, "a/b", "alice:pw"),
+     f"00000001 0000001f {CID_HEX} 0003 612f62 0008 616c6963653a7077"),
+    (ReadSegment("s", 1024, 4096, "bob:x"),
+     "00000009 00000016 0001 73 0000000000000400 00001000 0005 626f623a78"),
     (
         SegmentRead("s", 1024, True, False, b"\x00\x01"),
         "0000000a 0000000e 0001 73 0000000000000400 01 0001",
@@ -133,7 +138,11 @@ def test_split_block_wire_bytes() -> None:
         ("0000000a 0000000c 0001 73 0000000000000000 04", "reserved bits"),
         ("fffffffe 00000001 03", "kind 3"),
         ("00000001 00000013 " + CID_HEX + " 0002 61", "too short"),
-        ("00000001 00000014 " + CID_HEX + " 0001 61 62", "after its last field"),
+        # One byte after the segment: a credentials length cut short.
+        ("00000001 00000014 " + CID_HEX + " 0001 61 62", "too short for its fields"),
+        ("00000001 00000017 " + CID_HEX + " 0001 61 0001 62 63", "after its last field"),
+        ("00000009 00000013 0001 73 0000000000000400 00001000 0003 6263",
+         "too short for its fields"),
         ("00000001 00000013 " + CID_HEX + " 0001 00", "zero byte"),
         ("00000003 0000001b " + CID_HEX + " 0000000000000000 000000", "must be 28"),
         ("00000007 00000019 " + CID_HEX + " 0000000000000000 00", "must be 24"),
@@ -161,3 +170,19 @@ def test_direction_is_checked_on_the_header() -> None:
         ServerConnection().receive_data(h("00000002 0000001d"))
     with pytest.raises(ProtocolError, match="SETUP_APPEND is not a message a server may send"):
         ClientConnection().receive_data(h("00000001 00000015"))
+
+
+@pytest.mark.parametrize(
+    ("credentials", "expected"),
+    [("", (None, None)), ("alice:pw", ("alice", "pw")), ("alice:p:w", ("alice", "p:w")),
+     ("alice", ("alice", "")), (":pw", ("", "pw"))],
+)
+def test_credentials_split_at_the_first_colon(
+    credentials: str, expected: tuple[str | None, str | None]
+) -> None:
+    assert f.split_credentials(credentials) == expected
+
+
+def test_credentials_stay_out_of_repr() -> None:
+    assert "secret" not in repr(SetupAppend(CID, "a/b", "alice:secret"))
+    assert "secret" not in repr(ReadSegment("a/b", 0, 1, "alice:secret"))

@@ -100,6 +100,7 @@ subscriptions = Table(
     # Persistent-subscription settings and fetch retries (revision 0006).
     Column("settings", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("fetch_attempts", Integer, nullable=False, server_default="0"),
+    UniqueConstraint("context", "name", name="subscriptions_context_name_key"),
 )
 
 # Events a persistent subscription gave up on (revision 0006; core.parking).
@@ -113,7 +114,6 @@ parked_events = Table(
     Column("reason", Text, nullable=False),
     Column("parked_at", DateTime(timezone=True), nullable=False),
     Column("replay", Boolean, nullable=False, server_default=false()),
-    UniqueConstraint("context", "name", name="subscriptions_context_name_key"),
 )
 
 users = Table(

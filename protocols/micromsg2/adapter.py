@@ -375,7 +375,14 @@ class MicroMsg2Session:
 
     async def _handle(self, frame: Frame) -> None:
         if isinstance(frame, Handshake):
-            if self._conn.state is State.HELLO_RECEIVED:
+            # Frames of one read are all decoded before any is handled, so the
+            # connection's state may already be past this frame: which
+            # handshake it is follows from whether the reply was sent.
+            if self._conn.state is State.CLOSED:
+                # A later frame of the same read (the peer's ERROR) ended the
+                # handshake; that frame closes the connection when handled.
+                return
+            if self._conn.negotiated is None:  # the hello: answer it
                 await self._send(self._conn.reply_frame())
             else:  # the final handshake: the connection is open
                 await self._opened()

@@ -171,3 +171,15 @@ async def test_adapter_does_not_swallow_its_own_protocol_bug() -> None:
     assert out.sent == [] and not out.closed
     assert not stats.errors
     await session.connection_lost()
+
+
+async def test_adapter_hello_then_error_in_one_write_closes_cleanly() -> None:
+    # Fuzz finding: a hello and the peer's ERROR in one write.  The connection
+    # object decodes both (it is CLOSED afterwards); the adapter used to take
+    # the hello for the final handshake (any handshake outside HELLO_RECEIVED)
+    # and tripped an assertion, logged as an internal error.
+    session, out, stats = _session()
+    await session.data_received(bytes.fromhex("01000002667a0000000b6a736f6e3b7075627375620400"))
+    assert out.closed and out.sent == []
+    assert session.principal is None and not stats.errors
+    await session.connection_lost()

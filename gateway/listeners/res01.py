@@ -44,7 +44,12 @@ from polyport.protocols.res01.adapter import (
     is_write,
     limits_from,
 )
-from polyport.protocols.res01.connection import Exchange, ServerConnection
+from polyport.protocols.res01.connection import (
+    Exchange,
+    MessageAssembler,
+    Received,
+    ServerConnection,
+)
 from polyport.protocols.res01.errors import ErrorCode, LocalProtocolError
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Peer, SessionContext
 
@@ -104,8 +109,8 @@ class Res01Listener:
 
     async def start(self) -> None:
         sock = self._zctx.socket(zmq.ROUTER)
-        # libzmq checks MAXMSGSIZE per frame; the whole message is checked
-        # after receipt (max_request_bytes).
+        # libzmq checks MAXMSGSIZE per frame; the whole message (parts and
+        # bytes) as its parts are received (MessageAssembler).
         sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_bytes)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
@@ -172,32 +177,48 @@ class Res01Listener:
     # --- receiving ----------------------------------------------------------
 
     async def _receive_loop(self) -> None:
-        assert self._sock is not None
+        sock = self._sock
+        assert sock is not None
+        limits = self.limits
+        assert limits.max_request_bytes is not None
+        # Parts one at a time, so an oversized message is refused as it
+        # arrives: nothing past the limits is kept (ZeroMQ delivers a message
+        # whole, so its remaining parts are already queued and cheap to drop).
+        assembler = MessageAssembler(
+            max_parts=limits.max_message_parts, max_bytes=limits.max_request_bytes
+        )
         while True:
             try:
-                frames = await self._sock.recv_multipart()
+                part = await sock.recv()
+                received = assembler.add(part, bool(sock.getsockopt(zmq.RCVMORE)))
             except zmq.ZMQError as exc:
                 if self._closed or exc.errno == zmq.ETERM:
                     return
                 log.warning("res01: receive failed: %s", exc)
                 await asyncio.sleep(0.01)
                 continue
-            await self._handle_message(frames)
+            if received is not None:
+                await self._handle_message(received)
 
-    async def _handle_message(self, frames: list[bytes]) -> None:
+    async def _handle_message(self, received: Received) -> None:
         try:
-            await self._dispatch(frames)
+            await self._dispatch(received)
         except Exception:  # a bug in one message must not end the loop
             log.exception("res01: dispatching a message failed")
             self.stats.error("internal")
 
-    async def _dispatch(self, frames: list[bytes]) -> None:
-        size = sum(len(f) for f in frames)
+    async def _dispatch(self, received: Received) -> None:
+        frames = received.frames
         # ZeroMQ hides the peer's address: the routing identity names it.  The
         # request task started below inherits this (error lines, metrics).
         CURRENT_PEER.set(Peer("res01", "zmq:" + frames[0].hex() if frames else "zmq:?"))
         self.stats.frames_in += 1
-        self.stats.bytes_in += size
+        self.stats.bytes_in += received.size
+        if received.error is not None:  # over max_message_parts / max_request_bytes
+            self.stats.error(received.error.code)
+            if received.error.request_id is not None:
+                await self._send(self.conn.refuse(received.error), wait=False)
+            return
         try:
             exchange = self.conn.receive_message(frames)
         except Res01Error as exc:  # undecodable or over max_request_bytes

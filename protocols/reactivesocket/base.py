@@ -123,6 +123,13 @@ class BaseConnection:
             for sid, rec in self._streams.items()
         }
 
+    @property
+    def reassembly_bytes(self) -> int:
+        """Bytes of fragmented messages held now (requests on the server,
+        RESPONSEs on the client), all streams together."""
+        # A sum over at most max_streams records, taken per request fragment.
+        return sum(rec.reassembly.size for rec in self._streams.values())
+
     def live_streams(self) -> list[int]:
         return sorted(sid for sid, rec in self._streams.items() if rec.phase in self.live_phases)
 

@@ -81,6 +81,8 @@ class Gateway:
         # Every listener asks for its context before it accepts: the one
         # place to hand each transport the connection limit.
         stats.max_connections = self.config.max_connections or None
+        stats.max_connections_per_address = self.config.max_connections_per_address or None
+        stats.write_timeout = self.config.write_timeout or None
         return SessionContext(
             store=self.store,
             stats=stats,

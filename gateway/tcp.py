@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,9 +43,23 @@ class StreamOutbound:
         self._writer.write(data)
         self._stats.bytes_out += len(data)
         try:
-            await self._writer.drain()
+            await asyncio.wait_for(self._writer.drain(), self._stats.write_timeout)
+        except TimeoutError:  # first: TimeoutError is an OSError too
+            self._write_timed_out()
         except (ConnectionError, OSError):
             self._closed = True
+
+    def _write_timed_out(self) -> None:
+        # The peer stopped reading: what is buffered would never drain, so
+        # the connection is dropped (abort: close() would wait to flush).
+        log.info(
+            "closing %s: a write could not drain for %gs (write_timeout)",
+            self.peer, self._stats.write_timeout,
+        )
+        self._stats.error("timeout")
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._writer.transport.abort()
 
     def close(self) -> None:
         self._closed = True
@@ -53,6 +68,35 @@ class StreamOutbound:
 
 
 SessionFactory = Callable[[Outbound], StreamSession]
+
+# TCP keepalive on accepted sockets: a peer that vanished (power loss, a
+# dropped NAT entry) is found after about KEEPIDLE + KEEPCNT x KEEPINTVL
+# seconds even when no write is pending.
+KEEPALIVE_IDLE = 60
+KEEPALIVE_INTERVAL = 10
+KEEPALIVE_COUNT = 6
+
+
+def set_keepalive(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        # Linux names; other systems keep their defaults.
+        for name, value in (
+            ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
+            ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+            ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+        ):
+            option = getattr(socket, name, None)
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def _source_address(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
 
 
 @dataclass
@@ -69,6 +113,8 @@ class TcpListener:
     def __post_init__(self) -> None:
         self._server: asyncio.Server | TlsServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        # Open connections per source address (max_connections_per_address).
+        self._per_address: dict[str, int] = {}
 
     @property
     def address(self) -> tuple[str, int]:
@@ -115,10 +161,10 @@ class TcpListener:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        out = StreamOutbound(writer, self.stats)
+    def _admit(self, out: StreamOutbound, host: str) -> bool:
+        """Whether a new connection from ``host`` is within the connection
+        limits (listener-wide and per source address); refusals are counted
+        and logged."""
         limit = self.stats.max_connections
         if limit is not None and self.stats.connections_open >= limit:
             self.stats.connections_refused += 1
@@ -126,8 +172,28 @@ class TcpListener:
                 "%s: connection refused from %s: %d connections open (max_connections %d)",
                 self.name, out.peer, self.stats.connections_open, limit,
             )
+            return False
+        per_address = self.stats.max_connections_per_address
+        if per_address is not None and self._per_address.get(host, 0) >= per_address:
+            self.stats.connections_refused += 1
+            log.warning(
+                "%s: connection refused from %s: %d connections open from that address "
+                "(max_connections_per_address %d)",
+                self.name, out.peer, self._per_address[host], per_address,
+            )
+            return False
+        return True
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        out = StreamOutbound(writer, self.stats)
+        host = _source_address(writer)
+        if not self._admit(out, host):
             out.close()
             return
+        set_keepalive(writer)
+        self._per_address[host] = self._per_address.get(host, 0) + 1
         # Tasks the session starts inherit the peer (error lines, metrics).
         CURRENT_PEER.set(self._peer(writer, out.peer))
         self._connections.add(task)
@@ -156,6 +222,11 @@ class TcpListener:
             self.stats.error("internal")
         finally:
             self.stats.connections_open -= 1
+            left = self._per_address.get(host, 1) - 1
+            if left > 0:
+                self._per_address[host] = left
+            else:
+                self._per_address.pop(host, None)
             log.debug("%s: connection from %s closed", self.name, out.peer)
             if session is not None:
                 try:

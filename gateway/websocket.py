@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
 from polyport.gateway.tls import transport_user
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
@@ -119,6 +119,76 @@ def _certificate_user(request: web.Request) -> str | None:
     return transport_user(request.transport, user_from)
 
 
+class _Discard(asyncio.Protocol):
+    """Reads and drops whatever the peer still sends; ``done`` once it stops."""
+
+    def __init__(self, done: asyncio.Future[None]) -> None:
+        self.done = done
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        if not self.done.done():
+            self.done.set_result(None)
+        return True  # keep the transport: the owner closes it
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class _LingeringResponse(web.WebSocketResponse):
+    """A WebSocket that closes after a too-big message without a reset.
+
+    aiohttp answers a message over ``max_msg_size`` with close 1009 and then
+    closes the transport at once, with the rest of the message unread: the
+    kernel then resets the connection and the peer, still sending, never
+    reads the close frame.  Here the transport stays open a little longer
+    (the owner awaits :meth:`linger`), reading and dropping the rest, so the
+    close frame is what the peer sees.  (Overrides aiohttp's private
+    ``_close_transport``; the subclass is the one place that knows it.)
+    """
+
+    _lingering: asyncio.Future[None] | None = None
+
+    def _close_transport(self) -> None:
+        req = self._req
+        transport = req.transport if req is not None else None
+        reader = self._reader
+        failure = reader.exception() if reader is not None else None
+        if (
+            isinstance(failure, WebSocketError)
+            and failure.code == WSCloseCode.MESSAGE_TOO_BIG
+            and self._lingering is None
+            and transport is not None
+            and not transport.is_closing()
+        ):
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            original = transport.get_protocol()
+            transport.set_protocol(_Discard(done))
+
+            def restore(_: object) -> None:
+                # aiohttp's protocol is told the connection is gone as usual.
+                transport.set_protocol(original)
+                transport.close()
+
+            done.add_done_callback(restore)
+            self._lingering = done
+            return
+        super()._close_transport()
+
+    async def linger(self) -> None:
+        """Wait (at most CLOSE_TIMEOUT) until a too-big message is drained."""
+        done = self._lingering
+        if done is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(done), CLOSE_TIMEOUT)
+        if not done.done():
+            done.set_result(None)
+
+
 @dataclass
 class WebSocketEndpoint:
     """A WebSocket route whose connections each get a session from ``factory``.
@@ -138,6 +208,11 @@ class WebSocketEndpoint:
         default_factory=dict, init=False, repr=False
     )
 
+    @property
+    def open_connections(self) -> int:
+        """WebSocket connections of this endpoint open now (/status)."""
+        return len(self._connections)
+
     def install(self, app: web.Application, path: str) -> None:
         app.router.add_get(path, self.handle)
         app.on_shutdown.append(self._on_shutdown)
@@ -147,7 +222,7 @@ class WebSocketEndpoint:
         app[WEBSOCKET_ENDPOINTS].append((path, self))
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(
+        ws = _LingeringResponse(
             max_msg_size=self.max_message_size,
             # Compression would run large messages through an executor and
             # cost CPU per frame; the protocols carry binary payloads.
@@ -229,13 +304,8 @@ class WebSocketEndpoint:
                     log.exception("%s: cleanup after %s failed", self.name, peer)
             out.close()
             await out.wait_closed()
+            await ws.linger()
         return ws
-
-    @property
-    def open_connections(self) -> int:
-        """This endpoint's open WebSocket connections (its listener's stats
-        count them together with the TCP ones)."""
-        return len(self._connections)
 
     async def _on_shutdown(self, app: web.Application) -> None:
         """Close every connection (going away) so the HTTP server can stop

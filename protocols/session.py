@@ -91,6 +91,12 @@ class ListenerStats:
     # Connections refused because ``max_connections`` were open (None = no limit).
     connections_refused: int = 0
     max_connections: int | None = None
+    # Connections from one source address at once (None = no limit); more are
+    # refused and counted in connections_refused.
+    max_connections_per_address: int | None = None
+    # A send that cannot drain for this long closes the connection (a peer
+    # that stopped reading); None = wait for ever.
+    write_timeout: float | None = None
     _log_window: float = field(default=0.0, repr=False)
     _log_lines: int = field(default=0, repr=False)
     _log_suppressed: int = field(default=0, repr=False)

@@ -51,7 +51,12 @@ from polyport.protocols.res01.adapter import (
     is_write,
     limits_from,
 )
-from polyport.protocols.res01.connection import Exchange, ServerConnection
+from polyport.protocols.res01.connection import (
+    Exchange,
+    MessageAssembler,
+    Received,
+    ServerConnection,
+)
 from polyport.protocols.res01.errors import ErrorCode, LocalProtocolError
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Peer, SessionContext
 
@@ -198,8 +203,8 @@ class Res01Listener:
 
     def _bind(self, endpoint: _Endpoint) -> None:
         sock = self._zctx.socket(zmq.ROUTER)
-        # libzmq checks MAXMSGSIZE per frame; the whole message is checked
-        # after receipt (max_request_bytes).
+        # libzmq checks MAXMSGSIZE per frame; the whole message (parts and
+        # bytes) as its parts are received (MessageAssembler).
         sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_bytes)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
@@ -275,44 +280,63 @@ class Res01Listener:
     async def _receive_loop(self, index: int, endpoint: _Endpoint) -> None:
         sock = endpoint.sock
         assert sock is not None
+        limits = self.limits
+        assert limits.max_request_bytes is not None
+        # Parts one at a time, so an oversized message is refused as it
+        # arrives: nothing past the limits is kept (ZeroMQ delivers a message
+        # whole, so its remaining parts are already queued and cheap to drop).
+        assembler = MessageAssembler(
+            max_parts=limits.max_message_parts, max_bytes=limits.max_request_bytes
+        )
+        login = endpoint.plain or endpoint.curve
+        user: str | None = None
+        first = True  # the next part starts a message
         while True:
             try:
-                if endpoint.plain or endpoint.curve:
-                    # Frames, not bytes: each carries its connection's
-                    # User-Id, which ZAP's reply gave it.
-                    received = await sock.recv_multipart(copy=False)
-                    user = _user_id(received[0])
-                    frames = [f.bytes for f in received]
+                if login:
+                    # A frame, not bytes: the first part carries its
+                    # connection's User-Id, which ZAP's reply gave it.
+                    frame = await sock.recv(copy=False)
+                    if first:
+                        user = _user_id(frame)
+                    part = frame.bytes
                 else:
-                    frames = await sock.recv_multipart()
-                    user = None
+                    part = await sock.recv()
+                received = assembler.add(part, bool(sock.getsockopt(zmq.RCVMORE)))
+                first = received is not None
             except zmq.ZMQError as exc:
                 if self._closed or exc.errno == zmq.ETERM:
                     return
                 log.warning("res01: receive failed: %s", exc)
                 await asyncio.sleep(0.01)
                 continue
-            await self._handle_message(index, endpoint, frames, user)
+            if received is not None:
+                await self._handle_message(index, endpoint, received, user)
 
     async def _handle_message(
-        self, index: int, endpoint: _Endpoint, frames: list[bytes], user: str | None
+        self, index: int, endpoint: _Endpoint, received: Received, user: str | None
     ) -> None:
         try:
-            await self._dispatch(index, endpoint, frames, user)
+            await self._dispatch(index, endpoint, received, user)
         except Exception:  # a bug in one message must not end the loop
             log.exception("res01: dispatching a message failed")
             self.stats.error("internal")
 
     async def _dispatch(
-        self, index: int, endpoint: _Endpoint, frames: list[bytes], user: str | None
+        self, index: int, endpoint: _Endpoint, received: Received, user: str | None
     ) -> None:
-        size = sum(len(f) for f in frames)
+        frames = received.frames
         # ZeroMQ hides the peer's address: the routing identity names it.  The
         # request task started below inherits this (error lines, metrics).
         CURRENT_PEER.set(Peer("res01", "zmq:" + frames[0].hex() if frames else "zmq:?"))
         self.stats.frames_in += 1
-        self.stats.bytes_in += size
+        self.stats.bytes_in += received.size
         conn = endpoint.conn
+        if received.error is not None:  # over max_message_parts / max_request_bytes
+            self.stats.error(received.error.code)
+            if received.error.request_id is not None:
+                await self._send(endpoint, conn.refuse(received.error), wait=False)
+            return
         try:
             exchange = conn.receive_message(frames)
         except Res01Error as exc:  # undecodable or over max_request_bytes

@@ -109,6 +109,11 @@ class Res01Limits:
     # Largest whole request (all frames); bigger ones get ER 1.  None (the
     # default) = max(16 MiB, 2 × max_event_bytes), set in __post_init__.
     max_request_bytes: int | None = None
+    # Largest number of parts (frames, routing included) of one message;
+    # more: ER 1 (too_large).  An AC takes 5 per event, so this allows about
+    # 13,000 events in one commit.  Checked, like max_request_bytes, as the
+    # parts arrive: the rest of an oversized message is dropped unkept.
+    max_message_parts: int = 65536
     # Largest event body (the gateway's max_event_bytes); bigger: ER 1.
     max_event_bytes: int = field(default=1 << 20, metadata={"setting": "max_event_bytes"})
     # Storage work of a reader request (RS, FE, PS, SS) longer than this: ER 9.

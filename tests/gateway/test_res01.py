@@ -415,6 +415,25 @@ async def test_oversized_message_and_body(gateway_factory) -> None:
     await client.close()
 
 
+async def test_message_of_too_many_parts_is_refused_as_it_arrives(gateway_factory) -> None:
+    # Every part is small (libzmq's MAXMSGSIZE is per part) and the whole is
+    # under max_request_bytes: only the number of parts gives it away.
+    gw = await start_gateway(gateway_factory, extra={"res01_max_message_parts": 100})
+    stream = stream_name()
+    events = tuple(new_event("T", "{}") for _ in range(1000))  # 5,000+ parts
+    request = AppendCommit(b"many", "ctx", stream, -1, events)
+    async with raw_dealer(gw) as raw:
+        response = decode_response(await exchange(raw, encode_request(request)))
+    assert isinstance(response, Error)
+    assert (response.code, response.request_id) == (ErrorCode.MALFORMED, b"many")
+    assert "parts exceeds the limit of 100 parts" in response.message
+    assert gw.listeners["res01"].stats.errors["too_large"] == 1
+    client = await connect(gw)
+    # Expected version 1 (a new stream): the refused commit stored nothing.
+    await client.commit("ctx", stream, 1, [new_event("Small", "{}")])
+    await client.close()
+
+
 async def test_fetch_entries_share_one_request_id(gateway_factory) -> None:
     gw = await start_gateway(gateway_factory)
     client = await connect(gw)

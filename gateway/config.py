@@ -160,6 +160,10 @@ class GatewayConfig:
     # A write to a peer that does not read, stuck for this long, closes the
     # connection (0 = no limit).
     write_timeout: float = 30.0
+    # A TCP or WebSocket connection that has not completed its protocol's
+    # handshake or login this long after it was accepted is closed (0 = no
+    # limit): connections that say nothing do not hold a slot for ever.
+    handshake_timeout: float = 10.0
     # /metrics: one lag series per durable subscription (their number is up
     # to the clients); off, only the count and the largest lag are exported.
     metrics_per_subscription: bool = False
@@ -223,7 +227,7 @@ _INT_KEYS = {
 }
 _FLOAT_KEYS = {
     "idle_timeout", "poll_interval", "commit_timeout", "read_timeout", "slow_commit_seconds",
-    "write_timeout",
+    "write_timeout", "handshake_timeout",
 }
 _LIST_KEYS = {"websocket_allowed_origins"}
 _KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"} - _TLS_FIELDS

@@ -31,6 +31,7 @@ class StreamOutbound:
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._closed = False
+        self.handshaken = False
         writer.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
 
     @property
@@ -66,8 +67,45 @@ class StreamOutbound:
         with contextlib.suppress(Exception):
             self._writer.close()
 
+    def handshake_done(self) -> None:
+        self.handshaken = True
+
 
 SessionFactory = Callable[[Outbound], StreamSession]
+
+
+class HandshakeDeadline:
+    """The ``handshake_timeout`` of one connection (TCP or WebSocket): reads
+    wait at most until the deadline while the session has not called
+    ``Outbound.handshake_done``; past it the connection is closed, so a peer
+    that connects and says nothing (or half a handshake) does not hold a
+    connection slot until the idle timeout."""
+
+    def __init__(self, stats: ListenerStats) -> None:
+        self._stats = stats
+        self._loop = asyncio.get_running_loop()
+        timeout = stats.handshake_timeout
+        self._at = None if timeout is None else self._loop.time() + timeout
+
+    def read_timeout(self, idle: float | None, handshaken: bool) -> float | None:
+        """How long the next read may wait: the idle timeout, or less while
+        the handshake is due."""
+        if self._at is None or handshaken:
+            return idle
+        left = max(self._at - self._loop.time(), 0.0)
+        return left if idle is None else min(idle, left)
+
+    def expired(self, name: str, peer: str, handshaken: bool) -> bool:
+        """After a read timed out: whether it was the handshake deadline (then
+        logged and counted as a ``timeout`` error)."""
+        if self._at is None or handshaken or self._loop.time() < self._at:
+            return False
+        log.info(
+            "%s: closing %s: no handshake within %gs (handshake_timeout)",
+            name, peer, self._stats.handshake_timeout,
+        )
+        self._stats.error("timeout")
+        return True
 
 # TCP keepalive on accepted sockets: a peer that vanished (power loss, a
 # dropped NAT entry) is found after about KEEPIDLE + KEEPCNT x KEEPINTVL
@@ -203,10 +241,16 @@ class TcpListener:
         session: StreamSession | None = None
         try:
             session = self.factory(out)
+            deadline = HandshakeDeadline(self.stats)
             while not out.closed:
+                timeout = deadline.read_timeout(self.idle_timeout, out.handshaken)
                 try:
-                    data = await asyncio.wait_for(reader.read(READ_CHUNK), self.idle_timeout)
+                    data = await asyncio.wait_for(reader.read(READ_CHUNK), timeout)
                 except TimeoutError:
+                    if deadline.expired(self.name, out.peer, out.handshaken):
+                        break
+                    if timeout != self.idle_timeout:
+                        continue  # the handshake completed while waiting: idle time restarts
                     log.info("%s: closing idle connection from %s", self.name, out.peer)
                     break
                 if not data:

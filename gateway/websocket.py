@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
+from polyport.gateway.tcp import HandshakeDeadline
 from polyport.gateway.tls import transport_user
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
 
@@ -45,6 +46,7 @@ class WebSocketOutbound:
         self._stats = stats
         self.peer = peer
         self._closed = False
+        self.handshaken = False
         # Serialises sends so messages leave in the order ``send`` was called
         # (FIFO lock), whatever aiohttp does while draining.
         self._lock = asyncio.Lock()
@@ -68,6 +70,9 @@ class WebSocketOutbound:
                 self._closed = True
                 return
             self._stats.bytes_out += len(data)
+
+    def handshake_done(self) -> None:
+        self.handshaken = True
 
     def close(self, code: int = WSCloseCode.OK, message: bytes = b"") -> None:
         """Send the close handshake after everything already sent."""
@@ -270,10 +275,17 @@ class WebSocketEndpoint:
         session: StreamSession | None = None
         try:
             session = self.factory(out)
+            deadline = HandshakeDeadline(self.stats)
             while not out.closed:
+                timeout = deadline.read_timeout(self.idle_timeout, out.handshaken)
                 try:
-                    msg = await ws.receive(timeout=self.idle_timeout)
+                    msg = await ws.receive(timeout=timeout)
                 except TimeoutError:
+                    if deadline.expired(self.name, peer, out.handshaken):
+                        out.close(WSCloseCode.POLICY_VIOLATION, b"no handshake in time")
+                        break
+                    if timeout != self.idle_timeout:
+                        continue  # the handshake completed while waiting: idle time restarts
                     log.info("%s: closing idle WebSocket from %s", self.name, peer)
                     break
                 if msg.type == WSMsgType.BINARY:

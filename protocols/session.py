@@ -33,6 +33,11 @@ class Outbound(Protocol):
     @property
     def closed(self) -> bool: ...
 
+    def handshake_done(self) -> None:
+        """The protocol's handshake or login completed: the transport no
+        longer closes the connection at its handshake deadline
+        (``handshake_timeout``)."""
+
 
 class StreamSession(Protocol):
     async def data_received(self, data: bytes) -> None:
@@ -97,6 +102,10 @@ class ListenerStats:
     # A send that cannot drain for this long closes the connection (a peer
     # that stopped reading); None = wait for ever.
     write_timeout: float | None = None
+    # A connection that has not completed its protocol's handshake (called
+    # Outbound.handshake_done) this long after it was accepted is closed;
+    # None = no deadline.
+    handshake_timeout: float | None = None
     _log_window: float = field(default=0.0, repr=False)
     _log_lines: int = field(default=0, repr=False)
     _log_suppressed: int = field(default=0, repr=False)

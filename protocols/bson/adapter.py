@@ -356,6 +356,7 @@ class BsonSession:
                 self.principal = await login(self.store, frame.username, frame.password)
                 self.context = self.principal.default_context
                 verdict = OK
+                self.out.handshake_done()
             except Exception as exc:
                 verdict = error_response(exc)
         await self._send(verdict)

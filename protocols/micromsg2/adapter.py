@@ -425,6 +425,7 @@ class MicroMsg2Session:
             )
         self.principal = principal
         self.context = principal.default_context
+        self._out.handshake_done()
         self._json = negotiated.has(EXT_JSON)
         self._acks = negotiated.ack_window is not None
         self._confirm_task = asyncio.create_task(self._confirm_appends())

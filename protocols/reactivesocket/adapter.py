@@ -280,6 +280,7 @@ class ReactiveSocketSession:
             return
         self.principal = principal
         self.context = context
+        self.out.handshake_done()
 
     # --- stream tasks ----------------------------------------------------------
 

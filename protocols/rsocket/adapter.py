@@ -280,6 +280,7 @@ class RSocketSession:
             return
         self._lifetime = frame.lifetime / 1000
         self._last_keepalive = self._now()
+        self.out.handshake_done()
         if frame.lease:
             await self._grant_lease()
         self._wake_watch.set()

@@ -58,6 +58,9 @@ class _Out:
     def close(self) -> None:
         self.closed = True
 
+    def handshake_done(self) -> None:
+        pass
+
 
 def _session(out: _Out) -> ReactiveSocketSession:
     # The store is never reached: no request gets past the connection object.

@@ -84,6 +84,7 @@ class Gateway:
         stats.max_connections_per_address = self.config.max_connections_per_address or None
         stats.write_timeout = self.config.write_timeout or None
         stats.handshake_timeout = self.config.handshake_timeout or None
+        stats.websocket_heartbeat = self.config.websocket_heartbeat or None
         return SessionContext(
             store=self.store,
             stats=stats,

@@ -164,6 +164,9 @@ class GatewayConfig:
     # handshake or login this long after it was accepted is closed (0 = no
     # limit): connections that say nothing do not hold a slot for ever.
     handshake_timeout: float = 10.0
+    # WebSocket endpoints ping every this many seconds; a peer that does not
+    # answer with a pong in time is closed (0 = no pings).
+    websocket_heartbeat: float = 30.0
     # /metrics: one lag series per durable subscription (their number is up
     # to the clients); off, only the count and the largest lag are exported.
     metrics_per_subscription: bool = False
@@ -227,7 +230,7 @@ _INT_KEYS = {
 }
 _FLOAT_KEYS = {
     "idle_timeout", "poll_interval", "commit_timeout", "read_timeout", "slow_commit_seconds",
-    "write_timeout", "handshake_timeout",
+    "write_timeout", "handshake_timeout", "websocket_heartbeat",
 }
 _LIST_KEYS = {"websocket_allowed_origins"}
 _KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"} - _TLS_FIELDS

@@ -151,8 +151,6 @@ class TcpListener:
     def __post_init__(self) -> None:
         self._server: asyncio.Server | TlsServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
-        # Open connections per source address (max_connections_per_address).
-        self._per_address: dict[str, int] = {}
 
     @property
     def address(self) -> tuple[str, int]:
@@ -199,44 +197,20 @@ class TcpListener:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
-    def _admit(self, out: StreamOutbound, host: str) -> bool:
-        """Whether a new connection from ``host`` is within the connection
-        limits (listener-wide and per source address); refusals are counted
-        and logged."""
-        limit = self.stats.max_connections
-        if limit is not None and self.stats.connections_open >= limit:
-            self.stats.connections_refused += 1
-            log.warning(
-                "%s: connection refused from %s: %d connections open (max_connections %d)",
-                self.name, out.peer, self.stats.connections_open, limit,
-            )
-            return False
-        per_address = self.stats.max_connections_per_address
-        if per_address is not None and self._per_address.get(host, 0) >= per_address:
-            self.stats.connections_refused += 1
-            log.warning(
-                "%s: connection refused from %s: %d connections open from that address "
-                "(max_connections_per_address %d)",
-                self.name, out.peer, self._per_address[host], per_address,
-            )
-            return False
-        return True
-
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         out = StreamOutbound(writer, self.stats)
         host = _source_address(writer)
-        if not self._admit(out, host):
+        refused = self.stats.admit(host)
+        if refused is not None:
+            log.warning("%s: connection refused from %s: %s", self.name, out.peer, refused)
             out.close()
             return
         set_keepalive(writer)
-        self._per_address[host] = self._per_address.get(host, 0) + 1
         # Tasks the session starts inherit the peer (error lines, metrics).
         CURRENT_PEER.set(self._peer(writer, out.peer))
         self._connections.add(task)
-        self.stats.connections_total += 1
-        self.stats.connections_open += 1
         log.debug("%s: connection from %s", self.name, out.peer)
         session: StreamSession | None = None
         try:
@@ -265,12 +239,7 @@ class TcpListener:
             log.exception("%s: connection from %s failed", self.name, out.peer)
             self.stats.error("internal")
         finally:
-            self.stats.connections_open -= 1
-            left = self._per_address.get(host, 1) - 1
-            if left > 0:
-                self._per_address[host] = left
-            else:
-                self._per_address.pop(host, None)
+            self.stats.release(host)
             log.debug("%s: connection from %s closed", self.name, out.peer)
             if session is not None:
                 try:

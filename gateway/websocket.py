@@ -234,6 +234,9 @@ class WebSocketEndpoint:
             compress=False,
             writer_limit=WRITER_LIMIT,
             timeout=CLOSE_TIMEOUT,
+            # Pings find a vanished peer (and a proxy's dead connection) even
+            # when the protocol itself is silent; no pong closes it.
+            heartbeat=self.stats.websocket_heartbeat,
         )
         if not ws.can_prepare(request).ok:
             return web.Response(status=426, text=f"{self.name}: WebSocket upgrade required\n")
@@ -255,23 +258,22 @@ class WebSocketEndpoint:
                      "allowed; the gateway's operator can add that origin to "
                      "websocket_allowed_origins\n",
             )
-        limit = self.stats.max_connections
-        if limit is not None and self.stats.connections_open >= limit:
-            self.stats.connections_refused += 1
-            log.warning(
-                "%s: WebSocket refused from %s: %d connections open (max_connections %d)",
-                self.name, peer, self.stats.connections_open, limit,
-            )
+        host = request.remote or "?"  # the source address, as TCP counts it
+        refused = self.stats.admit(host)
+        if refused is not None:
+            log.warning("%s: WebSocket refused from %s: %s", self.name, peer, refused)
             return web.Response(status=503, text=f"{self.name}: too many connections\n")
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except BaseException:
+            self.stats.release(host)
+            raise
         task = asyncio.current_task()
         assert task is not None
         # Tasks the session starts inherit the peer (error lines, metrics).
         CURRENT_PEER.set(Peer(self.name, peer, certificate_user=_certificate_user(request)))
         out = WebSocketOutbound(ws, peer, self.stats)
         self._connections[task] = out
-        self.stats.connections_total += 1
-        self.stats.connections_open += 1
         session: StreamSession | None = None
         try:
             session = self.factory(out)
@@ -307,7 +309,7 @@ class WebSocketEndpoint:
             log.exception("%s: WebSocket from %s failed", self.name, peer)
             self.stats.error("internal")
         finally:
-            self.stats.connections_open -= 1
+            self.stats.release(host)
             self._connections.pop(task, None)
             if session is not None:
                 try:

@@ -106,6 +106,11 @@ class ListenerStats:
     # Outbound.handshake_done) this long after it was accepted is closed;
     # None = no deadline.
     handshake_timeout: float | None = None
+    # WebSocket ping interval; a peer that does not answer with a pong is
+    # closed (None = no pings).
+    websocket_heartbeat: float | None = None
+    # Open connections per source address, TCP and WebSocket together.
+    by_address: Counter[str] = field(default_factory=Counter, repr=False)
     _log_window: float = field(default=0.0, repr=False)
     _log_lines: int = field(default=0, repr=False)
     _log_suppressed: int = field(default=0, repr=False)
@@ -113,6 +118,34 @@ class ListenerStats:
     def error(self, code: str) -> None:
         self.errors[code] += 1
         self._log_error(code)
+
+    def admit(self, host: str) -> str | None:
+        """Count a new connection from source address ``host`` as open, or
+        why it is refused (``max_connections``, ``max_connections_per_address``;
+        counted in ``connections_refused``).  An admitted connection is
+        released with :meth:`release`."""
+        limit = self.max_connections
+        if limit is not None and self.connections_open >= limit:
+            self.connections_refused += 1
+            return f"{self.connections_open} connections open (max_connections {limit})"
+        per_address = self.max_connections_per_address
+        if per_address is not None and self.by_address[host] >= per_address:
+            self.connections_refused += 1
+            return (
+                f"{self.by_address[host]} connections open from that address "
+                f"(max_connections_per_address {per_address})"
+            )
+        self.by_address[host] += 1
+        self.connections_total += 1
+        self.connections_open += 1
+        return None
+
+    def release(self, host: str) -> None:
+        """An admitted connection from ``host`` closed."""
+        self.connections_open -= 1
+        self.by_address[host] -= 1
+        if self.by_address[host] <= 0:
+            del self.by_address[host]
 
     def _log_error(self, code: str) -> None:
         if code in ROUTINE_CODES:

@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -58,6 +57,7 @@ from polyport.protocols.res01.connection import (
     ServerConnection,
 )
 from polyport.protocols.res01.errors import ErrorCode, LocalProtocolError
+from polyport.protocols.res01.peers import PeerTable
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Peer, SessionContext
 
 if TYPE_CHECKING:
@@ -76,7 +76,6 @@ LINGER_MS = 500
 # A logged-in peer's principal is looked up again after this long, so a
 # change of the user's contexts reaches connections that stay open.
 TENANT_TTL = 30.0
-MAX_CACHED_TENANTS = 10_000
 
 
 def _endpoint(host: str, port: int) -> str:
@@ -143,8 +142,11 @@ class Res01Listener:
                               curve=curve.user_for_key if curve is not None else None)
         self._zap_started = False
         # (endpoint, routing id) → (user, tenant, expires): the principal of a
-        # logged-in peer, looked up once a while rather than per message.
-        self._tenants: OrderedDict[tuple[int, bytes], tuple[str, Tenant, float]] = OrderedDict()
+        # logged-in peer, looked up once a while rather than per message; the
+        # table forgets idle peers and bounds their number (res01_max_peers).
+        self.peers: PeerTable[tuple[int, bytes], tuple[str, Tenant, float]] = PeerTable(
+            max_peers=limits.max_peers, idle_timeout=limits.idle_timeout
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._writes = 0
         self._reads = 0
@@ -331,6 +333,8 @@ class Res01Listener:
         CURRENT_PEER.set(Peer("res01", "zmq:" + frames[0].hex() if frames else "zmq:?"))
         self.stats.frames_in += 1
         self.stats.bytes_in += received.size
+        if frames:
+            self.peers.seen((index, frames[0]))
         conn = endpoint.conn
         if received.error is not None:  # over max_message_parts / max_request_bytes
             self.stats.error(received.error.code)
@@ -377,15 +381,11 @@ class Res01Listener:
             raise Unauthenticated("this endpoint requires a ZeroMQ PLAIN login")
         key = (index, peer)
         now = time.monotonic()
-        cached = self._tenants.get(key)
+        cached = self.peers.get(key)
         if cached is not None and cached[0] == user and cached[2] > now:
-            self._tenants.move_to_end(key)
             return cached[1]
         tenant = Tenant(self._store, await self._users.principal_for(user))
-        self._tenants[key] = (user, tenant, now + TENANT_TTL)
-        self._tenants.move_to_end(key)
-        while len(self._tenants) > MAX_CACHED_TENANTS:
-            self._tenants.popitem(last=False)
+        self.peers.set(key, (user, tenant, now + TENANT_TTL))
         return tenant
 
     def _admission(self, write: bool, size: int) -> str | None:

@@ -124,6 +124,12 @@ class Res01Limits:
     # bounded size (at least one event is always returned).
     max_fetch_count: int = 1000
     max_fetch_bytes: int = 8 << 20
+    # Peers (routing ids) the listener keeps state for: one unseen for
+    # idle_timeout (the gateway's; 0 = never) is forgotten, and past max_peers
+    # the least recently seen is (protocols/res01/peers.py).  A forgotten
+    # peer is served as a new one on its next message.
+    max_peers: int = 10_000
+    idle_timeout: float | None = field(default=300.0, metadata={"setting": "idle_timeout"})
     # A reply the peer does not take (its queue at the high-water mark) for
     # this long is dropped.
     send_timeout: float = 10.0
@@ -136,6 +142,9 @@ class Res01Limits:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_frame_bytes", self.max_event_bytes + FRAME_SLACK_BYTES)
+        object.__setattr__(self, "max_peers", max(1, self.max_peers))
+        if not self.idle_timeout:
+            object.__setattr__(self, "idle_timeout", None)
         if self.max_request_bytes is None:
             # A request must at least hold one event of the largest size.
             derived = max(DEFAULT_MAX_REQUEST_BYTES, 2 * self.max_event_bytes)

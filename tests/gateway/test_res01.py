@@ -703,3 +703,22 @@ async def test_eleventh_rapid_failure_is_delayed(gateway_factory) -> None:
     assert throttle.delayed_total == 1
     assert elapsed[-1] >= throttle.base_delay
     assert max(elapsed[:-1]) < throttle.base_delay
+
+
+async def test_peers_are_bounded_and_a_forgotten_one_is_served_again(gateway_factory) -> None:
+    # res01_max_peers 2: a third routing id pushes out the least recently
+    # seen peer's state (its login), which is looked up again on its next
+    # request rather than refused.
+    gw = await start_gateway(gateway_factory, extra={"res01_max_peers": 2})
+    listener = gw.listeners["res01"]
+    clients = [await connect(gw) for _ in range(3)]
+    try:
+        stream = stream_name()
+        for i, client in enumerate(clients):
+            await client.commit("ctx", stream, i + 1, [new_event("T", "{}")])
+        assert len(listener.peers) == 2 and listener.peers.forgotten >= 1
+        await clients[0].commit("ctx", stream, 4, [new_event("T", "{}")])
+    finally:
+        for client in clients:
+            await client.close()
+    assert len(listener.peers) == 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy import (
     ARRAY,
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     ForeignKey,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
@@ -93,6 +95,22 @@ subscriptions = Table(
     Column("fetched_time", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    # Persistent-subscription settings and fetch retries (revision 0006).
+    Column("settings", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("fetch_attempts", Integer, nullable=False, server_default="0"),
+)
+
+# Events a persistent subscription gave up on (revision 0006; core.parking).
+parked_events = Table(
+    "parked_events",
+    metadata,
+    Column("subscription_id", BigInteger, ForeignKey("subscriptions.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("position", BigInteger, primary_key=True),
+    Column("retries", Integer, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("parked_at", DateTime(timezone=True), nullable=False),
+    Column("replay", Boolean, nullable=False, server_default=false()),
 )
 
 users = Table(

@@ -60,6 +60,8 @@ CROSS JOIN LATERAL ({_LAST_EVENT_STATE}) st
 """
 
 EXISTING_EVENT_IDS = f"SELECT {_COLS} FROM events WHERE event_id = ANY($1::uuid[])"
+# Did a commit whose outcome is unknown store anything? (Its batch commits whole.)
+ANY_EVENT_ID_STORED = "SELECT EXISTS (SELECT 1 FROM events WHERE event_id = ANY($1::uuid[]))"
 
 # The stream registry: one row per stream, written by its first append.
 INSERT_STREAMS = """
@@ -196,12 +198,33 @@ WHERE id = $1
 """
 
 # Progress only if the caller names the batch it was handed (idempotent).
+# A batch of replayed parked events ends at or before the checkpoint: its
+# progress unparks those rows and leaves the checkpoint where it is.  A normal
+# batch unparks only replay-marked rows inside it (after a seek backwards), so
+# a replay requested while it was out is not lost.
 PROGRESS_FETCHED = """
-UPDATE subscriptions
-SET checkpoint = fetched_position, fetched_position = NULL, fetched_time = NULL,
-    updated_at = now()
-WHERE id = $1 AND fetched_time = $2 AND fetched_position IS NOT NULL
-RETURNING checkpoint
+WITH batch AS (
+    SELECT id, checkpoint, fetched_position FROM subscriptions
+    WHERE id = $1 AND fetched_time = $2 AND fetched_position IS NOT NULL
+    FOR UPDATE
+), moved AS (
+    UPDATE subscriptions s
+    SET checkpoint = GREATEST(b.checkpoint, b.fetched_position), fetched_position = NULL,
+        fetched_time = NULL, updated_at = now()
+    FROM batch b WHERE s.id = b.id
+    RETURNING s.checkpoint
+), unparked AS (
+    DELETE FROM parked_events p USING batch b
+    WHERE p.subscription_id = b.id AND p.replay AND p.position <= b.fetched_position
+      AND (b.fetched_position <= b.checkpoint OR p.position > b.checkpoint)
+)
+SELECT checkpoint FROM moved
+"""
+
+# A replayed batch parked again: forget it was fetched, keep the checkpoint.
+CLEAR_FETCH = """
+UPDATE subscriptions SET fetched_position = NULL, fetched_time = NULL, updated_at = now()
+WHERE id = $1
 """
 
 LIST_SUBSCRIPTIONS = """
@@ -210,6 +233,74 @@ FROM subscriptions s CROSS JOIN log_head h ORDER BY s.id
 """
 
 DELETE_SUBSCRIPTION = "DELETE FROM subscriptions WHERE name = $1 RETURNING id"
+
+# --- persistent subscriptions (core.parking) ----------------------------------
+
+SUBSCRIPTION_SETTINGS = "SELECT id, settings FROM subscriptions WHERE name = $1"
+
+SET_SUBSCRIPTION_SETTINGS = """
+UPDATE subscriptions SET settings = $2::jsonb, updated_at = now() WHERE id = $1
+"""
+
+# Settings and parked counts of every subscription, for listings.
+PERSISTENT_STATE = """
+SELECT s.id, s.settings,
+       (SELECT count(*) FROM parked_events p WHERE p.subscription_id = s.id) AS parked
+FROM subscriptions s
+"""
+
+# Parking again (a replayed event failed once more) refreshes the row.
+PARK_EVENT = """
+INSERT INTO parked_events (subscription_id, position, retries, reason, parked_at)
+VALUES ($1, $2, $3, $4, now())
+ON CONFLICT (subscription_id, position)
+DO UPDATE SET retries = EXCLUDED.retries, reason = EXCLUDED.reason,
+              parked_at = EXCLUDED.parked_at, replay = false
+"""
+
+# Parked counts by subscription name, for /status.
+PARKED_BY_NAME = """
+SELECT s.name, count(*) AS parked
+FROM parked_events p JOIN subscriptions s ON s.id = p.subscription_id GROUP BY s.name
+"""
+
+UNPARK_EVENT = "DELETE FROM parked_events WHERE subscription_id = $1 AND position = $2"
+
+LIST_PARKED = """
+SELECT p.position, p.retries, p.reason, p.parked_at, p.replay, e.context, e.stream,
+       e.version, e.type
+FROM parked_events p JOIN events e ON e.position = p.position
+WHERE p.subscription_id = $1 ORDER BY p.position LIMIT $2
+"""
+
+REQUEST_REPLAY = """
+UPDATE parked_events SET replay = true WHERE subscription_id = $1 AND NOT replay
+"""
+
+# The parked events to hand out again, as events.
+REPLAY_DUE = f"""
+SELECT {', '.join('e.' + c for c in EVENT_COLUMNS)}
+FROM parked_events p JOIN events e ON e.position = p.position
+WHERE p.subscription_id = $1 AND p.replay ORDER BY p.position LIMIT $2
+"""
+
+# A fetch-style subscription's replayed parked events: only those the
+# checkpoint has passed (after a seek backwards the rest come in order anyway).
+FETCH_REPLAY_DUE = f"""
+SELECT {', '.join('e.' + c for c in EVENT_COLUMNS)}
+FROM parked_events p JOIN events e ON e.position = p.position
+WHERE p.subscription_id = $1 AND p.replay AND p.position <= $2
+ORDER BY p.position LIMIT $3
+"""
+
+# A fetch-style subscription's batch fetched again without progress.
+COUNT_FETCH_ATTEMPT = """
+UPDATE subscriptions
+SET fetch_attempts = CASE WHEN fetched_position = $2 THEN fetch_attempts + 1 ELSE 1 END
+WHERE id = $1 RETURNING fetch_attempts
+"""
+
+RESET_FETCH_ATTEMPTS = "UPDATE subscriptions SET fetch_attempts = 0 WHERE id = $1"
 
 TRY_GROUP_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 7461))"
 RELEASE_GROUP_LOCK = "SELECT pg_advisory_unlock(hashtextextended($1, 7461))"

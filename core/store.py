@@ -46,6 +46,7 @@ from polyport.core.locks import GroupLocks
 from polyport.core.matcher import event_matcher
 from polyport.core.migrate import asyncpg_dsn
 from polyport.core.monitor import Monitor
+from polyport.core.parking import ParkedEvent, Parking, SubscriptionSettings, start_from_json
 from polyport.core.records import record_from_row
 from polyport.core.subscriptions import Subscription, Tailer
 from polyport.core.users import UserService
@@ -121,7 +122,12 @@ class EventStore:
         self.users: UserService = None  # type: ignore[assignment]
         self.binders: BinderService = None  # type: ignore[assignment]
         self.monitor: Monitor = None  # type: ignore[assignment]
+        self.parking: Parking = None  # type: ignore[assignment]
         self._groups: dict[str, ConsumerGroup] = {}
+        # Failure counts of groups whose last member left, for the next group
+        # with that name (a lone consumer that keeps crashing on an event must
+        # reach max_retries too).  In this process only.
+        self._kept_retries: dict[str, dict[int, int]] = {}
         self._group_locks = GroupLocks(self._dsn)
         self._reads = asyncio.Semaphore(config.max_concurrent_reads)
         self._waiting_reads = 0
@@ -135,6 +141,11 @@ class EventStore:
         # Optional: called with each event handed to a subscriber or fetched
         # by a fetch-style subscription (delivery metrics).
         self.on_deliver: Callable[[RecordedEvent], None] | None = None
+        # Optional, called in the caller's task (the gateway's per-connection
+        # counters): events appended, a login, a subscription handed out.
+        self.on_append: Callable[[int], None] | None = None
+        self.on_login: Callable[[Principal], None] | None = None
+        self.on_subscribe: Callable[[Subscription | GroupMember], None] | None = None
         self._handed_out: weakref.WeakSet[Subscription | GroupMember] = weakref.WeakSet()
 
     # --- lifecycle ----------------------------------------------------------
@@ -151,7 +162,10 @@ class EventStore:
             ) from exc
         self.tailer = Tailer(self._pool, self._dsn, self.config.poll_interval, self._health)
         await self.tailer.start()
-        self.writer = Writer(self._pool, self._dsn, self.config.writer, on_commit=self._committed)
+        self.writer = Writer(
+            self._pool, self._dsn, self.config.writer, on_commit=self._committed,
+            health=self._health,
+        )
         self.writer.start()
         self._notify_task = asyncio.create_task(self._notifier(), name="polyport-notify")
         self._schema_task = asyncio.create_task(self._watch_schema(), name="polyport-schema")
@@ -161,6 +175,7 @@ class EventStore:
             anonymous_contexts=self.config.anonymous_contexts,
         )
         self.monitor = Monitor(self._pool)
+        self.parking = Parking(self._pool)
         self.binders = BinderService(self, run_projector=self.config.run_binders)
         await self.binders.start()
         self.started = True
@@ -195,12 +210,19 @@ class EventStore:
 
     async def append(self, command: Append) -> AppendResult:
         results = await self.writer.submit([command])
+        self._appended([command])
         return results[0]
 
     async def append_batch(self, command: AppendBatch) -> list[AppendResult]:
         if not command.appends:
             raise Malformed("an append batch needs at least one append")
-        return await self.writer.submit(command.appends)
+        results = await self.writer.submit(command.appends)
+        self._appended(command.appends)
+        return results
+
+    def _appended(self, appends: list[Append] | tuple[Append, ...]) -> None:
+        if self.on_append is not None:
+            self.on_append(sum(len(a.events) for a in appends))
 
     def _committed(self, position: int) -> None:
         self._health.ok()
@@ -380,16 +402,21 @@ class EventStore:
             )
             sub.on_deliver = self.on_deliver
             self._handed_out.add(sub)
+            if self.on_subscribe is not None:
+                self.on_subscribe(sub)
             return sub
         await self._ensure_durable(command.durable, command.selector, command.start)
         group = self._groups.get(command.durable)
         if group is None:
             group = ConsumerGroup(self, self._group_locks, command.durable, command.selector)
+            group.retries.update(self._kept_retries.pop(command.durable, {}))
             self._groups[command.durable] = group
         member = GroupMember(group, command.buffer_size, credit)
         member.on_deliver = self.on_deliver
         self._handed_out.add(member)
         group.add(member)
+        if self.on_subscribe is not None:
+            self.on_subscribe(member)
         return member
 
     def open_subscriptions(self) -> list[Subscription | GroupMember]:
@@ -401,6 +428,8 @@ class EventStore:
         that name starts a new group from the saved checkpoint."""
         if self._groups.get(group.name) is group:
             del self._groups[group.name]
+            if group.retries:
+                self._kept_retries[group.name] = dict(group.retries)
 
     async def _ensure_durable(self, name: str, selector: Selector, start: Start) -> asyncpg.Record:
         row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, name)
@@ -416,6 +445,42 @@ class EventStore:
                 sql.UPDATE_SUBSCRIPTION_SELECTOR, row["id"], json.dumps(selector_to_json(selector))
             )
         return row
+
+    # --- persistent-subscription settings and parked events (core.parking) ---
+
+    async def create_subscription(
+        self, name: str, selector: Selector, settings: SubscriptionSettings
+    ) -> bool:
+        """Create the durable subscription ``name`` with ``settings`` (its
+        checkpoint placed by ``settings.start``); False if it exists already."""
+        if await self.subscription_id(name) is not None:
+            return False
+        row = await self._ensure_durable(name, selector, start_from_json(settings.start))
+        await self.parking.set_settings(int(row["id"]), settings)
+        return True
+
+    async def update_subscription(self, name: str, changes: dict[str, Any]) -> None:
+        """Change some settings of ``name``; the group owning it (here at
+        once, in other processes within a few seconds) applies them."""
+        sub_id, settings = await self.parking.settings(name)
+        await self.parking.set_settings(sub_id, settings.merged(changes))
+        self.poke_group(name)
+
+    async def parked_events(self, name: str) -> list[ParkedEvent]:
+        sub_id, _ = await self.parking.settings(name)
+        return await self.parking.parked(sub_id)
+
+    async def replay_parked(self, name: str) -> int:
+        """Mark the parked events of ``name`` for delivery again; how many."""
+        sub_id, _ = await self.parking.settings(name)
+        count = await self.parking.request_replay(sub_id)
+        self.poke_group(name)
+        return count
+
+    def poke_group(self, name: str) -> None:
+        group = self._groups.get(name)
+        if group is not None:
+            group.poke()
 
     async def durable_checkpoint(self, name: str) -> int:
         """The saved checkpoint of the durable subscription ``name``."""
@@ -453,27 +518,27 @@ class EventStore:
     ) -> list[RecordedEvent]:
         """Up to ``suggested_count`` events after the checkpoint (more when
         later events share the last one's recorded time).  Fetching again
-        without progressing returns the same batch."""
+        without progressing returns the same batch.  Parked events marked
+        for replay come first, as a batch of their own (oldest first)."""
         sub = await self.get_fetch_subscription(sub_id)
-        head = int(await self._pool.fetchval(sql.HEAD_POSITION))
         want = max(1, suggested_count)
         out: list[RecordedEvent] = []
-        cursor = sub.checkpoint
-        while cursor < head:
-            events, last_row, exhausted = await self.tailer.read_selected(
-                sub.selector, cursor, head, 500
-            )
-            stop = False
-            for ev in events:
-                if len(out) >= want and (
-                    not extend_same_time or ev.recorded_at != out[-1].recorded_at
-                ):
-                    stop = True
+        # One extra round's worth so extend_same_time can see past ``want``.
+        replayed = await self.parking.fetch_replay_due(sub.id, sub.checkpoint, want + 500)
+        if replayed:
+            _fill_batch(out, replayed, want, extend_same_time)
+        else:
+            head = int(await self._pool.fetchval(sql.HEAD_POSITION))
+            cursor = sub.checkpoint
+            while cursor < head:
+                events, last_row, exhausted = await self.tailer.read_selected(
+                    sub.selector, cursor, head, 500
+                )
+                if _fill_batch(out, events, want, extend_same_time) or exhausted:
                     break
-                out.append(ev)
-            if stop or exhausted:
-                break
-            cursor = last_row
+                cursor = last_row
+        if out and await self._park_refetched(sub, out):
+            return await self.fetch(sub_id, suggested_count, extend_same_time=extend_same_time)
         if out:
             await self._pool.execute(
                 sql.RECORD_FETCH, sub_id, out[-1].position, out[-1].recorded_at
@@ -483,9 +548,35 @@ class EventStore:
                     self.on_deliver(ev)
         return out
 
+    async def _park_refetched(self, sub: FetchSubscription, batch: list[RecordedEvent]) -> bool:
+        """A fetch subscription's retry: the same batch fetched again without
+        progress.  Past ``max_retries`` the batch is parked and the checkpoint
+        moves past it (True: fetch the next batch instead)."""
+        _, settings = await self.parking.settings(sub.name)
+        if settings.max_retries is None:
+            return False
+        fetches = await self.parking.count_fetch_attempt(sub.id, batch[-1].position)
+        if fetches <= settings.max_retries + 1:  # the first fetch is no retry
+            return False
+        for ev in batch:
+            await self.parking.park(sub.id, ev.position, fetches - 1, "fetched again")
+        if batch[-1].position <= sub.checkpoint:
+            # A replayed batch: the checkpoint is already past it and must
+            # not move back; parking it again is all there is to do.
+            await self._pool.execute(sql.CLEAR_FETCH, sub.id)
+        else:
+            await self._pool.execute(sql.SET_CHECKPOINT, sub.id, batch[-1].position)
+        await self.parking.reset_fetch_attempts(sub.id)
+        log.info("subscription %s: parked %d events (positions %d-%d) fetched %d times "
+                 "without progress", sub.name, len(batch), batch[0].position,
+                 batch[-1].position, fetches)
+        return True
+
     async def progress(self, sub_id: int, last_event_time: datetime) -> bool:
         """Move the checkpoint past the last fetched batch if ``last_event_time``
-        names it; otherwise nothing changes (idempotent).  Returns whether it moved."""
+        names it; otherwise nothing changes (idempotent).  A batch of replayed
+        parked events is unparked instead (the checkpoint never moves back).
+        Returns whether the batch was accepted."""
         await self.get_fetch_subscription(sub_id)
         row = await self._pool.fetchrow(sql.PROGRESS_FETCHED, sub_id, last_event_time)
         return row is not None
@@ -502,6 +593,8 @@ class EventStore:
 
     async def list_subscriptions(self) -> list[dict[str, Any]]:
         rows = await self._pool.fetch(sql.LIST_SUBSCRIPTIONS)
+        persistent = await self.parking.state()
+        none = (SubscriptionSettings(), 0)
         return [
             {
                 "id": r["id"],
@@ -510,6 +603,8 @@ class EventStore:
                 "checkpoint": r["checkpoint"],
                 "lag_events": r["last_position"] - r["checkpoint"],
                 "updated_at": r["updated_at"].isoformat(),
+                "settings": persistent.get(r["id"], none)[0].as_json(),
+                "parked": persistent.get(r["id"], none)[1],
             }
             for r in rows
         ]
@@ -520,11 +615,27 @@ class EventStore:
     # --- auth and queries ---------------------------------------------------
 
     async def authenticate(self, user: str | None, password: str | None) -> Principal:
-        return await self.users.authenticate(user, password)
+        principal = await self.users.authenticate(user, password)
+        if self.on_login is not None:
+            self.on_login(principal)
+        return principal
 
     async def query(self, binder: str, matcher: dict[str, Any]) -> BinderQuery:
         """Matching documents of a binder: ``.count`` now, then ``async for``."""
         return await self.binders.query(binder, matcher)
+
+
+def _fill_batch(
+    out: list[RecordedEvent], events: list[RecordedEvent], want: int, extend_same_time: bool
+) -> bool:
+    """Append ``events`` to a fetch batch until it holds ``want`` (and, with
+    ``extend_same_time``, the events sharing the last one's recorded time);
+    True once the batch is full."""
+    for ev in events:
+        if len(out) >= want and (not extend_same_time or ev.recorded_at != out[-1].recorded_at):
+            return True
+        out.append(ev)
+    return False
 
 
 def segment_frame(ev: RecordedEvent) -> bytes:

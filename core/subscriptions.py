@@ -30,6 +30,7 @@ from polyport.core.health import Health
 from polyport.core.logs import RateLimitedLog
 from polyport.core.reader import BufferedReader
 from polyport.core.records import record_from_row
+from polyport.core.retry import Outage, reconnecting
 
 log = logging.getLogger("polyport.subscriptions")
 # A matcher that fails on one event tends to fail on every event.
@@ -87,7 +88,6 @@ class Subscription(BufferedReader):
         self._catch_up_task = asyncio.create_task(self._catch_up(), name="polyport-catch-up")
 
     async def _catch_up(self) -> None:
-        backoff = 0.1
         while not self.closed:
             space = self._limit - len(self._buffer)
             if space <= 0:
@@ -98,16 +98,13 @@ class Subscription(BufferedReader):
             if self.cursor >= upper:
                 self._tailer.join(self)
                 return
-            try:
-                events, last_row, exhausted = await self._tailer.read_selected(
-                    self.selector, self.cursor, upper, min(space, CATCH_UP_BATCH)
-                )
-            except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
-                log.warning("catch-up read failed (%s); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            backoff = 0.1
+            # Retried until the database answers: a catch-up that ended on a
+            # failure would leave its subscriber waiting forever.
+            async for attempt in reconnecting(self._tailer.catch_up_outage, any_error=True):
+                with attempt:
+                    events, last_row, exhausted = await self._tailer.read_selected(
+                        self.selector, self.cursor, upper, min(space, CATCH_UP_BATCH)
+                    )
             self._buffer.extend(events)
             self.cursor = upper if exhausted else last_row
             if events:
@@ -152,6 +149,8 @@ class Tailer:
         self.poll_interval = poll_interval
         # Told of every round trip's outcome: readiness answers from it.
         self.health = health or Health()
+        self._outage = Outage("tailer", log, self.health)
+        self.catch_up_outage = Outage("subscription catch-up", log, self.health)
         self.head = 0
         self.last_time: datetime | None = None
         self._known_head = 0
@@ -181,12 +180,21 @@ class Tailer:
             await self._listen_conn.close()
 
     async def _listen(self) -> None:
+        """(Re)open the LISTEN connection.  Best effort: polling covers a
+        missing one, and the next round tries again."""
+        old, self._listen_conn = self._listen_conn, None
+        if old is not None:
+            old.terminate()
+        conn: asyncpg.Connection | None = None
         try:
-            self._listen_conn = await asyncpg.connect(self._dsn)
-            await self._listen_conn.add_listener(sql.NOTIFY_CHANNEL, self._on_notify)
-        except (asyncpg.PostgresError, OSError) as exc:
-            log.warning("LISTEN failed (%s); relying on polling", exc)
-            self._listen_conn = None
+            conn = await asyncpg.connect(self._dsn, timeout=self.poll_interval + 2)
+            await conn.add_listener(sql.NOTIFY_CHANNEL, self._on_notify)
+        except Exception as exc:  # noqa: BLE001 - any failure here means "poll instead"
+            log.debug("LISTEN failed (%s); relying on polling", exc)
+            if conn is not None:
+                conn.terminate()
+            return
+        self._listen_conn = conn
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         with contextlib.suppress(ValueError):
@@ -235,17 +243,22 @@ class Tailer:
         return events, last, len(rows) < limit
 
     async def _run(self) -> None:
+        """Never ends but by cancellation: a failed round is retried with
+        bounded backoff until the database answers again, and resumes from
+        ``head``, so live subscriptions see every event with no gap.  (A round
+        that raised something unexpected used to end this task silently, and
+        with it live delivery for the whole process.)"""
         while True:
             woken = await wait_event(self._wake, self.poll_interval)
             self._wake.clear()
-            try:
-                if self._listen_conn is None or self._listen_conn.is_closed():
-                    await self._listen()
-                await self._advance(announced=woken)
-            except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
-                self.health.failed("tailer", exc)
-                log.warning("tailer read failed (%s); retrying", exc)
-                await asyncio.sleep(self.poll_interval)
+            async for attempt in reconnecting(self._outage, any_error=True):
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        woken = False  # announcements made while away are lost
+                    if self._listen_conn is None or self._listen_conn.is_closed():
+                        await self._listen()
+                    await self._advance(announced=woken)
+            self._outage.recovered()
 
     async def _advance(self, announced: bool = False) -> None:
         if not self._live and not self.listeners:

@@ -34,9 +34,11 @@ from polyport.core.errors import (
     Timeout,
 )
 from polyport.core.events import RecordedEvent
+from polyport.core.health import Health
 from polyport.core.limits import EventLimits, check_appends
 from polyport.core.planner import ONE_MICROSECOND, Plan, StreamState, plan_batch
 from polyport.core.records import record_from_row
+from polyport.core.retry import Outage, connection_lost, reconnecting
 
 log = logging.getLogger("polyport.writer")
 
@@ -107,6 +109,7 @@ class Writer:
         dsn: str,
         limits: WriterLimits | None = None,
         on_commit: Callable[[int], None] | None = None,
+        health: Health | None = None,
     ) -> None:
         self._pool = pool
         self._dsn = dsn
@@ -130,12 +133,17 @@ class Writer:
         self._closing = False
         self._on_commit = on_commit
         self.stats = WriterStats()
+        self._outage = Outage("writer", log, health)
         # Optional: called after every commit (metrics); must not block.
         self.observer: Callable[[CommitObservation], None] | None = None
         # The writer's own connections, one per batch in flight: taking one
         # from the pool per commit costs a reset round trip each time.
         self._conns: list[asyncpg.Connection | None] = [None] * self.limits.pipeline_depth
         self._free_slots: deque[int] = deque(range(self.limits.pipeline_depth))
+        # Whether the slot's current attempt sent anything to the database:
+        # a connection lost before that stored nothing; after it, the commit's
+        # outcome is unknown until checked (_resolve).
+        self._statement_sent: list[bool] = [False] * self.limits.pipeline_depth
         # Last known state of recently written streams, for the fast path.
         # Another process can only move a stream past what is cached (events
         # are never deleted), which the database's unique index refuses.  The
@@ -160,20 +168,30 @@ class Writer:
         self._expiry = asyncio.create_task(self._expire(), name="polyport-writer-timeouts")
 
     async def _expire(self) -> None:
-        """Fail appends not confirmed by their deadline (queued or committing).
-        A committing one may still commit: the message says how to find out."""
+        """Fail appends not confirmed by their deadline.  A queued one was
+        never sent (and now never will be: _take_batch skips it), so nothing
+        was stored; a committing one's outcome is unknown."""
         interval = min(1.0, self.limits.commit_timeout / 4)
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)
             now = loop.time()
-            for p in (*self._queue, *(q for b in self._inflight.values() for q in b)):
+            for p in self._queue:
+                if now > p.deadline and not p.future.done():
+                    p.future.set_exception(
+                        Timeout(
+                            f"append not sent within {self.limits.commit_timeout:.0f}s "
+                            "(queued behind a slow or unreachable database); nothing was "
+                            "stored: resending is safe"
+                        )
+                    )
+            for p in (q for b in self._inflight.values() for q in b):
                 if now > p.deadline and not p.future.done():
                     p.future.set_exception(
                         Timeout(
                             f"append not confirmed within {self.limits.commit_timeout:.0f}s; "
-                            "it may still commit: retry with the same event ids "
-                            "(retries are idempotent)"
+                            "outcome unknown: it may still commit. Resend with the same event "
+                            "ids (such resends are idempotent; see docs/errors.md)"
                         )
                     )
 
@@ -334,55 +352,137 @@ class Writer:
         """Commit a batch; if the database refuses it for a reason other than a
         lost connection, commit each unit alone so one bad append cannot fail
         its neighbours."""
+        if not await self._attempt(batch, slot, previous, may_isolate=True):
+            return
+        log.warning("group commit refused; retrying its %d appends one by one", len(batch))
+        for p in batch:
+            if not p.future.done():
+                await self._attempt([p], slot, None, may_isolate=False)
+
+    async def _attempt(
+        self,
+        batch: list[_Pending],
+        slot: int,
+        previous: asyncio.Future[None] | None,
+        *,
+        may_isolate: bool,
+    ) -> bool:
+        """One commit of ``batch``, every outcome settled; True when the
+        database refused the group as a whole and its units should be tried
+        one by one."""
+        self._statement_sent[slot] = False
         try:
             await self._commit(batch, slot, previous)
-            return
-        except asyncpg.PostgresError as exc:
-            if len(batch) == 1 or isinstance(exc, asyncpg.PostgresConnectionError):
-                self._fail(batch, exc, slot)
-                return
-            log.warning("group commit refused (%s); retrying its %d appends one by one",
-                        exc, len(batch))
-        except (OSError, asyncpg.InterfaceError) as exc:
-            self._fail(batch, exc, slot)
-            await asyncio.sleep(0.05)  # the database is away: do not spin
-            return
+            return False
         except Exception as exc:
-            self._fail(batch, exc, slot)
-            return
-        for p in batch:
-            if p.future.done():
-                continue
+            if not connection_lost(exc):
+                if may_isolate and len(batch) > 1 and isinstance(exc, asyncpg.PostgresError):
+                    log.warning("group commit refused: %s", exc)
+                    self._forget_streams()
+                    return True
+                self._fail(batch, exc, slot)
+                return False
+            self._drop_connection(slot)
+            if not self._statement_sent[slot]:
+                # Lost before anything was sent: certainly not stored.
+                self._fail(batch, exc, slot)
+                await asyncio.sleep(0.05)  # the database is away: do not spin
+                return False
+            lost = exc
+        await self._resolve(batch, slot, lost)
+        return False
+
+    async def _resolve(self, batch: list[_Pending], slot: int, lost: BaseException) -> None:
+        """The connection went away after the transaction was sent: it may
+        have committed.  Find out by the batch's event ids, waiting for the
+        database until the earliest deadline among the batch's appends.
+
+        Stored: the batch is run again on the checked path, which finds
+        every id and answers each append with what was recorded (writing
+        nothing new: a batch commits whole or not at all).  Not stored: the
+        appends fail, and the message says so; resending is then safe."""
+        self._forget_streams()
+        ids = [e.event_id for p in batch for a in p.appends for e in a.events]
+        keys = {(a.context, a.stream) for p in batch for a in p.appends}
+        loop = asyncio.get_running_loop()
+        log.warning("commit outcome unknown (%s: %s); checking whether its %d events were "
+                    "stored", type(lost).__name__, lost, len(ids))
+        while not all(p.future.done() for p in batch):
+            stored = False
+            left = min(p.deadline for p in batch if not p.future.done()) - loop.time()
             try:
-                await self._commit([p], slot)
+                async for attempt in reconnecting(self._outage, within=max(0.0, left)):
+                    with attempt:
+                        try:
+                            conn = await self._connection(slot)
+                            stored = bool(ids) and bool(
+                                await conn.fetchval(sql.ANY_EVENT_ID_STORED, ids)
+                            )
+                            if stored or not ids:
+                                await self._commit_checked(batch, keys, slot)
+                        except BaseException:
+                            self._drop_connection(slot)
+                            raise
             except Exception as exc:
-                self._fail([p], exc, slot)
+                if connection_lost(exc):
+                    self._fail_unknown(batch, exc)
+                else:
+                    self._fail(batch, exc, slot)
+                return
+            self._outage.recovered()
+            if not stored and ids:
+                log.warning("commit outcome resolved: not stored (%d events)", len(ids))
+                err = StorageUnavailable(
+                    f"the connection to the database was lost during the commit ({lost}); "
+                    "checked: nothing from this commit was stored, so resending is safe"
+                )
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(err)
+            return
+
+    def _fail_unknown(self, batch: list[_Pending], exc: BaseException) -> None:
+        err = Timeout(
+            "outcome unknown: the connection to the database was lost during the commit "
+            f"and the database stayed unreachable for {self.limits.commit_timeout:.0f}s "
+            f"({exc}); the append may or may not be stored: resend it with the same event "
+            "ids (such resends are idempotent; see docs/errors.md)"
+        )
+        for p in batch:
+            if not p.future.done():
+                p.future.set_exception(err)
 
     def _forget_streams(self) -> None:
         self._streams.clear()
         self._cache_epoch += 1
 
     def _fail(self, batch: list[_Pending], exc: BaseException, slot: int) -> None:
+        """Settle ``batch`` with a failure known to have stored nothing."""
         self._forget_streams()
         err: PolyportError
         if isinstance(exc, asyncpg.DataError):
             err = Malformed(f"the database rejected this append's data: {exc}")
-        elif isinstance(exc, asyncpg.PostgresError | OSError | asyncpg.InterfaceError):
+        elif isinstance(exc, PolyportError):
+            err = exc
+        elif isinstance(exc, asyncpg.PostgresError) or connection_lost(exc):
             log.error("append transaction failed: %s", exc)
-            self._forget_connection(exc, slot)
             err = StorageUnavailable(f"storage error, nothing from this commit was stored: {exc}")
         else:
             log.error("append batch failed", exc_info=exc)
             err = StorageUnavailable(f"internal error, nothing from this commit was stored: {exc}")
+        if connection_lost(exc):
+            self._outage.failed(exc)
         for p in batch:
             if not p.future.done():
                 p.future.set_exception(err)
 
-    def _forget_connection(self, exc: BaseException, slot: int) -> None:
+    def _drop_connection(self, slot: int) -> None:
+        """Forget a slot's connection after it failed in a way that may have
+        left it unusable (the next commit opens a fresh one)."""
         conn = self._conns[slot]
-        if isinstance(exc, OSError | asyncpg.InterfaceError) and conn is not None:
+        self._conns[slot] = None
+        if conn is not None and not conn.is_closed():
             conn.terminate()
-            self._conns[slot] = None
 
     def _take_batch(self, share: int = 1) -> list[_Pending]:
         """Take up to 1/``share`` of the queued events (at least one unit),
@@ -401,7 +501,7 @@ class Writer:
             ):
                 break
             self._queue.popleft()
-            if p.future.cancelled():
+            if p.future.done():  # cancelled, or expired while queued
                 self._sent(p.events, p.cost)
                 continue
             batch.append(p)
@@ -412,7 +512,9 @@ class Writer:
     async def _connection(self, slot: int) -> asyncpg.Connection:
         conn = self._conns[slot]
         if conn is None or conn.is_closed():
-            conn = self._conns[slot] = await asyncpg.connect(self._dsn)
+            conn = self._conns[slot] = await asyncpg.connect(
+                self._dsn, timeout=min(10.0, self.limits.commit_timeout)
+            )
         return conn
 
     async def close(self) -> None:
@@ -487,6 +589,7 @@ class Writer:
         if self._cache_epoch != epoch:
             return None
         conn = await self._connection(slot)
+        self._statement_sent[slot] = True
         row = await conn.fetchrow(statement, *args)
         return int(row["base"]), row["t0"]
 
@@ -495,6 +598,7 @@ class Writer:
     ) -> None:
         ids = [e.event_id for p in batch for a in p.appends for e in a.events]
         conn = await self._connection(slot)
+        self._statement_sent[slot] = True
         async with conn.transaction():
             head = await conn.fetchrow(sql.LOCK_HEAD)
             state = {k: StreamState() for k in keys}

@@ -19,8 +19,9 @@ import asyncpg
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from polyport.core.commands import FromPosition, FromTime
+from polyport.core.commands import FromPosition, FromTime, Selector
 from polyport.core.errors import Malformed, NotFound, PolyportError, StorageUnavailable
+from polyport.core.parking import SubscriptionSettings
 from polyport.gateway.admin_routes import (
     OPENAPI_PATH,
     PREFIX,
@@ -183,6 +184,77 @@ async def delete_subscription(call: Call) -> web.Response:
     return web.Response(status=204)
 
 
+# --- persistent subscriptions ---------------------------------------------------------------
+
+
+def _start_json(start: Any) -> Any:
+    """A validated ``start``, with a time normalised to what the core parses."""
+    if isinstance(start, dict) and "time" in start:
+        return {"time": parse_date_time(start["time"]).isoformat()}
+    return start
+
+
+SETTING_KEYS = ("start", "max_in_flight", "max_retries", "message_timeout")
+
+
+def settings_changes(body: Any) -> dict[str, Any]:
+    return {k: _start_json(body[k]) if k == "start" else body[k]
+            for k in SETTING_KEYS if k in body}
+
+
+async def create_subscription(call: Call) -> web.Response:
+    body = call.body
+    name = body["name"]
+    selector = Selector(
+        context=body["context"], stream=body.get("stream"),
+        prefix=body.get("prefix") if "stream" not in body else None,
+        types=frozenset(body.get("types") or ()),
+    )
+    settings = SubscriptionSettings().merged(settings_changes(body))
+    if not await call.store.create_subscription(name, selector, settings):
+        return _error(409, f"subscription {name!r} already exists", "conflict")
+    log.info("admin: subscription %s created (from %s)", name, call.peer)
+    return web.json_response(await _subscription(call.store, name), status=201)
+
+
+async def update_subscription(call: Call) -> web.Response:
+    await call.store.update_subscription(call.name, settings_changes(call.body))
+    log.info("admin: settings of subscription %s changed (from %s)", call.name, call.peer)
+    return web.json_response(await _subscription(call.store, call.name))
+
+
+async def list_parked(call: Call) -> web.Response:
+    return web.json_response([p.as_json() for p in await call.store.parked_events(call.name)])
+
+
+async def replay_parked(call: Call) -> web.Response:
+    count = await call.store.replay_parked(call.name)
+    log.info("admin: replaying %d parked events of %s (from %s)", count, call.name, call.peer)
+    return web.json_response({"replaying": count}, status=202)
+
+
+# --- connections ---------------------------------------------------------------------------
+
+
+async def list_connections(call: Call) -> web.Response:
+    found = call.gw.connections.list(
+        protocol=call.params.get("protocol"), user=call.params.get("user"),
+        address=call.params.get("address"),
+    )
+    return web.json_response([c.as_json() for c in found])
+
+
+async def close_connection(call: Call) -> web.Response:
+    conn_id = int(call.params["id"])
+    conn = call.gw.connections.get(conn_id)
+    if conn is None:
+        raise NotFound(f"no open connection {conn_id}")
+    log.info("admin: closing connection %d (%s from %s) (from %s)", conn_id, conn.protocol,
+             conn.peer, call.peer)
+    call.gw.connections.close(conn_id)
+    return web.Response(status=204)
+
+
 # --- the table -----------------------------------------------------------------------------
 
 ROUTES: tuple[Route, ...] = (
@@ -221,6 +293,24 @@ ROUTES: tuple[Route, ...] = (
           "Move the checkpoint to a position or a time "
           "(takes effect when its consumers next start)",
           Reply(200, "moved", "Subscription"), body="SubscriptionReset"),
+    Route("POST", "/subscriptions", create_subscription, "createSubscription",
+          "Create a persistent subscription with its settings",
+          Reply(201, "created", "Subscription"), body="SubscriptionCreate", conflict=True),
+    Route("PUT", "/subscriptions/{name}/settings", update_subscription, "updateSubscription",
+          "Change a subscription's settings (absent keys stay, null clears a limit)",
+          Reply(200, "changed", "Subscription"), body="SubscriptionSettings"),
+    Route("GET", "/subscriptions/{name}/parked", list_parked, "listParked",
+          "Events parked after too many retries (the first 1000)",
+          Reply(200, "parked events", "ParkedEvent", many=True)),
+    Route("POST", "/subscriptions/{name}/replay-parked", replay_parked, "replayParked",
+          "Hand the parked events out again (each leaves the list once acknowledged)",
+          Reply(202, "replaying", "ReplayParked")),
+    Route("GET", "/connections", list_connections, "listConnections",
+          "Open connections of every protocol",
+          Reply(200, "connections", "Connection", many=True),
+          query=("protocol", "user", "address")),
+    Route("DELETE", "/connections/{id}", close_connection, "closeConnection",
+          "Close a connection (Res01: forget the peer)", Reply(204, "closed")),
 )
 
 # --- guard ---------------------------------------------------------------------------------

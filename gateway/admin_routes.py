@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from polyport.gateway.admin_schema import COMPONENTS, NAME, parse_body, validate
+from polyport.gateway.admin_schema import COMPONENTS, NAME, TEXT, parse_body, validate
 from polyport.gateway.telemetry import polyport_version
 
 if TYPE_CHECKING:
@@ -29,7 +29,21 @@ OPENAPI_PATH = "/admin/openapi.json"
 METHODS = ("GET", "POST", "PUT", "DELETE")
 
 # The schema of each path parameter an admin path may hold, by its name.
-PATH_PARAMETERS: Mapping[str, Mapping[str, Any]] = {"name": NAME}
+PATH_PARAMETERS: Mapping[str, Mapping[str, Any]] = {
+    "name": NAME,
+    # A connection id (decimal; path segments are text).
+    "id": {"type": "string", "pattern": "^[0-9]{1,18}$", "example": "1"},
+}
+# The schema of each query parameter an operation may take, by its name.
+QUERY_PARAMETERS: Mapping[str, Mapping[str, Any]] = {
+    "protocol": NAME,
+    "user": NAME,
+    "address": TEXT,
+}
+QUERY_DESCRIPTIONS: Mapping[str, str] = {
+    "protocol": "only this protocol's", "user": "only this user's",
+    "address": "only those whose peer address contains this",
+}
 
 # What each error status means, as the document describes it.
 ERROR_DESCRIPTIONS: Mapping[int, str] = {
@@ -93,6 +107,7 @@ class Route:
     reply: Reply
     body: str | None = None  # the JSON body's schema, a key of COMPONENTS
     conflict: bool = False  # it creates something that may already exist (409)
+    query: tuple[str, ...] = ()  # optional query parameters, keys of QUERY_PARAMETERS
 
     def __post_init__(self) -> None:
         # A typo here would otherwise surface as a KeyError on the first request.
@@ -101,6 +116,9 @@ class Route:
         unknown = set(self.parameters) - set(PATH_PARAMETERS)
         if unknown:
             raise ValueError(f"{self.operation_id}: no schema for path parameters {unknown}")
+        unknown = set(self.query) - set(QUERY_PARAMETERS)
+        if unknown:
+            raise ValueError(f"{self.operation_id}: no schema for query parameters {unknown}")
         for schema in (self.body, self.reply.schema):
             if schema is not None and schema not in COMPONENTS:
                 raise ValueError(f"{self.operation_id}: no component schema {schema!r}")
@@ -113,7 +131,7 @@ class Route:
     def errors(self) -> tuple[int, ...]:
         """The error statuses the document lists for it."""
         named = bool(self.parameters)  # a name that may be invalid or name nothing
-        codes = [400] if named or self.body is not None else []
+        codes = [400] if named or self.body is not None or self.query else []
         codes.append(401)
         if named:
             codes.append(404)
@@ -143,6 +161,12 @@ def _response(reply: Reply) -> dict[str, Any]:
 
 def _operation(route: Route) -> dict[str, Any]:
     operation: dict[str, Any] = {"operationId": route.operation_id, "summary": route.summary}
+    if route.query:
+        operation["parameters"] = [
+            {"name": name, "in": "query", "required": False,
+             "description": QUERY_DESCRIPTIONS[name], "schema": QUERY_PARAMETERS[name]}
+            for name in route.query
+        ]
     if route.body is not None:
         operation["requestBody"] = {
             "required": True, "content": {"application/json": {"schema": _ref(route.body)}},
@@ -198,6 +222,10 @@ def _bind(route: Route, gw: Gateway) -> Callable[[web.Request], Awaitable[web.St
         for key in route.parameters:
             params[key] = request.match_info[key]
             validate(params[key], PATH_PARAMETERS[key], key)
+        for key in route.query:
+            if key in request.query:
+                params[key] = request.query[key]
+                validate(params[key], QUERY_PARAMETERS[key], key)
         # Operations without a body ignore whatever was sent, unread.
         body = {} if route.body is None else parse_body(await request.read(),
                                                         COMPONENTS[route.body])

@@ -90,6 +90,50 @@ SUBSCRIPTION_RESET: dict[str, Any] = {
     ]
 }
 
+# Persistent-subscription settings (core.parking); null clears a limit.
+START: dict[str, Any] = {
+    "description": "where a new subscription starts: beginning, end (default), "
+    "after a position, or at a time",
+    "oneOf": [
+        {"type": "string", "enum": ["beginning", "end"]},
+        {"type": "object", "required": ["position"], "additionalProperties": False,
+         "properties": {"position": {"type": "integer", "minimum": 0,
+                                     "maximum": MAX_POSITION}}},
+        {"type": "object", "required": ["time"], "additionalProperties": False,
+         "properties": {"time": {"type": "string", "format": "date-time"}}},
+    ],
+}
+SETTINGS_PROPERTIES: dict[str, Any] = {
+    "max_in_flight": {"type": "integer", "minimum": 1, "maximum": 1_000_000, "nullable": True,
+                      "description": "unacknowledged events handed out at once"},
+    "max_retries": {"type": "integer", "minimum": 0, "maximum": 1_000_000, "nullable": True,
+                    "description": "failures after which an event is parked; null = never"},
+    "message_timeout": {"type": "number", "minimum": 0.001, "maximum": 86400,
+                        "nullable": True,
+                        "description": "seconds a consumer may hold an event unacknowledged"},
+}
+SUBSCRIPTION_CREATE: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "context"],
+    "additionalProperties": False,
+    # One of stream and prefix, or neither (the whole context).
+    "not": {"required": ["stream", "prefix"]},
+    "properties": {
+        "name": NAME,
+        "context": NAME,
+        "stream": NAME,
+        "prefix": TEXT,
+        "types": NAME_LIST,
+        "start": START,
+        **SETTINGS_PROPERTIES,
+    },
+}
+SUBSCRIPTION_SETTINGS: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"start": START, **SETTINGS_PROPERTIES},
+}
+
 # --- response schemas (documentation only: the server writes these) --------------------
 
 USER: dict[str, Any] = {
@@ -139,7 +183,8 @@ BINDER: dict[str, Any] = {
 }
 SUBSCRIPTION: dict[str, Any] = {
     "type": "object",
-    "required": ["id", "name", "selector", "checkpoint", "lag_events", "updated_at"],
+    "required": ["id", "name", "selector", "checkpoint", "lag_events", "updated_at",
+                 "settings", "parked"],
     "properties": {
         "id": {"type": "integer"},
         "name": {"type": "string"},
@@ -147,6 +192,46 @@ SUBSCRIPTION: dict[str, Any] = {
         "checkpoint": {"type": "integer", "description": "last position consumed"},
         "lag_events": {"type": "integer", "description": "log positions after the checkpoint"},
         "updated_at": {"type": "string", "format": "date-time"},
+        "settings": {"type": "object", "description": "persistent-subscription settings"},
+        "parked": {"type": "integer", "description": "events parked after too many retries"},
+    },
+}
+PARKED_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["position", "context", "stream", "version", "type", "retries", "reason",
+                 "parked_at", "replay"],
+    "properties": {
+        "position": {"type": "integer"},
+        "context": {"type": "string"},
+        "stream": {"type": "string"},
+        "version": {"type": "integer"},
+        "type": {"type": "string"},
+        "retries": {"type": "integer"},
+        "reason": {"type": "string", "description": "the last failure: nack, timeout, "
+                   "consumer left, or fetched again"},
+        "parked_at": {"type": "string", "format": "date-time"},
+        "replay": {"type": "boolean", "description": "replay asked for, not yet acknowledged"},
+    },
+}
+REPLAY: dict[str, Any] = {
+    "type": "object", "required": ["replaying"],
+    "properties": {"replaying": {"type": "integer", "description": "events marked for replay"}},
+}
+CONNECTION: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "protocol", "peer", "user", "since", "bytes_in", "bytes_out",
+                 "events_in", "events_out", "subscriptions"],
+    "properties": {
+        "id": {"type": "integer"},
+        "protocol": {"type": "string"},
+        "peer": {"type": "string", "description": "address (Res01: zmq:<routing identity>)"},
+        "user": {"type": "string", "nullable": True, "description": "null until a login"},
+        "since": {"type": "string", "format": "date-time"},
+        "bytes_in": {"type": "integer"},
+        "bytes_out": {"type": "integer"},
+        "events_in": {"type": "integer"},
+        "events_out": {"type": "integer"},
+        "subscriptions": {"type": "integer", "description": "open subscriptions"},
     },
 }
 ERROR: dict[str, Any] = {
@@ -162,9 +247,14 @@ COMPONENTS: Mapping[str, dict[str, Any]] = {
     "UserContexts": USER_CONTEXTS,
     "BinderCreate": BINDER_CREATE,
     "SubscriptionReset": SUBSCRIPTION_RESET,
+    "SubscriptionCreate": SUBSCRIPTION_CREATE,
+    "SubscriptionSettings": SUBSCRIPTION_SETTINGS,
     "User": USER,
     "Binder": BINDER,
     "Subscription": SUBSCRIPTION,
+    "ParkedEvent": PARKED_EVENT,
+    "ReplayParked": REPLAY,
+    "Connection": CONNECTION,
     "Error": ERROR,
 }
 
@@ -322,6 +412,8 @@ def _describe(error: ValidationError, root: str) -> str:
             problem = f"must be at most {limit}"
         case "maxItems":
             problem = f"at most {limit} items"
+        case "not" if "required" in limit:
+            problem = f"give at most one of {', '.join(limit['required'])}"
         case "format" if error.cause is not None:
             problem = str(error.cause)
         case "oneOf":

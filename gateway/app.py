@@ -12,8 +12,11 @@ from typing import Any
 from aiohttp import web
 
 from polyport.core import migrate
+from polyport.core.commands import Principal
+from polyport.core.groups import GroupMember
 from polyport.core.limits import EventLimits
 from polyport.core.store import EventStore, StoreConfig
+from polyport.core.subscriptions import Subscription
 from polyport.core.writer import WriterLimits
 from polyport.gateway.config import TLS_LISTENERS, ConfigError, GatewayConfig
 from polyport.gateway.database import database_url
@@ -23,7 +26,8 @@ from polyport.gateway.registry import ListenerDef, RunningListener, discover
 from polyport.gateway.telemetry import Telemetry
 from polyport.gateway.tls import ServerTls, check_material
 from polyport.gateway.websocket import TLS_USER_FROM
-from polyport.protocols.session import ListenerStats, SessionContext
+from polyport.protocols.connections import ConnectionTable
+from polyport.protocols.session import CURRENT_PEER, ListenerStats, SessionContext
 
 log = logging.getLogger("polyport.gateway")
 
@@ -65,6 +69,8 @@ class Gateway:
         self.listeners_bound = False
         self.started_at = time.time()
         self.telemetry: Telemetry | None = None
+        # Every transport's open connections (GET /admin/connections).
+        self.connections = ConnectionTable()
         self._exit = ExitStack()
         self._runner: web.AppRunner | None = None
         # Listener name -> its TLS context (the HTTP port is "http").
@@ -85,6 +91,7 @@ class Gateway:
         stats.write_timeout = self.config.write_timeout or None
         stats.handshake_timeout = self.config.handshake_timeout or None
         stats.websocket_heartbeat = self.config.websocket_heartbeat or None
+        stats.connections = self.connections
         return SessionContext(
             store=self.store,
             stats=stats,
@@ -174,6 +181,7 @@ class Gateway:
             await self.store.start()
             self.telemetry = Telemetry(self)
             self.telemetry.start()
+            self._count_per_connection()
             self.listener_defs = discover()
             for d in self.listener_defs:
                 port = self.config.port_for(d.name)
@@ -221,6 +229,29 @@ class Gateway:
         except BaseException:
             await self.stop()
             raise
+
+    def _count_per_connection(self) -> None:
+        """Store hooks that credit the connection the calling task serves
+        (deliveries are counted by the telemetry's delivery hook)."""
+
+        def appended(events: int) -> None:
+            peer = CURRENT_PEER.get()
+            if peer is not None and peer.connection is not None:
+                peer.connection.events_in += events
+
+        def logged_in(principal: Principal) -> None:
+            peer = CURRENT_PEER.get()
+            if peer is not None and peer.connection is not None:
+                peer.connection.user = principal.user
+
+        def subscribed(sub: Subscription | GroupMember) -> None:
+            peer = CURRENT_PEER.get()
+            if peer is not None and peer.connection is not None:
+                peer.connection.subscriptions.add(sub)
+
+        self.store.on_append = appended
+        self.store.on_login = logged_in
+        self.store.on_subscribe = subscribed
 
     async def stop(self) -> None:
         """Stop accepting, drain the writer, close connections, stop the database."""

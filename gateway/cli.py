@@ -23,7 +23,8 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from polyport.core import migrate
-from polyport.core.commands import FromPosition, FromTime
+from polyport.core.commands import FromPosition, FromTime, Selector
+from polyport.core.parking import SubscriptionSettings
 from polyport.core.store import EventStore, StoreConfig
 from polyport.gateway.config import (
     DEFAULT_HTTP_PORT,
@@ -35,6 +36,7 @@ from polyport.gateway.config import (
     load_config,
     tls_keys,
 )
+from polyport.gateway.connections_cli import AdminError, add_connections_parser, run_connections
 from polyport.gateway.database import database_url
 from polyport.gateway.fatal import describe
 from polyport.gateway.ports_file import remove_ports_file, write_ports_file
@@ -274,8 +276,34 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--time", help="resume at the first event at or after this ISO 8601 time")
     de = _leaf(ss, "delete", "delete a subscription and its checkpoint")
     de.add_argument("name", help="subscription name")
+    cr = _leaf(ss, "create", "create a persistent subscription with its settings")
+    cr.add_argument("name", help="subscription name (as its consumers name it)")
+    cr.add_argument("--context", required=True, help="context it reads")
+    which = cr.add_mutually_exclusive_group()
+    which.add_argument("--stream", help="read this stream only")
+    which.add_argument("--prefix", help="read the streams starting with this")
+    cr.add_argument("--type", action="append", dest="types", metavar="TYPE",
+                    help="event type it reads (repeat; none = every type)")
+    up = _leaf(ss, "update", "change a subscription's settings (options not given stay)")
+    up.add_argument("name", help="subscription name")
+    for p in (cr, up):
+        p.add_argument("--start", help="beginning, end (default), a log position, or an "
+                                       "ISO 8601 time (on update: kept for the record; "
+                                       "'reset' moves a checkpoint)")
+        p.add_argument("--max-in-flight", type=_limit, metavar="N|none",
+                       help="unacknowledged events handed out at once")
+        p.add_argument("--max-retries", type=_limit, metavar="N|none",
+                       help="failures after which an event is parked (none = never)")
+        p.add_argument("--message-timeout", type=_seconds, metavar="SECONDS|none",
+                       help="how long a consumer may hold an event unacknowledged")
+    pk = _leaf(ss, "parked", "list the events parked after too many retries")
+    pk.add_argument("name", help="subscription name")
+    rp = _leaf(ss, "replay-parked", "hand the parked events out again (a running gateway "
+                                    "picks the request up within seconds)")
+    rp.add_argument("name", help="subscription name")
 
     add_status_parser(sub, _common)
+    add_connections_parser(sub, _common)
 
     add_pipeline_parser(sub, _common)
     return parser
@@ -462,9 +490,61 @@ async def _binders(args: argparse.Namespace, store: EventStore) -> int:
     return 0
 
 
+_NONE = object()
+
+
+def _limit(text: str) -> object:
+    return _NONE if text.lower() == "none" else int(text)
+
+
+def _seconds(text: str) -> object:
+    return _NONE if text.lower() == "none" else float(text)
+
+
+def _start_setting(text: str) -> Any:
+    if text in ("beginning", "end"):
+        return text
+    if text.isdigit():
+        return {"position": int(text)}
+    t = datetime.fromisoformat(text)
+    return {"time": (t if t.tzinfo else t.replace(tzinfo=UTC)).isoformat()}
+
+
+def _setting_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings options given on the command line ('none' clears a limit)."""
+    changes: dict[str, Any] = {}
+    if args.start is not None:
+        changes["start"] = _start_setting(args.start)
+    for key in ("max_in_flight", "max_retries", "message_timeout"):
+        value = getattr(args, key)
+        if value is not None:
+            changes[key] = None if value is _NONE else value
+    return changes
+
+
 async def _subscriptions(args: argparse.Namespace, store: EventStore) -> int:
     if args.action == "list":
         _print(await store.list_subscriptions())
+    elif args.action == "create":
+        selector = Selector(context=args.context, stream=args.stream, prefix=args.prefix,
+                            types=frozenset(args.types or ()))
+        settings = SubscriptionSettings().merged(_setting_changes(args))
+        if not await store.create_subscription(args.name, selector, settings):
+            print(f"subscription {args.name!r} already exists; 'update' changes its settings",
+                  file=sys.stderr)
+            return 1
+        [sub] = [s for s in await store.list_subscriptions() if s["name"] == args.name]
+        _print(sub)
+    elif args.action == "update":
+        await store.update_subscription(args.name, _setting_changes(args))
+        [sub] = [s for s in await store.list_subscriptions() if s["name"] == args.name]
+        _print(sub)
+    elif args.action == "parked":
+        _print([p.as_json() for p in await store.parked_events(args.name)])
+    elif args.action == "replay-parked":
+        count = await store.replay_parked(args.name)
+        print(f"{count} parked events of {args.name} marked for replay; the gateway owning "
+              "the subscription hands them out again")
     elif args.action == "reset":
         sub_id = await store.subscription_id(args.name)
         if sub_id is None:
@@ -561,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(_with_store(config, lambda s: run_status(args, config, s)))
         if args.command == "pipeline":
             return run_pipeline(args, config)
+        if args.command == "connections":
+            return asyncio.run(run_connections(args, config))
         if args.command == "users" and args.action in ("add", "passwd"):
             args.new_password = read_password(args)  # before any database work
         handler = {"users": _users, "keys": _keys, "binders": _binders,
@@ -575,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         fmt = config.log_format if config else _raw_setting(args, "log_format", "text")
         if getattr(args, "debug", False) or level == "debug":
             traceback.print_exc()
-        message = str(exc) if isinstance(exc, CommandError) else describe(
+        message = str(exc) if isinstance(exc, CommandError | AdminError) else describe(
             exc, config.database_url if config else None)
         _say_fatal(message, fmt)
         return 1

@@ -278,6 +278,15 @@ class EmbeddedPostgres:
                     f"creating database {DATABASE_NAME} failed: {made.stderr}"
                 )
 
+    def restart(self, mode: str = "fast") -> None:
+        """Restart the server on the same port and settings (fault tests).
+        ``-l``: without a log file the new postmaster would inherit, and hold
+        open for good, the pipes this process reads pg_ctl's output from."""
+        proc = self._run(["pg_ctl", "-D", str(self.pgdata), "-l", str(self.log_file),
+                          "-m", mode, "-w", "-t", "60", "restart"])
+        if proc.returncode != 0:
+            raise EmbeddedPostgresError(f"PostgreSQL did not restart: {proc.stderr}")
+
     def stop(self) -> None:
         if not self.owned:
             return

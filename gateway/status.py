@@ -197,8 +197,9 @@ async def build_status(
         http = {"name": "http", "address": f"{gw.http_address[0]}:{gw.http_address[1]}"}
     else:
         http = None
-    lag, database, chart, schema = await asyncio.gather(
-        telemetry.subscription_lag(), _database(gw), event_chart(gw), _schema(gw)
+    lag, database, chart, schema, parked = await asyncio.gather(
+        telemetry.subscription_lag(), _database(gw), event_chart(gw), _schema(gw),
+        _parked(gw),
     )
     ws = store.writer.stats
     return {
@@ -228,14 +229,27 @@ async def build_status(
             "live": store.tailer.live_count,
             "open": len(lag.transient),
             "names_shown": names_shown,
-            "durable": [_subscription_json(x, names_shown) for x in lag.durable],
+            "durable": [{**_subscription_json(x, names_shown), "parked": parked.get(x.name, 0)}
+                        for x in lag.durable],
             "in_process": [_subscription_json(x, names_shown) for x in lag.transient[:100]],
             "error": lag.error,
         },
+        # Counts only: who is connected (addresses, users) is for the admin
+        # API (GET /admin/connections), which the page calls given the token.
+        "connections": {"open": len(gw.connections)},
         "database": database,
         "schema": schema,
         "chart": chart,
     }
+
+
+async def _parked(gw: Gateway) -> dict[str, int]:
+    """Parked events by durable subscription; empty when the database is away
+    (the lag part reports that)."""
+    try:
+        return await gw.store.parking.parked_counts()
+    except Exception:
+        return {}
 
 
 def setup(app: web.Application, gw: Gateway) -> None:

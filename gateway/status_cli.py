@@ -63,7 +63,7 @@ async def gather(config: GatewayConfig, store: EventStore) -> dict[str, Any]:
     return out
 
 
-def _gateway_address(config: GatewayConfig, explicit: bool) -> tuple[str, int] | None:
+def gateway_address(config: GatewayConfig, explicit: bool) -> tuple[str, int] | None:
     """The running gateway's HTTP address: ``<data-dir>/gateway.json`` (written
     by ``serve`` with the ports it really bound, so ``--http-port 0`` works),
     unless --host/--http-port were given; else the configured port."""
@@ -77,7 +77,7 @@ def _gateway_address(config: GatewayConfig, explicit: bool) -> tuple[str, int] |
 
 
 async def _gateway_status(config: GatewayConfig, explicit: bool = False) -> dict[str, Any]:
-    address = _gateway_address(config, explicit)
+    address = gateway_address(config, explicit)
     if address is None:
         return {"reachable": False, "error": "http_port is off in this configuration"}
     host = "127.0.0.1" if address[0] in ("0.0.0.0", "::", "") else address[0]

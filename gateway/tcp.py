@@ -14,8 +14,16 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from polyport.gateway.tls import ServerTls, TlsServer, serve_tls, transport_user
+from polyport.protocols.connections import (
+    IDLE,
+    INTERNAL,
+    PEER_CLOSED,
+    SHUTDOWN,
+    Connection,
+)
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
 
 log = logging.getLogger("polyport.tcp")
@@ -33,6 +41,7 @@ class StreamOutbound:
         self._closed = False
         self.handshaken = False
         writer.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self.connection: Connection | None = None  # set once registered
 
     @property
     def closed(self) -> bool:
@@ -43,6 +52,8 @@ class StreamOutbound:
             return
         self._writer.write(data)
         self._stats.bytes_out += len(data)
+        if self.connection is not None:
+            self.connection.bytes_out += len(data)
         try:
             await asyncio.wait_for(self._writer.drain(), self._stats.write_timeout)
         except TimeoutError:  # first: TimeoutError is an OSError too
@@ -107,6 +118,7 @@ class HandshakeDeadline:
         self._stats.error("timeout")
         return True
 
+
 # TCP keepalive on accepted sockets: a peer that vanished (power loss, a
 # dropped NAT entry) is found after about KEEPIDLE + KEEPCNT x KEEPINTVL
 # seconds even when no write is pending.
@@ -135,6 +147,22 @@ def set_keepalive(writer: asyncio.StreamWriter) -> None:
 def _source_address(writer: asyncio.StreamWriter) -> str:
     peer = writer.get_extra_info("peername")
     return str(peer[0]) if isinstance(peer, tuple) else str(peer)
+
+
+def register_connection(
+    stats: ListenerStats, protocol: str, peer: str, closer: Callable[[], None]
+) -> Connection:
+    """A row in the gateway's connection table (a detached one when the
+    listener runs without a gateway, as in some tests)."""
+    if stats.connections is None:
+        return Connection(0, protocol, peer, datetime.now(UTC), closer=closer)
+    return stats.connections.open(protocol, peer, closer)
+
+
+def unregister_connection(stats: ListenerStats, conn: Connection, reason: str | None) -> None:
+    """``reason`` None: the server side ended it (a protocol error, or an admin close)."""
+    if stats.connections is not None:
+        stats.connections.closed(conn, reason or conn.server_closed_reason())
 
 
 @dataclass
@@ -176,12 +204,15 @@ class TcpListener:
 
         return await serve_tls(self._accept, self.host, self.port, tls, refused)
 
-    def _peer(self, writer: asyncio.StreamWriter, address: str) -> Peer:
-        """The connection's Peer, with the user a verified client certificate names."""
+    def _peer(
+        self, writer: asyncio.StreamWriter, address: str, conn: Connection | None = None
+    ) -> Peer:
+        """The connection's Peer (its connection-table row), with the user a
+        verified client certificate names."""
         user = None
         if self.tls is not None:
             user = transport_user(writer.transport, self.tls.user_from)
-        return Peer(self.name, address, certificate_user=user)
+        return Peer(self.name, address, conn, certificate_user=user)
 
     async def stop_accepting(self) -> None:
         if self._server is not None:
@@ -197,6 +228,13 @@ class TcpListener:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
+    def _register(self, out: StreamOutbound) -> Connection:
+        out.connection = register_connection(self.stats, self.name, out.peer, out.close)
+        return out.connection
+
+    def _unregister(self, conn: Connection, reason: str | None) -> None:
+        unregister_connection(self.stats, conn, reason)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -208,8 +246,10 @@ class TcpListener:
             out.close()
             return
         set_keepalive(writer)
+        conn = self._register(out)
+        reason: str | None = None  # None: the server side closed it
         # Tasks the session starts inherit the peer (error lines, metrics).
-        CURRENT_PEER.set(self._peer(writer, out.peer))
+        CURRENT_PEER.set(self._peer(writer, out.peer, conn))
         self._connections.add(task)
         log.debug("%s: connection from %s", self.name, out.peer)
         session: StreamSession | None = None
@@ -226,19 +266,24 @@ class TcpListener:
                     if timeout != self.idle_timeout:
                         continue  # the handshake completed while waiting: idle time restarts
                     log.info("%s: closing idle connection from %s", self.name, out.peer)
+                    reason = IDLE
                     break
                 if not data:
+                    reason = PEER_CLOSED
                     break
                 self.stats.bytes_in += len(data)
+                conn.bytes_in += len(data)
                 await session.data_received(data)
         except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+            reason = PEER_CLOSED
         except asyncio.CancelledError:
-            pass
+            reason = SHUTDOWN
         except Exception:
             log.exception("%s: connection from %s failed", self.name, out.peer)
             self.stats.error("internal")
+            reason = INTERNAL
         finally:
+            self._unregister(conn, reason)
             self.stats.release(host)
             log.debug("%s: connection from %s closed", self.name, out.peer)
             if session is not None:

@@ -284,6 +284,8 @@ class Telemetry:
         peer = CURRENT_PEER.get()
         protocol = peer.protocol if peer is not None else CORE_PROTOCOL
         self.delivered[protocol] += 1
+        if peer is not None and peer.connection is not None:
+            peer.connection.events_out += 1
         child = self._delivery_children.get(protocol)
         if child is None:
             child = self._delivery_children[protocol] = self.delivery_latency.labels(protocol)

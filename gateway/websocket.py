@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
-from polyport.gateway.tcp import HandshakeDeadline
+from polyport.gateway.tcp import HandshakeDeadline, register_connection, unregister_connection
 from polyport.gateway.tls import transport_user
+from polyport.protocols.connections import IDLE, INTERNAL, PEER_CLOSED, SHUTDOWN, Connection
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
 
 log = logging.getLogger("polyport.websocket")
@@ -51,10 +52,16 @@ class WebSocketOutbound:
         # (FIFO lock), whatever aiohttp does while draining.
         self._lock = asyncio.Lock()
         self._close_task: asyncio.Task[None] | None = None
+        self.connection: Connection | None = None  # set once registered
 
     @property
     def closed(self) -> bool:
         return self._closed or self._ws.closed
+
+    @property
+    def closed_here(self) -> bool:
+        """Closed by the server side (a session, an admin, shutdown)."""
+        return self._closed
 
     async def send(self, data: bytes) -> None:
         if self.closed:
@@ -70,6 +77,8 @@ class WebSocketOutbound:
                 self._closed = True
                 return
             self._stats.bytes_out += len(data)
+            if self.connection is not None:
+                self.connection.bytes_out += len(data)
 
     def handshake_done(self) -> None:
         self.handshaken = True
@@ -270,9 +279,11 @@ class WebSocketEndpoint:
             raise
         task = asyncio.current_task()
         assert task is not None
-        # Tasks the session starts inherit the peer (error lines, metrics).
-        CURRENT_PEER.set(Peer(self.name, peer, certificate_user=_certificate_user(request)))
         out = WebSocketOutbound(ws, peer, self.stats)
+        conn = out.connection = register_connection(self.stats, self.name, peer, out.close)
+        reason: str | None = None  # None: the server side closed it
+        # Tasks the session starts inherit the peer (error lines, metrics).
+        CURRENT_PEER.set(Peer(self.name, peer, conn, certificate_user=_certificate_user(request)))
         self._connections[task] = out
         session: StreamSession | None = None
         try:
@@ -289,6 +300,7 @@ class WebSocketEndpoint:
                     if timeout != self.idle_timeout:
                         continue  # the handshake completed while waiting: idle time restarts
                     log.info("%s: closing idle WebSocket from %s", self.name, peer)
+                    reason = IDLE
                     break
                 if msg.type == WSMsgType.BINARY:
                     data: bytes = msg.data
@@ -300,15 +312,23 @@ class WebSocketEndpoint:
                 else:  # CLOSE, CLOSING, CLOSED, ERROR (e.g. message too big)
                     if msg.type == WSMsgType.ERROR:
                         log.info("%s: WebSocket from %s failed: %s", self.name, peer, msg.data)
+                        reason = f"protocol error {msg.data}"
+                    elif not out.closed_here:
+                        reason = PEER_CLOSED
                     break
                 self.stats.bytes_in += len(data)
+                conn.bytes_in += len(data)
                 await session.data_received(data)
-        except (ConnectionError, asyncio.CancelledError):
-            pass
+        except ConnectionError:
+            reason = PEER_CLOSED
+        except asyncio.CancelledError:
+            reason = SHUTDOWN
         except Exception:
             log.exception("%s: WebSocket from %s failed", self.name, peer)
             self.stats.error("internal")
+            reason = INTERNAL
         finally:
+            unregister_connection(self.stats, conn, reason)
             self.stats.release(host)
             self._connections.pop(task, None)
             if session is not None:
@@ -327,6 +347,8 @@ class WebSocketEndpoint:
         if not self._connections:
             return
         for out in list(self._connections.values()):
+            if out.connection is not None:
+                out.connection.close_reason = SHUTDOWN
             out.close(WSCloseCode.GOING_AWAY, b"server shutting down")
         tasks = list(self._connections)
         _, pending = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT)

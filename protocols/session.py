@@ -15,6 +15,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from polyport.protocols.connections import Connection, ConnectionTable
+
 if TYPE_CHECKING:
     from polyport.core.commands import Principal
     from polyport.core.store import EventStore
@@ -57,6 +59,8 @@ class Peer:
 
     protocol: str
     address: str
+    # Its row in the gateway's connection table (None outside a connection).
+    connection: Connection | None = None
     # The polyport user a verified TLS client certificate names (the
     # transport checked it against the client CA); None without one.
     certificate_user: str | None = None
@@ -111,12 +115,17 @@ class ListenerStats:
     websocket_heartbeat: float | None = None
     # Open connections per source address, TCP and WebSocket together.
     by_address: Counter[str] = field(default_factory=Counter, repr=False)
+    # The gateway's table of open connections, where transports register.
+    connections: ConnectionTable | None = None
     _log_window: float = field(default=0.0, repr=False)
     _log_lines: int = field(default=0, repr=False)
     _log_suppressed: int = field(default=0, repr=False)
 
     def error(self, code: str) -> None:
         self.errors[code] += 1
+        peer = CURRENT_PEER.get()
+        if peer is not None and peer.connection is not None:
+            peer.connection.last_error = code
         self._log_error(code)
 
     def admit(self, host: str) -> str | None:

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import zmq
@@ -40,8 +40,10 @@ from polyport.core.access import Tenant
 from polyport.core.errors import Unauthenticated
 from polyport.gateway.curve import CurveServer, curve_server
 from polyport.gateway.registry import ListenerDef
+from polyport.gateway.tcp import register_connection, unregister_connection
 from polyport.gateway.zap import DOMAIN as ZAP_DOMAIN
 from polyport.gateway.zap import ZapHandler
+from polyport.protocols.connections import ADMIN_CLOSE, IDLE, PEER_CLOSED, SHUTDOWN, Connection
 from polyport.protocols.res01 import DEFAULT_PORT, PROTOCOL, Error, Res01Error, Response
 from polyport.protocols.res01.adapter import (
     Res01Handler,
@@ -76,6 +78,10 @@ LINGER_MS = 500
 # A logged-in peer's principal is looked up again after this long, so a
 # change of the user's contexts reaches connections that stay open.
 TENANT_TTL = 30.0
+# A ROUTER cannot tell which peer a disconnect was: a peer silent this long
+# (or the gateway's idle timeout, if shorter) is forgotten and leaves the
+# connection table; so does every peer once no TCP connection is left.
+PEER_FORGET_AFTER = 600.0
 
 
 def _endpoint(host: str, port: int) -> str:
@@ -141,11 +147,15 @@ class Res01Listener:
         self.zap = ZapHandler(self._zctx, self._users, ctx.stats, protocol=name,
                               curve=curve.user_for_key if curve is not None else None)
         self._zap_started = False
-        # (endpoint, routing id) → (user, tenant, expires): the principal of a
-        # logged-in peer, looked up once a while rather than per message; the
-        # table forgets idle peers and bounds their number (res01_max_peers).
-        self.peers: PeerTable[tuple[int, bytes], tuple[str, Tenant, float]] = PeerTable(
-            max_peers=limits.max_peers, idle_timeout=limits.idle_timeout
+        # Per peer (routing identity): its connection-table row, and the
+        # principal of a logged-in peer, looked up once a while rather than
+        # per message.  The table forgets idle peers and bounds their number
+        # (res01_max_peers); a forgotten peer leaves the connection table.
+        idle = limits.idle_timeout
+        self.peers: PeerTable[bytes, _PeerState] = PeerTable(
+            max_peers=limits.max_peers,
+            idle_timeout=min(PEER_FORGET_AFTER, idle) if idle else PEER_FORGET_AFTER,
+            on_forget=self._forgotten,
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._writes = 0
@@ -274,6 +284,7 @@ class Res01Listener:
                 endpoint.sock.close()
         if self._zap_started:
             await self.zap.close()
+        self._forget_all(SHUTDOWN)
         # term() waits for the linger of queued replies: off the event loop.
         await asyncio.get_running_loop().run_in_executor(None, self._zctx.term)
 
@@ -330,11 +341,12 @@ class Res01Listener:
         frames = received.frames
         # ZeroMQ hides the peer's address: the routing identity names it.  The
         # request task started below inherits this (error lines, metrics).
-        CURRENT_PEER.set(Peer("res01", "zmq:" + frames[0].hex() if frames else "zmq:?"))
+        identity = frames[0] if frames else b""
+        row = self._peer_connection(identity)  # the connection table's row
+        row.bytes_in += received.size
+        CURRENT_PEER.set(Peer("res01", row.peer, row))
         self.stats.frames_in += 1
         self.stats.bytes_in += received.size
-        if frames:
-            self.peers.seen((index, frames[0]))
         conn = endpoint.conn
         if received.error is not None:  # over max_message_parts / max_request_bytes
             self.stats.error(received.error.code)
@@ -373,19 +385,21 @@ class Res01Listener:
         the user ZAP logged in; the principal (contexts may change) is looked
         up again after TENANT_TTL seconds, and whenever the routing id shows
         up with another user (a client may choose its routing id)."""
-        if not endpoint.plain:
+        if not (endpoint.plain or endpoint.curve):
             return self._anonymous
         if not user:
             # Cannot happen on a PLAIN socket behind our ZAP handler: refuse
             # rather than guess.
             raise Unauthenticated("this endpoint requires a ZeroMQ PLAIN login")
-        key = (index, peer)
         now = time.monotonic()
-        cached = self.peers.get(key)
-        if cached is not None and cached[0] == user and cached[2] > now:
-            return cached[1]
+        state = self.peers.get(peer)
+        cached = state.login if state is not None else None
+        if cached is not None and cached[:2] == (index, user) and cached[3] > now:
+            return cached[2]
         tenant = Tenant(self._store, await self._users.principal_for(user))
-        self.peers.set(key, (user, tenant, now + TENANT_TTL))
+        state = self.peers.get(peer)  # unless forgotten meanwhile
+        if state is not None:
+            self.peers.set(peer, replace(state, login=(index, user, tenant, now + TENANT_TTL)))
         return tenant
 
     def _admission(self, write: bool, size: int) -> str | None:
@@ -491,7 +505,11 @@ class Res01Listener:
                     log.warning("res01: send failed: %s", exc)
                 return False  # the peer disconnected: nobody to answer
             self.stats.frames_out += 1
-            self.stats.bytes_out += sum(len(f) for f in frames)
+            size = sum(len(f) for f in frames)
+            self.stats.bytes_out += size
+            known = self.peers.get(frames[0])
+            if known is not None:
+                known.row.bytes_out += size
             return True
 
     # --- peers --------------------------------------------------------------
@@ -509,6 +527,47 @@ class Res01Listener:
                 self.stats.connections_open += 1
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self.stats.connections_open = max(0, self.stats.connections_open - 1)
+                if self.stats.connections_open == 0:
+                    self._forget_all(PEER_CLOSED)
+
+    def _peer_connection(self, identity: bytes) -> Connection:
+        """The peer's row in the connection table, registered on its first
+        message; the peer is now the most recently seen."""
+        state = self.peers.get(identity)
+        if state is not None:
+            self.peers.seen(identity)
+            return state.row
+        row = register_connection(
+            self.stats, self.name, "zmq:" + (identity.hex() or "?"),
+            lambda: self._forget(identity, ADMIN_CLOSE),
+        )
+        self.peers.set(identity, _PeerState(row))
+        return row
+
+    def _forgotten(self, identity: bytes, state: _PeerState | None) -> None:
+        """The table dropped an idle peer (or the least recently seen, for room)."""
+        if state is not None:
+            unregister_connection(self.stats, state.row, IDLE)
+
+    def _forget(self, identity: bytes, reason: str) -> None:
+        """Drop a peer from the table: a ROUTER cannot close one peer, but its
+        next message registers it afresh."""
+        state = self.peers.pop(identity)
+        if state is not None:
+            unregister_connection(self.stats, state.row, reason)
+
+    def _forget_all(self, reason: str) -> None:
+        for identity in self.peers:
+            self._forget(identity, reason)
+
+
+@dataclass(frozen=True)
+class _PeerState:
+    """What the listener keeps per Res01 peer."""
+
+    row: Connection  # its connection-table row
+    # (endpoint index, user, tenant, expires) of a logged-in peer.
+    login: tuple[int, str, Tenant, float] | None = None
 
 
 def _user_id(frame: zmq.Frame) -> str | None:

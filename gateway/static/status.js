@@ -93,7 +93,7 @@ function renderSubscriptions(status) {
   if (!rows.length) {
     const tr = document.createElement("tr");
     const td = cell(tr, "no subscriptions", "text");
-    td.colSpan = 6;
+    td.colSpan = 7;
     body.appendChild(tr);
     return;
   }
@@ -108,6 +108,7 @@ function renderSubscriptions(status) {
     cell(tr, s.state || "", "text");
     cell(tr, (s.lag_exact ? "" : "≤ ") + fmt(s.lag_events)).dataset.field = "lag_events";
     cell(tr, fmt(s.lag_seconds, 1)).dataset.field = "lag_seconds";
+    cell(tr, s.kind === "durable" ? fmt(s.parked) : "–").dataset.field = "parked";
     body.appendChild(tr);
   }
 }
@@ -207,12 +208,75 @@ function render(status) {
   document.body.dataset.loaded = "true";
 }
 
+// --- connections: GET /admin/connections with the token the operator typed ---
+
+const TOKEN_KEY = "polyport-admin-token";
+
+async function admin(method, path) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const r = await fetch("/admin" + path, {
+    method, cache: "no-store", headers: { Authorization: `Bearer ${token}` },
+  });
+  if (!r.ok) {
+    let why = `${r.status}`;
+    try { why = (await r.json()).error || why; } catch (_) { /* not JSON */ }
+    throw new Error(why);
+  }
+  return r.status === 204 ? null : r.json();
+}
+
+async function refreshConnections() {
+  if (!sessionStorage.getItem(TOKEN_KEY)) return;
+  const note = $("connections-note");
+  let list;
+  try {
+    list = await admin("GET", "/connections");
+  } catch (err) {
+    note.textContent = `cannot list connections: ${err.message}`;
+    $("connection-list").hidden = true;
+    return;
+  }
+  note.textContent = `${list.length} open`;
+  const table = $("connection-list");
+  const body = table.querySelector("tbody");
+  body.replaceChildren();
+  for (const c of list) {
+    const tr = document.createElement("tr");
+    tr.dataset.connection = String(c.id);
+    cell(tr, String(c.id));
+    for (const text of [c.protocol, c.peer, c.user || "–", c.since.slice(0, 19)]) {
+      cell(tr, text, "text");
+    }
+    for (const n of [c.bytes_in, c.bytes_out, c.events_in, c.events_out, c.subscriptions]) {
+      cell(tr, fmt(n));
+    }
+    const close = document.createElement("button");
+    close.textContent = "close";
+    close.addEventListener("click", async () => {
+      try { await admin("DELETE", `/connections/${c.id}`); } catch (err) {
+        note.textContent = `cannot close ${c.id}: ${err.message}`;
+      }
+      refreshConnections();
+    });
+    cell(tr, "", "text").appendChild(close);
+    body.appendChild(tr);
+  }
+  table.hidden = false;
+}
+
+$("admin-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  sessionStorage.setItem(TOKEN_KEY, $("admin-token").value);
+  refreshConnections();
+});
+
 async function refresh() {
   try {
     const r = await fetch("/status", { cache: "no-store" });
     if (!r.ok) throw new Error(`/status answered ${r.status}`);
     render(await r.json());
     $("problem").hidden = true;
+    refreshConnections();
   } catch (err) {
     const p = $("problem");
     p.textContent = `cannot load /status: ${err.message}`;

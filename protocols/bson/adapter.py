@@ -31,12 +31,14 @@ The parts call back into the session through ``reply``, ``queue_reply``,
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import bson
+import bson.binary
 
 from polyport.core.bodies import BSON
 from polyport.core.commands import Append, AppendBatch, Principal
@@ -125,6 +127,9 @@ class BsonSettings:
 # --- bodies -------------------------------------------------------------------
 
 
+EVENT_ID_FIELD = "eventID"
+
+
 def encode_event(event: Mapping[str, Any]) -> bytes:
     """The stored body of an EMIT: the ``event`` document as BSON bytes.  The
     wire decoding is lossless, so these are the bytes the client sent."""
@@ -132,6 +137,30 @@ def encode_event(event: Mapping[str, Any]) -> bytes:
         return bson.encode(event, codec_options=ENCODE_OPTIONS)
     except Exception as exc:  # InvalidDocument, OverflowError, ...
         raise Malformed(f"EMIT: 'event' cannot be stored as BSON: {exc}") from exc
+
+
+def emit_event_id(event: Mapping[str, Any]) -> uuid.UUID:
+    """The event id of an EMIT: the event document's optional ``eventID`` (a
+    UUID string, or BSON binary subtype 4), so that a client resending the
+    same document after an unknown outcome cannot store it twice; without
+    one, a fresh id (such an EMIT is not safe to resend: docs/errors.md)."""
+    value = event.get(EVENT_ID_FIELD)
+    if value is None:
+        return uuid.uuid4()
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, bson.binary.Binary) and value.subtype == bson.binary.UUID_SUBTYPE \
+            and len(value) == 16:
+        return uuid.UUID(bytes=bytes(value))
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            pass
+    raise Malformed(
+        f"EMIT: 'event.{EVENT_ID_FIELD}' must be a UUID string or BSON binary subtype 4; "
+        "nothing was stored"
+    )
 
 
 # --- the session -----------------------------------------------------------------
@@ -374,7 +403,10 @@ class BsonSession:
                 f"EMIT: event of {len(body)} bytes exceeds the limit of {limit} bytes; "
                 "nothing was stored"
             )
-        event = EventData(type=frame.event_type, body=body, content_type=BSON)
+        event = EventData(
+            type=frame.event_type, body=body, content_type=BSON,
+            event_id=emit_event_id(frame.event),
+        )
         append = Append(self.context, frame.stream_name, (event,), origin=ORIGIN)
         return append, len(body)
 

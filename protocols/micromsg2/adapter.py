@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -140,8 +141,31 @@ def message_to_event(message: Message, *, json_negotiated: bool) -> EventData:
         except (ValueError, UnicodeDecodeError, RecursionError):
             pass
     return EventData(
-        type=event_type, body=message.payload, headers=headers, content_type=content_type
+        type=event_type, body=message.payload, headers=headers, content_type=content_type,
+        event_id=message_event_id(message),
     )
+
+
+# Any text is a message id; one that is not a UUID is mapped to one by name
+# (UUID v5 in this namespace), so the same id always gives the same event id.
+MESSAGE_ID_NAMESPACE = uuid.UUID("3f0b6a52-5d0e-4f4e-9a43-7c1f0a9b2d61")
+MESSAGE_ID_PROPERTIES = ("message-id", "id")
+
+
+def message_event_id(message: Message) -> uuid.UUID:
+    """The event id of a MESSAGE: its ``message-id`` (else ``id``) property
+    when present, so that a resent message is stored once; otherwise fresh
+    (such a message is not safe to resend: docs/errors.md)."""
+    for name in MESSAGE_ID_PROPERTIES:
+        value = message.properties.get(name)
+        if value is None:
+            continue
+        text = str(value)
+        try:
+            return uuid.UUID(text)
+        except ValueError:
+            return uuid.uuid5(MESSAGE_ID_NAMESPACE, text)
+    return uuid.uuid4()
 
 
 def event_properties(ev: RecordedEvent) -> dict[str, PropertyValue]:

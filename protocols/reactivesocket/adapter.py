@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polyport.core.commands import Append, Principal
-from polyport.core.errors import PolyportError, TooLarge, Unsupported
+from polyport.core.errors import NotFound, PolyportError, TooLarge, Unsupported
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.protocols.eventservice import StreamWork as _Work
@@ -175,6 +175,8 @@ class ReactiveSocketSession:
         self.principal: Principal | None = None
         self.context: str | None = None
         self._work: dict[int, _Work] = {}
+        # REQUEST_SUB streams whose group events the client settles itself.
+        self._manual_ack: set[int] = set()
         self._fnf_slots = asyncio.Semaphore(self.limits.max_fnf_inflight)
         self._fnf_tasks: set[asyncio.Task[None]] = set()
         # Every stream task, also those already told to stop, so that
@@ -319,6 +321,7 @@ class ReactiveSocketSession:
                 work.sub.close()
             if self._work.get(sid) is work:
                 del self._work[sid]
+                self._manual_ack.discard(sid)
 
     async def _request_response(self, frame: RequestResponse) -> None:
         request = payloads.decode_request(frame.data)
@@ -334,15 +337,36 @@ class ReactiveSocketSession:
             answer = payloads.encode_read_response(
                 payloads.ReadResponse(tuple(event_map(e) for e in events))
             )
+        elif isinstance(request, payloads.AckRequest):
+            self._settle(request)
+            answer = payloads.pack({})
         else:
             answer = await self._query(request)
         await self._respond(frame.stream_id, answer, complete=True)
 
+    def _settle(self, request: payloads.AckRequest) -> None:
+        """ack / nack events of a manual-ack group subscription."""
+        work = self._work.get(request.subscription)
+        member = work.sub if work is not None else None
+        if not isinstance(member, GroupMember) or request.subscription not in self._manual_ack:
+            raise NotFound(
+                f"{'nack' if request.negative else 'ack'}: stream {request.subscription} is "
+                "not a live group subscription with ack \"manual\""
+            )
+        for position in request.positions:
+            if request.negative:
+                member.nack(position)
+            else:
+                member.ack(position)
+
     async def _fire_and_forget(self, frame: RequestFnf) -> None:
         try:
             request = payloads.decode_request(frame.data)
+            if isinstance(request, payloads.AckRequest):
+                self._settle(request)
+                return
             if not isinstance(request, payloads.AppendRequest):
-                raise Unsupported("REQUEST_FNF serves op 'append' only")
+                raise Unsupported("REQUEST_FNF serves ops 'append', 'ack' and 'nack' only")
             await self.store.append(self._append_command(request))
         except asyncio.CancelledError:
             raise
@@ -388,6 +412,9 @@ class ReactiveSocketSession:
         work.sub = sub
         if not self.conn.is_live(sid):  # CANCEL while the subscription opened
             return
+        manual = request.manual_ack and isinstance(sub, GroupMember)
+        if manual:
+            self._manual_ack.add(sid)
         # Initial Request N plus any REQUEST_N that came meanwhile (nothing has
         # been sent, so the connection's count is everything granted so far).
         sub.grant(self.conn.credits(sid))
@@ -396,9 +423,10 @@ class ReactiveSocketSession:
             if ev is None or not self.conn.is_live(sid):
                 return
             await self._respond(sid, payloads.encode_event(event_map(ev)))
-            if isinstance(sub, GroupMember):
+            if isinstance(sub, GroupMember) and not manual:
                 # No ack frame in the protocol: delivered to the transport
-                # counts as acknowledged (the group's checkpoint moves on).
+                # counts as acknowledged (the group's checkpoint moves on),
+                # unless the client asked to ack itself (ack: "manual").
                 sub.ack(ev.position)
 
     # --- commands ---------------------------------------------------------------

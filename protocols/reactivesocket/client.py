@@ -54,6 +54,7 @@ from polyport.protocols.reactivesocket.frames import (
     Response,
 )
 from polyport.protocols.reactivesocket.payloads import (
+    AckRequest,
     AppendEvent,
     AppendRequest,
     AppendResponse,
@@ -236,14 +237,27 @@ class ReactiveSocketClient(StreamClient):
         start: StartAt | str | None = None,
         group: str | None = None,
         initial_n: int = UNBOUNDED,
+        manual_ack: bool = False,
     ) -> EventStream:
         """REQUEST_SUB: catch-up then live.  ``start``: "beginning", "end",
         or ``StartAt("position" | "version" | "time", n)``; None = the end (a
-        group: its checkpoint)."""
+        group: its checkpoint).  ``manual_ack`` (a group only): settle events
+        with :meth:`ack` / :meth:`nack` instead of on delivery."""
         at = StartAt(start) if isinstance(start, str) else start
-        request = SubscribeRequest(stream, prefix, tuple(types), at, group)
+        request = SubscribeRequest(stream, prefix, tuple(types), at, group, manual_ack)
         raw = await self.request_subscription(payloads.encode_subscribe_request(request), initial_n)
         return EventStream(raw)
+
+    async def ack(self, subscription: EventStream, *positions: int) -> None:
+        """Acknowledge events of a ``manual_ack`` group subscription (REQUEST_FNF)."""
+        await self.fire_and_forget(
+            payloads.encode_request(AckRequest(subscription.stream_id, positions)))
+
+    async def nack(self, subscription: EventStream, *positions: int) -> None:
+        """Give events back as failed: retried, or parked past the subscription's
+        ``max_retries``."""
+        await self.fire_and_forget(
+            payloads.encode_request(AckRequest(subscription.stream_id, positions, negative=True)))
 
 
 def _append_payload(stream: str, events: Sequence[NewEvent], expected_version: int | None) -> bytes:

@@ -285,7 +285,19 @@ class QueryRequest:
     matcher: Mapping[str, Any] = field(default_factory=dict)
 
 
-ServiceRequest = AppendRequest | ReadRequest | QueryRequest
+@dataclass(frozen=True, slots=True)
+class AckRequest:
+    """``{op: "ack" | "nack", subscription: <REQUEST_SUB stream id>, positions: [n…]}``:
+    settles events of a group subscription opened with ``ack: "manual"``.  A
+    nack is a failure: the event is retried, or parked once it failed more
+    than the subscription's ``max_retries``."""
+
+    subscription: int
+    positions: tuple[int, ...]
+    negative: bool = False
+
+
+ServiceRequest = AppendRequest | ReadRequest | QueryRequest | AckRequest
 
 
 def encode_request(request: ServiceRequest) -> bytes:
@@ -308,6 +320,9 @@ def encode_request(request: ServiceRequest) -> bytes:
         obj = {"op": "read", "stream": request.stream, "from_version": request.from_version}
         if request.max is not None:
             obj["max"] = request.max
+    elif isinstance(request, AckRequest):
+        obj = {"op": "nack" if request.negative else "ack",
+               "subscription": request.subscription, "positions": list(request.positions)}
     else:
         obj = {"op": "query", "binder": request.binder, "matcher": dict(request.matcher)}
     return pack(obj)
@@ -365,9 +380,20 @@ def request_from_map(obj: Mapping[str, Any]) -> ServiceRequest:
         if not isinstance(matcher, dict):
             raise PayloadError(f"{what}: 'matcher' must be a map, got {_tname(matcher)}")
         return QueryRequest(binder=_req_str(obj, "binder", what), matcher=matcher)
+    if op in ("ack", "nack"):
+        what = f"{op} request"
+        positions = obj.get("positions")
+        if (not isinstance(positions, list) or not positions
+                or not all(isinstance(p, int) and not isinstance(p, bool) and p > 0
+                           for p in positions)):
+            raise PayloadError(f"{what}: 'positions' must be a non-empty array of positions")
+        subscription = _int(obj, "subscription", what, minimum=1)
+        assert subscription is not None
+        return AckRequest(subscription, tuple(positions), negative=op == "nack")
     if isinstance(op, str):
         raise PayloadError(
-            f"request: unknown op {op!r} (expected append, read or query)", code=UNSUPPORTED
+            f"request: unknown op {op!r} (expected append, read, query, ack or nack)",
+            code=UNSUPPORTED,
         )
     raise PayloadError(f"request: 'op' must be a string, got {_tname(op)}")
 
@@ -460,6 +486,9 @@ class SubscribeRequest:
     # None: the client did not say; the adapter applies the service default.
     start: StartAt | None = None
     group: str | None = None
+    # ``ack: "manual"`` (groups only): events are settled by ack / nack
+    # requests instead of counting as acknowledged once sent.
+    manual_ack: bool = False
 
 
 def encode_subscribe_request(req: SubscribeRequest) -> bytes:
@@ -477,6 +506,8 @@ def encode_subscribe_request(req: SubscribeRequest) -> bytes:
             obj["from"] = {req.start.kind: req.start.value}
     if req.group is not None:
         obj["group"] = req.group
+    if req.manual_ack:
+        obj["ack"] = "manual"
     return pack(obj)
 
 
@@ -515,12 +546,19 @@ def subscribe_request_from_map(obj: Mapping[str, Any]) -> SubscribeRequest:
     start = _start(obj.get("from"), what)
     if start is not None and start.kind == "version" and stream is None:
         raise PayloadError(f"{what}: 'from' {{version: n}} needs an exact 'stream'")
+    group = _str(obj, "group", what, required=False)
+    ack = obj.get("ack", "delivery")
+    if ack not in ("delivery", "manual"):
+        raise PayloadError(f"{what}: 'ack' must be \"delivery\" or \"manual\"")
+    if ack == "manual" and group is None:
+        raise PayloadError(f"{what}: 'ack': \"manual\" needs a 'group'")
     return SubscribeRequest(
         stream=stream,
         prefix=prefix,
         types=tuple(types),
         start=start,
-        group=_str(obj, "group", what, required=False),
+        group=group,
+        manual_ack=ack == "manual",
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -28,12 +28,15 @@ class PeerTable(Generic[K, V]):
         max_peers: int,
         idle_timeout: float | None,
         clock: Callable[[], float] = time.monotonic,
+        on_forget: Callable[[K, V | None], None] | None = None,
     ) -> None:
         if max_peers < 1:
             raise ValueError("max_peers must be at least 1")
         self.max_peers = max_peers
         self.idle_timeout = idle_timeout
         self._clock = clock
+        # Told about every peer dropped for idleness or room (not pop()).
+        self._on_forget = on_forget
         # key -> (last seen, state); moved to the end whenever seen, so the
         # front is always the next to expire.
         self._peers: OrderedDict[K, tuple[float, V | None]] = OrderedDict()
@@ -45,6 +48,14 @@ class PeerTable(Generic[K, V]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._peers
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(list(self._peers))
+
+    def pop(self, key: K) -> V | None:
+        """Drop ``key`` now (its state, or None)."""
+        entry = self._peers.pop(key, None)
+        return None if entry is None else entry[1]
 
     def seen(self, key: K) -> None:
         """A message from ``key`` arrived: it is tracked (with no state if it
@@ -70,8 +81,7 @@ class PeerTable(Generic[K, V]):
         # Amortised O(1): each peer is forgotten once.
         peers = self._peers
         while len(peers) > self.max_peers:
-            peers.popitem(last=False)
-            self.forgotten += 1
+            self._forget(*peers.popitem(last=False))
         if self.idle_timeout is None:
             return
         oldest = now - self.idle_timeout
@@ -79,5 +89,9 @@ class PeerTable(Generic[K, V]):
             first = next(iter(peers.values()))
             if first[0] >= oldest:
                 break
-            peers.popitem(last=False)
-            self.forgotten += 1
+            self._forget(*peers.popitem(last=False))
+
+    def _forget(self, key: K, entry: tuple[float, V | None]) -> None:
+        self.forgotten += 1
+        if self._on_forget is not None:
+            self._on_forget(key, entry[1])

@@ -27,7 +27,8 @@ async def test_users_and_contexts(store: EventStore) -> None:
     with pytest.raises(Unauthenticated):
         await store.authenticate("nobody", "x")
     anon = await store.authenticate(None, None)
-    assert anon.user is None and anon.may_use("anything")
+    # Anonymous is limited to the configured contexts (default: "default").
+    assert anon.user is None and anon.may_use("default") and not anon.may_use("anything")
     await store.users.set_password("tim", "5678")
     await store.authenticate("tim", "5678")
     await store.users.set_contexts("tim", None)

@@ -30,6 +30,7 @@ from polyport.gateway.admin_schema import (
     parse_date_time,
     validate,
 )
+from polyport.protocols.bson.client import BsonClient
 
 TOKEN = "s3cret-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -245,7 +246,7 @@ def test_served_and_documented_operations_are_the_same() -> None:
     document = openapi(admin.ROUTES)
     documented = {(method.upper(), PREFIX + path) for path, item in document["paths"].items()
                   for method in item if method != "parameters"}
-    assert served == documented and len(served) == len(admin.ROUTES) == 15
+    assert served == documented and len(served) == len(admin.ROUTES) == 21
     ids = [op["operationId"] for item in document["paths"].values()
            for key, op in item.items() if key != "parameters"]
     assert len(set(ids)) == len(ids)
@@ -260,7 +261,9 @@ def test_a_route_must_name_known_schemas_and_parameters() -> None:
     with pytest.raises(ValueError, match="component"):
         Route("GET", "/users", handler, "x", "x", Reply(200, "x", "Usr"))
     with pytest.raises(ValueError, match="path parameters"):
-        Route("GET", "/users/{id}", handler, "x", "x", Reply(200, "x"))
+        Route("GET", "/users/{uid}", handler, "x", "x", Reply(200, "x"))
+    with pytest.raises(ValueError, match="query parameters"):
+        Route("GET", "/users", handler, "x", "x", Reply(200, "x"), query=("colour",))
     with pytest.raises(ValueError, match="method"):
         Route("get", "/users", handler, "x", "x", Reply(200, "x"))
 
@@ -277,6 +280,9 @@ async def test_schemathesis_finds_no_server_error_or_schema_violation(
     await gw.store.binders.create("existing", context="default")
     await gw.store.register_fetch_subscription("existing", Selector(context="default"),
                                                FromBeginning())
+    # Connections for GET and DELETE /connections to find (the id example is 1).
+    host, port = gw.listeners["bson"].address
+    clients = [await BsonClient.connect(host, port) for _ in range(3)]
     report = tmp_path / "schemathesis"
     proc = await asyncio.create_subprocess_exec(
         cli, "run", base(gw) + "/admin/openapi.json",
@@ -303,7 +309,9 @@ async def test_schemathesis_finds_no_server_error_or_schema_violation(
     text = out.decode(errors="replace")
     assert proc.returncode == 0, text[-6000:]
     # It really ran: every operation, every phase that applies, no issue.
-    assert "Tested: 15" in text and "No issues found" in text, text[-3000:]
+    for client in clients:
+        await client.close()
+    assert "Tested: 21" in text and "No issues found" in text, text[-3000:]
     for phase in ("Coverage", "Fuzzing", "Stateful"):
         assert f"✅ {phase}" in text, text[-3000:]
     # With the token: requests got past the guard and changed things.

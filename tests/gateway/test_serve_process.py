@@ -76,3 +76,58 @@ async def test_status_finds_a_gateway_on_port_zero_and_sighup_reloads(
         await asyncio.wait_for(proc.wait(), 60)
     assert proc.returncode == 0
     assert not (data_dir / "gateway.json").exists()
+
+
+async def test_sighup_reloads_the_certificate_of_a_running_serve(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A real SIGHUP to ``polyport serve``: certificate files replaced in
+    place, an open TLS connection keeps working, a new one gets the new
+    certificate."""
+    from polyport.protocols.bson.client import BsonClient
+    from tests.tlspki import make_pki, write_pair
+
+    pki_dir = tmp_path / "pki"
+    pki_dir.mkdir()
+    pki = make_pki(pki_dir)
+    conf = tmp_path / "polyport.toml"
+    conf.write_text('log_level = "info"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", db_url,
+        "--data-dir", str(tmp_path / "data"), "--config", str(conf), *ALL_PORTS_ZERO,
+        "--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    assert proc.stdout is not None
+    try:
+        while "http listening on" not in (line := (
+                await asyncio.wait_for(proc.stdout.readline(), 60)).decode()):
+            assert line, "serve exited before listening"
+        ports = json.loads((tmp_path / "data" / "gateway.json").read_text())
+        host, port = ports["listeners"]["bson"]["host"], ports["listeners"]["bson"]["port"]
+
+        async def served_cn() -> str:
+            ctx = pki.client()
+            _reader, writer = await asyncio.open_connection(host, port, ssl=ctx)
+            cert = writer.get_extra_info("peercert")
+            writer.close()
+            subject = dict(x[0] for x in cert["subject"]) if cert.get("subject") else {}
+            return str(subject.get("commonName", ""))
+
+        before = await served_cn()
+        open_client = await BsonClient.connect(host, port, ssl=pki.client())
+        await open_client.ping()
+
+        write_pair(pki_dir, "server", pki.ca.issue_cert("127.0.0.1", "localhost",
+                                                        common_name="reloaded-by-sighup"))
+        proc.send_signal(signal.SIGHUP)
+        await _stderr_until(proc, "reloaded TLS certificates")
+
+        await open_client.ping()  # the open connection is untouched
+        assert await served_cn() == "reloaded-by-sighup" != before
+        await open_client.close()
+        assert proc.returncode is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 60)
+    assert proc.returncode == 0

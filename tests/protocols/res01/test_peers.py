@@ -60,3 +60,20 @@ def test_limits_from_settings() -> None:
     assert limits_from({}).max_peers == 10_000
     with pytest.raises(ValueError):
         PeerTable(max_peers=0, idle_timeout=None)
+
+
+def test_forgotten_peers_are_reported_and_pop_is_silent() -> None:
+    clock = _Clock()
+    gone: list[tuple[str, str | None]] = []
+    table: PeerTable[str, str] = PeerTable(
+        max_peers=2, idle_timeout=5.0, clock=clock, on_forget=lambda k, v: gone.append((k, v))
+    )
+    table.set("a", "A")
+    table.seen("b")
+    table.seen("c")  # room: a goes
+    clock.now = 10.0
+    table.seen("d")  # idle: b and c go
+    assert gone == [("a", "A"), ("b", None), ("c", None)]
+    table.set("e", "E")
+    assert table.pop("e") == "E" and table.pop("e") is None
+    assert list(table) == ["d"] and len(gone) == 3

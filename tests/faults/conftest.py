@@ -1,0 +1,58 @@
+"""Fault-injection tests run on their OWN throwaway cluster: they restart and
+stop PostgreSQL, which must not disturb the suite's shared ``pg_cluster``."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from polyport.core import migrate
+from polyport.gateway.embedded_pg import EmbeddedPostgres
+from tests.conftest import TEMPLATE_DB, _with_db, create_database
+from tests.faults.support import SUMMARY, summary_lines
+
+
+@pytest.fixture(scope="session")
+def fault_pg() -> Iterator[EmbeddedPostgres]:
+    root = Path(tempfile.mkdtemp(prefix="polyport-fault-pg-", dir="/tmp"))
+    root.chmod(0o755)
+    pg = EmbeddedPostgres(root / "data", fast=True)
+    pg.start()
+    port = pg.running_port()
+    assert port is not None
+    pg.port = port  # a stopped and started cluster comes back on the same port
+    admin = pg.url(port)
+
+    async def template() -> None:
+        conn = await asyncpg.connect(admin)
+        try:
+            await conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
+        finally:
+            await conn.close()
+
+    asyncio.run(template())
+    migrate.upgrade(_with_db(admin, TEMPLATE_DB))
+    yield pg
+    pg.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def fault_db(fault_pg: EmbeddedPostgres) -> str:
+    """A fresh migrated database on the fault cluster."""
+    port = fault_pg.running_port()
+    assert port is not None
+    return await create_database(fault_pg.url(port))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if SUMMARY:
+        terminalreporter.section("fault injection summary")
+        for line in summary_lines():
+            terminalreporter.write_line(line)

@@ -87,6 +87,10 @@ class Gateway:
         # Every listener asks for its context before it accepts: the one
         # place to hand each transport the connection limit.
         stats.max_connections = self.config.max_connections or None
+        stats.max_connections_per_address = self.config.max_connections_per_address or None
+        stats.write_timeout = self.config.write_timeout or None
+        stats.handshake_timeout = self.config.handshake_timeout or None
+        stats.websocket_heartbeat = self.config.websocket_heartbeat or None
         stats.connections = self.connections
         return SessionContext(
             self.store,

@@ -157,6 +157,19 @@ class GatewayConfig:
     # Connections one listener accepts at once; more are refused and logged
     # (0 = no limit).  Res01 (ZeroMQ) has no per-connection accept to refuse.
     max_connections: int = 10_000
+    # Connections from one source address a listener accepts at once (TCP and
+    # WebSocket; 0 = no limit); more are refused like max_connections.
+    max_connections_per_address: int = 256
+    # A write to a peer that does not read, stuck for this long, closes the
+    # connection (0 = no limit).
+    write_timeout: float = 30.0
+    # A TCP or WebSocket connection that has not completed its protocol's
+    # handshake or login this long after it was accepted is closed (0 = no
+    # limit): connections that say nothing do not hold a slot for ever.
+    handshake_timeout: float = 10.0
+    # WebSocket endpoints ping every this many seconds; a peer that does not
+    # answer with a pong in time is closed (0 = no pings).
+    websocket_heartbeat: float = 30.0
     # /metrics: one lag series per durable subscription (their number is up
     # to the clients); off, only the count and the largest lag are exported.
     metrics_per_subscription: bool = False
@@ -216,9 +229,11 @@ _INT_KEYS = {
     "res01_max_in_flight_writes",
     "res01_max_in_flight_reads",
     "max_connections",
+    "max_connections_per_address",
 }
 _FLOAT_KEYS = {
     "idle_timeout", "poll_interval", "commit_timeout", "read_timeout", "slow_commit_seconds",
+    "write_timeout", "handshake_timeout", "websocket_heartbeat",
 }
 _LIST_KEYS = {"websocket_allowed_origins"}
 _KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"} - _TLS_FIELDS

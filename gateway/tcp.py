@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +39,7 @@ class StreamOutbound:
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._closed = False
+        self.handshaken = False
         writer.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.connection: Connection | None = None  # set once registered
 
@@ -53,17 +55,98 @@ class StreamOutbound:
         if self.connection is not None:
             self.connection.bytes_out += len(data)
         try:
-            await self._writer.drain()
+            await asyncio.wait_for(self._writer.drain(), self._stats.write_timeout)
+        except TimeoutError:  # first: TimeoutError is an OSError too
+            self._write_timed_out()
         except (ConnectionError, OSError):
             self._closed = True
+
+    def _write_timed_out(self) -> None:
+        # The peer stopped reading: what is buffered would never drain, so
+        # the connection is dropped (abort: close() would wait to flush).
+        log.info(
+            "closing %s: a write could not drain for %gs (write_timeout)",
+            self.peer, self._stats.write_timeout,
+        )
+        self._stats.error("timeout")
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._writer.transport.abort()
 
     def close(self) -> None:
         self._closed = True
         with contextlib.suppress(Exception):
             self._writer.close()
 
+    def handshake_done(self) -> None:
+        self.handshaken = True
+
 
 SessionFactory = Callable[[Outbound], StreamSession]
+
+
+class HandshakeDeadline:
+    """The ``handshake_timeout`` of one connection (TCP or WebSocket): reads
+    wait at most until the deadline while the session has not called
+    ``Outbound.handshake_done``; past it the connection is closed, so a peer
+    that connects and says nothing (or half a handshake) does not hold a
+    connection slot until the idle timeout."""
+
+    def __init__(self, stats: ListenerStats) -> None:
+        self._stats = stats
+        self._loop = asyncio.get_running_loop()
+        timeout = stats.handshake_timeout
+        self._at = None if timeout is None else self._loop.time() + timeout
+
+    def read_timeout(self, idle: float | None, handshaken: bool) -> float | None:
+        """How long the next read may wait: the idle timeout, or less while
+        the handshake is due."""
+        if self._at is None or handshaken:
+            return idle
+        left = max(self._at - self._loop.time(), 0.0)
+        return left if idle is None else min(idle, left)
+
+    def expired(self, name: str, peer: str, handshaken: bool) -> bool:
+        """After a read timed out: whether it was the handshake deadline (then
+        logged and counted as a ``timeout`` error)."""
+        if self._at is None or handshaken or self._loop.time() < self._at:
+            return False
+        log.info(
+            "%s: closing %s: no handshake within %gs (handshake_timeout)",
+            name, peer, self._stats.handshake_timeout,
+        )
+        self._stats.error("timeout")
+        return True
+
+
+# TCP keepalive on accepted sockets: a peer that vanished (power loss, a
+# dropped NAT entry) is found after about KEEPIDLE + KEEPCNT x KEEPINTVL
+# seconds even when no write is pending.
+KEEPALIVE_IDLE = 60
+KEEPALIVE_INTERVAL = 10
+KEEPALIVE_COUNT = 6
+
+
+def set_keepalive(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        # Linux names; other systems keep their defaults.
+        for name, value in (
+            ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
+            ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+            ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+        ):
+            option = getattr(socket, name, None)
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def _source_address(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
 
 
 def register_connection(
@@ -156,30 +239,32 @@ class TcpListener:
         task = asyncio.current_task()
         assert task is not None
         out = StreamOutbound(writer, self.stats)
-        limit = self.stats.max_connections
-        if limit is not None and self.stats.connections_open >= limit:
-            self.stats.connections_refused += 1
-            log.warning(
-                "%s: connection refused from %s: %d connections open (max_connections %d)",
-                self.name, out.peer, self.stats.connections_open, limit,
-            )
+        host = _source_address(writer)
+        refused = self.stats.admit(host)
+        if refused is not None:
+            log.warning("%s: connection refused from %s: %s", self.name, out.peer, refused)
             out.close()
             return
+        set_keepalive(writer)
         conn = self._register(out)
         reason: str | None = None  # None: the server side closed it
         # Tasks the session starts inherit the peer (error lines, metrics).
         CURRENT_PEER.set(self._peer(writer, out.peer, conn))
         self._connections.add(task)
-        self.stats.connections_total += 1
-        self.stats.connections_open += 1
         log.debug("%s: connection from %s", self.name, out.peer)
         session: StreamSession | None = None
         try:
             session = self.factory(out)
+            deadline = HandshakeDeadline(self.stats)
             while not out.closed:
+                timeout = deadline.read_timeout(self.idle_timeout, out.handshaken)
                 try:
-                    data = await asyncio.wait_for(reader.read(READ_CHUNK), self.idle_timeout)
+                    data = await asyncio.wait_for(reader.read(READ_CHUNK), timeout)
                 except TimeoutError:
+                    if deadline.expired(self.name, out.peer, out.handshaken):
+                        break
+                    if timeout != self.idle_timeout:
+                        continue  # the handshake completed while waiting: idle time restarts
                     log.info("%s: closing idle connection from %s", self.name, out.peer)
                     reason = IDLE
                     break
@@ -199,7 +284,7 @@ class TcpListener:
             reason = INTERNAL
         finally:
             self._unregister(conn, reason)
-            self.stats.connections_open -= 1
+            self.stats.release(host)
             log.debug("%s: connection from %s closed", self.name, out.peer)
             if session is not None:
                 try:

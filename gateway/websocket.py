@@ -24,9 +24,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
-from polyport.gateway.tcp import register_connection, unregister_connection
+from polyport.gateway.tcp import HandshakeDeadline, register_connection, unregister_connection
 from polyport.gateway.tls import transport_user
 from polyport.protocols.connections import IDLE, INTERNAL, PEER_CLOSED, SHUTDOWN, Connection
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
@@ -47,6 +47,7 @@ class WebSocketOutbound:
         self._stats = stats
         self.peer = peer
         self._closed = False
+        self.handshaken = False
         # Serialises sends so messages leave in the order ``send`` was called
         # (FIFO lock), whatever aiohttp does while draining.
         self._lock = asyncio.Lock()
@@ -78,6 +79,9 @@ class WebSocketOutbound:
             self._stats.bytes_out += len(data)
             if self.connection is not None:
                 self.connection.bytes_out += len(data)
+
+    def handshake_done(self) -> None:
+        self.handshaken = True
 
     def close(self, code: int = WSCloseCode.OK, message: bytes = b"") -> None:
         """Send the close handshake after everything already sent."""
@@ -129,6 +133,76 @@ def _certificate_user(request: web.Request) -> str | None:
     return transport_user(request.transport, user_from)
 
 
+class _Discard(asyncio.Protocol):
+    """Reads and drops whatever the peer still sends; ``done`` once it stops."""
+
+    def __init__(self, done: asyncio.Future[None]) -> None:
+        self.done = done
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        if not self.done.done():
+            self.done.set_result(None)
+        return True  # keep the transport: the owner closes it
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class _LingeringResponse(web.WebSocketResponse):
+    """A WebSocket that closes after a too-big message without a reset.
+
+    aiohttp answers a message over ``max_msg_size`` with close 1009 and then
+    closes the transport at once, with the rest of the message unread: the
+    kernel then resets the connection and the peer, still sending, never
+    reads the close frame.  Here the transport stays open a little longer
+    (the owner awaits :meth:`linger`), reading and dropping the rest, so the
+    close frame is what the peer sees.  (Overrides aiohttp's private
+    ``_close_transport``; the subclass is the one place that knows it.)
+    """
+
+    _lingering: asyncio.Future[None] | None = None
+
+    def _close_transport(self) -> None:
+        req = self._req
+        transport = req.transport if req is not None else None
+        reader = self._reader
+        failure = reader.exception() if reader is not None else None
+        if (
+            isinstance(failure, WebSocketError)
+            and failure.code == WSCloseCode.MESSAGE_TOO_BIG
+            and self._lingering is None
+            and transport is not None
+            and not transport.is_closing()
+        ):
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            original = transport.get_protocol()
+            transport.set_protocol(_Discard(done))
+
+            def restore(_: object) -> None:
+                # aiohttp's protocol is told the connection is gone as usual.
+                transport.set_protocol(original)
+                transport.close()
+
+            done.add_done_callback(restore)
+            self._lingering = done
+            return
+        super()._close_transport()
+
+    async def linger(self) -> None:
+        """Wait (at most CLOSE_TIMEOUT) until a too-big message is drained."""
+        done = self._lingering
+        if done is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(done), CLOSE_TIMEOUT)
+        if not done.done():
+            done.set_result(None)
+
+
 @dataclass
 class WebSocketEndpoint:
     """A WebSocket route whose connections each get a session from ``factory``.
@@ -162,13 +236,16 @@ class WebSocketEndpoint:
         app[WEBSOCKET_ENDPOINTS].append((path, self))
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(
+        ws = _LingeringResponse(
             max_msg_size=self.max_message_size,
             # Compression would run large messages through an executor and
             # cost CPU per frame; the protocols carry binary payloads.
             compress=False,
             writer_limit=WRITER_LIMIT,
             timeout=CLOSE_TIMEOUT,
+            # Pings find a vanished peer (and a proxy's dead connection) even
+            # when the protocol itself is silent; no pong closes it.
+            heartbeat=self.stats.websocket_heartbeat,
         )
         if not ws.can_prepare(request).ok:
             return web.Response(status=426, text=f"{self.name}: WebSocket upgrade required\n")
@@ -190,15 +267,16 @@ class WebSocketEndpoint:
                      "allowed; the gateway's operator can add that origin to "
                      "websocket_allowed_origins\n",
             )
-        limit = self.stats.max_connections
-        if limit is not None and self.stats.connections_open >= limit:
-            self.stats.connections_refused += 1
-            log.warning(
-                "%s: WebSocket refused from %s: %d connections open (max_connections %d)",
-                self.name, peer, self.stats.connections_open, limit,
-            )
+        host = request.remote or "?"  # the source address, as TCP counts it
+        refused = self.stats.admit(host)
+        if refused is not None:
+            log.warning("%s: WebSocket refused from %s: %s", self.name, peer, refused)
             return web.Response(status=503, text=f"{self.name}: too many connections\n")
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except BaseException:
+            self.stats.release(host)
+            raise
         task = asyncio.current_task()
         assert task is not None
         out = WebSocketOutbound(ws, peer, self.stats)
@@ -207,15 +285,20 @@ class WebSocketEndpoint:
         # Tasks the session starts inherit the peer (error lines, metrics).
         CURRENT_PEER.set(Peer(self.name, peer, conn, certificate_user=_certificate_user(request)))
         self._connections[task] = out
-        self.stats.connections_total += 1
-        self.stats.connections_open += 1
         session: StreamSession | None = None
         try:
             session = self.factory(out)
+            deadline = HandshakeDeadline(self.stats)
             while not out.closed:
+                timeout = deadline.read_timeout(self.idle_timeout, out.handshaken)
                 try:
-                    msg = await ws.receive(timeout=self.idle_timeout)
+                    msg = await ws.receive(timeout=timeout)
                 except TimeoutError:
+                    if deadline.expired(self.name, peer, out.handshaken):
+                        out.close(WSCloseCode.POLICY_VIOLATION, b"no handshake in time")
+                        break
+                    if timeout != self.idle_timeout:
+                        continue  # the handshake completed while waiting: idle time restarts
                     log.info("%s: closing idle WebSocket from %s", self.name, peer)
                     reason = IDLE
                     break
@@ -246,7 +329,7 @@ class WebSocketEndpoint:
             reason = INTERNAL
         finally:
             unregister_connection(self.stats, conn, reason)
-            self.stats.connections_open -= 1
+            self.stats.release(host)
             self._connections.pop(task, None)
             if session is not None:
                 try:
@@ -255,6 +338,7 @@ class WebSocketEndpoint:
                     log.exception("%s: cleanup after %s failed", self.name, peer)
             out.close()
             await out.wait_closed()
+            await ws.linger()
         return ws
 
     async def _on_shutdown(self, app: web.Application) -> None:

@@ -36,6 +36,11 @@ class Outbound(Protocol):
     @property
     def closed(self) -> bool: ...
 
+    def handshake_done(self) -> None:
+        """The protocol's handshake or login completed: the transport no
+        longer closes the connection at its handshake deadline
+        (``handshake_timeout``)."""
+
 
 class StreamSession(Protocol):
     async def data_received(self, data: bytes) -> None:
@@ -96,6 +101,21 @@ class ListenerStats:
     # Connections refused because ``max_connections`` were open (None = no limit).
     connections_refused: int = 0
     max_connections: int | None = None
+    # Connections from one source address at once (None = no limit); more are
+    # refused and counted in connections_refused.
+    max_connections_per_address: int | None = None
+    # A send that cannot drain for this long closes the connection (a peer
+    # that stopped reading); None = wait for ever.
+    write_timeout: float | None = None
+    # A connection that has not completed its protocol's handshake (called
+    # Outbound.handshake_done) this long after it was accepted is closed;
+    # None = no deadline.
+    handshake_timeout: float | None = None
+    # WebSocket ping interval; a peer that does not answer with a pong is
+    # closed (None = no pings).
+    websocket_heartbeat: float | None = None
+    # Open connections per source address, TCP and WebSocket together.
+    by_address: Counter[str] = field(default_factory=Counter, repr=False)
     # The gateway's table of open connections, where transports register.
     connections: ConnectionTable | None = None
     _log_window: float = field(default=0.0, repr=False)
@@ -108,6 +128,34 @@ class ListenerStats:
         if peer is not None and peer.connection is not None:
             peer.connection.last_error = code
         self._log_error(code)
+
+    def admit(self, host: str) -> str | None:
+        """Count a new connection from source address ``host`` as open, or
+        why it is refused (``max_connections``, ``max_connections_per_address``;
+        counted in ``connections_refused``).  An admitted connection is
+        released with :meth:`release`."""
+        limit = self.max_connections
+        if limit is not None and self.connections_open >= limit:
+            self.connections_refused += 1
+            return f"{self.connections_open} connections open (max_connections {limit})"
+        per_address = self.max_connections_per_address
+        if per_address is not None and self.by_address[host] >= per_address:
+            self.connections_refused += 1
+            return (
+                f"{self.by_address[host]} connections open from that address "
+                f"(max_connections_per_address {per_address})"
+            )
+        self.by_address[host] += 1
+        self.connections_total += 1
+        self.connections_open += 1
+        return None
+
+    def release(self, host: str) -> None:
+        """An admitted connection from ``host`` closed."""
+        self.connections_open -= 1
+        self.by_address[host] -= 1
+        if self.by_address[host] <= 0:
+            del self.by_address[host]
 
     def _log_error(self, code: str) -> None:
         if code in ROUTINE_CODES:

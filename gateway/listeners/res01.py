@@ -29,8 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import zmq
@@ -53,8 +52,14 @@ from polyport.protocols.res01.adapter import (
     is_write,
     limits_from,
 )
-from polyport.protocols.res01.connection import Exchange, ServerConnection
+from polyport.protocols.res01.connection import (
+    Exchange,
+    MessageAssembler,
+    Received,
+    ServerConnection,
+)
 from polyport.protocols.res01.errors import ErrorCode, LocalProtocolError
+from polyport.protocols.res01.peers import PeerTable
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Peer, SessionContext
 
 if TYPE_CHECKING:
@@ -74,12 +79,10 @@ LINGER_MS = 500
 # A logged-in peer's principal is looked up again after this long, so a
 # change of the user's contexts reaches connections that stay open.
 TENANT_TTL = 30.0
-MAX_CACHED_TENANTS = 10_000
 # A ROUTER cannot tell which peer a disconnect was: a peer silent this long
-# (or the listener's idle timeout, if shorter) leaves the connection table;
-# so does every peer once no TCP connection is left.
+# (or the gateway's idle timeout, if shorter) is forgotten and leaves the
+# connection table; so does every peer once no TCP connection is left.
 PEER_FORGET_AFTER = 600.0
-PEER_SWEEP_INTERVAL = 10.0
 
 
 def _endpoint(host: str, port: int) -> str:
@@ -146,19 +149,21 @@ class Res01Listener:
         self.zap = ZapHandler(self._zctx, self._users, ctx.stats, protocol=name,
                               curve=curve.user_for_key if curve is not None else None)
         self._zap_started = False
-        # (endpoint, routing id) → (user, tenant, expires): the principal of a
-        # logged-in peer, looked up once a while rather than per message.
-        self._tenants: OrderedDict[tuple[int, bytes], tuple[str, Tenant, float]] = OrderedDict()
+        # Per peer (routing identity): its connection-table row, and the
+        # principal of a logged-in peer, looked up once a while rather than
+        # per message.  The table forgets idle peers and bounds their number
+        # (res01_max_peers); a forgotten peer leaves the connection table.
+        idle = limits.idle_timeout
+        self.peers: PeerTable[bytes, _PeerState] = PeerTable(
+            max_peers=limits.max_peers,
+            idle_timeout=min(PEER_FORGET_AFTER, idle) if idle else PEER_FORGET_AFTER,
+            on_forget=self._forgotten,
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._writes = 0
         self._reads = 0
         self._bytes = 0
         self._closed = False
-        # The connection table's row of each peer, by routing identity, and
-        # when it last sent something (monotonic).
-        self._peers: dict[bytes, tuple[Connection, float]] = {}
-        self._swept = time.monotonic()
-        self.forget_after = PEER_FORGET_AFTER
 
     def _conn(self) -> ServerConnection:
         # Request/reply pairing per peer; the counters are admission.
@@ -212,8 +217,8 @@ class Res01Listener:
 
     def _bind(self, endpoint: _Endpoint) -> None:
         sock = self._zctx.socket(zmq.ROUTER)
-        # libzmq checks MAXMSGSIZE per frame; the whole message is checked
-        # after receipt (max_request_bytes).
+        # libzmq checks MAXMSGSIZE per frame; the whole message (parts and
+        # bytes) as its parts are received (MessageAssembler).
         sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_bytes)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
@@ -290,47 +295,66 @@ class Res01Listener:
     async def _receive_loop(self, index: int, endpoint: _Endpoint) -> None:
         sock = endpoint.sock
         assert sock is not None
+        limits = self.limits
+        assert limits.max_request_bytes is not None
+        # Parts one at a time, so an oversized message is refused as it
+        # arrives: nothing past the limits is kept (ZeroMQ delivers a message
+        # whole, so its remaining parts are already queued and cheap to drop).
+        assembler = MessageAssembler(
+            max_parts=limits.max_message_parts, max_bytes=limits.max_request_bytes
+        )
+        login = endpoint.plain or endpoint.curve
+        user: str | None = None
+        first = True  # the next part starts a message
         while True:
             try:
-                if endpoint.plain or endpoint.curve:
-                    # Frames, not bytes: each carries its connection's
-                    # User-Id, which ZAP's reply gave it.
-                    received = await sock.recv_multipart(copy=False)
-                    user = _user_id(received[0])
-                    frames = [f.bytes for f in received]
+                if login:
+                    # A frame, not bytes: the first part carries its
+                    # connection's User-Id, which ZAP's reply gave it.
+                    frame = await sock.recv(copy=False)
+                    if first:
+                        user = _user_id(frame)
+                    part = frame.bytes
                 else:
-                    frames = await sock.recv_multipart()
-                    user = None
+                    part = await sock.recv()
+                received = assembler.add(part, bool(sock.getsockopt(zmq.RCVMORE)))
+                first = received is not None
             except zmq.ZMQError as exc:
                 if self._closed or exc.errno == zmq.ETERM:
                     return
                 log.warning("res01: receive failed: %s", exc)
                 await asyncio.sleep(0.01)
                 continue
-            await self._handle_message(index, endpoint, frames, user)
+            if received is not None:
+                await self._handle_message(index, endpoint, received, user)
 
     async def _handle_message(
-        self, index: int, endpoint: _Endpoint, frames: list[bytes], user: str | None
+        self, index: int, endpoint: _Endpoint, received: Received, user: str | None
     ) -> None:
         try:
-            await self._dispatch(index, endpoint, frames, user)
+            await self._dispatch(index, endpoint, received, user)
         except Exception:  # a bug in one message must not end the loop
             log.exception("res01: dispatching a message failed")
             self.stats.error("internal")
 
     async def _dispatch(
-        self, index: int, endpoint: _Endpoint, frames: list[bytes], user: str | None
+        self, index: int, endpoint: _Endpoint, received: Received, user: str | None
     ) -> None:
-        size = sum(len(f) for f in frames)
+        frames = received.frames
         # ZeroMQ hides the peer's address: the routing identity names it.  The
         # request task started below inherits this (error lines, metrics).
         identity = frames[0] if frames else b""
         row = self._peer_connection(identity)  # the connection table's row
-        row.bytes_in += size
+        row.bytes_in += received.size
         CURRENT_PEER.set(Peer("res01", row.peer, row))
         self.stats.frames_in += 1
-        self.stats.bytes_in += size
+        self.stats.bytes_in += received.size
         conn = endpoint.conn
+        if received.error is not None:  # over max_message_parts / max_request_bytes
+            self.stats.error(received.error.code)
+            if received.error.request_id is not None:
+                await self._send(endpoint, conn.refuse(received.error), wait=False)
+            return
         try:
             exchange = conn.receive_message(frames)
         except Res01Error as exc:  # undecodable or over max_request_bytes
@@ -369,17 +393,15 @@ class Res01Listener:
             # Cannot happen on a PLAIN socket behind our ZAP handler: refuse
             # rather than guess.
             raise Unauthenticated("this endpoint requires a ZeroMQ PLAIN login")
-        key = (index, peer)
         now = time.monotonic()
-        cached = self._tenants.get(key)
-        if cached is not None and cached[0] == user and cached[2] > now:
-            self._tenants.move_to_end(key)
-            return cached[1]
+        state = self.peers.get(peer)
+        cached = state.login if state is not None else None
+        if cached is not None and cached[:2] == (index, user) and cached[3] > now:
+            return cached[2]
         tenant = Tenant(self._store, await self._users.principal_for(user))
-        self._tenants[key] = (user, tenant, now + TENANT_TTL)
-        self._tenants.move_to_end(key)
-        while len(self._tenants) > MAX_CACHED_TENANTS:
-            self._tenants.popitem(last=False)
+        state = self.peers.get(peer)  # unless forgotten meanwhile
+        if state is not None:
+            self.peers.set(peer, replace(state, login=(index, user, tenant, now + TENANT_TTL)))
         return tenant
 
     def _admission(self, write: bool, size: int) -> str | None:
@@ -487,9 +509,9 @@ class Res01Listener:
             self.stats.frames_out += 1
             size = sum(len(f) for f in frames)
             self.stats.bytes_out += size
-            known = self._peers.get(frames[0])
+            known = self.peers.get(frames[0])
             if known is not None:
-                known[0].bytes_out += size
+                known.row.bytes_out += size
             return True
 
     # --- peers --------------------------------------------------------------
@@ -511,34 +533,43 @@ class Res01Listener:
                     self._forget_all(PEER_CLOSED)
 
     def _peer_connection(self, identity: bytes) -> Connection:
-        """The peer's row in the connection table, registered on its first message."""
-        now = time.monotonic()
-        if now - self._swept >= PEER_SWEEP_INTERVAL:
-            self._swept = now
-            for old, (_, seen) in list(self._peers.items()):
-                if now - seen >= self.forget_after:
-                    self._forget(old, IDLE)
-        known = self._peers.get(identity)
-        if known is not None:
-            conn = known[0]
-        else:
-            conn = register_connection(
-                self.stats, self.name, "zmq:" + (identity.hex() or "?"),
-                lambda: self._forget(identity, ADMIN_CLOSE),
-            )
-        self._peers[identity] = (conn, now)
-        return conn
+        """The peer's row in the connection table, registered on its first
+        message; the peer is now the most recently seen."""
+        state = self.peers.get(identity)
+        if state is not None:
+            self.peers.seen(identity)
+            return state.row
+        row = register_connection(
+            self.stats, self.name, "zmq:" + (identity.hex() or "?"),
+            lambda: self._forget(identity, ADMIN_CLOSE),
+        )
+        self.peers.set(identity, _PeerState(row))
+        return row
+
+    def _forgotten(self, identity: bytes, state: _PeerState | None) -> None:
+        """The table dropped an idle peer (or the least recently seen, for room)."""
+        if state is not None:
+            unregister_connection(self.stats, state.row, IDLE)
 
     def _forget(self, identity: bytes, reason: str) -> None:
         """Drop a peer from the table: a ROUTER cannot close one peer, but its
         next message registers it afresh."""
-        known = self._peers.pop(identity, None)
-        if known is not None:
-            unregister_connection(self.stats, known[0], reason)
+        state = self.peers.pop(identity)
+        if state is not None:
+            unregister_connection(self.stats, state.row, reason)
 
     def _forget_all(self, reason: str) -> None:
-        for identity in list(self._peers):
+        for identity in self.peers:
             self._forget(identity, reason)
+
+
+@dataclass(frozen=True)
+class _PeerState:
+    """What the listener keeps per Res01 peer."""
+
+    row: Connection  # its connection-table row
+    # (endpoint index, user, tenant, expires) of a logged-in peer.
+    login: tuple[int, str, Tenant, float] | None = None
 
 
 def _user_id(frame: zmq.Frame) -> str | None:
@@ -559,9 +590,6 @@ async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
         store=gw.store,  # a gateway listener: it makes each request's Tenant
         login_port=gw.config.res01_login_port,
     )
-    idle = gw.settings.get("idle_timeout")
-    if idle:
-        listener.forget_after = min(PEER_FORGET_AFTER, float(idle))
     await listener.start()
     if listener.login_address is not None:
         log.info("listener res01 (PLAIN login) on %s:%d", *listener.login_address)

@@ -395,6 +395,7 @@ class BsonSession:
                 self.principal = self._tenant.principal
                 self.context = self.principal.default_context
                 verdict = OK
+                self.out.handshake_done()
             except Exception as exc:
                 verdict = error_response(exc)
         await self._send(verdict)

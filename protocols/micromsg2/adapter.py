@@ -75,9 +75,9 @@ SERVER_IDENTITY = "polyport"
 DEFAULT_EVENT_TYPE = "message"
 TYPE_PROPERTY = "type"
 
-# Per-connection bounds.  Client MESSAGEs being appended beyond this stop the
-# reading of the socket (TCP backpressure); with an ack extension the window
-# usually binds first.
+# Per-connection bounds.  Client MESSAGEs being appended beyond this (or beyond
+# MicroMsg2Limits.max_pending_bytes of payload) stop the reading of the socket
+# (TCP backpressure); with an ack extension the window usually binds first.
 MAX_PENDING_MESSAGES = 1024
 # A full writer queue (Busy) is waited out, not reported: the append is retried
 # with the same event ids (idempotent) for up to this long.
@@ -223,6 +223,11 @@ class MicroMsg2Limits:
 
     # The largest MESSAGE payload accepted (also bounds COMMAND payloads).
     max_payload: int = field(default=1 << 20, metadata={"setting": "max_event_bytes"})
+    # Payload bytes of client MESSAGEs handed to the store and not yet
+    # committed, per connection; past it the socket is not read until
+    # commits catch up (backpressure, like MAX_PENDING_MESSAGES).  One run of
+    # MESSAGEs alone is always admitted.
+    max_pending_bytes: int = 8 << 20
     # Handshake deadline and idle close; 0 turns both off.
     idle_timeout: float | None = field(default=300.0, metadata={"setting": "idle_timeout"})
     # Tests only: the first sequence number the server sends (the spec says 1).
@@ -261,6 +266,7 @@ class _PendingRun:
     first_seq: int
     last_seq: int
     count: int
+    size: int  # payload bytes
     future: asyncio.Future[None]
 
     def describe(self) -> str:
@@ -317,6 +323,7 @@ class MicroMsg2Session:
         self._appends: deque[_PendingRun] = deque()
         self._appends_ready = asyncio.Event()
         self._pending_messages = 0
+        self._pending_bytes = 0
         self._append_room = asyncio.Event()
         self._confirm_task: asyncio.Task[None] | None = None
         # Queue deliveries waiting for the client's ack: seq -> (member, position).
@@ -401,7 +408,14 @@ class MicroMsg2Session:
 
     async def _handle(self, frame: Frame) -> None:
         if isinstance(frame, Handshake):
-            if self._conn.state is State.HELLO_RECEIVED:
+            # Frames of one read are all decoded before any is handled, so the
+            # connection's state may already be past this frame: which
+            # handshake it is follows from whether the reply was sent.
+            if self._conn.state is State.CLOSED:
+                # A later frame of the same read (the peer's ERROR) ended the
+                # handshake; that frame closes the connection when handled.
+                return
+            if self._conn.negotiated is None:  # the hello: answer it
                 await self._send(self._conn.reply_frame())
             else:  # the final handshake: the connection is open
                 await self._opened()
@@ -442,6 +456,7 @@ class MicroMsg2Session:
         self.context = tenant.context()
         self._tenant = tenant
         self.principal = tenant.principal
+        self._out.handshake_done()
         self._json = negotiated.has(EXT_JSON)
         self._acks = negotiated.ack_window is not None
         self._confirm_task = asyncio.create_task(self._confirm_appends())
@@ -472,16 +487,18 @@ class MicroMsg2Session:
                 Append(self.context, stream, tuple(events), origin=PROTOCOL)
                 for stream, events in grouped
             )
-            while self._pending_messages >= MAX_PENDING_MESSAGES and not self._closing:
+            size = sum(len(m.payload) for m in messages[:taken])
+            while self._no_room(size) and not self._closing:
                 self._append_room.clear()
                 await self._append_room.wait()
             if self._closing:
                 return
             self._pending_messages += taken
+            self._pending_bytes += size
             # Tasks start in creation order, so runs reach the writer (and
             # commit) in the order the client sent them.
             future = asyncio.ensure_future(self._store_appends(appends))
-            pending = _PendingRun(messages[0].seq, messages[taken - 1].seq, taken, future)
+            pending = _PendingRun(messages[0].seq, messages[taken - 1].seq, taken, size, future)
             future.add_done_callback(lambda f: self._append_done(pending))
             self._appends.append(pending)
             self._appends_ready.set()
@@ -504,8 +521,16 @@ class MicroMsg2Session:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
+    def _no_room(self, size: int) -> bool:
+        """Must a run of ``size`` payload bytes wait for earlier appends?"""
+        if self._pending_messages >= MAX_PENDING_MESSAGES:
+            return True
+        pending = self._pending_bytes
+        return pending > 0 and pending + size > self._opts.max_pending_bytes
+
     def _append_done(self, pending: _PendingRun) -> None:
         self._pending_messages -= pending.count
+        self._pending_bytes -= pending.size
         self._append_room.set()
         if not pending.future.cancelled():
             pending.future.exception()  # retrieved here so a closed session logs nothing

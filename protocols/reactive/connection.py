@@ -164,6 +164,10 @@ class StreamConnection:
             self._buffer.clear()
             exc.frames = list(out)
             raise
+        if self.closed:
+            # The peer ended the connection later in the same read: a stream
+            # error before that has no one to answer (send_error would raise).
+            return [ev for ev in out if not isinstance(ev, StreamError)]
         return out
 
     def _receive_tcp(self, data: bytes, out: list[Any]) -> None:

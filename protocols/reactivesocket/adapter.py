@@ -91,6 +91,10 @@ class AdapterLimits:
     max_fragment: int = DEFAULT_MAX_FRAGMENT
     # Live REQUEST_RESPONSE / STREAM / SUB streams on one connection.
     max_streams: int = 256
+    # Bytes of fragmented requests held for all streams of one connection
+    # (each stream is also within max_message_size); past it a stream's
+    # request gets ERROR too_large.  One request alone always fits.
+    max_reassembly_bytes: int = 32 * 1024 * 1024
     # Fire-and-forget appends in flight; more pause reading the socket.
     max_fnf_inflight: int = 64
     # A read answer (REQUEST_RESPONSE) stops adding events past this many
@@ -133,6 +137,7 @@ _LEAST = {
     "max_message_size": 0,
     "max_fragment": 1,
     "max_streams": 1,
+    "max_reassembly_bytes": 0,
     "max_fnf_inflight": 1,
     "max_response_bytes": 0,
     "read_page": 1,
@@ -165,6 +170,7 @@ class ReactiveSocketSession:
             max_message_size=self.limits.max_message_size,
             max_fragment=self.limits.max_fragment,
             max_streams=self.limits.max_streams,
+            max_reassembly_bytes=self.limits.max_reassembly_bytes,
         )
         self.principal: Principal | None = None
         self.context: str | None = None
@@ -274,6 +280,7 @@ class ReactiveSocketSession:
         self.tenant = tenant
         self.principal = tenant.principal
         self.context = context
+        self.out.handshake_done()
 
     # --- stream tasks ----------------------------------------------------------
 

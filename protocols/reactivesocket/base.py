@@ -107,6 +107,13 @@ class BaseConnection(StreamConnection):
     def _add_tcp_length(self, message: bytes) -> bytes:
         return add_tcp_length(message)
 
+    @property
+    def reassembly_bytes(self) -> int:
+        """Bytes of fragmented messages held now (requests on the server,
+        RESPONSEs on the client), all streams together."""
+        # A sum over at most max_streams records, taken per request fragment.
+        return sum(rec.reassembly.size for rec in self._streams.values())
+
     def _describe(self, frame: Frame) -> str:
         return describe(frame)
 

@@ -97,6 +97,7 @@ class ServerConnection(BaseConnection):
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         max_fragment: int = DEFAULT_MAX_FRAGMENT,
         max_streams: int = DEFAULT_MAX_STREAMS,
+        max_reassembly_bytes: int | None = None,
         extensions: Iterable[int] = (),
     ) -> None:
         super().__init__(
@@ -107,6 +108,10 @@ class ServerConnection(BaseConnection):
             extensions=extensions,
         )
         self.max_streams = max_streams
+        # Bytes of fragmented requests held for all streams together (None:
+        # no limit beyond max_streams x max_message_size).  One request alone
+        # is always within it up to max_message_size.
+        self.max_reassembly_bytes = max_reassembly_bytes
 
     # --- receiving -------------------------------------------------------------
 
@@ -252,6 +257,22 @@ class ServerConnection(BaseConnection):
                     f"fragmented {name} exceeds max_message_size {self.max_message_size}",
                     out,
                 )
+            budget = self.max_reassembly_bytes
+            if budget is not None and ev is not Ev.RECV_REQUEST_END:
+                # The END fragment is not counted: it completes its request,
+                # whose fragments are then released.
+                others = self.reassembly_bytes - (rec.reassembly.size if rec is not None else 0)
+                if others and others + size + len(frame.data) > budget:
+                    return self._violation(
+                        rec,
+                        kind,
+                        sid,
+                        more,
+                        TOO_LARGE,
+                        "fragmented requests on this connection exceed "
+                        f"max_reassembly_bytes {budget}",
+                        out,
+                    )
 
         # Hold on to the fragments received before _apply() may drop the record.
         received = rec.reassembly if rec is not None else None

@@ -109,6 +109,11 @@ class Res01Limits:
     # Largest whole request (all frames); bigger ones get ER 1.  None (the
     # default) = max(16 MiB, 2 × max_event_bytes), set in __post_init__.
     max_request_bytes: int | None = None
+    # Largest number of parts (frames, routing included) of one message;
+    # more: ER 1 (too_large).  An AC takes 5 per event, so this allows about
+    # 13,000 events in one commit.  Checked, like max_request_bytes, as the
+    # parts arrive: the rest of an oversized message is dropped unkept.
+    max_message_parts: int = 65536
     # Largest event body (the gateway's max_event_bytes); bigger: ER 1.
     max_event_bytes: int = field(default=1 << 20, metadata={"setting": "max_event_bytes"})
     # Storage work of a reader request (RS, FE, PS, SS) longer than this: ER 9.
@@ -119,6 +124,12 @@ class Res01Limits:
     # bounded size (at least one event is always returned).
     max_fetch_count: int = 1000
     max_fetch_bytes: int = 8 << 20
+    # Peers (routing ids) the listener keeps state for: one unseen for
+    # idle_timeout (the gateway's; 0 = never) is forgotten, and past max_peers
+    # the least recently seen is (protocols/res01/peers.py).  A forgotten
+    # peer is served as a new one on its next message.
+    max_peers: int = 10_000
+    idle_timeout: float | None = field(default=300.0, metadata={"setting": "idle_timeout"})
     # A reply the peer does not take (its queue at the high-water mark) for
     # this long is dropped.
     send_timeout: float = 10.0
@@ -131,6 +142,9 @@ class Res01Limits:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_frame_bytes", self.max_event_bytes + FRAME_SLACK_BYTES)
+        object.__setattr__(self, "max_peers", max(1, self.max_peers))
+        if not self.idle_timeout:
+            object.__setattr__(self, "idle_timeout", None)
         if self.max_request_bytes is None:
             # A request must at least hold one event of the largest size.
             derived = max(DEFAULT_MAX_REQUEST_BYTES, 2 * self.max_event_bytes)

@@ -47,6 +47,7 @@ from polyport.protocols.res01.wire import (
     encode_error_reply,
     encode_request,
     encode_response,
+    request_envelope,
 )
 
 # Client: abandoned requests remembered, so that their late replies are
@@ -185,6 +186,87 @@ class ServerConnection:
             # ROUTER gives no per-peer disconnect: a peer's entry lives exactly
             # as long as it has a request open.
             del self._peers[exchange.routing]
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One whole message from :class:`MessageAssembler`.  ``frames`` is every
+    part when the message is within the limits; of one over them only the
+    parts received before the limit was passed (the rest were dropped as they
+    came), and ``error`` says why it is refused."""
+
+    frames: list[bytes]
+    parts: int
+    size: int
+    error: Res01Error | None = None
+
+
+class MessageAssembler:
+    """Collects one multipart message part by part, within limits.
+
+    libzmq's ``MAXMSGSIZE`` bounds each part and its high-water mark counts
+    whole messages, so one message of many small parts is not bounded by
+    ZeroMQ.  The receiver hands the parts over one at a time (with ZeroMQ's
+    RCVMORE flag) and this object stops keeping them once the message has
+    more than ``max_parts`` parts or ``max_bytes`` bytes; the rest of that
+    message is counted and dropped, and the message is answered ER 1
+    (``too_large``) from the routing and request id of its first parts::
+
+        assembler = MessageAssembler(max_parts=limits.max_message_parts,
+                                     max_bytes=limits.max_request_bytes)
+        while (received := assembler.add(await sock.recv(), sock.rcvmore)) is None:
+            pass
+    """
+
+    def __init__(self, *, max_parts: int, max_bytes: int) -> None:
+        self.max_parts = max_parts
+        self.max_bytes = max_bytes
+        self._frames: list[bytes] = []
+        self._parts = 0
+        self._size = 0
+        self._over = False
+
+    @property
+    def kept(self) -> int:
+        """Parts of the message in progress held in memory."""
+        return len(self._frames)
+
+    def add(self, part: bytes, more: bool) -> Received | None:
+        """Take the next part; the whole message once ``more`` is false."""
+        self._parts += 1
+        self._size += len(part)
+        if not self._over:
+            if self._parts > self.max_parts or self._size > self.max_bytes:
+                self._over = True
+            else:
+                self._frames.append(part)
+        if more:
+            return None
+        frames, parts, size = self._frames, self._parts, self._size
+        error = self._error(frames, parts, size) if self._over else None
+        self._frames, self._parts, self._size, self._over = [], 0, 0, False
+        return Received(frames, parts, size, error)
+
+    def _error(self, frames: list[bytes], parts: int, size: int) -> Res01Error:
+        routing, protocol, request_id = request_envelope(frames)
+        if parts > self.max_parts:
+            what = (
+                f"message of {parts} parts exceeds the limit of {self.max_parts} parts "
+                "(res01_max_message_parts)"
+            )
+        else:
+            what = (
+                f"message of {size} bytes exceeds the limit of {self.max_bytes} bytes "
+                "(res01_max_request_bytes)"
+            )
+        return Res01Error(
+            what,
+            ErrorCode.MALFORMED,
+            code=TOO_LARGE,
+            routing=routing,
+            request_id=request_id,
+            protocol=protocol,
+        )
 
 
 # --- client -------------------------------------------------------------------

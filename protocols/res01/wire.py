@@ -225,6 +225,20 @@ _REQUEST_DECODERS: dict[bytes, tuple[str, _RequestDecoder]] = {
 }
 
 
+def request_envelope(frames: Sequence[bytes]) -> tuple[Routing, str | None, bytes | None]:
+    """Routing frames, protocol (when accepted) and request id of a request
+    message, as far as its first frames tell: enough to answer a message that
+    is not decoded at all (one over the size limits)."""
+    split = _split_routing(frames)
+    if split is None:
+        return tuple(bytes(f) for f in frames[:1]), None, None
+    routing, delim = split
+    n = len(frames)
+    protocol = _ACCEPTED_PROTOCOL_FRAMES.get(bytes(frames[delim + 1])) if n > delim + 1 else None
+    request_id = bytes(frames[delim + 3]) if n > delim + 3 else None
+    return routing, protocol, request_id
+
+
 def decode_request(frames: Sequence[bytes]) -> tuple[Routing, Request]:
     """Decode a multipart message received on a ROUTER socket.
 

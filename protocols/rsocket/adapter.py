@@ -90,6 +90,10 @@ class AdapterLimits:
     max_fragment: int = DEFAULT_MAX_FRAGMENT
     # Live request-response / request-stream streams on one connection.
     max_streams: int = 256
+    # Bytes of fragmented requests held for all streams of one connection
+    # (each also within max_message_size); past it a stream's request gets
+    # ERROR too_large.  One request alone always fits.
+    max_reassembly_bytes: int = 32 * 1024 * 1024
     # Fire-and-forget appends in flight; more pause reading the socket.
     max_fnf_inflight: int = 64
     # A read answer stops adding events past this many body bytes (always at
@@ -151,6 +155,7 @@ class RSocketSession:
             max_message_size=self.limits.max_message_size,
             max_fragment=self.limits.max_fragment,
             max_streams=self.limits.max_streams,
+            max_reassembly_bytes=self.limits.max_reassembly_bytes,
             clock=loop.time,
         )
         # The store as the SETUP's principal may use it; None before SETUP.
@@ -275,6 +280,7 @@ class RSocketSession:
             return
         self._lifetime = frame.lifetime / 1000
         self._last_keepalive = self._now()
+        self.out.handshake_done()
         if frame.lease:
             await self._grant_lease()
         self._wake_watch.set()

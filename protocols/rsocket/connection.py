@@ -149,6 +149,15 @@ class _Connection(StreamConnection):
             raise ValueError(f"max_frame_size must be {HEADER_SIZE}..{MAX_FRAME_LENGTH}")
         if max_fragment < 1 or max_message_size < 0:
             raise ValueError("max_fragment >= 1, max_message_size >= 0")
+        # Bytes of fragmented messages held for all streams together (None:
+        # no limit beyond the number of streams x max_message_size).
+        self.max_reassembly_bytes: int | None = None
+
+    @property
+    def reassembly_bytes(self) -> int:
+        """Bytes of fragmented messages held now, all streams together."""
+        # A sum over at most max_streams records, taken per fragment.
+        return sum(rec.size for rec in self._streams.values())
 
     # --- the codec -------------------------------------------------------------------
 
@@ -206,16 +215,31 @@ class _Connection(StreamConnection):
         if action is Action.REJECT:
             out.append(StreamError(sid, code, message))
 
-    def _collect(self, rec: StreamRecord, metadata: bytes | None, data: bytes) -> bool:
-        """Add a fragment to ``rec``; False when the whole exceeds max_message_size."""
+    def _collect(
+        self, rec: StreamRecord, metadata: bytes | None, data: bytes, what: str,
+        *, last: bool = False,
+    ) -> str | None:
+        """Add a fragment of ``what`` to ``rec``; why not, when the whole
+        exceeds max_message_size or all messages being reassembled on the
+        connection exceed max_reassembly_bytes.  The ``last`` fragment is not
+        held against the latter: its message is joined and released at once."""
         size = rec.size + len(metadata or b"") + len(data)
         if size > self.max_message_size:
-            return False
+            return f"{what} exceeds max_message_size {self.max_message_size}"
+        budget = self.max_reassembly_bytes
+        if budget is not None and not last:
+            # One message alone always fits (within max_message_size).
+            others = self.reassembly_bytes - rec.size
+            if others and others + size > budget:
+                return (
+                    "fragmented messages on this connection exceed "
+                    f"max_reassembly_bytes {budget}"
+                )
         if metadata is not None:
             rec.metadata = [*(rec.metadata or []), metadata]
         rec.data.append(data)
         rec.size = size
-        return True
+        return None
 
     @staticmethod
     def _joined(rec: StreamRecord) -> tuple[bytes | None, bytes]:
@@ -274,6 +298,7 @@ class ServerConnection(_Connection):
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         max_fragment: int = DEFAULT_MAX_FRAGMENT,
         max_streams: int = DEFAULT_MAX_STREAMS,
+        max_reassembly_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(
@@ -283,6 +308,7 @@ class ServerConnection(_Connection):
             max_fragment=max_fragment,
         )
         self.max_streams = max_streams
+        self.max_reassembly_bytes = max_reassembly_bytes
         self.clock = clock
         self.setup: Setup | None = None
         # LEASE book-keeping when the SETUP asked for it.
@@ -393,10 +419,9 @@ class ServerConnection(_Connection):
         if ev is Ev.RECV_REQUEST_BEGIN:
             assert rec is not None
             rec.first = frame
-            if not self._collect(rec, frame.metadata, frame.data):
-                return self._violation(sid, rec, kind, TOO_LARGE,
-                                       f"request exceeds max_message_size {self.max_message_size}",
-                                       out)
+            refused = self._collect(rec, frame.metadata, frame.data, "request")
+            if refused is not None:
+                return self._violation(sid, rec, kind, TOO_LARGE, refused, out)
             return
         if rec is not None and isinstance(frame, (RequestStream, RequestChannel)):
             rec.credits = add_credits(0, frame.initial_n)
@@ -413,12 +438,12 @@ class ServerConnection(_Connection):
         if t is None:
             return  # e.g. a channel's PAYLOAD: nothing was granted, nothing is read
         to, action = t
-        if rec.phase is Phase.RECEIVING_REQUEST and not self._collect(
-            rec, frame.metadata, frame.data
-        ):
-            return self._violation(sid, rec, rec.kind, TOO_LARGE,
-                                   f"request exceeds max_message_size {self.max_message_size}",
-                                   out)
+        if rec.phase is Phase.RECEIVING_REQUEST:
+            refused = self._collect(
+                rec, frame.metadata, frame.data, "request", last=not frame.follows
+            )
+            if refused is not None:
+                return self._violation(sid, rec, rec.kind, TOO_LARGE, refused, out)
         whole: Request | None = None
         if ev is Ev.RECV_REQUEST_END and rec.phase is Phase.RECEIVING_REQUEST:
             first = rec.first
@@ -619,10 +644,11 @@ class ClientConnection(_Connection, RequesterConveniences):
         elif rec.phase is not Phase.ABANDONED:
             if ev is Ev.RECV_BEGIN:
                 rec.metadata, rec.data, rec.size = None, [], 0
-            if not self._collect(rec, frame.metadata, frame.data):
-                return self._violation(sid, rec, rec.kind, TOO_LARGE,
-                                       f"PAYLOAD exceeds max_message_size {self.max_message_size}",
-                                       out)
+            refused = self._collect(
+                rec, frame.metadata, frame.data, "PAYLOAD", last=not frame.follows
+            )
+            if refused is not None:
+                return self._violation(sid, rec, rec.kind, TOO_LARGE, refused, out)
             if ev in (Ev.RECV_END, Ev.RECV_END_COMPLETE):
                 metadata, data = self._joined(rec)
                 whole = Payload(sid, metadata, data, complete=frame.complete, next=True)

@@ -314,6 +314,8 @@ class SegmentSession:
             self._ensure_append_worker()
             await self._appends.put(_Fatal(exc.reply(), exc.code), 0)
             return
+        if inputs:  # segment has no login: its first valid request ends the handshake
+            self._out.handshake_done()
         for item in inputs:
             self._stats.frames_in += 1
             if isinstance(item, KeepAlive):

@@ -529,6 +529,20 @@ async def test_websocket_message_past_the_limit(gateway_factory: Any, clients: l
     assert (await w.read(stream))[-1].body == big
 
 
+async def test_websocket_message_past_the_buffer_gets_close_1009(gateway_factory: Any) -> None:
+    # Past the codec's limit plus aiohttp's slack the message never reaches
+    # the codec: the client must still learn why (close 1009, message too
+    # big), not see the connection dropped without a close code.
+    limit = 256 * 1024
+    gw = await gateway_factory(extra={"reactivesocket_max_frame_size": limit})
+    raw = await RawConnection.open(gw, "websocket")
+    await raw.send_message(b"\x00" * (16 << 20))
+    assert await raw.next_frame() is None
+    assert raw._ws is not None
+    assert raw._ws.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+    await raw.close()
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_request_n_on_closed_stream(gw: Any, bystander: Any, transport: str) -> None:
     raw = await RawConnection.open(gw, transport)

@@ -415,6 +415,25 @@ async def test_oversized_message_and_body(gateway_factory) -> None:
     await client.close()
 
 
+async def test_message_of_too_many_parts_is_refused_as_it_arrives(gateway_factory) -> None:
+    # Every part is small (libzmq's MAXMSGSIZE is per part) and the whole is
+    # under max_request_bytes: only the number of parts gives it away.
+    gw = await start_gateway(gateway_factory, extra={"res01_max_message_parts": 100})
+    stream = stream_name()
+    events = tuple(new_event("T", "{}") for _ in range(1000))  # 5,000+ parts
+    request = AppendCommit(b"many", "ctx", stream, -1, events)
+    async with raw_dealer(gw) as raw:
+        response = decode_response(await exchange(raw, encode_request(request)))
+    assert isinstance(response, Error)
+    assert (response.code, response.request_id) == (ErrorCode.MALFORMED, b"many")
+    assert "parts exceeds the limit of 100 parts" in response.message
+    assert gw.listeners["res01"].stats.errors["too_large"] == 1
+    client = await connect(gw)
+    # Expected version 1 (a new stream): the refused commit stored nothing.
+    await client.commit("ctx", stream, 1, [new_event("Small", "{}")])
+    await client.close()
+
+
 async def test_fetch_entries_share_one_request_id(gateway_factory) -> None:
     gw = await start_gateway(gateway_factory)
     client = await connect(gw)
@@ -684,3 +703,22 @@ async def test_eleventh_rapid_failure_is_delayed(gateway_factory) -> None:
     assert throttle.delayed_total == 1
     assert elapsed[-1] >= throttle.base_delay
     assert max(elapsed[:-1]) < throttle.base_delay
+
+
+async def test_peers_are_bounded_and_a_forgotten_one_is_served_again(gateway_factory) -> None:
+    # res01_max_peers 2: a third routing id pushes out the least recently
+    # seen peer's state (its login), which is looked up again on its next
+    # request rather than refused.
+    gw = await start_gateway(gateway_factory, extra={"res01_max_peers": 2})
+    listener = gw.listeners["res01"]
+    clients = [await connect(gw) for _ in range(3)]
+    try:
+        stream = stream_name()
+        for i, client in enumerate(clients):
+            await client.commit("ctx", stream, i + 1, [new_event("T", "{}")])
+        assert len(listener.peers) == 2 and listener.peers.forgotten >= 1
+        await clients[0].commit("ctx", stream, 4, [new_event("T", "{}")])
+    finally:
+        for client in clients:
+            await client.close()
+    assert len(listener.peers) == 2

@@ -12,9 +12,14 @@ class RecordingOutbound:
     peer: str = "test"
     sent: list[bytes] = field(default_factory=list)
     closed: bool = False
+    # Whether the session reported its handshake (login) complete.
+    handshaken: bool = False
 
     async def send(self, data: bytes) -> None:
         self.sent.append(data)
 
     def close(self) -> None:
         self.closed = True
+
+    def handshake_done(self) -> None:
+        self.handshaken = True

@@ -68,6 +68,9 @@ class _Out:
     def close(self) -> None:
         self.closed = True
 
+    def handshake_done(self) -> None:
+        pass
+
 
 class _Users:
     async def authenticate(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 import pytest
 
+from polyport.core.commands import Principal
 from polyport.protocols import errors as shared
 from polyport.protocols.micromsg2 import (
     Ack,
@@ -170,4 +173,65 @@ async def test_adapter_does_not_swallow_its_own_protocol_bug() -> None:
     # the peer, nothing counted as a peer error.
     assert out.sent == [] and not out.closed
     assert not stats.errors
+    await session.connection_lost()
+
+
+async def test_adapter_hello_then_error_in_one_write_closes_cleanly() -> None:
+    # Fuzz finding: a hello and the peer's ERROR in one write.  The connection
+    # object decodes both (it is CLOSED afterwards); the adapter used to take
+    # the hello for the final handshake (any handshake outside HELLO_RECEIVED)
+    # and tripped an assertion, logged as an internal error.
+    session, out, stats = _session()
+    await session.data_received(bytes.fromhex("01000002667a0000000b6a736f6e3b7075627375620400"))
+    assert out.closed and out.sent == []
+    assert session.principal is None and not stats.errors
+    await session.connection_lost()
+
+
+class _SlowStore:
+    """Appends wait until ``commit`` is set: the writer is behind."""
+
+    def __init__(self) -> None:
+        self.commit = asyncio.Event()
+        self.appended = 0
+
+    async def authenticate(self, user: str | None, password: str | None) -> Principal:
+        return Principal(user, "default", None)
+
+    async def append(self, append: Any) -> None:
+        await self.commit.wait()
+        self.appended += len(append.events)
+
+
+async def test_pending_bytes_stop_reading_until_commits_catch_up() -> None:
+    # Per connection at most max_pending_bytes of MESSAGE payloads wait for
+    # the store: the next data_received does not return (the transport does
+    # not read the socket) until earlier appends are done.
+    store = _SlowStore()
+    ctx = SessionContext(
+        store=store,  # type: ignore[arg-type]
+        stats=ListenerStats("micromsg2"),
+        settings={},
+        log=logging.getLogger("test.micromsg2"),
+    )
+    out = RecordingOutbound()
+    session = MicroMsg2Session(
+        ctx, out, MicroMsg2Limits(idle_timeout=None, max_pending_bytes=100)
+    )
+    client = ClientConnection("c")
+    await session.data_received(client.send(client.hello_frame()))
+    client.receive_data(out.sent.pop())
+    await session.data_received(client.send(client.final_frame()))
+    assert session.principal is not None
+    # The first run is admitted alone, whatever its size.
+    await session.data_received(client.send(Message(1, "topic/a", b"x" * 150)))
+    second = asyncio.create_task(
+        session.data_received(client.send(Message(2, "topic/a", b"y" * 10)))
+    )
+    await asyncio.sleep(0.05)
+    assert not second.done()
+    store.commit.set()
+    await asyncio.wait_for(second, 5)
+    await asyncio.sleep(0.05)
+    assert store.appended == 2 and not out.closed
     await session.connection_lost()

@@ -17,7 +17,8 @@ from polyport.protocols.reactivesocket import (
 )
 from polyport.protocols.reactivesocket import payloads as P
 from polyport.protocols.reactivesocket.adapter import AdapterLimits, ReactiveSocketSession
-from polyport.protocols.reactivesocket.frames import ErrorFrame
+from polyport.protocols.reactivesocket.connection import ServerConnection, StreamError
+from polyport.protocols.reactivesocket.frames import ErrorFrame, Setup
 from polyport.protocols.session import ListenerStats, SessionContext
 
 from .util import SETUP_TCP, h
@@ -56,6 +57,9 @@ class _Out:
 
     def close(self) -> None:
         self.closed = True
+
+    def handshake_done(self) -> None:
+        pass
 
 
 def _session(out: _Out) -> ReactiveSocketSession:
@@ -97,3 +101,23 @@ async def test_adapter_peer_error_path_does_not_catch_our_own_bugs(
     assert out.sent == [] and not out.closed
     assert session.stats.errors == {}
     await session.connection_lost()
+
+
+def test_stream_error_and_connection_close_in_one_read_leave_nothing_to_answer() -> None:
+    # Fuzz finding: SETUP, a stream fault (a follow fragment without its first)
+    # and the peer's ERROR on stream 0, all in one read.  The documented loop
+    # answers each StreamError with send_error, which raised
+    # LocalProtocolError: by then the connection was closed.  A stream error
+    # on a connection that is gone has no one to answer, so it is not reported.
+    conn = ServerConnection("tcp")
+    events = conn.receive_data(
+        h(
+            "00000011000000010000000000000000800000001100200011000000000000000180"
+            "0000002200000021000000000000000082a4636f6465a178a76d657373616765a100"
+        )
+    )
+    assert conn.closed
+    for ev in events:
+        if isinstance(ev, StreamError):
+            conn.send_error(ev.stream_id, ev.code, ev.message)
+    assert [type(ev) for ev in events] == [Setup, ErrorFrame]

@@ -284,3 +284,33 @@ def test_server_may_refuse_a_request_before_its_last_fragment():
     # The client no longer sends the rest; the server would have discarded it.
     with pytest.raises(LocalProtocolError):
         client.send(RequestResponse(sid, b"e", end=True))
+
+
+def test_reassembly_budget_is_per_connection():
+    # Each stream is within max_message_size, but all of them together hold
+    # no more than max_reassembly_bytes: past it the new fragment's stream
+    # is refused (too_large) and the others go on.
+    server = open_server(max_message_size=4, max_reassembly_bytes=6)
+    events = server.receive_data(
+        tcp(RequestResponse(1, b"abc", begin=True))
+        + tcp(RequestResponse(3, b"def", begin=True))
+        + tcp(RequestResponse(5, b"g", begin=True))
+    )
+    assert events == [StreamError(5, "too_large", events[0].message)]
+    assert "max_reassembly_bytes 6" in events[0].message
+    assert server.reassembly_bytes == 6
+    server.send_error(5, "too_large", "x")
+    assert server.receive_data(tcp(RequestResponse(1, b"h", end=True))) == [
+        RequestResponse(1, b"abch")
+    ]
+    assert server.reassembly_bytes == 3
+    assert server.receive_data(tcp(RequestResponse(7, b"ij", begin=True))) == []
+    assert server.reassembly_bytes == 5
+
+
+def test_one_request_alone_always_fits_the_reassembly_budget():
+    server = open_server(max_message_size=4, max_reassembly_bytes=1)
+    events = server.receive_data(
+        tcp(RequestFnf(1, b"ab", begin=True)) + tcp(RequestFnf(1, b"cd", end=True))
+    )
+    assert events == [RequestFnf(1, b"abcd")]

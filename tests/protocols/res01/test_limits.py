@@ -6,7 +6,9 @@ import dataclasses
 
 import pytest
 
+from polyport.protocols.res01 import ErrorCode
 from polyport.protocols.res01.adapter import Res01Limits, limits_from
+from polyport.protocols.res01.connection import MessageAssembler
 
 
 def test_defaults() -> None:
@@ -79,3 +81,54 @@ def test_frame_limit_is_not_a_setting() -> None:
 def test_bad_value_names_the_key() -> None:
     with pytest.raises(ValueError, match="res01_max_in_flight_reads"):
         limits_from({"res01_max_in_flight_reads": "many"})
+
+
+def test_message_parts_setting() -> None:
+    assert limits_from({}).max_message_parts == 65536
+    assert limits_from({"res01_max_message_parts": "10"}).max_message_parts == 10
+
+
+def _request(rid: bytes, extra_parts: int, part: bytes = b"x") -> list[bytes]:
+    head = [b"peer", b"", b"Res01", b"AC", rid, b"ctx", b"stream", b"\x00" * 8]
+    return head + [part] * extra_parts
+
+
+def test_assembler_passes_a_message_within_the_limits_whole() -> None:
+    assembler = MessageAssembler(max_parts=100, max_bytes=1000)
+    frames = _request(b"r1", 10)
+    results = [assembler.add(f, i < len(frames) - 1) for i, f in enumerate(frames)]
+    assert results[:-1] == [None] * (len(frames) - 1)
+    last = results[-1]
+    assert last is not None and last.error is None
+    assert (last.frames, last.parts, last.size) == (frames, len(frames), sum(map(len, frames)))
+
+
+@pytest.mark.parametrize(
+    ("extra", "part", "message"),
+    [(5000, b"x", "5008 parts exceeds the limit of 100 parts"),
+     (50, b"y" * 100, "exceeds the limit of 1000 bytes")],
+)
+def test_assembler_keeps_no_more_than_the_limits_of_an_oversized_message(
+    extra: int, part: bytes, message: str
+) -> None:
+    # Thousands of parts each under MAXMSGSIZE: once past the limit nothing
+    # more of the message is kept, and it is refused with its request id.
+    assembler = MessageAssembler(max_parts=100, max_bytes=1000)
+    frames = _request(b"r2", extra, part)
+    most_kept = 0
+    received = None
+    for i, f in enumerate(frames):
+        received = assembler.add(f, i < len(frames) - 1)
+        most_kept = max(most_kept, assembler.kept)
+    assert received is not None and received.error is not None
+    assert most_kept <= 100 and sum(map(len, received.frames)) <= 1000
+    assert (received.parts, received.size) == (len(frames), sum(map(len, frames)))
+    err = received.error
+    assert message in err.message and err.code == "too_large"
+    assert (err.routing, err.request_id, err.protocol) == ((b"peer",), b"r2", "Res01")
+    assert err.er_code == ErrorCode.MALFORMED
+    # The next message starts afresh.
+    ok = _request(b"r3", 1)
+    for i, f in enumerate(ok):
+        received = assembler.add(f, i < len(ok) - 1)
+    assert received is not None and received.error is None and received.frames == ok

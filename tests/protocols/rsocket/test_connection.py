@@ -125,6 +125,30 @@ def test_message_size_limit_rejects_the_stream_not_the_connection() -> None:
     assert conn.streams == {}
 
 
+def test_reassembly_budget_is_per_connection() -> None:
+    # Each request within max_message_size; all fragmented requests of the
+    # connection together within max_reassembly_bytes, else too_large.
+    conn = server(max_message_size=4, max_reassembly_bytes=6)
+    events = conn.receive_data(tcp(
+        RequestResponse(1, None, b"abc", follows=True),
+        RequestResponse(3, None, b"def", follows=True),
+        RequestResponse(5, None, b"g", follows=True),
+    ))
+    assert events == [StreamError(
+        5, "too_large",
+        "fragmented messages on this connection exceed max_reassembly_bytes 6")]
+    assert conn.reassembly_bytes == 6
+    conn.send_error(5, "too_large", "no")
+    assert conn.receive_data(tcp(Payload(1, None, b"h", next=True))) == [
+        RequestResponse(1, None, b"abch")]
+    assert conn.reassembly_bytes == 3
+    # One request alone always fits.
+    alone = server(max_message_size=4, max_reassembly_bytes=1)
+    assert alone.receive_data(tcp(
+        RequestResponse(1, None, b"ab", follows=True), Payload(1, None, b"cd", next=True)
+    )) == [RequestResponse(1, None, b"abcd")]
+
+
 def test_the_unexpected_is_ignored() -> None:
     conn = server()
     conn.receive_data(tcp(RequestStream(1, 1, None, b"q")))

@@ -50,7 +50,7 @@ async def test_create_places_the_checkpoint_and_lists_settings(store: EventStore
     [row] = await store.list_subscriptions()
     assert row["checkpoint"] == 3 and row["parked"] == 0
     assert row["settings"]["max_retries"] == 1
-    await store.update_subscription("workers", {"max_in_flight": 4})
+    await store.update_subscription("default", "workers", {"max_in_flight": 4})
     [row] = await store.list_subscriptions()
     assert row["settings"]["max_retries"] == 1 and row["settings"]["max_in_flight"] == 4
 
@@ -78,10 +78,10 @@ async def test_nacked_past_max_retries_is_parked_then_replayed(store: EventStore
     assert 2 not in rest
 
     async def parked() -> bool:
-        return [p.position for p in await store.parked_events("workers")] == [poison]
+        return [p.position for p in await store.parked_events("default", "workers")] == [poison]
 
     await _wait_for(parked)
-    [p] = await store.parked_events("workers")
+    [p] = await store.parked_events("default", "workers")
     assert (p.retries, p.reason, p.stream, p.version) == (2, "nack", "work", 2)
 
     async def checkpoint_passed() -> bool:
@@ -90,13 +90,13 @@ async def test_nacked_past_max_retries_is_parked_then_replayed(store: EventStore
     await _wait_for(checkpoint_passed)
     assert (await store.list_subscriptions())[0]["parked"] == 1
 
-    assert await store.replay_parked("workers") == 1
+    assert await store.replay_parked("default", "workers") == 1
     again = await m.next(5)
     assert again is not None and again.position == poison
     m.ack(again.position)
 
     async def unparked() -> bool:
-        return await store.parked_events("workers") == []
+        return await store.parked_events("default", "workers") == []
 
     await _wait_for(unparked)
     m.close()
@@ -114,10 +114,10 @@ async def test_a_consumer_leaving_counts_as_a_failure(store: EventStore) -> None
         await asyncio.sleep(0.1)
 
     async def parked() -> bool:
-        return len(await store.parked_events("workers")) == 1
+        return len(await store.parked_events("default", "workers")) == 1
 
     await _wait_for(parked)
-    [p] = await store.parked_events("workers")
+    [p] = await store.parked_events("default", "workers")
     assert (p.retries, p.reason) == (1, "consumer left")
 
 
@@ -135,7 +135,7 @@ async def test_buffered_but_never_taken_is_no_failure(store: EventStore) -> None
     m2 = await _member(store)
     e = await m2.next(5)
     assert e is not None and e.version == 1
-    assert await store.parked_events("workers") == []
+    assert await store.parked_events("default", "workers") == []
     m2.close()
 
 
@@ -151,10 +151,10 @@ async def test_message_timeout_retries_then_parks(store: EventStore) -> None:
     assert first.position == second.position
 
     async def parked() -> bool:
-        return len(await store.parked_events("workers")) == 1
+        return len(await store.parked_events("default", "workers")) == 1
 
     await _wait_for(parked)
-    assert (await store.parked_events("workers"))[0].reason == "timeout"
+    assert (await store.parked_events("default", "workers"))[0].reason == "timeout"
     m.close()
 
 
@@ -177,13 +177,13 @@ async def test_fetch_subscription_batch_fetched_too_often_is_parked(store: Event
     for i in range(3):
         await store.append(append("work", ev(i)))
     sub = await store.register_fetch_subscription("puller", SEL, BEGINNING)
-    await store.update_subscription("puller", {"max_retries": 1})
+    await store.update_subscription("default", "puller", {"max_retries": 1})
     first = await store.fetch(sub.id, 2)
     again = await store.fetch(sub.id, 2)  # one retry: still allowed
     assert [e.version for e in first] == [e.version for e in again] == [1, 2]
     # The third fetch without progress parks the batch and moves on.
     assert [e.version for e in await store.fetch(sub.id, 2)] == [3]
-    parked = await store.parked_events("puller")
+    parked = await store.parked_events("default", "puller")
     assert [(p.version, p.retries, p.reason) for p in parked] == [
         (1, 2, "fetched again"), (2, 2, "fetched again")]
     # Progress resets the count.
@@ -198,7 +198,7 @@ async def _park_first_two(store: EventStore) -> int:
     for i in range(3):
         await store.append(append("work", ev(i)))
     sub = await store.register_fetch_subscription("puller", SEL, BEGINNING)
-    await store.update_subscription("puller", {"max_retries": 1})
+    await store.update_subscription("default", "puller", {"max_retries": 1})
     for _ in range(2):
         assert [e.version for e in await store.fetch(sub.id, 2)] == [1, 2]
     assert [e.version for e in await store.fetch(sub.id, 2)] == [3]
@@ -207,19 +207,19 @@ async def _park_first_two(store: EventStore) -> int:
 
 async def test_fetch_subscription_replays_parked_batch_then_moves_on(store: EventStore) -> None:
     sub_id = await _park_first_two(store)
-    checkpoint = await store.durable_checkpoint("puller")
-    assert await store.replay_parked("puller") == 2
+    checkpoint = await store.durable_checkpoint("default", "puller")
+    assert await store.replay_parked("default", "puller") == 2
     # Replayed events come first, as a batch, and FE again returns the same.
     replayed = await store.fetch(sub_id, 10)
     assert [e.version for e in replayed] == [1, 2]
     assert [e.version for e in await store.fetch(sub_id, 10)] == [1, 2]
     # A PS naming another batch changes nothing.
     assert not await store.progress(sub_id, replayed[0].recorded_at.replace(year=2000))
-    assert len(await store.parked_events("puller")) == 2
+    assert len(await store.parked_events("default", "puller")) == 2
     # The PS naming the replayed batch unparks it; the checkpoint stays put.
     assert await store.progress(sub_id, replayed[-1].recorded_at)
-    assert await store.parked_events("puller") == []
-    assert await store.durable_checkpoint("puller") == checkpoint
+    assert await store.parked_events("default", "puller") == []
+    assert await store.durable_checkpoint("default", "puller") == checkpoint
     # Then FE returns the events past the checkpoint, and new ones after them.
     batch = await store.fetch(sub_id, 10)
     assert [e.version for e in batch] == [3]
@@ -230,11 +230,11 @@ async def test_fetch_subscription_replays_parked_batch_then_moves_on(store: Even
 
 async def test_fetch_subscription_replay_in_batches_oldest_first(store: EventStore) -> None:
     sub_id = await _park_first_two(store)
-    await store.replay_parked("puller")
+    await store.replay_parked("default", "puller")
     first = await store.fetch(sub_id, 1, extend_same_time=False)
     assert [e.version for e in first] == [1]
     assert await store.progress(sub_id, first[-1].recorded_at)
-    assert [p.version for p in await store.parked_events("puller")] == [2]
+    assert [p.version for p in await store.parked_events("default", "puller")] == [2]
     second = await store.fetch(sub_id, 1, extend_same_time=False)
     assert [e.version for e in second] == [2]
 
@@ -243,27 +243,27 @@ async def test_fetch_subscription_replayed_batch_refetched_is_parked_again(
     store: EventStore,
 ) -> None:
     sub_id = await _park_first_two(store)
-    checkpoint = await store.durable_checkpoint("puller")
-    await store.replay_parked("puller")
+    checkpoint = await store.durable_checkpoint("default", "puller")
+    await store.replay_parked("default", "puller")
     for _ in range(2):
         assert [e.version for e in await store.fetch(sub_id, 2)] == [1, 2]
     # The third fetch without progress parks the replayed batch again (not
     # lost, no longer marked) and FE goes on with the events past it.
     assert [e.version for e in await store.fetch(sub_id, 2)] == [3]
-    parked = await store.parked_events("puller")
+    parked = await store.parked_events("default", "puller")
     assert [(p.version, p.replay, p.reason) for p in parked] == [
         (1, False, "fetched again"), (2, False, "fetched again")]
-    assert await store.durable_checkpoint("puller") == checkpoint
+    assert await store.durable_checkpoint("default", "puller") == checkpoint
     # Replaying again hands them out once more.
-    assert await store.replay_parked("puller") == 2
+    assert await store.replay_parked("default", "puller") == 2
     assert [e.version for e in await store.fetch(sub_id, 2)] == [1, 2]
 
 
 async def test_fetch_subscription_replay_requested_mid_batch_is_kept(store: EventStore) -> None:
     sub_id = await _park_first_two(store)
     batch = await store.fetch(sub_id, 2)  # the normal batch [3] is out
-    await store.replay_parked("puller")
+    await store.replay_parked("default", "puller")
     # Its PS moves the checkpoint and leaves the replay request alone.
     assert await store.progress(sub_id, batch[-1].recorded_at)
-    assert [p.replay for p in await store.parked_events("puller")] == [True, True]
+    assert [p.replay for p in await store.parked_events("default", "puller")] == [True, True]
     assert [e.version for e in await store.fetch(sub_id, 2)] == [1, 2]

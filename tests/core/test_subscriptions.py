@@ -215,15 +215,15 @@ async def test_tenant_keeps_durable_subscriptions_in_its_contexts(store: EventSt
     mine = await alice.register_fetch_subscription("f", Selector(context="ctx-a"), BEGINNING)
     theirs = await bob.register_fetch_subscription("f", Selector(context="ctx-b"), BEGINNING)
     assert mine.id != theirs.id and (mine.context, theirs.context) == ("ctx-a", "ctx-b")
-    assert await alice.subscription_id("ctx-a", "f") == mine.id
+    assert await alice.fetch_subscription_id("ctx-a", "f") == mine.id
     for attempt in (
         alice.fetch(theirs.id, 1),
         alice.seek(theirs.id, BEGINNING),
-        alice.get_fetch_subscription(theirs.id),
-        alice.subscription_id("ctx-b", "f"),
+        alice.fetch_subscription(theirs.id),
+        alice.fetch_subscription_id("ctx-b", "f"),
         alice.subscribe(Subscribe(Selector(context="ctx-b"), start=BEGINNING, durable="f")),
         alice.subscribe(Subscribe(Selector(context=None), start=BEGINNING)),
     ):
         with pytest.raises(Forbidden):
             await attempt
-    assert (await alice.get_fetch_subscription(mine.id)).name == "f"
+    assert (await alice.fetch_subscription(mine.id)).name == "f"

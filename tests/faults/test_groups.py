@@ -61,7 +61,7 @@ async def test_group_over_two_processes_when_owner_loses_its_lock(fault_db: str)
     for s in stores:
         await s.start()
     admin = await asyncpg.connect(asyncpg_dsn(fault_db))
-    cmd = Subscribe(Selector(None), FromBeginning(), durable="g-two")
+    cmd = Subscribe(Selector("default"), FromBeginning(), durable="g-two")
     members = [await s.subscribe(cmd) for s in stores for _ in range(2)]
     received: list[list[int]] = [[] for _ in members]
     tasks = [asyncio.create_task(_consume(m, r))  # type: ignore[arg-type]
@@ -71,14 +71,14 @@ async def test_group_over_two_processes_when_owner_loses_its_lock(fault_db: str)
     try:
         await asyncio.sleep(1.0)
         owner = next(i for i, s in enumerate(stores) if s._group_locks._conn is not None
-                     and s._groups["g-two"]._owner)
+                     and s._groups[("default", "g-two")]._owner)
         conn = stores[owner]._group_locks._conn
         assert conn is not None
         killed_at = time.monotonic()
         await admin.fetchval("SELECT pg_terminate_backend($1)", conn.get_server_pid())
         await asyncio.sleep(0.3)
         # The old owner stopped handing out; one process owns the group.
-        owners = [s._groups["g-two"]._owner for s in stores]
+        owners = [s._groups[("default", "g-two")]._owner for s in stores]
         assert owners.count(True) <= 1
         await asyncio.sleep(1.5)
         missing, dup = await _stop_and_record("group lock lost (2 procs)", "core", fault_db,
@@ -97,7 +97,7 @@ async def test_group_over_two_processes_when_owner_loses_its_lock(fault_db: str)
 async def test_group_survives_restart(fault_pg: EmbeddedPostgres, fault_db: str) -> None:
     store = EventStore(StoreConfig(fault_db, poll_interval=0.2))
     await store.start()
-    cmd = Subscribe(Selector(None), FromBeginning(), durable="g-restart")
+    cmd = Subscribe(Selector("default"), FromBeginning(), durable="g-restart")
     members = [await store.subscribe(cmd) for _ in range(3)]
     received: list[list[int]] = [[] for _ in members]
     tasks = [asyncio.create_task(_consume(m, r))  # type: ignore[arg-type]
@@ -112,7 +112,7 @@ async def test_group_survives_restart(fault_pg: EmbeddedPostgres, fault_db: str)
         missing, _ = await _stop_and_record("group across pg restart", "core", fault_db,
                                             appender, received, started)
         assert missing == 0
-        assert store._groups["g-restart"].members == members  # kept its members
+        assert store._groups[("default", "g-restart")].members == members  # kept its members
     finally:
         for t in tasks:
             t.cancel()

@@ -79,7 +79,7 @@ async def test_subscriptions_create_update_parked_replay(
     assert ev is not None
     member.nack(ev.position)
     for _ in range(100):
-        if await store.parked_events("jobs"):
+        if await store.parked_events("default", "jobs"):
             break
         await asyncio.sleep(0.05)
     assert await run("subscriptions", "parked", "jobs") == 0

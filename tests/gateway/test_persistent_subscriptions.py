@@ -101,14 +101,14 @@ async def test_bson_consumer_that_keeps_dying_on_an_event_gets_it_parked(
 async def test_reactivesocket_group_nacks_past_max_retries_then_replays(gateway_factory) -> None:
     gw = await gateway_factory(admin_token=TOKEN)
     host, port = gw.listeners["reactivesocket"].address
-    # A ReactiveSocket group's durable name is "<context>/<group>".
-    name = "default/workers"
+    # A ReactiveSocket group's durable name is the group, in the context.
+    name = "workers"
     async with aiohttp.ClientSession(headers=AUTH) as http:
         async with http.post(admin_url(gw) + "/subscriptions", json={
             "name": name, "context": "default", "stream": "jobs", "start": "beginning",
         }) as r:
             assert r.status == 201, await r.text()
-        async with http.put(admin_url(gw) + "/subscriptions/default%2Fworkers/settings",
+        async with http.put(admin_url(gw) + "/subscriptions/workers/settings?context=default",
                             json={"max_retries": 2, "max_in_flight": 10}) as r:
             assert r.status == 200
             assert (await r.json())["settings"]["max_retries"] == 2
@@ -125,7 +125,7 @@ async def test_reactivesocket_group_nacks_past_max_retries_then_replays(gateway_
             else:
                 await c.ack(stream, ev.position)
         await eventually_parked(http, gw, name, 1)
-        async with http.get(admin_url(gw) + "/subscriptions/default%2Fworkers/parked") as r:
+        async with http.get(admin_url(gw) + "/subscriptions/workers/parked?context=default") as r:
             [parked] = await r.json()
         assert (parked["version"], parked["retries"], parked["reason"]) == (1, 2, "nack")
         # Both events are settled: the checkpoint passed the parked one.
@@ -135,7 +135,7 @@ async def test_reactivesocket_group_nacks_past_max_retries_then_replays(gateway_
             await asyncio.sleep(0.05)
         assert (await subscription(http, gw, name))["checkpoint"] == 2
 
-        async with http.post(admin_url(gw) + "/subscriptions/default%2Fworkers/replay-parked") as r:
+        async with http.post(admin_url(gw) + "/subscriptions/workers/replay-parked?context=default") as r:
             assert r.status == 202
         again = await stream.next(5)
         assert again is not None and again.version == 1

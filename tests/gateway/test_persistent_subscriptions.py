@@ -135,7 +135,8 @@ async def test_reactivesocket_group_nacks_past_max_retries_then_replays(gateway_
             await asyncio.sleep(0.05)
         assert (await subscription(http, gw, name))["checkpoint"] == 2
 
-        async with http.post(admin_url(gw) + "/subscriptions/workers/replay-parked?context=default") as r:
+        replay = admin_url(gw) + "/subscriptions/workers/replay-parked?context=default"
+        async with http.post(replay) as r:
             assert r.status == 202
         again = await stream.next(5)
         assert again is not None and again.version == 1

@@ -591,7 +591,8 @@ async def test_plain_login_acts_in_the_users_contexts(gateway_factory) -> None:
         await client.subscribe("ann-sub", [("ann-a", "*", T0), ("someone-else", "*", T0)])
     assert info.value.code == ErrorCode.FORBIDDEN
     # Refused as a whole: the allowed definition was not created either.
-    assert await gw.store.subscription_id("ann-a", subscription_name("ann-sub", "ann-a", "*")) is None
+    name = subscription_name("ann-sub", "ann-a", "*")
+    assert await gw.store.subscription_id("ann-a", name) is None
     await client.close()
     assert gw.listeners["res01"].stats.errors["forbidden"] == 2
 

@@ -58,6 +58,9 @@ async def dataset(admin_url: str, template_url: str) -> AsyncIterator[Dataset]:
     gw = Gateway(GatewayConfig(
         database_url=url, http_port=None, res01_port=0, bson_port=0, reactivesocket_port=0,
         rsocket_port=None, micromsg2_port=None, segment_port=None, poll_interval=0.2,
+        # The writers are anonymous clients of the three contexts the
+        # dataset spreads over.
+        anonymous_contexts=("default", "shop", "metrics"),
     ))
     await gw.start()
     try:

@@ -81,6 +81,7 @@ class _Users:
 
 class _Store:
     users = _Users()
+    on_login = None  # the gateway's connection-table hook
 
 
 def _session() -> tuple[BsonSession, _Out, ListenerStats]:

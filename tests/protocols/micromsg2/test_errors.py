@@ -188,15 +188,22 @@ async def test_adapter_hello_then_error_in_one_write_closes_cleanly() -> None:
     await session.connection_lost()
 
 
+class _SlowUsers:
+    async def authenticate(
+        self, user: str | None, password: str | None, *, peer: str | None = None
+    ) -> Principal:
+        return Principal(user, "default", None)
+
+
 class _SlowStore:
     """Appends wait until ``commit`` is set: the writer is behind."""
+
+    users = _SlowUsers()
+    on_login = None  # the gateway's connection-table hook
 
     def __init__(self) -> None:
         self.commit = asyncio.Event()
         self.appended = 0
-
-    async def authenticate(self, user: str | None, password: str | None) -> Principal:
-        return Principal(user, "default", None)
 
     async def append(self, append: Any) -> None:
         await self.commit.wait()

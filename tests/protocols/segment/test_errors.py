@@ -97,6 +97,7 @@ class _Users:
 
 class _Store:
     users = _Users()
+    on_login = None  # the gateway's connection-table hook
 
     async def producer_ack_level(self, cid: uuid.UUID, context: str, stream: str) -> int:
         return 0

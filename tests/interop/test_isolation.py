@@ -9,8 +9,7 @@ same name in two contexts is two groups.  With ``allow_anonymous = false`` a
 client without credentials is refused on every protocol.
 
 Each protocol's checks are one function in :data:`ISOLATION` and
-:data:`ANONYMOUS_OFF`; the Res01 rows join by adding theirs (its ZAP login is
-another change).
+:data:`ANONYMOUS_OFF` (Res01 logs in with ZeroMQ PLAIN on its login port).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
 import pytest
+import zmq
 
 from polyport.core.commands import Append, ReadStream
 from polyport.core.events import EventData
@@ -30,9 +30,12 @@ from polyport.protocols.bson.client import BsonClient, BsonError
 from polyport.protocols.micromsg2.client import MicroMsg2Client, MicroMsg2Error
 from polyport.protocols.micromsg2.frames import Message
 from polyport.protocols.reactivesocket.client import NewEvent, ReactiveSocketClient, RemoteError
+from polyport.protocols.res01.client import Res01Client, Res01ServerError, new_event
+from polyport.protocols.res01.errors import ErrorCode
 from polyport.protocols.rsocket.client import RSocketClient
 from polyport.protocols.segment.client import SegmentError, SegmentReader, SegmentWriter
 from tests.conftest import create_database
+from tests.gateway.test_res01 import T0, _commit_frames, handshake, nothing_through, watched_dealer
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -80,6 +83,7 @@ async def _gateway(admin_url: str, **overrides: object) -> Gateway:
         http_port=0,
         poll_interval=0.2,
         **{f"{n}_port": 0 for n in DEFAULT_PORTS},  # type: ignore[arg-type]
+        res01_login_port=0,  # Res01 logs in with ZeroMQ PLAIN on its own port
     )
     gw = Gateway(replace(base, **overrides))  # type: ignore[arg-type]
     await gw.start()
@@ -378,10 +382,59 @@ async def segment_anonymous_off(w: World) -> None:
         await reader.close()
 
 
-# Res01 adds its rows here when it logs in through ZAP.
+# --- Res01: ZeroMQ PLAIN (ZAP) on the login port; the main port is anonymous ----------
+
+
+async def res01_isolation(w: World) -> None:
+    listener = w.gw.listeners["res01"]
+    login = listener.login_address  # type: ignore[attr-defined]
+    alice = await Res01Client.connect(login, timeout=10, plain_username=ALICE,
+                                      plain_password=PASSWORD)
+    bob = await Res01Client.connect(login, timeout=10, plain_username=BOB,
+                                    plain_password=PASSWORD)
+    anon = await Res01Client.connect(listener.address, timeout=10)
+    own = _stream("res01", "own")
+    try:
+        await alice.commit(A, own, -1, [new_event("t", '{"owner": "a"}')])
+        assert await w.count(A, own) == 1
+        for client, context in ((alice, B), (anon, A)):
+            with pytest.raises(Res01ServerError) as refused:
+                await client.commit(context, own, -1, [new_event("t", "{}")])
+            assert refused.value.code == ErrorCode.FORBIDDEN
+        assert (await w.count(A, own), await w.count(B, own)) == (1, 0)
+        # The same subscriber name in both contexts: two subscriptions.
+        [a_sub] = await alice.subscribe(GROUP, [(A, own, T0)])
+        [b_sub] = await bob.subscribe(GROUP, [(B, own, T0)])
+        assert a_sub != b_sub
+        await w.seed(B, own, 2)
+        [mine] = await alice.fetch([(a_sub, 10)])
+        assert [e.context for e in mine.events] == [A]
+        # Bob's context or his (guessable) subscription id: forbidden, nothing moved.
+        attempts = (lambda: alice.subscribe(GROUP, [(B, own, T0)]),
+                    lambda: alice.fetch([(b_sub, 10)]),
+                    lambda: alice.progress([(b_sub, T0)]))
+        for attempt in attempts:
+            with pytest.raises(Res01ServerError) as refused:
+                await attempt()
+            assert refused.value.code == ErrorCode.FORBIDDEN
+        [his] = await bob.fetch([(b_sub, 10)])
+        assert [e.context for e in his.events] == [B, B]
+    finally:
+        for client in (alice, bob, anon):
+            await client.close()
+
+
+async def res01_anonymous_off(w: World) -> None:
+    # Anonymous off: the main port speaks PLAIN, a NULL DEALER gets nothing.
+    async with watched_dealer(w.address("res01")) as (sock, monitor):
+        assert (await handshake(monitor))["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED
+        assert await nothing_through(sock, _commit_frames("default"))
+
+
 ISOLATION: dict[str, Callable[[World], Awaitable[None]]] = {
     "bson": bson_isolation,
     "micromsg2": micromsg2_isolation,
+    "res01": res01_isolation,
     "reactivesocket": reactivesocket_isolation,
     "rsocket": rsocket_isolation,
     "segment": segment_isolation,
@@ -389,6 +442,7 @@ ISOLATION: dict[str, Callable[[World], Awaitable[None]]] = {
 ANONYMOUS_OFF: dict[str, Callable[[World], Awaitable[None]]] = {
     "bson": bson_anonymous_off,
     "micromsg2": micromsg2_anonymous_off,
+    "res01": res01_anonymous_off,
     "reactivesocket": reactivesocket_anonymous_off,
     "rsocket": rsocket_anonymous_off,
     "segment": segment_anonymous_off,

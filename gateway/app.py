@@ -20,7 +20,7 @@ from polyport.core.subscriptions import Subscription
 from polyport.core.writer import WriterLimits
 from polyport.gateway.config import TLS_LISTENERS, ConfigError, GatewayConfig
 from polyport.gateway.database import database_url
-from polyport.gateway.fatal import bind_error
+from polyport.gateway.fatal import naming_bind_errors
 from polyport.gateway.http import build_app
 from polyport.gateway.registry import ListenerDef, RunningListener, discover
 from polyport.gateway.telemetry import Telemetry
@@ -188,13 +188,8 @@ class Gateway:
                 port = self.config.port_for(d.name)
                 if port is None:
                     continue
-                try:
+                with naming_bind_errors(d.name, self.config.host, port):
                     listener = await d.start(self, self.config.host, port)
-                except Exception as exc:
-                    bind = bind_error(d.name, self.config.host, port, exc)
-                    if bind is None:
-                        raise
-                    raise bind from exc
                 self.listeners[d.name] = listener
                 host, bound = listener.address
                 log.info("listener %s on %s:%d", d.name, host, bound)
@@ -214,13 +209,8 @@ class Gateway:
                     self._runner, self.config.host, self.config.http_port,
                     ssl_context=http_tls.context if http_tls is not None else None,
                 )
-                try:
+                with naming_bind_errors("http", self.config.host, self.config.http_port):
                     await site.start()
-                except Exception as exc:
-                    bind = bind_error("http", self.config.host, self.config.http_port, exc)
-                    if bind is None:
-                        raise
-                    raise bind from exc
                 server = site._server
                 assert server is not None
                 sock = server.sockets[0].getsockname()  # type: ignore[attr-defined]

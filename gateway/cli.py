@@ -277,8 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     _leaf(ss, "list", "list durable subscriptions with checkpoint and lag")
     reset = _leaf(ss, "reset", "move a subscription's checkpoint")
     reset.add_argument("name", help="subscription name")
-    reset.add_argument("--context", default=DEFAULT_CONTEXT,
-                       help="the context the name belongs to (default: %(default)s)")
+    _context_option(reset)
     where = reset.add_mutually_exclusive_group(required=True)
     where.add_argument("--position", type=int, help="resume after this log position")
     where.add_argument("--time", help="resume at the first event at or after this ISO 8601 time")
@@ -627,9 +626,11 @@ def _migrate(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 
 def _say_fatal(message: str, fmt: str) -> None:
-    if fmt == "json":
-        print(json.dumps({"time": datetime.now(UTC).isoformat(), "level": "error",
-                          "logger": "polyport", "message": message}), file=sys.stderr)
+    if fmt == "json":  # the same record shape as every other log line
+        record = logging.makeLogRecord(
+            {"name": "polyport", "levelname": "ERROR", "levelno": logging.ERROR, "msg": message}
+        )
+        print(JsonFormatter().format(record), file=sys.stderr)
     else:
         print(f"polyport: {message}", file=sys.stderr)
 

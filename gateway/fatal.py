@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import asyncpg
@@ -50,15 +51,18 @@ _BIND_ERRNOS = {errno.EADDRINUSE: "address already in use",
                 errno.EADDRNOTAVAIL: "no such address on this machine"}
 
 
-def bind_error(
-    listener: str, host: str, port: int, exc: BaseException
-) -> ListenerBindError | None:
-    """A :class:`ListenerBindError` when ``exc`` is a failed bind (asyncio's
-    OSError or pyzmq's ZMQError, both carry ``errno``), else None."""
-    code = getattr(exc, "errno", None)
-    if code in _BIND_ERRNOS:
-        return ListenerBindError(listener, host, port, _BIND_ERRNOS[code])
-    return None
+@contextmanager
+def naming_bind_errors(listener: str, host: str, port: int) -> Iterator[None]:
+    """Turn a failed bind inside the block (asyncio's OSError or pyzmq's
+    ZMQError, both carry ``errno``) into a :class:`ListenerBindError` that
+    names the listener and its flag; anything else passes unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        code = getattr(exc, "errno", None)
+        if code not in _BIND_ERRNOS:
+            raise
+        raise ListenerBindError(listener, host, port, _BIND_ERRNOS[code]) from exc
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

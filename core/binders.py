@@ -27,6 +27,7 @@ from polyport.core import sql
 from polyport.core.aio import wait_event
 from polyport.core.bodies import event_document
 from polyport.core.commands import Selector
+from polyport.core.db import Db
 from polyport.core.errors import Malformed, NotFound
 from polyport.core.events import RecordedEvent
 from polyport.core.logs import RateLimitedLog
@@ -182,7 +183,7 @@ class BinderQuery:
 class BinderService:
     def __init__(self, store: EventStore, *, run_projector: bool = True) -> None:
         self._store = store
-        self._pool: asyncpg.Pool = store.pool
+        self._pool: Db = store.db
         self._run_projector = run_projector
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import asyncpg
-
 from polyport.core import sql
 from polyport.core.commands import BEGINNING, END, FromPosition, FromTime, Start
+from polyport.core.db import Db
 from polyport.core.errors import Malformed, NotFound
 from polyport.core.events import RecordedEvent
 from polyport.core.records import record_from_row
@@ -140,7 +139,7 @@ class ParkedEvent:
 class Parking:
     """The database side of settings and parked events."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: Db) -> None:
         self._pool = pool
 
     async def settings(self, context: str, name: str) -> tuple[int, SubscriptionSettings]:

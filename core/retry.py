@@ -25,6 +25,7 @@ from tenacity import (
     wait_random,
 )
 
+from polyport.core.errors import StorageUnavailable
 from polyport.core.health import Health
 from polyport.core.logs import RateLimitedLog
 
@@ -52,8 +53,9 @@ CONNECTION_LOST: tuple[type[BaseException], ...] = (
 
 def connection_lost(exc: BaseException) -> bool:
     """Whether ``exc`` says the connection or the server is gone (rather than
-    that the server refused a statement on a healthy connection)."""
-    return isinstance(exc, CONNECTION_LOST)
+    that the server refused a statement on a healthy connection); request
+    paths raise it already translated (core.db) as StorageUnavailable."""
+    return isinstance(exc, (*CONNECTION_LOST, StorageUnavailable))
 
 
 class Outage:

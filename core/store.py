@@ -33,6 +33,7 @@ from polyport.core.commands import (
     Start,
     Subscribe,
 )
+from polyport.core.db import Db
 from polyport.core.errors import Busy, Malformed, NotFound, StorageUnavailable, Timeout
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import ConsumerGroup, GroupMember
@@ -48,6 +49,7 @@ from polyport.core.migrate import asyncpg_dsn
 from polyport.core.monitor import Monitor
 from polyport.core.parking import ParkedEvent, Parking, SubscriptionSettings, start_from_json
 from polyport.core.records import record_from_row
+from polyport.core.retry import CONNECTION_LOST
 from polyport.core.subscriptions import Subscription, Tailer
 from polyport.core.users import UserService
 from polyport.core.writer import Writer, WriterLimits
@@ -126,6 +128,9 @@ class EventStore:
         self.config = config
         self._dsn = asyncpg_dsn(config.database_url)
         self._pool: asyncpg.Pool = None  # type: ignore[assignment]
+        # Request paths query through _db (lost connections raised as
+        # StorageUnavailable); the writer, tailer and locks own their retries.
+        self._db: Db = None  # type: ignore[assignment]
         self.writer: Writer = None  # type: ignore[assignment]
         self.tailer: Tailer = None  # type: ignore[assignment]
         self.users: UserService = None  # type: ignore[assignment]
@@ -170,6 +175,7 @@ class EventStore:
                 f"cannot connect to PostgreSQL ({exc}); check --database-url and that the "
                 "server is running"
             ) from exc
+        self._db = Db(self._pool)
         self.tailer = Tailer(self._pool, self._dsn, self.config.poll_interval, self._health)
         await self.tailer.start()
         self.writer = Writer(
@@ -180,12 +186,12 @@ class EventStore:
         self._notify_task = asyncio.create_task(self._notifier(), name="polyport-notify")
         self._schema_task = asyncio.create_task(self._watch_schema(), name="polyport-schema")
         self.users = UserService(
-            self._pool,
+            self._db,
             allow_anonymous=self.config.allow_anonymous,
             anonymous_contexts=self.config.anonymous_contexts,
         )
         self.monitor = Monitor(self._pool)
-        self.parking = Parking(self._pool)
+        self.parking = Parking(self._db)
         self.binders = BinderService(self, run_projector=self.config.run_binders)
         await self.binders.start()
         self.started = True
@@ -210,6 +216,10 @@ class EventStore:
     @property
     def pool(self) -> asyncpg.Pool:
         return self._pool
+
+    @property
+    def db(self) -> Db:
+        return self._db
 
     @property
     def reads_waiting(self) -> int:
@@ -282,7 +292,7 @@ class EventStore:
         head = await asyncio.to_thread(migrate.head_revision)
         while True:
             try:
-                current = await asyncio.wait_for(self._pool.fetchval(sql.SCHEMA_REVISION), 5.0)
+                current = await asyncio.wait_for(self._db.fetchval(sql.SCHEMA_REVISION), 5.0)
             except asyncpg.UndefinedTableError:
                 self._health.ok()
                 self._health.schema(migrate.schema_behind(None, head))
@@ -303,14 +313,14 @@ class EventStore:
             async with self._reads:
                 try:
                     rows: list[asyncpg.Record] = await asyncio.wait_for(
-                        self._pool.fetch(query, *args), self.config.read_timeout
+                        self._db.fetch(query, *args), self.config.read_timeout
                     )
                     return rows
                 except TimeoutError:
                     raise Timeout(
                         f"read took longer than {self.config.read_timeout:.0f}s", reader=True
                     ) from None
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                except (asyncpg.PostgresError, *CONNECTION_LOST) as exc:
                     raise StorageUnavailable(f"read failed: {exc}") from exc
         finally:
             self._waiting_reads -= 1
@@ -373,19 +383,19 @@ class EventStore:
         if isinstance(start, FromBeginning):
             return 0
         if isinstance(start, FromEnd):
-            return int(await self._pool.fetchval(sql.HEAD_POSITION))
+            return int(await self._db.fetchval(sql.HEAD_POSITION))
         if isinstance(start, FromPosition):
             return max(0, start.position)
         if isinstance(start, FromTime):
-            return int(await self._pool.fetchval(sql.POSITION_BEFORE_TIME, start.time))
+            return int(await self._db.fetchval(sql.POSITION_BEFORE_TIME, start.time))
         if isinstance(start, FromVersion):
             if selector.stream is None or selector.context is None:
                 raise Malformed("a start version needs an exact stream and context")
-            pos = await self._pool.fetchval(
+            pos = await self._db.fetchval(
                 sql.POSITION_BEFORE_VERSION, selector.context, selector.stream, start.version
             )
             if pos is None:
-                return int(await self._pool.fetchval(sql.HEAD_POSITION))
+                return int(await self._db.fetchval(sql.HEAD_POSITION))
             return int(pos)
         raise Malformed(f"unknown start {start!r}")
 
@@ -449,10 +459,10 @@ class EventStore:
     async def _ensure_durable(
         self, context: str, name: str, selector: Selector, start: Start
     ) -> asyncpg.Record:
-        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, context, name)
+        row = await self._db.fetchrow(sql.GET_SUBSCRIPTION, context, name)
         if row is None:
             cursor = await self.resolve_start(selector, start)
-            row = await self._pool.fetchrow(
+            row = await self._db.fetchrow(
                 sql.CREATE_SUBSCRIPTION,
                 context,
                 name,
@@ -460,9 +470,9 @@ class EventStore:
                 cursor,
             )
             if row is None:  # created concurrently
-                row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, context, name)
+                row = await self._db.fetchrow(sql.GET_SUBSCRIPTION, context, name)
         elif json.loads(row["selector"]) != selector_to_json(selector):
-            await self._pool.execute(
+            await self._db.execute(
                 sql.UPDATE_SUBSCRIPTION_SELECTOR, row["id"], json.dumps(selector_to_json(selector))
             )
         return row
@@ -510,7 +520,7 @@ class EventStore:
 
     async def durable_checkpoint(self, context: str, name: str) -> int:
         """The saved checkpoint of the durable subscription ``name`` in ``context``."""
-        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, context, name)
+        row = await self._db.fetchrow(sql.GET_SUBSCRIPTION, context, name)
         if row is None:
             raise NotFound(f"no durable subscription named {name!r} in context {context!r}")
         return int(row["checkpoint"])
@@ -518,7 +528,7 @@ class EventStore:
     async def advance_checkpoint(self, context: str, name: str, position: int) -> None:
         """Move the checkpoint of ``name`` in ``context`` forward to
         ``position`` (never back)."""
-        await self._pool.execute(sql.ADVANCE_CHECKPOINT, context, name, position)
+        await self._db.execute(sql.ADVANCE_CHECKPOINT, context, name, position)
 
     # --- fetch-style durable subscriptions (pull) ---------------------------
 
@@ -533,7 +543,7 @@ class EventStore:
         )
 
     async def get_fetch_subscription(self, sub_id: int) -> FetchSubscription:
-        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION_BY_ID, sub_id)
+        row = await self._db.fetchrow(sql.GET_SUBSCRIPTION_BY_ID, sub_id)
         if row is None:
             raise NotFound(f"no subscription with id {sub_id}")
         return FetchSubscription(
@@ -559,7 +569,7 @@ class EventStore:
         if replayed:
             _fill_batch(out, replayed, want, extend_same_time)
         else:
-            head = int(await self._pool.fetchval(sql.HEAD_POSITION))
+            head = int(await self._db.fetchval(sql.HEAD_POSITION))
             cursor = sub.checkpoint
             while cursor < head:
                 events, last_row, exhausted = await self.tailer.read_selected(
@@ -571,7 +581,7 @@ class EventStore:
         if out and await self._park_refetched(sub, out):
             return await self.fetch(sub_id, suggested_count, extend_same_time=extend_same_time)
         if out:
-            await self._pool.execute(
+            await self._db.execute(
                 sql.RECORD_FETCH, sub_id, out[-1].position, out[-1].recorded_at
             )
             if self.on_deliver is not None:
@@ -594,9 +604,9 @@ class EventStore:
         if batch[-1].position <= sub.checkpoint:
             # A replayed batch: the checkpoint is already past it and must
             # not move back; parking it again is all there is to do.
-            await self._pool.execute(sql.CLEAR_FETCH, sub.id)
+            await self._db.execute(sql.CLEAR_FETCH, sub.id)
         else:
-            await self._pool.execute(sql.SET_CHECKPOINT, sub.id, batch[-1].position)
+            await self._db.execute(sql.SET_CHECKPOINT, sub.id, batch[-1].position)
         await self.parking.reset_fetch_attempts(sub.id)
         log.info("subscription %s: parked %d events (positions %d-%d) fetched %d times "
                  "without progress", sub.name, len(batch), batch[0].position,
@@ -609,21 +619,21 @@ class EventStore:
         parked events is unparked instead (the checkpoint never moves back).
         Returns whether the batch was accepted."""
         await self.get_fetch_subscription(sub_id)
-        row = await self._pool.fetchrow(sql.PROGRESS_FETCHED, sub_id, last_event_time)
+        row = await self._db.fetchrow(sql.PROGRESS_FETCHED, sub_id, last_event_time)
         return row is not None
 
     async def seek(self, sub_id: int, start: Start) -> int:
         sub = await self.get_fetch_subscription(sub_id)
         cursor = await self.resolve_start(sub.selector, start)
-        await self._pool.execute(sql.SET_CHECKPOINT, sub_id, cursor)
+        await self._db.execute(sql.SET_CHECKPOINT, sub_id, cursor)
         return cursor
 
     async def subscription_id(self, context: str, name: str) -> int | None:
-        row = await self._pool.fetchrow(sql.GET_SUBSCRIPTION, context, name)
+        row = await self._db.fetchrow(sql.GET_SUBSCRIPTION, context, name)
         return None if row is None else int(row["id"])
 
     async def list_subscriptions(self) -> list[dict[str, Any]]:
-        rows = await self._pool.fetch(sql.LIST_SUBSCRIPTIONS)
+        rows = await self._db.fetch(sql.LIST_SUBSCRIPTIONS)
         persistent = await self.parking.state()
         none = (SubscriptionSettings(), 0)
         return [
@@ -642,7 +652,7 @@ class EventStore:
         ]
 
     async def delete_subscription(self, context: str, name: str) -> bool:
-        return await self._pool.fetchval(sql.DELETE_SUBSCRIPTION, context, name) is not None
+        return await self._db.fetchval(sql.DELETE_SUBSCRIPTION, context, name) is not None
 
     # --- auth and queries ---------------------------------------------------
 

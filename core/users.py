@@ -17,6 +17,7 @@ import asyncpg
 
 from polyport.core import sql
 from polyport.core.commands import Principal
+from polyport.core.db import Db
 from polyport.core.errors import Malformed, NotFound, Unauthenticated
 from polyport.core.events import DEFAULT_CONTEXT
 
@@ -176,7 +177,7 @@ class LoginThrottle:
 class UserService:
     def __init__(
         self,
-        pool: asyncpg.Pool,
+        pool: Db,
         *,
         allow_anonymous: bool,
         anonymous_contexts: tuple[str, ...] = DEFAULT_ANONYMOUS_CONTEXTS,

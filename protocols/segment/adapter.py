@@ -416,6 +416,13 @@ class SegmentSession:
                 self._log.info("segment append on %r failed: %s", segment, exc.message)
                 await self._fail(error_reply(exc.code, exc.message, segment=segment), exc.code)
                 return
+            except Exception as exc:  # noqa: BLE001 - the connection fails, never silently
+                # Were this task to end quietly, the client would wait for
+                # acks with the connection still open.
+                self._log.exception("segment: append on %r failed", segment)
+                code = Internal.code
+                await self._fail(error_reply(code, f"append failed: {exc}", segment=segment), code)
+                return
 
     async def _setup(self, frame: SetupAppend) -> None:
         context, stream = split_segment_name(frame.segment)
@@ -538,6 +545,12 @@ class SegmentSession:
                 # state, so only this request is answered with the error.
                 self._stats.error(exc.code)
                 reply = error_reply(exc.code, exc.message, segment=request.segment)
+            except Exception as exc:  # noqa: BLE001 - one read fails, never the read task
+                # Were this task to end, every later read on the connection
+                # would wait forever with the connection still open.
+                self._stats.error(Internal.code)
+                self._log.exception("segment: read of %r failed", request.segment)
+                reply = error_reply(Internal.code, f"read failed: {exc}", segment=request.segment)
             await self._send(reply)
 
     async def _read(self, request: ReadSegment) -> SegmentRead:

@@ -43,6 +43,7 @@ _failures_log = RateLimitedLog(log)
 
 FOLDS = ("merge", "replace")
 PROJECT_BATCH = 1000
+MIN_ROUND_INTERVAL = 0.05
 QUERY_PAGE = 500
 
 _JSON_OPTS = json_util.JSONOptions(json_mode=json_util.JSONMode.RELAXED)
@@ -283,6 +284,11 @@ class BinderService:
     async def _projector(self) -> None:
         while True:
             await wait_event(self._wake, self._store.config.poll_interval * 5)
+            # Every commit wakes the projector; under load one round per
+            # commit batch cost a binder-list query each (even with no
+            # binder defined).  Rounds at most every MIN_ROUND_INTERVAL:
+            # projections are eventual anyway.
+            await asyncio.sleep(MIN_ROUND_INTERVAL)
             self._wake.clear()
             try:
                 names = [spec.name for spec in await self.list()]

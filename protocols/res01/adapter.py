@@ -100,7 +100,11 @@ class Res01Limits:
     """
 
     # Requests served at once, per kind; beyond them: ER 4 (AC) / ER 10 (others).
-    max_in_flight_writes: int = 128
+    # Writes are really bounded by the writer's own budget (max_pending_events
+    # and _bytes, also ER 4 when full) and the byte budget below; this cap
+    # only bounds tasks.  At 128 it refused pipelined clients (one ER 4 per
+    # commit beyond 128 in flight) long before the writer was busy.
+    max_in_flight_writes: int = 4096
     max_in_flight_reads: int = 64
     # Bytes of admitted requests held at once (a big AC counts its size);
     # beyond it new requests get the busy code too.  One request is always

@@ -14,7 +14,7 @@ from polyport.protocols.res01.connection import MessageAssembler
 def test_defaults() -> None:
     limits = limits_from({})
     assert limits == Res01Limits()
-    assert (limits.max_in_flight_writes, limits.max_in_flight_reads) == (128, 64)
+    assert (limits.max_in_flight_writes, limits.max_in_flight_reads) == (4096, 64)
     assert limits.max_in_flight_bytes == 64 << 20
     assert limits.max_event_bytes == 1 << 20
     assert limits.max_request_bytes == 16 << 20

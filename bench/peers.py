@@ -775,7 +775,7 @@ class RawFeeder:
 
     def __init__(self, pool: asyncpg.Pool, stream: str) -> None:
         self.pool, self.stream = pool, stream
-        self.inner = TaskFeeder(self, RAW_W3_POOL * 4)  # type: ignore[arg-type]
+        self.inner = TaskFeeder(self, WINDOW)  # type: ignore[arg-type]
 
     async def publish(self, seq: int) -> None:
         async with self.pool.acquire() as c:
@@ -1322,9 +1322,11 @@ async def run(args: argparse.Namespace) -> int:
             conn = await asyncpg.connect(raw_dsn)
             try:
                 await conn.execute(RAW_TABLE)
+                pg_version = str(await conn.fetchval("SHOW server_version")).split()[0]
             finally:
                 await conn.close()
             roots = Roots(pg=int((pg.pgdata / "postmaster.pid").read_text().split()[0]))
+            load = os.getloadavg()[0]
             if nats_bin is not None:
                 nats_server = await _start_nats(nats_bin, root / "nats")
                 roots.nats = nats_server.pid
@@ -1336,6 +1338,7 @@ async def run(args: argparse.Namespace) -> int:
                 roots.gateway = gateway.pid
             env = Env(raw_dsn, gateway, nats_server, zmq_ctx, roots)
             systems = ["raw", *(["nats"] if nats_server else []), *args.protocols]
+            _print_header(args, pg_version, load, nats_server, args.loop)
             if "w1" in measured:
                 warm = min(1.0, args.seconds)
                 say(f"warming up every system ({warm:g} s each)...")
@@ -1393,28 +1396,46 @@ def _w2_fn(env: Env, system: str, seconds: float) -> Callable[[Meter], Awaitable
     return lambda m: w2_polyport(env, m, system, seconds)
 
 
+def _print_header(args: argparse.Namespace, pg_version: str, load: float,
+                  nats_server: NatsServer | None, loop: str) -> None:
+    nats = "NATS: not measured"
+    if nats_server is not None:
+        nats = f"{nats_server.version} (" + (
+            "fsync per write, sync_interval: always)" if nats_server.fsync else
+            "acks before fsync: this version has no sync_interval: always)")
+    workers = f"--workers {args.workers}" if args.workers is not None else "default workers"
+    print(f"bench peers: {os.cpu_count()} CPUs, load average {load:.2f} at start; "
+          f"PostgreSQL {pg_version} (fsync on); {nats}; polyport serve ({workers}); "
+          f"client event loop: {loop}")
+    print(f"200-byte events; each figure the median of {args.repeat} run(s) of "
+          f"{args.seconds:g} s, the systems alternating; cores = CPU time / wall time of "
+          "the server processes (PostgreSQL, plus polyport serve for polyport rows) and of "
+          "this client process")
+
+
 def _print_workload(w: str, rows: list[Result], args: argparse.Namespace,
                     nats_server: NatsServer | None) -> None:
-    nats_note = ""
-    if nats_server is not None and not nats_server.fsync:
-        nats_note = "; NATS acks before fsync (no sync_interval: always on this nats-server)"
-    common = (f"200-byte events, PostgreSQL fsync on{nats_note}; median of {args.repeat} "
-              f"alternating run(s) of {args.seconds:g} s")
     nats_ref = [("x nats", "nats")] if nats_server is not None else []
     if w == "w1":
         throughput_table(
-            f"W1 closed loop: N publishers, each awaits its ack ({common}; raw: one "
-            f"connection per publisher up to {RAW_POOL_MAX}, then a pool of {RAW_POOL_MAX})",
+            "W1 closed loop: N publishers, each on its own connection, each awaits its ack",
             rows, [("x raw", "raw"), *nats_ref])
+        print(f"  raw: single-row INSERTs, one connection per publisher up to {RAW_POOL_MAX}, "
+              f"beyond that the publishers share a pool of {RAW_POOL_MAX}")
     elif w == "w2":
-        throughput_table(
-            f"W2 pipelined: one publisher, <= {WINDOW} unacknowledged ({common}; raw: "
-            "100-row transactions, COPY of 1,000-row batches)",
-            rows, [("x raw-tx", "raw-tx"), ("x copy", "raw-copy"), *nats_ref])
+        throughput_table(f"W2 pipelined: one publisher, <= {WINDOW:,} unacknowledged", rows,
+                         [("x raw-tx", "raw-tx"), ("x copy", "raw-copy"), *nats_ref])
+        capped = [p for p in args.protocols if p in WINDOW_CAP]
+        print("  raw: 100-row transactions on one connection; COPY of 1,000-row batches")
+        if capped:
+            print(f"  {', '.join(capped)}: {WINDOW_CAP[capped[0]]} in flight, the server's "
+                  "limit of open streams per connection")
     else:
-        latency_table(
-            f"W3 delivery at {args.rate} events/s, publish call -> live subscriber ({common})",
-            rows)
+        latency_table(f"W3 delivery at {args.rate:,} events/s: publish call -> live subscriber",
+                      rows)
+        print("  raw: INSERT, NOTIFY after the commit, a LISTENing connection fetches the rows")
+        if "res01" in args.protocols:
+            print(f"  res01: FE/PS loop, {RES01_POLL * 1000:g} ms pause after an empty batch")
 
 
 def main(argv: list[str]) -> int:
@@ -1463,9 +1484,10 @@ def main(argv: list[str]) -> int:
         import uvloop
 
         loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-        say("client event loop: uvloop")
+        args.loop = "uvloop"
     except ImportError:
         loop_factory = None
+        args.loop = "asyncio"
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             return runner.run(run(args))

@@ -56,7 +56,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -795,13 +795,47 @@ class RawFeeder:
 OnSeq = Callable[[int], None]
 
 
+async def _close_all(closers: list[Callable[[], Awaitable[Any]]]) -> None:
+    for close in reversed(closers):
+        with contextlib.suppress(Exception):
+            await close()
+
+
 @contextlib.asynccontextmanager
 async def subscriber(env: Env, system: str, stream: str, on_seq: OnSeq) -> AsyncIterator[None]:
     """A live subscriber of ``stream`` calling ``on_seq`` per event received,
     for as long as the block runs."""
     closers: list[Callable[[], Awaitable[Any]]] = []
-    reader: Callable[[], Awaitable[None]]
     stopping = asyncio.Event()
+    try:
+        reader = await _open_reader(env, system, stream, on_seq, stopping, closers)
+    except BaseException:
+        await _close_all(closers)
+        raise
+    task = asyncio.create_task(reader())
+    try:
+        yield
+    finally:
+        stopping.set()
+        if system == "segment":
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), 5)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        await _close_all(closers)
+        failure = task.exception() if task.done() and not task.cancelled() else None
+        if failure is not None:
+            raise BenchError(f"subscriber failed: {one_line(failure)}")
+
+
+async def _open_reader(
+    env: Env, system: str, stream: str, on_seq: OnSeq, stopping: asyncio.Event,
+    closers: list[Callable[[], Awaitable[Any]]],
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """Subscribe; the coroutine function that receives.  What it opened is
+    in ``closers`` (also when it fails half-way)."""
+    reader: Callable[[], Coroutine[Any, Any, None]]
     if system == "raw":
         conn = await asyncpg.connect(env.raw_dsn)
         closers.append(conn.close)
@@ -903,22 +937,7 @@ async def subscriber(env: Env, system: str, stream: str, on_seq: OnSeq) -> Async
                 del buf[:pos]
     else:
         raise BenchError(f"unknown system {system!r}")
-    task = asyncio.create_task(reader())
-    try:
-        yield
-    finally:
-        stopping.set()
-        if system == "segment":
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(task), 5)
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        for close in reversed(closers):
-            with contextlib.suppress(Exception):
-                await close()
-        if task.done() and not task.cancelled() and task.exception() is not None:
-            raise BenchError(f"subscriber failed: {task.exception()!r}")
+    return reader
 
 
 async def open_feeder(env: Env, system: str, stream: str) -> Feeder:
@@ -1125,52 +1144,53 @@ def _cell(v: float | None, fmt: str = ",.0f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _row(line: str) -> None:
+    print(line.rstrip())  # empty ratio cells of the baselines leave no trailing blanks
+
+
 def throughput_table(title: str, rows: list[Result], refs: list[tuple[str, str]]) -> None:
     """``refs``: (column heading, system) whose value each ratio divides by."""
     print(f"\n{title}")
     by = {(r.n, r.system): r for r in rows}
-    head = (f"  {'N':>5}  {'system':<22} {'events/s':>10} {'server':>7} {'of PG':>6} "
-            f"{'client':>7}" + "".join(f" {h:>8}" for h, _ in refs))
-    print(head)
-    print(f"  {'':>5}  {'':<22} {'':>10} {'cores':>7} {'cores':>6} {'cores':>7}")
+    _row(f"  {'N':>5}  {'system':<22} {'events/s':>10} {'server':>7} {'of PG':>6} "
+         f"{'client':>7}" + "".join(f" {h:>8}" for h, _ in refs))
+    _row(f"  {'':>5}  {'':<22} {'':>10} {'cores':>7} {'cores':>6} {'cores':>7}")
     for r in rows:
         n = "" if r.n is None else str(r.n)
         if r.error is not None:
-            print(f"  {n:>5}  {SYSTEM_NAMES[r.system]:<22} failed: {r.error}")
+            _row(f"  {n:>5}  {SYSTEM_NAMES[r.system]:<22} failed: {r.error}")
             continue
         pg = r.cores.get("pg") if r.system != "nats" else None
         peer = r.system.startswith("raw") or r.system == "nats"
         cols = ["" if peer else _ratio(r.value, by[(r.n, ref)].value if (r.n, ref) in by
                                        else None) for _h, ref in refs]
-        ratios = "".join(f" {c:>8}" for c in cols)
-        print(f"  {n:>5}  {SYSTEM_NAMES[r.system]:<22} {_cell(r.value):>10} "
-              f"{server_cores(r.system, r.cores):>7.2f} {_cell(pg, '.2f'):>6} "
-              f"{r.cores.get('client', 0.0):>7.2f}{ratios}")
+        _row(f"  {n:>5}  {SYSTEM_NAMES[r.system]:<22} {_cell(r.value):>10} "
+             f"{server_cores(r.system, r.cores):>7.2f} {_cell(pg, '.2f'):>6} "
+             f"{r.cores.get('client', 0.0):>7.2f}" + "".join(f" {c:>8}" for c in cols))
 
 
-def latency_table(title: str, rows: list[Result]) -> None:
+def latency_table(title: str, rows: list[Result], refs: list[str]) -> None:
+    """``refs``: the systems (raw, nats) each polyport p50 and p99 is divided by."""
     print(f"\n{title}")
-    print(f"  {'system':<22} {'p50 ms':>8} {'p99 ms':>8} {'lost':>5} {'server':>7} "
-          f"{'of PG':>6} {'client':>7} {'p50/raw':>8} {'p99/raw':>8} {'p50/nats':>8} "
-          f"{'p99/nats':>8}")
+    _row(f"  {'system':<22} {'p50 ms':>8} {'p99 ms':>8} {'lost':>5} {'server':>7} "
+         f"{'of PG':>6} {'client':>7}"
+         + "".join(f" {f'p50/{ref}':>8} {f'p99/{ref}':>8}" for ref in refs))
     by = {r.system: r for r in rows if r.error is None}
-    raw, nats = by.get("raw"), by.get("nats")
     for r in rows:
         name = SYSTEM_NAMES[r.system]
         if r.error is not None:
-            print(f"  {name:<22} failed: {r.error}")
+            _row(f"  {name:<22} failed: {r.error}")
             continue
         pg = r.cores.get("pg") if r.system != "nats" else None
         mine = r.system not in ("raw", "nats")
-        cols = [
-            _ratio(r.value, raw.value) if mine and raw else "",
-            _ratio(r.p99, raw.p99) if mine and raw else "",
-            _ratio(r.value, nats.value) if mine and nats else "",
-            _ratio(r.p99, nats.p99) if mine and nats else "",
-        ]
-        print(f"  {name:<22} {_cell(r.value, '.2f'):>8} {_cell(r.p99, '.2f'):>8} {r.lost:>5} "
-              f"{server_cores(r.system, r.cores):>7.2f} {_cell(pg, '.2f'):>6} "
-              f"{r.cores.get('client', 0.0):>7.2f}" + "".join(f" {c:>8}" for c in cols))
+        cols = []
+        for ref in refs:
+            base = by.get(ref)
+            cols += ([_ratio(r.value, base.value), _ratio(r.p99, base.p99)]
+                     if mine and base is not None else ["", ""])
+        _row(f"  {name:<22} {_cell(r.value, '.2f'):>8} {_cell(r.p99, '.2f'):>8} {r.lost:>5} "
+             f"{server_cores(r.system, r.cores):>7.2f} {_cell(pg, '.2f'):>6} "
+             f"{r.cores.get('client', 0.0):>7.2f}" + "".join(f" {c:>8}" for c in cols))
 
 
 def rss_table(rows: list[RssResult], errors: dict[str, str]) -> None:
@@ -1432,7 +1452,7 @@ def _print_workload(w: str, rows: list[Result], args: argparse.Namespace,
                   "limit of open streams per connection")
     else:
         latency_table(f"W3 delivery at {args.rate:,} events/s: publish call -> live subscriber",
-                      rows)
+                      rows, ["raw", *(["nats"] if nats_server is not None else [])])
         print("  raw: INSERT, NOTIFY after the commit, a LISTENing connection fetches the rows")
         if "res01" in args.protocols:
             print(f"  res01: FE/PS loop, {RES01_POLL * 1000:g} ms pause after an empty batch")

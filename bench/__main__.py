@@ -1,7 +1,9 @@
 """``python -m bench NAME``: run one benchmark (core, res01, bson, logins,
 reactivesocket, micromsg2, segment, pipeline) and print ratios against raw
-PostgreSQL measured in the same run; ``faults`` (not a benchmark, not in CI)
-SIGKILLs ``polyport serve`` under load through every protocol and audits."""
+PostgreSQL measured in the same run; ``peers`` compares raw PostgreSQL, NATS
+JetStream and every protocol in one run (docs/performance.md); ``faults``
+(not a benchmark, not in CI) SIGKILLs ``polyport serve`` under load through
+every protocol and audits."""
 
 from __future__ import annotations
 

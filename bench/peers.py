@@ -1,0 +1,1529 @@
+"""polyport against its peers, in one run: raw PostgreSQL, NATS JetStream, and
+polyport through each wire protocol with that protocol's own asyncio client.
+
+Every event body is 200 bytes; PostgreSQL runs with fsync on (a throwaway
+cluster, ``bench.common.bench_cluster``).  ``polyport serve`` runs as its own
+process against a fresh database of that cluster; ``nats-server -js`` runs on
+a free port with file storage in a temporary directory.  The clients run here,
+on one event loop (uvloop when it is importable).
+
+- W1, closed loop: N publishers, each on its own connection, each awaiting
+  its acknowledgement before its next publish.  Raw PostgreSQL: single-row
+  INSERTs (autocommit) into a plain append table, one asyncpg connection per
+  publisher up to RAW_POOL_MAX; beyond that the N publishers share a pool of
+  RAW_POOL_MAX connections (a thousand backends on a two-core machine measure
+  the machine, not PostgreSQL, and the cluster allows 200).  NATS: ``js.publish``
+  (waits for the PubAck) to a file-storage stream.
+- W2, pipelined: one publisher, at most 1,000 events unacknowledged.  Raw
+  PostgreSQL: 100-row transactions on one connection, and binary COPY of
+  1,000-row batches.  NATS: ``js.publish_async`` with 1,000 pending at most.
+  polyport: one connection with 1,000 requests in flight (Res01 ACs,
+  BSON EMITs, ReactiveSocket / RSocket appends), a MicroMsg2 ``batch-ack``
+  window of 1,000, a segment writer window of 1,000 events.
+- W3, live delivery: one publisher at 1,000 events/s (not waiting for acks)
+  into one stream while one live subscriber receives; p50 / p99 from the
+  publish call to receipt.  Raw PostgreSQL: INSERT, then NOTIFY after the
+  commit, on a pool of 32 connections; a LISTENing connection fetches the
+  notified rows.  NATS: an ordered push consumer.  polyport: BSON SUBSCRIBE,
+  ReactiveSocket REQUEST_SUB, RSocket events.subscribe, MicroMsg2 topic
+  subscription, a Res01 FE/PS loop (FE answers at once; an empty batch is
+  polled again after 1 ms) and segment reads that follow the tail.
+- RSS per idle connection: a fresh ``polyport serve`` per protocol, 2,000
+  connections opened (handshake done) and left idle; (RSS after − RSS before)
+  / 2,000 over the serve process tree.
+
+Each figure comes with the CPU cores the server processes (PostgreSQL
+cluster, ``polyport serve``, ``nats-server``) and this client process used
+during the measurement (utime + stime from /proc over wall time), and each
+polyport figure as a ratio to raw PostgreSQL and to NATS measured in the same
+run.  ``--repeat`` alternates the systems (rotating their order) and reports
+medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import shutil
+import signal
+import statistics
+import struct
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+import asyncpg
+import zmq
+import zmq.asyncio
+
+from bench.common import bench_cluster, fresh_database
+from polyport.core import migrate
+from polyport.gateway.config import DEFAULT_PORTS
+from polyport.gateway.ports_file import read_ports_file
+from polyport.protocols.bson.client import BsonClient
+from polyport.protocols.micromsg2.client import MicroMsg2Client
+from polyport.protocols.reactive.client import NewEvent
+from polyport.protocols.reactivesocket.client import ReactiveSocketClient
+from polyport.protocols.res01.client import Res01Client, new_event
+from polyport.protocols.rsocket.client import RSocketClient
+from polyport.protocols.segment.client import (
+    NoSuchSegmentError,
+    SegmentAppender,
+    SegmentReader,
+    SegmentWriter,
+)
+
+PROTOCOLS = ("res01", "bson", "reactivesocket", "rsocket", "micromsg2", "segment")
+WORKLOADS = ("w1", "w2", "w3", "rss")
+BODY_SIZE = 200
+SEGMENT_FRAMED = 8 + BODY_SIZE
+WINDOW = 1000  # W2: events unacknowledged at most
+# Where a protocol's server allows fewer requests in flight on one connection:
+# ReactiveSocket and RSocket answer "busy" past 256 open streams per
+# connection (the adapters' max_streams, not a setting).
+WINDOW_CAP = {"reactivesocket": 256, "rsocket": 256}
+RATE = 1000  # W3: events/s
+RAW_POOL_MAX = 100
+RAW_W3_POOL = 32
+IDLE_CONNECTIONS = 2000
+RSS_TARGET_KIB = 64
+RES01_POLL = 0.001
+CONTEXT = "default"  # anonymous connections' context
+NATS_STREAM = "BENCH"
+NATS_BIN = "/usr/sbin/nats-server"  # Debian's package; else the first on PATH
+NATS_MISSING = "nats-server not found: apt-get install nats-server"
+REPO = Path(__file__).resolve().parent.parent
+TICK = os.sysconf("SC_CLK_TCK")
+
+RAW_TABLE = """
+CREATE TABLE IF NOT EXISTS bench_append (
+    id bigserial PRIMARY KEY,
+    stream text NOT NULL,
+    body bytea NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT now()
+)"""
+RAW_INSERT = "INSERT INTO bench_append (stream, body) VALUES ($1, $2)"
+RAW_INSERT_ID = "INSERT INTO bench_append (stream, body) VALUES ($1, $2) RETURNING id"
+
+SYSTEM_NAMES = {
+    "raw": "raw PostgreSQL",
+    "raw-tx": "raw PG, 100-row tx",
+    "raw-copy": "raw PG, COPY",
+    "nats": "NATS JetStream",
+    **{p: f"polyport {p}" for p in PROTOCOLS},
+}
+
+
+class BenchError(Exception):
+    """A failure worth one line, not a traceback."""
+
+
+# --- event bodies -----------------------------------------------------------------------
+
+
+def body(seq: int) -> bytes:
+    """A 200-byte JSON object carrying ``seq`` (W3 finds the send time by it)."""
+    head = b'{"seq": %d, "pad": "' % seq
+    return head + b"x" * (BODY_SIZE - len(head) - 2) + b'"}'
+
+
+def seq_of(data: bytes | str) -> int:
+    return int(json.loads(data)["seq"])
+
+
+# --- CPU and memory from /proc ------------------------------------------------------------
+
+
+def _proc_table() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds of the process and its reaped children)."""
+    out: dict[int, tuple[int, float]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # Fields after the command name (which may hold spaces and parentheses).
+        rest = raw[raw.rindex(b")") + 2:].split()
+        ppid = int(rest[1])
+        utime, stime, cutime, cstime = (int(x) for x in rest[11:15])
+        # A child's time moves into its parent's cutime/cstime when it is
+        # reaped: counting both keeps a tree's total steady across exits.
+        out[int(name)] = (ppid, (utime + stime + cutime + cstime) / TICK)
+    return out
+
+
+def _tree(root: int, table: dict[int, tuple[int, float]]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _cpu) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if pid in table:
+            found.append(pid)
+            todo.extend(children.get(pid, ()))
+    return found
+
+
+def _self_cpu() -> float:
+    """This process alone (all its threads), not the servers it started."""
+    t = os.times()
+    return t.user + t.system
+
+
+def tree_rss_kib(root: int) -> int:
+    total = 0
+    for pid in _tree(root, _proc_table()):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total
+
+
+@dataclass
+class Roots:
+    """Root pids of the server process groups whose CPU is measured."""
+
+    pg: int | None = None
+    gateway: int | None = None
+    nats: int | None = None
+
+    def cpu(self) -> dict[str, float]:
+        table = _proc_table()
+        out = {"client": _self_cpu()}
+        for group in ("pg", "gateway", "nats"):
+            root = getattr(self, group)
+            out[group] = (
+                sum(table[p][1] for p in _tree(root, table)) if root is not None else 0.0
+            )
+        return out
+
+
+class Meter:
+    """CPU cores each group used between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, roots: Roots) -> None:
+        self.roots = roots
+        self._t0 = 0.0
+        self._c0: dict[str, float] = {}
+        self.cores: dict[str, float] = {}
+        self.wall = 0.0
+
+    def start(self) -> None:
+        self._c0 = self.roots.cpu()
+        self._t0 = time.monotonic()
+
+    def stop(self) -> None:
+        self.wall = time.monotonic() - self._t0
+        c1 = self.roots.cpu()
+        self.cores = {k: (c1[k] - self._c0[k]) / max(self.wall, 1e-9) for k in c1}
+
+
+def say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+# --- server processes ------------------------------------------------------------------------
+
+
+class ServeProcess:
+    """``polyport serve`` as a child process; the bound ports come from the
+    gateway.json it writes into its data directory."""
+
+    def __init__(self, root: Path, database_url: str, listeners: Sequence[str],
+                 workers: int | None) -> None:
+        self.data_dir = root
+        self.database_url = database_url
+        self.listeners = tuple(listeners)
+        self.workers = workers
+        self.proc: asyncio.subprocess.Process | None = None
+        self.ports: dict[str, tuple[str, int]] = {}
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        ports = [a for n in DEFAULT_PORTS
+                 for a in (f"--{n}-port", "0" if n in self.listeners else "off")]
+        workers = ["--workers", str(self.workers)] if self.workers is not None else []
+        env = {
+            **os.environ,
+            "POLYPORT_LOG_LEVEL": "warning",
+            # Every bench connection comes from 127.0.0.1: the per-address
+            # limit (256 by default) would refuse W1's 1,000 publishers and
+            # the 2,000 idle connections.
+            "POLYPORT_MAX_CONNECTIONS_PER_ADDRESS": "0",
+            "POLYPORT_MAX_CONNECTIONS": "0",
+            # Res01 answers "writer busy" beyond this many ACs in flight;
+            # W1 has up to 1,000 publishers and W2 1,000 ACs in flight.
+            "POLYPORT_RES01_MAX_IN_FLIGHT_WRITES": "2000",
+        }
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "polyport.gateway.cli", "serve",
+            "--database-url", self.database_url, "--data-dir", str(self.data_dir),
+            "--host", "127.0.0.1", "--http-port", "off", *ports, *workers,
+            stdout=asyncio.subprocess.DEVNULL, env=env, cwd=REPO,
+        )
+        started = time.monotonic()
+        while True:
+            data = read_ports_file(str(self.data_dir))
+            if data is not None and data.get("pid") == self.proc.pid:
+                self.ports = {n: (li["host"], int(li["port"]))
+                              for n, li in data["listeners"].items()}
+                return
+            if self.proc.returncode is not None:
+                raise BenchError(f"polyport serve exited with code {self.proc.returncode} "
+                                 "before listening (its error is above)")
+            if time.monotonic() - started > 120:
+                raise BenchError("polyport serve did not listen within 120 s")
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 30)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+class NatsServer:
+    """``nats-server -js`` on a free port, file storage under ``root``."""
+
+    def __init__(self, binary: str, root: Path) -> None:
+        self.binary = binary
+        self.root = root
+        self.proc: asyncio.subprocess.Process | None = None
+        self.url = ""
+        # True when every write is fsynced before the PubAck (sync_interval:
+        # always, nats-server 2.10 and later); older servers sync every 2 min.
+        self.fsync = False
+        self.version = ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def start(self) -> None:
+        out = await asyncio.create_subprocess_exec(
+            self.binary, "--version", stdout=asyncio.subprocess.PIPE)
+        self.version = (await out.communicate())[0].decode().strip()
+        conf = self.root / "fsync.conf"
+        conf.write_text("jetstream { sync_interval: always }\n")
+        for fsync in (True, False):
+            if await self._try(["-c", str(conf)] if fsync else []):
+                self.fsync = fsync
+                return
+        raise BenchError(f"nats-server did not start (see {self.root / 'nats.log'})")
+
+    async def _try(self, extra: list[str]) -> bool:
+        ports_dir = self.root / "ports"
+        shutil.rmtree(ports_dir, ignore_errors=True)
+        ports_dir.mkdir(parents=True)
+        log = open(self.root / "nats.log", "wb")  # noqa: SIM115 - the child writes it
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                self.binary, *extra, "-js", "-sd", str(self.root / "store"),
+                "-a", "127.0.0.1", "-p", "-1", "--ports_file_dir", str(ports_dir),
+                stdout=log, stderr=log,
+            )
+        finally:
+            log.close()
+        started = time.monotonic()
+        while time.monotonic() - started < 30:
+            for path in ports_dir.glob("*.ports"):
+                with contextlib.suppress(ValueError, OSError, KeyError, IndexError):
+                    self.url = json.loads(path.read_text())["nats"][0]
+                    return True
+            if self.proc.returncode is not None:
+                return False  # e.g. "unknown field sync_interval" on 2.9
+            await asyncio.sleep(0.05)
+        await self.stop()
+        return False
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 30)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+# --- clients ------------------------------------------------------------------------------
+
+
+class Publisher(Protocol):
+    async def publish(self, seq: int) -> None:
+        """Append one event and wait for its acknowledgement."""
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class Env:
+    """Everything one run talks to."""
+
+    raw_dsn: str
+    gateway: ServeProcess | None
+    nats: NatsServer | None
+    zmq_ctx: zmq.asyncio.Context
+    roots: Roots
+
+    def addr(self, protocol: str) -> tuple[str, int]:
+        assert self.gateway is not None
+        return self.gateway.ports[protocol]
+
+
+class Res01Pub:
+    def __init__(self, client: Res01Client, stream: str) -> None:
+        self.client, self.stream = client, stream
+
+    async def publish(self, seq: int) -> None:
+        await self.client.commit(CONTEXT, self.stream, -1,
+                                 [new_event("bench", body(seq).decode())])
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class BsonPub:
+    def __init__(self, client: BsonClient, stream: str) -> None:
+        self.client, self.stream = client, stream
+
+    async def publish(self, seq: int) -> None:
+        await self.client.emit(self.stream, "bench", json.loads(body(seq)))
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class StreamPub:
+    """ReactiveSocket and RSocket: a REQUEST_RESPONSE append each."""
+
+    def __init__(self, client: ReactiveSocketClient | RSocketClient, stream: str) -> None:
+        self.client, self.stream = client, stream
+
+    async def publish(self, seq: int) -> None:
+        await self.client.append(
+            self.stream, [NewEvent("bench", body(seq), content_type="application/json")])
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class MicroMsg2Pub:
+    """With ``ack`` (a window of one) publish + flush is one acknowledged MESSAGE."""
+
+    def __init__(self, client: MicroMsg2Client, stream: str) -> None:
+        self.client, self.destination = client, f"topic/{stream}"
+
+    async def publish(self, seq: int) -> None:
+        await self.client.publish(self.destination, body(seq))
+        await self.client.flush(60)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class SegmentPub:
+    def __init__(self, writer: SegmentWriter, appender: SegmentAppender) -> None:
+        self.writer, self.appender = writer, appender
+
+    async def publish(self, seq: int) -> None:
+        await self.appender.append([body(seq)])
+        await self.appender.flush(60)
+
+    async def close(self) -> None:
+        await self.writer.close()
+
+
+async def open_publisher(env: Env, protocol: str, stream: str, *, window: int = 1) -> Publisher:
+    """A connection of ``protocol`` appending to ``stream``; ``window`` is
+    what MicroMsg2 and segment may leave unacknowledged (the others pipeline
+    by concurrent calls on one connection)."""
+    host, port = env.addr(protocol)
+    if protocol == "res01":
+        return Res01Pub(await Res01Client.connect(
+            (host, port), timeout=60, max_in_flight=max(window, 1000), context=env.zmq_ctx),
+            stream)
+    if protocol == "bson":
+        return BsonPub(await BsonClient.connect(host, port, timeout=60), stream)
+    if protocol == "reactivesocket":
+        return StreamPub(await ReactiveSocketClient.connect(host, port), stream)
+    if protocol == "rsocket":
+        return StreamPub(await RSocketClient.connect(host, port), stream)
+    if protocol == "micromsg2":
+        ack = "ack" if window == 1 else f"batch-ack:max-count={window}"
+        return MicroMsg2Pub(
+            await MicroMsg2Client.connect(host, port, required=[ack], timeout=60), stream)
+    if protocol == "segment":
+        writer = await SegmentWriter.connect(host, port, window_bytes=window * SEGMENT_FRAMED,
+                                             timeout=60.0)
+        return SegmentPub(writer, await writer.open_segment(f"{CONTEXT}/{stream}"))
+    raise BenchError(f"unknown protocol {protocol!r}")
+
+
+async def open_many(n: int, opener: Callable[[int], Awaitable[Any]], batch: int = 50) -> list[Any]:
+    """``n`` connections, ``batch`` handshakes at a time; all closed on failure."""
+    opened: list[Any] = []
+    try:
+        for start in range(0, n, batch):
+            chunk = range(start, min(n, start + batch))
+            got = await asyncio.gather(*(opener(i) for i in chunk), return_exceptions=True)
+            opened += [c for c in got if not isinstance(c, BaseException)]
+            for c in got:
+                if isinstance(c, BaseException):
+                    raise c
+    except BaseException:
+        await close_all(opened)
+        raise
+    return opened
+
+
+async def close_all(clients: Iterable[Any]) -> None:
+    await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# --- W1: N closed-loop publishers ----------------------------------------------------------
+
+
+async def closed_loop(meter: Meter, ops: Sequence[Callable[[int], Awaitable[None]]],
+                      seconds: float) -> float:
+    """Each op in its own loop for ``seconds``, the next call after the last
+    returned; acknowledged events/s."""
+    counts = [0] * len(ops)
+    deadline = time.monotonic() + seconds
+
+    async def loop(i: int) -> None:
+        op = ops[i]
+        n = 0
+        while time.monotonic() < deadline:
+            await op(n)
+            n += 1
+        counts[i] = n
+
+    meter.start()
+    await asyncio.gather(*(loop(i) for i in range(len(ops))))
+    meter.stop()
+    return sum(counts) / meter.wall
+
+
+async def w1_raw(env: Env, meter: Meter, n: int, seconds: float) -> float:
+    stream = _unique("w1-raw")
+    if n <= RAW_POOL_MAX:
+        conns = await open_many(n, lambda _i: asyncpg.connect(env.raw_dsn))
+        try:
+            return await closed_loop(meter, [_raw_op(c, stream) for c in conns], seconds)
+        finally:
+            await close_all(conns)
+    pool = await asyncpg.create_pool(env.raw_dsn, min_size=RAW_POOL_MAX, max_size=RAW_POOL_MAX)
+    try:
+        async def op(seq: int) -> None:
+            async with pool.acquire() as c:
+                await c.execute(RAW_INSERT, stream, body(seq))
+
+        return await closed_loop(meter, [op] * n, seconds)
+    finally:
+        await pool.close()
+
+
+def _raw_op(conn: asyncpg.Connection, stream: str) -> Callable[[int], Awaitable[None]]:
+    async def op(seq: int) -> None:
+        await conn.execute(RAW_INSERT, stream, body(seq))
+
+    return op
+
+
+def _nats_op(js: Any, subject: str) -> Callable[[int], Awaitable[None]]:
+    async def op(seq: int) -> None:
+        await js.publish(subject, body(seq))
+
+    return op
+
+
+async def _nats_connect(url: str) -> Any:
+    import nats
+
+    return await nats.connect(url, allow_reconnect=False, connect_timeout=30)
+
+
+async def w1_nats(env: Env, meter: Meter, n: int, seconds: float) -> float:
+    assert env.nats is not None
+    conns = await open_many(n, lambda _i: _nats_connect(env.nats.url))  # type: ignore[union-attr]
+    try:
+        subject = f"bench.{_unique('w1')}"
+        ops = [_nats_op(nc.jetstream(), f"{subject}.{i}") for i, nc in enumerate(conns)]
+        return await closed_loop(meter, ops, seconds)
+    finally:
+        await close_all(conns)
+
+
+async def w1_polyport(env: Env, meter: Meter, protocol: str, n: int, seconds: float) -> float:
+    prefix = _unique(f"w1-{protocol}")
+    pubs = await open_many(n, lambda i: open_publisher(env, protocol, f"{prefix}-{i}"))
+    try:
+        return await closed_loop(meter, [p.publish for p in pubs], seconds)
+    finally:
+        await close_all(pubs)
+
+
+# --- W2: one publisher, 1,000 unacknowledged -------------------------------------------------
+
+
+async def w2_raw_tx(env: Env, meter: Meter, seconds: float) -> float:
+    conn = await asyncpg.connect(env.raw_dsn)
+    try:
+        stream = _unique("w2-raw")
+
+        async def op(seq: int) -> None:
+            async with conn.transaction():
+                await conn.executemany(
+                    RAW_INSERT, [(stream, body(seq * 100 + k)) for k in range(100)])
+
+        return 100 * await closed_loop(meter, [op], seconds)
+    finally:
+        await conn.close()
+
+
+async def w2_raw_copy(env: Env, meter: Meter, seconds: float) -> float:
+    conn = await asyncpg.connect(env.raw_dsn)
+    try:
+        stream = _unique("w2-copy")
+
+        async def op(seq: int) -> None:
+            await conn.copy_records_to_table(
+                "bench_append", columns=("stream", "body"),
+                records=[(stream, body(seq * WINDOW + k)) for k in range(WINDOW)])
+
+        return WINDOW * await closed_loop(meter, [op], seconds)
+    finally:
+        await conn.close()
+
+
+async def w2_nats(env: Env, meter: Meter, seconds: float) -> float:
+    assert env.nats is not None
+    nc = await _nats_connect(env.nats.url)
+    try:
+        js = nc.jetstream(publish_async_max_pending=WINDOW)
+        subject = f"bench.{_unique('w2')}"
+        futures: list[asyncio.Future[Any]] = []
+        deadline = time.monotonic() + seconds
+        meter.start()
+        while time.monotonic() < deadline:
+            futures.append(await js.publish_async(subject, body(len(futures))))
+        await asyncio.wait_for(js.publish_async_completed(), 60)
+        meter.stop()
+        failed = sum(1 for f in futures if f.cancelled() or f.exception() is not None)
+        if failed:
+            raise BenchError(f"{failed} NATS publishes failed")
+        return len(futures) / meter.wall
+    finally:
+        await nc.close()
+
+
+async def w2_polyport(env: Env, meter: Meter, protocol: str, seconds: float) -> float:
+    stream = _unique(f"w2-{protocol}")
+    pub = await open_publisher(env, protocol, stream, window=WINDOW)
+    try:
+        if isinstance(pub, MicroMsg2Pub | SegmentPub):
+            # publish() waits only while the window is full: one loop fills it.
+            sent = 0
+            deadline = time.monotonic() + seconds
+            meter.start()
+            while time.monotonic() < deadline:
+                if isinstance(pub, MicroMsg2Pub):
+                    await pub.client.publish(pub.destination, body(sent))
+                else:
+                    await pub.appender.append([body(sent)])
+                sent += 1
+            if isinstance(pub, MicroMsg2Pub):
+                await pub.client.flush(60)
+            else:
+                await pub.appender.flush(60)
+            meter.stop()
+            return sent / meter.wall
+        # One connection, WINDOW calls in flight: each loop awaits its own ack.
+        return await closed_loop(meter, [pub.publish] * WINDOW_CAP.get(protocol, WINDOW),
+                                 seconds)
+    finally:
+        await pub.close()
+
+
+# --- W3: delivery latency at 1,000 events/s ------------------------------------------------------
+
+
+class Feeder(Protocol):
+    async def send(self, seq: int) -> None:
+        """Hand one event over without waiting for its acknowledgement."""
+
+    async def finish(self) -> None:
+        """Wait for every acknowledgement."""
+
+    async def close(self) -> None: ...
+
+
+class TaskFeeder:
+    """Each publish as its own task: requests pipeline on one connection,
+    at most ``window`` unacknowledged (send waits for room)."""
+
+    def __init__(self, pub: Publisher, window: int) -> None:
+        self.pub = pub
+        self.room = asyncio.Semaphore(window)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.failed = 0
+        self.first_error: BaseException | None = None
+
+    async def send(self, seq: int) -> None:
+        await self.room.acquire()
+        task = asyncio.create_task(self.pub.publish(seq))
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.room.release()
+        if task.cancelled() or task.exception() is not None:
+            self.failed += 1
+            self.first_error = self.first_error or (
+                asyncio.CancelledError() if task.cancelled() else task.exception())
+
+    async def finish(self) -> None:
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=60)
+        if self.first_error is not None:
+            raise BenchError(f"{self.failed} publishes failed, the first with "
+                             f"{one_line(self.first_error)}")
+
+    async def close(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await self.pub.close()
+
+
+class WindowFeeder:
+    """MicroMsg2 (batch-ack) and segment: writing is sending; the window
+    bounds what is unacknowledged."""
+
+    def __init__(self, pub: MicroMsg2Pub | SegmentPub) -> None:
+        self.pub = pub
+
+    async def send(self, seq: int) -> None:
+        if isinstance(self.pub, MicroMsg2Pub):
+            await self.pub.client.publish(self.pub.destination, body(seq))
+        else:
+            await self.pub.appender.append([body(seq)])
+
+    async def finish(self) -> None:
+        if isinstance(self.pub, MicroMsg2Pub):
+            await self.pub.client.flush(60)
+        else:
+            await self.pub.appender.flush(60)
+
+    async def close(self) -> None:
+        await self.pub.close()
+
+
+class NatsFeeder:
+    def __init__(self, nc: Any, subject: str) -> None:
+        self.nc, self.subject = nc, subject
+        self.js = nc.jetstream(publish_async_max_pending=WINDOW)
+
+    async def send(self, seq: int) -> None:
+        await self.js.publish_async(self.subject, body(seq))
+
+    async def finish(self) -> None:
+        await asyncio.wait_for(self.js.publish_async_completed(), 60)
+
+    async def close(self) -> None:
+        await self.nc.close()
+
+
+class RawFeeder:
+    """INSERT, then NOTIFY with the row id after the commit: inside the
+    transaction NOTIFY would take its global lock across the commit's
+    fsync and serialise every writer (the reason polyport's core notifies
+    after commit too)."""
+
+    def __init__(self, pool: asyncpg.Pool, stream: str) -> None:
+        self.pool, self.stream = pool, stream
+        self.inner = TaskFeeder(self, WINDOW)  # type: ignore[arg-type]
+
+    async def publish(self, seq: int) -> None:
+        async with self.pool.acquire() as c:
+            row_id = await c.fetchval(RAW_INSERT_ID, self.stream, body(seq))
+            await c.execute(f"NOTIFY bench_w3, '{row_id}'")
+
+    async def send(self, seq: int) -> None:
+        await self.inner.send(seq)
+
+    async def finish(self) -> None:
+        await self.inner.finish()
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+OnSeq = Callable[[int], None]
+
+
+async def _close_all(closers: list[Callable[[], Awaitable[Any]]]) -> None:
+    for close in reversed(closers):
+        with contextlib.suppress(Exception):
+            await close()
+
+
+@contextlib.asynccontextmanager
+async def subscriber(env: Env, system: str, stream: str, on_seq: OnSeq) -> AsyncIterator[None]:
+    """A live subscriber of ``stream`` calling ``on_seq`` per event received,
+    for as long as the block runs."""
+    closers: list[Callable[[], Awaitable[Any]]] = []
+    stopping = asyncio.Event()
+    try:
+        reader = await _open_reader(env, system, stream, on_seq, stopping, closers)
+    except BaseException:
+        await _close_all(closers)
+        raise
+    task = asyncio.create_task(reader())
+    try:
+        yield
+    finally:
+        stopping.set()
+        if system == "segment":
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), 5)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        await _close_all(closers)
+        failure = task.exception() if task.done() and not task.cancelled() else None
+        if failure is not None:
+            raise BenchError(f"subscriber failed: {one_line(failure)}")
+
+
+async def _open_reader(
+    env: Env, system: str, stream: str, on_seq: OnSeq, stopping: asyncio.Event,
+    closers: list[Callable[[], Awaitable[Any]]],
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """Subscribe; the coroutine function that receives.  What it opened is
+    in ``closers`` (also when it fails half-way)."""
+    reader: Callable[[], Coroutine[Any, Any, None]]
+    if system == "raw":
+        conn = await asyncpg.connect(env.raw_dsn)
+        closers.append(conn.close)
+        ids: asyncio.Queue[int] = asyncio.Queue()
+        await conn.add_listener("bench_w3", lambda *a: ids.put_nowait(int(a[3])))
+
+        async def reader() -> None:
+            while True:
+                batch = [await ids.get()]
+                while not ids.empty():
+                    batch.append(ids.get_nowait())
+                rows = await conn.fetch(
+                    "SELECT body FROM bench_append WHERE id = ANY($1::bigint[])", batch)
+                for r in rows:
+                    on_seq(seq_of(r["body"]))
+    elif system == "nats":
+        assert env.nats is not None
+        nc = await _nats_connect(env.nats.url)
+        closers.append(nc.close)
+
+        async def cb(msg: Any) -> None:
+            on_seq(seq_of(msg.data))
+
+        from nats.js.api import DeliverPolicy
+
+        await nc.jetstream().subscribe(stream, cb=cb, ordered_consumer=True,
+                                       deliver_policy=DeliverPolicy.NEW)
+
+        async def reader() -> None:
+            await asyncio.Event().wait()
+    elif system == "bson":
+        bson = await BsonClient.connect(*env.addr("bson"), timeout=60)
+        closers.append(bson.close)
+        sub = await bson.subscribe(stream)
+
+        async def reader() -> None:
+            while (recev := await sub.next()) is not None:
+                on_seq(int(recev.event["seq"]))
+    elif system in ("reactivesocket", "rsocket"):
+        host, port = env.addr(system)
+        client: ReactiveSocketClient | RSocketClient = (
+            await ReactiveSocketClient.connect(host, port) if system == "reactivesocket"
+            else await RSocketClient.connect(host, port))
+        closers.append(client.close)
+        events = await client.subscribe(stream=stream, start="beginning")
+
+        async def reader() -> None:
+            while (ev := await events.next()) is not None:
+                on_seq(seq_of(ev.body))
+    elif system == "micromsg2":
+        mm = await MicroMsg2Client.connect(*env.addr("micromsg2"), required=["pubsub"])
+        closers.append(mm.close)
+        await mm.subscribe(f"topic/{stream}")
+
+        async def reader() -> None:
+            while True:
+                on_seq(seq_of((await mm.receive()).payload))
+    elif system == "res01":
+        res01 = await Res01Client.connect(env.addr("res01"), timeout=60, context=env.zmq_ctx)
+        closers.append(res01.close)
+        [sub_id] = await res01.subscribe(
+            _unique("bench"), [(CONTEXT, stream, datetime.now(UTC) - timedelta(seconds=5))])
+
+        async def reader() -> None:
+            while True:
+                [batch] = await res01.fetch([(sub_id, WINDOW)])
+                if not batch.events:
+                    await asyncio.sleep(RES01_POLL)
+                    continue
+                for ev in batch.events:
+                    on_seq(seq_of(ev.body))
+                await res01.progress([(sub_id, batch.events[-1].timestamp)])
+    elif system == "segment":
+        seg = await SegmentReader.connect(*env.addr("segment"), seconds=60.0)
+        closers.append(seg.close)
+        segment = f"{CONTEXT}/{stream}"
+
+        async def reader() -> None:
+            buf = bytearray()
+            offset = 0
+            # Stops between reads: a read cancelled in flight would leave its
+            # reply future to fail unobserved when the connection closes.
+            while not stopping.is_set():
+                try:
+                    reply = await seg.read(segment, offset)
+                except NoSuchSegmentError:  # nothing appended yet
+                    await asyncio.sleep(0.005)
+                    continue
+                offset += len(reply.data)
+                buf += reply.data
+                # A reply may end inside an event: parse whole events only.
+                pos = 0
+                while len(buf) - pos >= 8:
+                    _type, length = struct.unpack_from(">iI", buf, pos)
+                    if len(buf) - pos - 8 < length:
+                        break
+                    on_seq(seq_of(bytes(buf[pos + 8:pos + 8 + length])))
+                    pos += 8 + length
+                del buf[:pos]
+    else:
+        raise BenchError(f"unknown system {system!r}")
+    return reader
+
+
+async def open_feeder(env: Env, system: str, stream: str) -> Feeder:
+    if system == "raw":
+        pool = await asyncpg.create_pool(env.raw_dsn, min_size=RAW_W3_POOL,
+                                         max_size=RAW_W3_POOL)
+        return RawFeeder(pool, stream)
+    if system == "nats":
+        assert env.nats is not None
+        return NatsFeeder(await _nats_connect(env.nats.url), stream)
+    pub = await open_publisher(env, system, stream, window=WINDOW)
+    if isinstance(pub, MicroMsg2Pub | SegmentPub):
+        return WindowFeeder(pub)
+    return TaskFeeder(pub, WINDOW_CAP.get(system, WINDOW))
+
+
+@dataclass
+class Latency:
+    p50: float
+    p99: float
+    lost: int
+
+
+async def w3(env: Env, meter: Meter, system: str, seconds: float, rate: int = RATE) -> Latency:
+    stream = _unique(f"w3-{system}")
+    if system == "nats":
+        stream = f"bench.{stream}"
+    sent: dict[int, float] = {}
+    latencies: list[float] = []
+    probe = asyncio.Event()
+    total = max(1, int(seconds * rate))
+    all_in = asyncio.Event()
+
+    def on_seq(seq: int) -> None:
+        now = time.perf_counter()
+        if seq < 0:
+            probe.set()
+            return
+        started = sent.pop(seq, None)
+        if started is not None:
+            latencies.append((now - started) * 1000)
+            if len(latencies) == total:
+                all_in.set()
+
+    feeder = await open_feeder(env, system, stream)
+    try:
+        async with subscriber(env, system, stream, on_seq):
+            # Probes until the subscription is live (some protocols do not
+            # answer a subscribe, and a segment does not exist before its
+            # first event).
+            deadline = time.monotonic() + 30
+            while not probe.is_set():
+                if time.monotonic() > deadline:
+                    raise BenchError("the subscriber received nothing within 30 s")
+                await feeder.send(-1)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(probe.wait(), 0.2)
+            await feeder.finish()
+            meter.start()
+            t0 = time.perf_counter()
+            seq = 0
+            while seq < total:
+                due = min(total, int((time.perf_counter() - t0) * rate) + 1)
+                while seq < due:
+                    sent[seq] = time.perf_counter()
+                    await feeder.send(seq)
+                    seq += 1
+                await asyncio.sleep(max(0.0, t0 + seq / rate - time.perf_counter()))
+            await feeder.finish()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(all_in.wait(), 10)
+            meter.stop()
+    finally:
+        await feeder.close()
+    if not latencies:
+        raise BenchError("no event was received")
+    ordered = sorted(latencies)
+    return Latency(ordered[len(ordered) // 2],
+                   ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+                   total - len(latencies))
+
+
+# --- RSS per idle connection ---------------------------------------------------------------
+
+
+async def _idle_client(protocol: str, host: str, port: int, ctx: zmq.asyncio.Context) -> Any:
+    if protocol == "bson":
+        return await BsonClient.connect(host, port, timeout=60)
+    if protocol == "reactivesocket":
+        return await ReactiveSocketClient.connect(host, port)
+    if protocol == "rsocket":
+        return await RSocketClient.connect(host, port)
+    if protocol == "micromsg2":
+        return await MicroMsg2Client.connect(host, port, timeout=60)
+    if protocol == "segment":
+        writer = await SegmentWriter.connect(host, port, timeout=60.0)
+        # Segment has no login: its first request ends the handshake (an
+        # idle connection that never sends one is closed after 10 s).
+        await writer.keep_alive()
+        return writer
+    if protocol == "res01":
+        client = await Res01Client.connect((host, port), timeout=60, context=ctx)
+        # One request, so the gateway knows the peer (its state is made on
+        # the first message, not on the ZeroMQ connect).
+        await client.progress([])
+        return client
+    raise BenchError(f"unknown protocol {protocol!r}")
+
+
+async def _settled_rss(pid: int) -> int:
+    """RSS once it stopped moving (handshakes still being served, SETUPs
+    without replies)."""
+    last = tree_rss_kib(pid)
+    for _ in range(20):
+        await asyncio.sleep(0.5)
+        now = tree_rss_kib(pid)
+        if abs(now - last) <= max(64, last // 500):
+            return now
+        last = now
+    return last
+
+
+@dataclass
+class RssResult:
+    protocol: str
+    before_kib: int
+    after_kib: int
+    connections: int
+
+    @property
+    def per_connection(self) -> float:
+        return (self.after_kib - self.before_kib) / self.connections
+
+
+async def rss_per_connection(env: Env, root: Path, db_url: str, protocol: str,
+                             connections: int, workers: int | None) -> RssResult:
+    gw = ServeProcess(root / _unique(f"rss-{protocol}"), db_url, [protocol], workers)
+    await gw.start()
+    try:
+        host, port = gw.ports[protocol]
+        # Warm up first, so code paths run once, buffers and caches made on
+        # the first connections are not counted per connection.
+        await close_all(await open_many(20, lambda _i: _idle_client(
+            protocol, host, port, env.zmq_ctx)))
+        before = await _settled_rss(gw.pid)
+        # Res01's one request each is a reader request: at most 64 at once.
+        clients = await open_many(connections, lambda _i: _idle_client(
+            protocol, host, port, env.zmq_ctx), batch=32 if protocol == "res01" else 100)
+        try:
+            after = await _settled_rss(gw.pid)
+        finally:
+            await close_all(clients)
+        return RssResult(protocol, before, after, connections)
+    finally:
+        await gw.stop()
+
+
+# --- results and tables ---------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    workload: str
+    n: int | None
+    system: str
+    value: float | None = None  # events/s, or p50 ms
+    p99: float | None = None
+    lost: int = 0
+    cores: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+def server_cores(system: str, cores: dict[str, float]) -> float:
+    if system == "nats":
+        return cores.get("nats", 0.0)
+    if system.startswith("raw"):
+        return cores.get("pg", 0.0)
+    return cores.get("gateway", 0.0) + cores.get("pg", 0.0)
+
+
+def median_result(results: list[Result]) -> Result:
+    ok = [r for r in results if r.error is None and r.value is not None]
+    first = results[0]
+    if not ok:
+        return first
+    keys = ok[0].cores.keys()
+    p99s = [r.p99 for r in ok if r.p99 is not None]
+    return Result(
+        first.workload, first.n, first.system,
+        statistics.median(r.value for r in ok if r.value is not None),
+        statistics.median(p99s) if p99s else None,
+        max(r.lost for r in ok),
+        {k: statistics.median(r.cores[k] for r in ok) for k in keys},
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0:
+        return "-"
+    return f"{a / b:.2f}"
+
+
+def _cell(v: float | None, fmt: str = ",.0f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _row(line: str) -> None:
+    print(line.rstrip())  # empty ratio cells of the baselines leave no trailing blanks
+
+
+def throughput_table(title: str, rows: list[Result], refs: list[tuple[str, str]]) -> None:
+    """``refs``: (column heading, system) whose value each ratio divides by."""
+    print(f"\n{title}")
+    by = {(r.n, r.system): r for r in rows}
+    _row(f"  {'N':>5}  {'system':<22} {'events/s':>10} {'server':>7} {'of PG':>6} "
+         f"{'client':>7}" + "".join(f" {h:>8}" for h, _ in refs))
+    _row(f"  {'':>5}  {'':<22} {'':>10} {'cores':>7} {'cores':>6} {'cores':>7}")
+    for r in rows:
+        n = "" if r.n is None else str(r.n)
+        if r.error is not None:
+            _row(f"  {n:>5}  {SYSTEM_NAMES[r.system]:<22} failed: {r.error}")
+            continue
+        pg = r.cores.get("pg") if r.system != "nats" else None
+        peer = r.system.startswith("raw") or r.system == "nats"
+        cols = ["" if peer else _ratio(r.value, by[(r.n, ref)].value if (r.n, ref) in by
+                                       else None) for _h, ref in refs]
+        _row(f"  {n:>5}  {SYSTEM_NAMES[r.system]:<22} {_cell(r.value):>10} "
+             f"{server_cores(r.system, r.cores):>7.2f} {_cell(pg, '.2f'):>6} "
+             f"{r.cores.get('client', 0.0):>7.2f}" + "".join(f" {c:>8}" for c in cols))
+
+
+def latency_table(title: str, rows: list[Result], refs: list[str]) -> None:
+    """``refs``: the systems (raw, nats) each polyport p50 and p99 is divided by."""
+    print(f"\n{title}")
+    _row(f"  {'system':<22} {'p50 ms':>8} {'p99 ms':>8} {'lost':>5} {'server':>7} "
+         f"{'of PG':>6} {'client':>7}"
+         + "".join(f" {f'p50/{ref}':>8} {f'p99/{ref}':>8}" for ref in refs))
+    by = {r.system: r for r in rows if r.error is None}
+    for r in rows:
+        name = SYSTEM_NAMES[r.system]
+        if r.error is not None:
+            _row(f"  {name:<22} failed: {r.error}")
+            continue
+        pg = r.cores.get("pg") if r.system != "nats" else None
+        mine = r.system not in ("raw", "nats")
+        cols = []
+        for ref in refs:
+            base = by.get(ref)
+            cols += ([_ratio(r.value, base.value), _ratio(r.p99, base.p99)]
+                     if mine and base is not None else ["", ""])
+        _row(f"  {name:<22} {_cell(r.value, '.2f'):>8} {_cell(r.p99, '.2f'):>8} {r.lost:>5} "
+             f"{server_cores(r.system, r.cores):>7.2f} {_cell(pg, '.2f'):>6} "
+             f"{r.cores.get('client', 0.0):>7.2f}" + "".join(f" {c:>8}" for c in cols))
+
+
+def rss_table(rows: list[RssResult], errors: dict[str, str]) -> None:
+    print(f"\nRSS per idle connection (polyport serve process tree; target <= "
+          f"{RSS_TARGET_KIB} KiB)")
+    print(f"  {'protocol':<16} {'conns':>6} {'before MiB':>10} {'after MiB':>10} "
+          f"{'KiB/conn':>9}  verdict")
+    for r in rows:
+        verdict = "ok" if r.per_connection <= RSS_TARGET_KIB else "over target"
+        print(f"  {r.protocol:<16} {r.connections:>6} {r.before_kib / 1024:>10.1f} "
+              f"{r.after_kib / 1024:>10.1f} {r.per_connection:>9.1f}  {verdict}")
+    for protocol, error in errors.items():
+        print(f"  {protocol:<16} failed: {error}")
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, BenchError):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def measure(label: str, env: Env, r: Result,
+                  fn: Callable[[Meter], Awaitable[float | Latency]], timeout: float) -> Result:
+    meter = Meter(env.roots)
+    try:
+        async with asyncio.timeout(timeout):
+            got = await fn(meter)
+    except Exception as exc:  # noqa: BLE001 - one line per failed measurement, the run goes on
+        r.error = one_line(exc)
+        say(f"  {label} {SYSTEM_NAMES[r.system]}: failed: {r.error}")
+        return r
+    if isinstance(got, Latency):
+        r.value, r.p99, r.lost = got.p50, got.p99, got.lost
+        shown = f"p50 {got.p50:.2f} ms, p99 {got.p99:.2f} ms" + (
+            f", {got.lost} not received" if got.lost else "")
+    else:
+        r.value = got
+        shown = f"{got:,.0f} events/s"
+    r.cores = meter.cores
+    say(f"  {label} {SYSTEM_NAMES[r.system]}: {shown} (cores: server "
+        f"{server_cores(r.system, r.cores):.2f}, client {r.cores.get('client', 0.0):.2f})")
+    return r
+
+
+def _rotated(items: list[str], by: int) -> list[str]:
+    k = by % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def _find_nats() -> str | None:
+    """The nats-server binary, when it and nats-py are both there; else one
+    line saying what to install."""
+    binary = NATS_BIN if Path(NATS_BIN).exists() else shutil.which("nats-server")
+    if binary is None:
+        say(NATS_MISSING)
+        return None
+    try:
+        import nats  # noqa: F401
+    except ImportError:
+        say("nats-py is not installed: pip install -e '.[bench]' (NATS columns skipped)")
+        return None
+    return binary
+
+
+async def _start_nats(binary: str, root: Path) -> NatsServer:
+    server = NatsServer(binary, root)
+    root.mkdir()
+    await server.start()
+    nc = await _nats_connect(server.url)
+    try:
+        from nats.js.api import StorageType
+
+        await nc.jetstream().add_stream(
+            name=NATS_STREAM, subjects=["bench.>"], storage=StorageType.FILE)
+    finally:
+        await nc.close()
+    fsync = ("fsync per write (sync_interval: always)" if server.fsync else
+             "NO fsync per write: this nats-server has no sync_interval: always "
+             "(2.10+); it syncs every 2 min")
+    say(f"{server.version} on {server.url}, file storage, {fsync}")
+    return server
+
+
+async def _workload(env: Env, args: argparse.Namespace, w: str,
+                    systems: list[str]) -> list[Result]:
+    """Every system, alternating, ``--repeat`` times per publisher count;
+    the medians."""
+    rows: list[Result] = []
+    if w == "w2":
+        systems = ["raw-tx", "raw-copy", *systems[1:]]
+    timeout = 2 * args.seconds + 300
+    for n in (args.publishers if w == "w1" else [None]):
+        runs: dict[str, list[Result]] = {s: [] for s in systems}
+        for rep in range(args.repeat):
+            for s in _rotated(systems, rep):
+                label = f"[{w}{'' if n is None else f' N={n}'} {rep + 1}/{args.repeat}]"
+                fn: Callable[[Meter], Awaitable[float | Latency]]
+                if w == "w1":
+                    fn = _w1_fn(env, s, n or 1, args.seconds)
+                elif w == "w2":
+                    fn = _w2_fn(env, s, args.seconds)
+                else:
+                    fn = _w3_fn(env, s, args.seconds, args.rate)
+                runs[s].append(await measure(label, env, Result(w, n, s), fn, timeout))
+        rows += [median_result(runs[s]) for s in systems]
+    return rows
+
+
+async def _rss(env: Env, args: argparse.Namespace, root: Path,
+               db_url: str) -> tuple[list[RssResult], dict[str, str]]:
+    rows: list[RssResult] = []
+    errors: dict[str, str] = {}
+    for p in args.protocols:
+        say(f"[rss] {p}: {args.connections} idle connections...")
+        try:
+            async with asyncio.timeout(600):
+                got = await rss_per_connection(env, root, db_url, p, args.connections,
+                                               args.workers)
+        except Exception as exc:  # noqa: BLE001 - one line, go on with the next
+            errors[p] = one_line(exc)
+            say(f"  [rss] {p}: failed: {errors[p]}")
+            continue
+        rows.append(got)
+        say(f"  [rss] {p}: {got.per_connection:.1f} KiB per connection")
+    return rows, errors
+
+
+async def run(args: argparse.Namespace) -> int:
+    nats_bin = _find_nats()
+    root = Path(tempfile.mkdtemp(prefix="polyport-peers-", dir="/tmp"))
+    root.chmod(0o755)
+    zmq_ctx = zmq.asyncio.Context()
+    # W1's 1,000 Res01 publishers and 2,000 idle peers: past ZeroMQ's default.
+    zmq_ctx.set(zmq.MAX_SOCKETS, 8192)
+    gateway: ServeProcess | None = None
+    nats_server: NatsServer | None = None
+    results: dict[str, list[Result]] = {}
+    rss: list[RssResult] = []
+    rss_errors: dict[str, str] = {}
+    try:
+        async with bench_cluster() as pg:
+            raw_url = await fresh_database(pg)
+            pp_url = await fresh_database(pg)
+            raw_dsn = migrate.asyncpg_dsn(raw_url)
+            conn = await asyncpg.connect(raw_dsn)
+            try:
+                await conn.execute(RAW_TABLE)
+                pg_version = str(await conn.fetchval("SHOW server_version")).split()[0]
+            finally:
+                await conn.close()
+            roots = Roots(pg=int((pg.pgdata / "postmaster.pid").read_text().split()[0]))
+            load = os.getloadavg()[0]
+            if nats_bin is not None:
+                nats_server = await _start_nats(nats_bin, root / "nats")
+                roots.nats = nats_server.pid
+            measured = [w for w in args.workloads if w != "rss"]
+            if measured and args.protocols:
+                gateway = ServeProcess(root / "gateway", pp_url, args.protocols, args.workers)
+                say("starting polyport serve...")
+                await gateway.start()
+                roots.gateway = gateway.pid
+            env = Env(raw_dsn, gateway, nats_server, zmq_ctx, roots)
+            systems = ["raw", *(["nats"] if nats_server else []), *args.protocols]
+            _print_header(args, pg_version, load, nats_server, args.loop)
+            if "w1" in measured:
+                warm = min(1.0, args.seconds)
+                say(f"warming up every system ({warm:g} s each)...")
+                for s in systems:
+                    await measure("warm-up", env, Result("warm", 8, s),
+                                  _w1_fn(env, s, 8, warm), 2 * warm + 300)
+            for w in measured:
+                results[w] = await _workload(env, args, w, systems)
+                _print_workload(w, results[w], args, nats_server)
+            if gateway is not None:
+                # The RSS phase starts a gateway per protocol; this one would
+                # only take memory and CPU.
+                await gateway.stop()
+                roots.gateway = None
+            if "rss" in args.workloads and args.protocols:
+                rss, rss_errors = await _rss(env, args, root, pp_url)
+                rss_table(rss, rss_errors)
+    finally:
+        if gateway is not None:
+            await gateway.stop()
+        if nats_server is not None:
+            await nats_server.stop()
+        zmq_ctx.destroy(linger=0)
+        shutil.rmtree(root, ignore_errors=True)
+    if os.environ.get("POLYPORT_BENCH_JSON"):
+        print(json.dumps({
+            "workloads": {w: [r.__dict__ for r in rows] for w, rows in results.items()},
+            "rss": [{**r.__dict__, "kib_per_connection": r.per_connection} for r in rss],
+            "rss_errors": rss_errors,
+        }))
+    failed = any(r.error for rows in results.values() for r in rows) or bool(rss_errors)
+    return 1 if failed else 0
+
+
+def _w1_fn(env: Env, system: str, n: int, seconds: float) -> Callable[[Meter], Awaitable[float]]:
+    if system == "raw":
+        return lambda m: w1_raw(env, m, n, seconds)
+    if system == "nats":
+        return lambda m: w1_nats(env, m, n, seconds)
+    return lambda m: w1_polyport(env, m, system, n, seconds)
+
+
+def _w3_fn(env: Env, system: str, seconds: float,
+           rate: int) -> Callable[[Meter], Awaitable[Latency]]:
+    return lambda m: w3(env, m, system, seconds, rate)
+
+
+def _w2_fn(env: Env, system: str, seconds: float) -> Callable[[Meter], Awaitable[float]]:
+    if system == "raw-tx":
+        return lambda m: w2_raw_tx(env, m, seconds)
+    if system == "raw-copy":
+        return lambda m: w2_raw_copy(env, m, seconds)
+    if system == "nats":
+        return lambda m: w2_nats(env, m, seconds)
+    return lambda m: w2_polyport(env, m, system, seconds)
+
+
+def _print_header(args: argparse.Namespace, pg_version: str, load: float,
+                  nats_server: NatsServer | None, loop: str) -> None:
+    nats = "NATS: not measured"
+    if nats_server is not None:
+        nats = f"{nats_server.version} (" + (
+            "fsync per write, sync_interval: always)" if nats_server.fsync else
+            "acks before fsync: this version has no sync_interval: always)")
+    workers = f"--workers {args.workers}" if args.workers is not None else "default workers"
+    print(f"bench peers: {os.cpu_count()} CPUs, load average {load:.2f} at start; "
+          f"PostgreSQL {pg_version} (fsync on); {nats}; polyport serve ({workers}); "
+          f"client event loop: {loop}")
+    print(f"200-byte events; each figure the median of {args.repeat} run(s) of "
+          f"{args.seconds:g} s, the systems alternating; cores = CPU time / wall time of "
+          "the server processes (PostgreSQL, plus polyport serve for polyport rows) and of "
+          "this client process")
+
+
+def _print_workload(w: str, rows: list[Result], args: argparse.Namespace,
+                    nats_server: NatsServer | None) -> None:
+    nats_ref = [("x nats", "nats")] if nats_server is not None else []
+    if w == "w1":
+        throughput_table(
+            "W1 closed loop: N publishers, each on its own connection, each awaits its ack",
+            rows, [("x raw", "raw"), *nats_ref])
+        print(f"  raw: single-row INSERTs, one connection per publisher up to {RAW_POOL_MAX}, "
+              f"beyond that the publishers share a pool of {RAW_POOL_MAX}")
+    elif w == "w2":
+        throughput_table(f"W2 pipelined: one publisher, <= {WINDOW:,} unacknowledged", rows,
+                         [("x raw-tx", "raw-tx"), ("x copy", "raw-copy"), *nats_ref])
+        capped = [p for p in args.protocols if p in WINDOW_CAP]
+        print("  raw: 100-row transactions on one connection; COPY of 1,000-row batches")
+        if capped:
+            print(f"  {', '.join(capped)}: {WINDOW_CAP[capped[0]]} in flight, the server's "
+                  "limit of open streams per connection")
+    else:
+        latency_table(f"W3 delivery at {args.rate:,} events/s: publish call -> live subscriber",
+                      rows, ["raw", *(["nats"] if nats_server is not None else [])])
+        print("  raw: INSERT, NOTIFY after the commit, a LISTENing connection fetches the rows")
+        if "res01" in args.protocols:
+            print(f"  res01: FE/PS loop, {RES01_POLL * 1000:g} ms pause after an empty batch")
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench peers",
+        description="raw PostgreSQL, NATS JetStream and polyport's protocols in one run")
+    p.add_argument("--seconds", type=float, default=5.0, help="length of each measurement")
+    p.add_argument("--repeat", type=int, help="alternating runs per system; the median "
+                                              "is reported (default 1, 3 with --full)")
+    p.add_argument("--publishers", help="W1 publisher counts, comma-separated "
+                                        "(default 32; 32,256,1000 with --full)")
+    p.add_argument("--protocols", default=",".join(PROTOCOLS),
+                   help=f"polyport protocols, comma-separated (default all: "
+                        f"{','.join(PROTOCOLS)}; 'none' for the peers alone)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS),
+                   help=f"comma-separated subset of {','.join(WORKLOADS)} (default all)")
+    p.add_argument("--rate", type=int, default=RATE,
+                   help=f"W3 publish rate, events/s (default {RATE})")
+    p.add_argument("--connections", type=int, default=IDLE_CONNECTIONS,
+                   help="idle connections per protocol for the RSS measurement")
+    p.add_argument("--workers", type=int, help="passed to polyport serve as --workers N")
+    p.add_argument("--full", action="store_true",
+                   help="W1 with 32, 256 and 1,000 publishers, 3 runs each")
+    args = p.parse_args(argv)
+    try:
+        args.protocols = _choices(args.protocols, PROTOCOLS, "--protocols")
+        args.workloads = _choices(args.workloads, WORKLOADS, "--workloads")
+        pubs = args.publishers or ("32,256,1000" if args.full else "32")
+        args.publishers = [int(x) for x in pubs.split(",") if x.strip()]
+        if not args.publishers or min(args.publishers) < 1:
+            raise BenchError("--publishers: positive integers, comma-separated")
+    except (BenchError, ValueError) as exc:
+        print(f"python -m bench peers: {one_line(exc)}", file=sys.stderr)
+        return 2
+    if args.repeat is None:
+        args.repeat = 3 if args.full else 1
+    if args.seconds <= 0 or min(args.repeat, args.connections, args.rate) < 1:
+        print("python -m bench peers: --seconds, --repeat, --rate and --connections must be "
+              "positive",
+              file=sys.stderr)
+        return 2
+    # Thousands of sockets here and in the children (which inherit the limit).
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:
+        import uvloop
+
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+        args.loop = "uvloop"
+    except ImportError:
+        loop_factory = None
+        args.loop = "asyncio"
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(run(args))
+    except KeyboardInterrupt:
+        print("python -m bench peers: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback
+        print(f"python -m bench peers: {one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _choices(text: str, allowed: Sequence[str], flag: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if items == ["none"]:
+        return []
+    bad = [x for x in items if x not in allowed]
+    if bad:
+        raise BenchError(f"{flag}: unknown {', '.join(bad)} (choose from {', '.join(allowed)})")
+    return [x for x in allowed if x in items]

@@ -1,0 +1,63 @@
+"""``python -m bench peers`` end to end for a moment: raw PostgreSQL, NATS
+(when nats-server is installed) and polyport over BSON, every workload, tiny
+durations.  Checks the tables print with positive figures, not the figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent.parent
+HAVE_NATS = Path("/usr/sbin/nats-server").exists() or shutil.which("nats-server") is not None
+
+
+def test_peers_prints_every_table_with_positive_figures() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "peers", "--seconds", "0.3", "--protocols", "bson",
+         "--publishers", "4", "--rate", "200", "--connections", "100"],
+        cwd=REPO, env={**os.environ, "POLYPORT_BENCH_JSON": "1"},
+        capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    for title in ("W1 closed loop", "W2 pipelined", "W3 delivery", "RSS per idle connection"):
+        assert title in done.stdout
+    if not HAVE_NATS:
+        assert "nats-server not found: apt-get install nats-server" in done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    want = {"raw", "bson", *(["nats"] if HAVE_NATS else [])}
+    systems = {
+        "w1": want,
+        "w2": {"raw-tx", "raw-copy", *(want - {"raw"})},
+        "w3": want,
+    }
+    total_server = 0.0
+    for workload, rows in result["workloads"].items():
+        assert {r["system"] for r in rows} == systems[workload]
+        for r in rows:
+            assert r["error"] is None, r
+            assert r["value"] > 0, r
+            if workload == "w3":
+                assert r["p99"] >= r["value"] > 0, r
+            assert all(c >= 0 for c in r["cores"].values()), r
+            total_server += r["cores"]["pg"] + r["cores"]["gateway"] + r["cores"]["nats"]
+    assert total_server > 0  # the /proc readings see the servers at all
+    [rss] = result["rss"]
+    assert rss["protocol"] == "bson" and rss["connections"] == 100
+    assert rss["kib_per_connection"] > 0
+
+
+def test_a_bad_option_is_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "peers", "--protocols", "bson,telnet"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "python -m bench peers: --protocols: unknown telnet (choose from res01, bson, "
+        "reactivesocket, rsocket, micromsg2, segment)"
+    ]

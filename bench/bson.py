@@ -95,12 +95,13 @@ async def raw_latencies(url: str, samples: int) -> tuple[list[float], list[float
 
 @asynccontextmanager
 async def gateway_process(url: str, *extra: str) -> AsyncIterator[tuple[str, int]]:
-    args = [sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", url,
+    args = [sys.executable, "-m", "polyport.gateway.cli", "serve",
             "--host", "127.0.0.1", "--http-port", "off", "--bson-port", "0", *extra]
     for name in DEFAULT_PORTS:
         if name != "bson":
             args += [f"--{name}-port", "off"]
-    env = {**os.environ, "POLYPORT_LOG_LEVEL": "warning"}
+    # The URL carries a password: environment, never argv.
+    env = {**os.environ, "POLYPORT_LOG_LEVEL": "warning", "POLYPORT_DATABASE_URL": url}
     proc = await asyncio.create_subprocess_exec(
         *args, stdout=asyncio.subprocess.PIPE, env=env,
         cwd=REPO,

@@ -224,12 +224,13 @@ class Gateway:
         started = time.monotonic()
         ports = [a for n in DEFAULT_PORTS
                  for a in (f"--{n}-port", "0" if n in self.listeners else "off")]
-        db = ["--database-url", self.database_url] if self.database_url else []
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "polyport.gateway.cli", "serve", *db,
+            sys.executable, "-m", "polyport.gateway.cli", "serve",
             "--data-dir", str(self.data_dir), "--http-port", "off", *ports,
             stdout=asyncio.subprocess.DEVNULL,
-            env={**os.environ, "POLYPORT_LOG_LEVEL": "warning"},
+            # The URL carries a password: environment, never argv.
+            env={**os.environ, "POLYPORT_LOG_LEVEL": "warning",
+                 **({"POLYPORT_DATABASE_URL": self.database_url} if self.database_url else {})},
         )
         while True:
             data = read_ports_file(str(self.data_dir))

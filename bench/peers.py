@@ -270,6 +270,8 @@ class ServeProcess:
         env = {
             **os.environ,
             "POLYPORT_LOG_LEVEL": "warning",
+            # The URL carries a password: environment, never argv.
+            "POLYPORT_DATABASE_URL": self.database_url,
             # Every bench connection comes from 127.0.0.1: the per-address
             # limit (256 by default) would refuse W1's 1,000 publishers and
             # the 2,000 idle connections.
@@ -281,7 +283,7 @@ class ServeProcess:
         }
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "polyport.gateway.cli", "serve",
-            "--database-url", self.database_url, "--data-dir", str(self.data_dir),
+            "--data-dir", str(self.data_dir),
             "--host", "127.0.0.1", "--http-port", "off", *ports, *workers,
             stdout=asyncio.subprocess.DEVNULL, env=env, cwd=REPO,
         )

@@ -18,8 +18,9 @@ ALL_PORTS_ZERO = [a for n in ("http", "res01", "bson", "reactivesocket", "microm
 
 async def _start(db_url: str, data_dir: Path, conf: Path) -> asyncio.subprocess.Process:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
+    env["POLYPORT_DATABASE_URL"] = db_url  # a password: environment, never argv
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", db_url,
+        sys.executable, "-m", "polyport.gateway.cli", "serve",
         "--data-dir", str(data_dir), "--config", str(conf), *ALL_PORTS_ZERO,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
     assert proc.stdout is not None
@@ -93,8 +94,9 @@ async def test_sighup_reloads_the_certificate_of_a_running_serve(
     conf = tmp_path / "polyport.toml"
     conf.write_text('log_level = "info"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
+    env["POLYPORT_DATABASE_URL"] = db_url  # a password: environment, never argv
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", db_url,
+        sys.executable, "-m", "polyport.gateway.cli", "serve",
         "--data-dir", str(tmp_path / "data"), "--config", str(conf), *ALL_PORTS_ZERO,
         "--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)

@@ -37,6 +37,8 @@ log = logging.getLogger("polyport.subscriptions")
 _matcher_failures = RateLimitedLog(log)
 
 CATCH_UP_BATCH = 500
+# A catching-up subscription reads once this much of its buffer is free.
+CATCH_UP_MIN_ROOM = 250
 TAIL_BATCH = 500
 
 
@@ -90,7 +92,11 @@ class Subscription(BufferedReader):
     async def _catch_up(self) -> None:
         while not self.closed:
             space = self._limit - len(self._buffer)
-            if space <= 0:
+            if space < min(self._limit, CATCH_UP_MIN_ROOM) and self._buffer:
+                # Wait for real room: reading as soon as one slot was free
+                # made a subscriber that fell behind catch up one event per
+                # database round trip, slower than events arrived, so it
+                # never got back to the live feed.
                 self._space.clear()
                 await self._space.wait()
                 continue

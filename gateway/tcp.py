@@ -54,6 +54,12 @@ class StreamOutbound:
         self._stats.bytes_out += len(data)
         if self.connection is not None:
             self.connection.bytes_out += len(data)
+        if self._writer.transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
+            # Below the high-water mark the transport is not paused and drain
+            # would not wait; but wait_for around it costs a task, a timer and
+            # a trip through the event loop on every send, so a delivery task
+            # sent one event per loop iteration and fell behind under load.
+            return
         try:
             await asyncio.wait_for(self._writer.drain(), self._stats.write_timeout)
         except TimeoutError:  # first: TimeoutError is an OSError too

@@ -227,3 +227,32 @@ async def test_tenant_keeps_durable_subscriptions_in_its_contexts(store: EventSt
         with pytest.raises(Forbidden):
             await attempt
     assert (await alice.fetch_subscription(mine.id)).name == "f"
+
+
+async def test_a_subscriber_behind_catches_up_in_batches(store: EventStore) -> None:
+    """Fallen behind, a subscription reads from the database once real room
+    is free, not once per event taken (which was slower than events arrive,
+    so it never got back to the live feed)."""
+    await store.append(append("trickle", *(ev(i) for i in range(600))))
+    reads = 0
+    real = store.tailer.read_selected
+
+    async def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal reads
+        reads += 1
+        return await real(*args, **kwargs)
+
+    store.tailer.read_selected = counted  # type: ignore[method-assign]
+    sub = await store.subscribe(
+        Subscribe(Selector(context="default", stream="trickle"), start=BEGINNING, buffer_size=50)
+    )
+    got = []
+    for _ in range(600):
+        e = await sub.next(5)
+        assert e is not None
+        got.append(e.version)
+        await asyncio.sleep(0)  # the catch-up task runs between takes
+    assert got == list(range(1, 601))
+    # One read per emptied buffer of 50 (plus the last, empty one), not ~550.
+    assert reads <= 600 // 50 + 2, reads
+    sub.close()

@@ -596,4 +596,6 @@ async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
     return listener
 
 
-LISTENER = ListenerDef(PROTOCOL, DEFAULT_PORT, start)
+# ZeroMQ binds without SO_REUSEPORT, and a ROUTER's peers and fetch
+# subscriptions live in one process: the first worker only.
+LISTENER = ListenerDef(PROTOCOL, DEFAULT_PORT, start, per_worker=False)

@@ -224,7 +224,9 @@ class GatewayConfig:
         )
 
 
-_PORT_KEYS = {f.name for f in fields(GatewayConfig) if f.name.endswith("_port")}
+# Every port setting (http_port, res01_login_port, …).
+PORT_KEYS = tuple(f.name for f in fields(GatewayConfig) if f.name.endswith("_port"))
+_PORT_KEYS = set(PORT_KEYS)
 _TLS_FIELDS = {"tls", *(f"{n}_tls" for n in TLS_LISTENERS)}
 _BOOL_KEYS = {"allow_anonymous", "metrics_per_subscription", "res01_curve"}
 _INT_KEYS = {

@@ -51,7 +51,19 @@ from polyport.pipeline.cli import run as run_pipeline
 log = logging.getLogger("polyport")
 
 
-LOG_FIELDS = ("protocol", "peer", "code")
+LOG_FIELDS = ("protocol", "peer", "code", "worker")
+# Set in a worker process (gateway/worker.py): every line names its worker.
+_log_worker: int | None = None
+
+
+class _WorkerTag(logging.Filter):
+    def __init__(self, worker: int) -> None:
+        super().__init__()
+        self.worker = worker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.worker
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -71,12 +83,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
-def setup_logging(fmt: str = "text", level: str = "info") -> None:
+def setup_logging(fmt: str = "text", level: str = "info", worker: int | None = None) -> None:
+    """``worker``: this process is that worker (kept for later calls)."""
+    global _log_worker
+    if worker is not None:
+        _log_worker = worker
     handler = logging.StreamHandler(sys.stderr)
+    tag = ""
+    if _log_worker is not None:
+        handler.addFilter(_WorkerTag(_log_worker))
+        tag = "[worker %(worker)s] "
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -401,11 +422,18 @@ RELOADABLE = ("log_level", "log_format")
 TLS_FIELDS = ("tls", *(f"{n}_tls" for n in TLS_LISTENERS))
 
 
-def _reload(gw: Any, args: argparse.Namespace) -> None:
+def _reload(
+    gw: Any,
+    args: argparse.Namespace,
+    adjust: Callable[[GatewayConfig], GatewayConfig] | None = None,
+) -> None:
     """SIGHUP: read the configuration again (file, environment, the original
-    flags) and apply what can change while running; never stop the process."""
+    flags) and apply what can change while running; never stop the process.
+    ``adjust``: a worker's view of the configuration (WorkerRole.apply)."""
     try:
         new = config_from_args(args)
+        if adjust is not None:
+            new = adjust(new)
     except Exception as exc:
         log.error("reload refused, nothing changed: %s", describe(exc))
         return

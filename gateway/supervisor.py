@@ -19,7 +19,8 @@ keeps it (bound, never listening: it gets no connections) for as long as it
 runs, so a port picked for 0 stays the gateway's while a worker restarts.  A
 fixed port is first probed without SO_REUSEPORT: a port another program
 listens on is refused rather than shared.  Res01's ports cannot be held that
-way; for 0 a free port is picked and handed to worker 0.
+way (libzmq binds without SO_REUSEPORT): for 0, worker 0 picks one as it
+binds, says which, and its restarts get that port.
 
 Workers get their configuration (database URL included) through an inherited
 pipe, never argv; the supervisor keeps its end open, so a worker whose
@@ -46,7 +47,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -234,7 +235,9 @@ class Supervisor:
     # --- start-up -------------------------------------------------------------------
 
     def _reserve_ports(self) -> dict[str, int]:
-        """Setting -> concrete port; TCP ports are held (SO_REUSEPORT)."""
+        """Setting -> concrete port; TCP ports are held (SO_REUSEPORT).  The
+        ports of worker-0-only listeners that are 0 are left out: worker 0
+        picks them when it binds, and says which (see :meth:`_ready`)."""
         config = self.config
         shared = {f"{d.name}_port" for d in discover() if d.per_worker} | {"http_port"}
         ports: dict[str, int] = {}
@@ -243,14 +246,11 @@ class Supervisor:
             if value is None:
                 continue
             name = key.removesuffix("_port")
+            if key not in shared:
+                continue  # worker 0 binds it; a failure stops the start
             with naming_bind_errors(name, config.host, value):
-                if key in shared:
-                    port, held = reserve_port(config.host, value)
-                    self._held.extend(held)
-                elif value == 0:
-                    port = probe_port(config.host, 0)
-                else:
-                    port = value  # worker 0 binds it and reports a failure
+                port, held = reserve_port(config.host, value)
+                self._held.extend(held)
             ports[key] = port
         return ports
 
@@ -324,6 +324,12 @@ class Supervisor:
         slot.ready = True
         if slot.index == 0:
             self._first_ready = ready
+            assert self._role is not None
+            # A port worker 0 picked for 0 (Res01's): the same one after a restart.
+            picked = {k: int(v) for k, v in ready.get("ports", {}).items()
+                      if k not in self._role.ports}
+            if picked:
+                self._role = replace(self._role, ports={**self._role.ports, **picked})
         if slot.restarts:
             log.info("worker %d restarted (pid %s)", slot.index, slot.pid)
         initial = self._initial

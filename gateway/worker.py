@@ -75,7 +75,14 @@ async def _work(payload: dict[str, Any], control_fd: int, ready_fd: int, choice:
     os.set_blocking(control_fd, False)
     loop.add_reader(control_fd, lifeline)
     curve = getattr(gw.listeners.get("res01"), "curve", None)
+    # The port of each setting as bound (the supervisor keeps those it did
+    # not choose itself for this worker's restarts).
+    ports = {f"{name}_port": li.address[1] for name, li in gw.listeners.items()}
+    login = getattr(gw.listeners.get("res01"), "login_address", None)
+    if login is not None:
+        ports["res01_login_port"] = login[1]
     ready = {
+        "ports": ports,
         "pid": os.getpid(),
         "listeners": {name: list(li.address) for name, li in gw.listeners.items()},
         "http": list(gw.http_address) if gw.http_address else None,

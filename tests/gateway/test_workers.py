@@ -31,6 +31,7 @@ from polyport.gateway.workers import (
     socket_path,
 )
 from polyport.protocols.bson.client import BsonClient
+from polyport.protocols.res01.client import Res01Client, new_event
 from tests.gateway.test_cli_errors import polyport
 
 ALL_PORTS_ZERO = [a for n in ("http", "res01", "bson", "reactivesocket", "rsocket", "micromsg2",
@@ -198,13 +199,20 @@ async def test_live_subscribers_on_each_worker_see_appends_through_the_other(
                     await c.emit("live", "Tick", {"n": n})
             after = bson_totals(await gw.status(), "events_appended")
             assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+            # Res01 runs in worker 0 only; its appends reach worker 1's subscribers too.
+            async with await Res01Client.connect(gw.port("res01"), timeout=10) as res01:
+                for n in range(20, 25):
+                    await res01.commit("default", "live", -1,
+                                       [new_event("Tick", json.dumps({"n": n}))])
+            workers = (await gw.status())["workers"]
+            assert "res01" in workers[0]["listeners"] and "res01" not in workers[1]["listeners"]
             for sub in subs:
                 got = []
-                while len(got) < 20:
+                while len(got) < 25:
                     ev = await sub.next(10)
-                    assert ev is not None, f"subscriber got {len(got)} of 20"
+                    assert ev is not None, f"subscriber got {len(got)} of 25"
                     got.append(ev.event["n"])
-                assert got == list(range(20))
+                assert got == list(range(25))
         finally:
             for c in clients:
                 await c.close()
@@ -309,11 +317,48 @@ async def test_metrics_sum_the_workers_and_a_killed_worker_is_restarted(
 
         async def served_by_new_worker() -> bool:
             async with await BsonClient.connect(host, port) as c:
-                await c.ping()
+                await c.emit("m", "T", {"n": 200})
             return bool((await gw.status())["workers"][1]["listeners"]["bson"]
                         ["connections_total"])
 
         await wait_until(served_by_new_worker, 30, "the new worker 1 to accept")
+        text = await gw.metrics()  # the last values of this worker 1 are known now
+        total = _scraped(text, 'polyport_events_appended_total{protocol="bson"}')
+        assert total > 26
+
+        # Dying young again: the next restart waits twice as long, and what
+        # the dead worker counted up to the last scrape stays in the sum.
+        victim = back["pid"]
+        os.kill(victim, signal.SIGKILL)
+        await gw.said(rf"worker 1 \(pid {victim}\) was killed by SIGKILL; "
+                      r"restarting it in 1\.0s")
+        back = await wait_until(restarted, 30, "worker 1 to come back again")
+        assert back["restarts"] == 2
+        text = await gw.metrics()
+        assert _scraped(text, 'polyport_events_appended_total{protocol="bson"}') == total
+        assert _scraped(text, 'polyport_worker_restarts_total{worker="1"}') == 2
+
+
+async def test_a_restarted_first_worker_keeps_the_res01_and_http_ports(
+    db_url: str, tmp_path: Path
+) -> None:
+    async with serve(db_url, tmp_path) as gw:
+        first = (await gw.status())["workers"][0]["pid"]
+        os.kill(first, signal.SIGKILL)
+        await gw.said(rf"worker 0 \(pid {first}\) was killed by SIGKILL; restarting")
+
+        async def back() -> dict[str, Any] | None:
+            try:
+                w = (await gw.status())["workers"][0]
+            except (aiohttp.ClientError, OSError):
+                return None  # HTTP lives in worker 0: away while it restarts
+            return w if w["pid"] != first else None
+
+        assert (await wait_until(back, 30, "worker 0 to come back"))["restarts"] == 1
+        # The ports printed at start (and in gateway.json) are still the ones.
+        async with await Res01Client.connect(gw.port("res01"), timeout=10) as res01:
+            await res01.commit("default", "after-restart", 1, [new_event("T", "{}")])
+        assert json.loads((gw.data_dir / "gateway.json").read_text()) == gw.ports
 
 
 async def test_sigterm_drains_every_worker_and_exits_zero(db_url: str, tmp_path: Path) -> None:
@@ -346,6 +391,38 @@ async def test_sigterm_drains_every_worker_and_exits_zero(db_url: str, tmp_path:
     finally:
         await conn.close()
     assert stored >= confirmed
+
+
+async def test_sighup_reloads_the_certificate_in_every_worker(
+    db_url: str, tmp_path: Path
+) -> None:
+    from tests.tlspki import make_pki, write_pair
+
+    pki_dir = tmp_path / "pki"
+    pki_dir.mkdir()
+    pki = make_pki(pki_dir)
+    async with serve(db_url, tmp_path, "--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
+                     "--http-tls", "off") as gw:
+        host, port = gw.port("bson")
+
+        async def served_cn() -> str:
+            _reader, writer = await asyncio.open_connection(host, port, ssl=pki.client())
+            cert = writer.get_extra_info("peercert")
+            writer.close()
+            return str(dict(x[0] for x in cert["subject"]).get("commonName", ""))
+
+        before = {await served_cn() for _ in range(4)}
+        assert "reloaded-by-sighup" not in before
+        write_pair(pki_dir, "server", pki.ca.issue_cert("127.0.0.1", "localhost",
+                                                        common_name="reloaded-by-sighup"))
+        accepted = bson_totals(await gw.status(), "connections_total")
+        gw.proc.send_signal(signal.SIGHUP)
+        await gw.said(r"\[worker 0\].*reloaded TLS certificates")
+        await gw.said(r"\[worker 1\].*reloaded TLS certificates")
+        assert {await served_cn() for _ in range(12)} == {"reloaded-by-sighup"}
+        after = bson_totals(await gw.status(), "connections_total")
+        assert all(a > b for a, b in zip(after, accepted, strict=True)), (accepted, after)
+        assert gw.proc.returncode is None
 
 
 def _gone(pid: int) -> bool:

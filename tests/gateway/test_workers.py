@@ -23,6 +23,7 @@ import asyncpg
 import pytest
 
 from polyport.core.migrate import asyncpg_dsn
+from polyport.gateway.embedded_pg import EmbeddedPostgres
 from polyport.gateway.supervisor import restart_delay
 from polyport.gateway.workers import (
     GAUGE_MAX,
@@ -423,6 +424,54 @@ async def test_sighup_reloads_the_certificate_in_every_worker(
         after = bson_totals(await gw.status(), "connections_total")
         assert all(a > b for a, b in zip(after, accepted, strict=True)), (accepted, after)
         assert gw.proc.returncode is None
+
+
+async def test_the_embedded_database_is_started_once_and_never_in_argv() -> None:
+    """No database URL: the supervisor starts and migrates the embedded
+    PostgreSQL once; the workers get its URL (with its password) through the
+    pipe, not their command line or environment.  SIGINT stops it all."""
+    import shutil
+    import tempfile
+
+    # Not tmp_path: the cluster may run as another user (see tests/conftest.py).
+    root = Path(tempfile.mkdtemp(prefix="polyport-workers-pg-", dir="/tmp"))
+    root.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "polyport.gateway.cli", "serve", "--workers", "2",
+        "--data-dir", str(root / "data"), *ALL_PORTS_ZERO,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    served = Served(proc, root / "data", {})
+    served._drain = asyncio.create_task(_drain(proc, served.stderr))
+    try:
+        assert proc.stdout is not None
+        while "http listening on" not in (line := (
+                await asyncio.wait_for(proc.stdout.readline(), 120)).decode()):
+            assert line, "serve exited before listening:\n" + "".join(served.stderr)
+        served.ports = json.loads((root / "data" / "gateway.json").read_text())
+        host, port = served.port("bson")
+        async with await BsonClient.connect(host, port) as c:
+            await c.emit("embedded", "T", {"ok": True})
+        password = (root / "data" / "pg-password").read_text().strip()
+        pids = [w["pid"] for w in (await served.status())["workers"]]
+        for pid in pids:
+            for what in ("cmdline", "environ"):
+                assert password.encode() not in Path(f"/proc/{pid}/{what}").read_bytes(), what
+        assert sum("using the embedded PostgreSQL" in line for line in served.stderr) == 1
+        proc.send_signal(signal.SIGINT)
+        await asyncio.wait_for(proc.wait(), 60)
+        assert proc.returncode == 0, "".join(served.stderr[-20:])
+        assert not (root / "data" / "pgdata" / "postmaster.pid").exists()  # stopped
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await served._drain
+        pg = EmbeddedPostgres(root / "data")
+        if pg.running_port() is not None:  # the test failed before a clean stop
+            pg.owned = True
+            await asyncio.to_thread(pg.stop)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _gone(pid: int) -> bool:

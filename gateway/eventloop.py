@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from importlib import metadata
@@ -31,7 +32,7 @@ T = TypeVar("T")
 class LoopChoice:
     name: str  # "uvloop" or "asyncio": what actually runs
     version: str  # uvloop's version; "" for asyncio (the Python's)
-    factory: Callable[[], asyncio.AbstractEventLoop] | None  # None: asyncio's default
+    factory: Callable[[], asyncio.AbstractEventLoop] | None  # None: the policy's
     why: str  # how it was chosen, for the start-up line
 
     def describe(self) -> str:
@@ -61,7 +62,10 @@ def choose_loop(setting: str) -> LoopChoice:
         )
     why = "event_loop asyncio" if setting == "asyncio" else (
         "event_loop auto: uvloop is not installed")
-    return LoopChoice("asyncio", "", None, why)
+    # The selector loop by name, not the policy's loop: an installed uvloop
+    # policy (or any other) must not turn "asyncio" into something else.
+    factory = None if sys.platform == "win32" else asyncio.SelectorEventLoop
+    return LoopChoice("asyncio", "", factory, why)
 
 
 def run(main: Coroutine[Any, Any, T], choice: LoopChoice) -> T:

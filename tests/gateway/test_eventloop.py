@@ -30,10 +30,16 @@ def test_auto_runs_uvloop_when_it_is_installed() -> None:
     assert run(_name(), choice) == "uvloop"
 
 
-def test_asyncio_is_the_standard_loop() -> None:
+def test_asyncio_is_the_standard_loop_whatever_the_policy() -> None:
+    import uvloop
+
     choice = choose_loop("asyncio")
-    assert choice.factory is None
-    assert run(_name(), choice) == "asyncio"
+    old = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        assert run(_name(), choice) == "asyncio"
+    finally:
+        asyncio.set_event_loop_policy(old)
 
 
 def test_without_uvloop_auto_falls_back_and_uvloop_is_refused(

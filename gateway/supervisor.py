@@ -161,6 +161,8 @@ class _Slot:
     last_exit: str | None = None
     ready: bool = False
     task: asyncio.Task[None] | None = None
+    # It ended badly after the stop began (not by the signal, not with 0).
+    failed_stopping: bool = False
 
 
 @dataclass
@@ -206,6 +208,8 @@ class Supervisor:
                 ports=ports, shared=frozenset(d.name for d in discover() if d.per_worker),
                 supervisor_pid=os.getpid(),
             )
+            if self.stopping.is_set():  # a signal while the database started
+                return 0
             log.info("starting %d workers (event loop %s)", config.workers, choice.describe())
             self.slots = [_Slot(i) for i in range(config.workers)]
             self._initial = loop.create_future()
@@ -305,10 +309,11 @@ class Supervisor:
             slot.last_exit = describe_exit(returncode)
             self._write_state()
             if self.stopping.is_set():
+                slot.failed_stopping = True
                 return
             if self._initial is not None and not self._initial.done():
                 self._failed = (f"worker {slot.index} (pid {slot.pid}) {slot.last_exit} "
-                                "before it was ready")
+                                "while the workers were starting")
                 self._initial.set_result(None)
                 return
             quick_failures = 0 if time.monotonic() - started >= STABLE_AFTER else (
@@ -318,7 +323,8 @@ class Supervisor:
                       slot.index, slot.pid, slot.last_exit, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), delay)
-            slot.restarts += 1
+            if not self.stopping.is_set():
+                slot.restarts += 1
 
     def _ready(self, slot: _Slot, ready: dict[str, Any]) -> None:
         slot.ready = True
@@ -453,8 +459,7 @@ class Supervisor:
         tasks = [s.task for s in self.slots if s.task is not None]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        failed = [s for s in self.slots
-                  if s.proc is not None and s.proc.returncode not in (*_STOPPED, None)]
+        failed = [s for s in self.slots if s.failed_stopping]
         for s in failed:
             log.error("worker %d (pid %s) %s while stopping", s.index, s.pid, s.last_exit)
         log.info("stopped")

@@ -511,6 +511,20 @@ def test_a_port_taken_by_another_program_stops_the_supervisor(
     err = done.stderr.strip().splitlines()[-1]
     assert "--bson-port" in err and "address already in use" in err, done.stderr
 
+    # Res01's port is bound by worker 0: its failure ends the start.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        done = polyport("serve", "--workers", "2", "--database-url", db_url, "--data-dir",
+                        str(tmp_path), *ALL_PORTS_ZERO, "--res01-port", str(busy))
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    [said] = [x for x in done.stderr.splitlines() if "worker 0:" in x]
+    assert "--res01-port" in said and "address already in use" in said, done.stderr
+    assert "while the workers were starting; stopping" in done.stderr
+    assert not (tmp_path / "gateway.json").exists()
+
 
 # --- without processes ------------------------------------------------------------------
 

@@ -284,7 +284,14 @@ class Writer:
                 self._commit_batch(batch, slot, previous, self._last_done)
             )
             running.add(task)
-            task.add_done_callback(running.discard)
+            task.add_done_callback(lambda t: self._finished(running, t))
+
+    def _finished(self, running: set[asyncio.Task[None]], task: asyncio.Task[None]) -> None:
+        # Wake the loop again once the task is out of ``running``: the wake
+        # in _commit_batch comes before this callback, and a closing writer
+        # that looked then saw the task still running and slept for good.
+        running.discard(task)
+        self._wake.set()
 
     async def _commit_batch(
         self,

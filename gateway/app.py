@@ -26,6 +26,7 @@ from polyport.gateway.registry import ListenerDef, RunningListener, discover
 from polyport.gateway.telemetry import Telemetry
 from polyport.gateway.tls import ServerTls, check_material
 from polyport.gateway.websocket import TLS_USER_FROM
+from polyport.gateway.workers import Aggregator, WorkerRole, WorkerServer
 from polyport.protocols.connections import ConnectionTable
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, SessionContext
 
@@ -59,8 +60,14 @@ def warn_if_anonymous_exposed(config: GatewayConfig) -> None:
 class Gateway:
     """Start with :meth:`start`, stop with :meth:`stop` (or ``async with``)."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, role: WorkerRole | None = None) -> None:
+        """``role``: one worker of several (gateway/supervisor.py), with
+        ``config`` already as that worker runs it (:meth:`WorkerRole.apply`)."""
         self.config = config
+        self.role = role
+        # The first worker's view of every worker (/metrics, /status).
+        self.aggregator: Aggregator | None = None
+        self._worker_server: WorkerServer | None = None
         self.store: EventStore = None  # type: ignore[assignment]
         self.database_url = ""
         self.listeners: dict[str, RunningListener] = {}
@@ -91,6 +98,7 @@ class Gateway:
         stats.write_timeout = self.config.write_timeout or None
         stats.handshake_timeout = self.config.handshake_timeout or None
         stats.websocket_heartbeat = self.config.websocket_heartbeat or None
+        stats.reuse_port = self.role is not None
         stats.connections = self.connections
         return SessionContext(
             self.store,
@@ -145,7 +153,8 @@ class Gateway:
             options = self.config.tls_for(name)
             if options is not None:
                 check_material(name, options)
-        warn_if_anonymous_exposed(self.config)
+        if self.role is None or self.role.first:  # once, not once per worker
+            warn_if_anonymous_exposed(self.config)
         loop = asyncio.get_running_loop()
         url, embedded = await loop.run_in_executor(
             None, lambda: self._exit.enter_context(database_url(self.config))
@@ -208,6 +217,8 @@ class Gateway:
                 site = web.TCPSite(
                     self._runner, self.config.host, self.config.http_port,
                     ssl_context=http_tls.context if http_tls is not None else None,
+                    # A worker binds beside the supervisor's reservation of the port.
+                    reuse_port=True if self.role is not None else None,
                 )
                 with naming_bind_errors("http", self.config.host, self.config.http_port):
                     await site.start()
@@ -216,6 +227,11 @@ class Gateway:
                 sock = server.sockets[0].getsockname()  # type: ignore[attr-defined]
                 self.http_address = (sock[0], sock[1])
                 log.info("listener http on %s:%d", *self.http_address)
+            if self.role is not None:
+                self._worker_server = WorkerServer(self, self.role)
+                await self._worker_server.start()
+                if self.role.first:
+                    self.aggregator = Aggregator(self, self.role)
             self.listeners_bound = True
         except BaseException:
             await self.stop()
@@ -247,6 +263,9 @@ class Gateway:
     async def stop(self) -> None:
         """Stop accepting, drain the writer, close connections, stop the database."""
         self.listeners_bound = False
+        if self._worker_server is not None:
+            await self._worker_server.stop()
+            self._worker_server = None
         for listener in self.listeners.values():
             await listener.stop_accepting()
         if self.telemetry is not None:

@@ -30,6 +30,7 @@ from polyport.core.store import EventStore, StoreConfig
 from polyport.gateway.config import (
     DEFAULT_HTTP_PORT,
     DEFAULT_PORTS,
+    EVENT_LOOPS,
     LOG_FORMATS,
     LOG_LEVELS,
     TLS_LISTENERS,
@@ -39,6 +40,8 @@ from polyport.gateway.config import (
 )
 from polyport.gateway.connections_cli import AdminError, add_connections_parser, run_connections
 from polyport.gateway.database import database_url
+from polyport.gateway.eventloop import LoopChoice, choose_loop
+from polyport.gateway.eventloop import run as run_on_loop
 from polyport.gateway.fatal import describe
 from polyport.gateway.ports_file import remove_ports_file, write_ports_file
 from polyport.gateway.status_cli import add_status_parser, run_status
@@ -48,7 +51,19 @@ from polyport.pipeline.cli import run as run_pipeline
 log = logging.getLogger("polyport")
 
 
-LOG_FIELDS = ("protocol", "peer", "code")
+LOG_FIELDS = ("protocol", "peer", "code", "worker")
+# Set in a worker process (gateway/worker.py): every line names its worker.
+_log_worker: int | None = None
+
+
+class _WorkerTag(logging.Filter):
+    def __init__(self, worker: int) -> None:
+        super().__init__()
+        self.worker = worker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.worker
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -68,12 +83,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
-def setup_logging(fmt: str = "text", level: str = "info") -> None:
+def setup_logging(fmt: str = "text", level: str = "info", worker: int | None = None) -> None:
+    """``worker``: this process is that worker (kept for later calls)."""
+    global _log_worker
+    if worker is not None:
+        _log_worker = worker
     handler = logging.StreamHandler(sys.stderr)
+    tag = ""
+    if _log_worker is not None:
+        handler.addFilter(_WorkerTag(_log_worker))
+        tag = "[worker %(worker)s] "
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -204,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--websocket-allowed-origins", metavar="ORIGINS",
                        help="comma-separated browser origins (https://app.example) whose "
                             "pages may open WebSocket endpoints (default: none)")
+    serve.add_argument("--event-loop", choices=EVENT_LOOPS,
+                       help="asyncio event loop: uvloop, asyncio, or auto (default: uvloop "
+                            "when it can be imported)")
+    serve.add_argument("--workers", metavar="N|auto",
+                       help="gateway processes sharing the TCP ports (default 1; auto = one "
+                            "per core); Res01 and HTTP run in the first (docs/operations.md)")
 
     mig = _leaf(sub, "migrate", "upgrade, downgrade or inspect the database schema")
     mig.add_argument("action", nargs="?", default="upgrade",
@@ -353,11 +383,18 @@ def read_password(args: argparse.Namespace) -> str:
 # --- serve ---------------------------------------------------------------------
 
 
-async def _serve(config: GatewayConfig, args: argparse.Namespace) -> int:
+async def _serve(config: GatewayConfig, args: argparse.Namespace, choice: LoopChoice) -> int:
     from polyport.gateway.app import Gateway
 
+    log.info("event loop: %s", choice.describe())
     gw = Gateway(config)
     await gw.start()
+    # Before the lines below: whoever waits for them may signal at once.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: _reload(gw, args))
     # Written before the lines below: whoever waits for them can read it.
     ports_file = write_ports_file(config.data_dir, gw)
     for name, listener in gw.listeners.items():
@@ -370,11 +407,6 @@ async def _serve(config: GatewayConfig, args: argparse.Namespace) -> int:
     curve = getattr(gw.listeners.get("res01"), "curve", None)
     if curve is not None:
         print(f"polyport: res01 CURVE server public key {curve.public_key}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: _reload(gw, args))
     try:
         await stop.wait()
         log.info("shutting down: no new connections, draining the writer")
@@ -390,11 +422,18 @@ RELOADABLE = ("log_level", "log_format")
 TLS_FIELDS = ("tls", *(f"{n}_tls" for n in TLS_LISTENERS))
 
 
-def _reload(gw: Any, args: argparse.Namespace) -> None:
+def _reload(
+    gw: Any,
+    args: argparse.Namespace,
+    adjust: Callable[[GatewayConfig], GatewayConfig] | None = None,
+) -> None:
     """SIGHUP: read the configuration again (file, environment, the original
-    flags) and apply what can change while running; never stop the process."""
+    flags) and apply what can change while running; never stop the process.
+    ``adjust``: a worker's view of the configuration (WorkerRole.apply)."""
     try:
         new = config_from_args(args)
+        if adjust is not None:
+            new = adjust(new)
     except Exception as exc:
         log.error("reload refused, nothing changed: %s", describe(exc))
         return
@@ -648,7 +687,12 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
         setup_logging(config.log_format, config.log_level)
         if args.command == "serve":
-            return asyncio.run(_serve(config, args))
+            if config.workers > 1:
+                from polyport.gateway.supervisor import supervise
+
+                return supervise(config, args)
+            choice = choose_loop(config.event_loop)
+            return run_on_loop(_serve(config, args, choice), choice)
         if args.command == "migrate":
             return _migrate(args, config)
         if args.command == "status":

@@ -23,6 +23,10 @@ DEFAULT_PORTS: dict[str, int] = {
     "segment": 12345,
 }
 DEFAULT_DATA_DIR = "./polyport-data"
+# gateway/eventloop.py: auto = uvloop when it can be imported, else asyncio.
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+# --workers: more than this is a typo, not a machine.
+MAX_WORKERS = 256
 
 # Listeners that can speak TLS (Res01 is ZeroMQ: CURVE instead, see res01_curve).
 TLS_LISTENERS = ("bson", "reactivesocket", "rsocket", "micromsg2", "segment", "http")
@@ -188,6 +192,13 @@ class GatewayConfig:
     # directory on first start.
     res01_curve: bool = False
     res01_curve_key_file: str | None = None
+    # The asyncio event loop of `serve` (gateway/eventloop.py).
+    event_loop: str = "auto"
+    # Gateway processes (gateway/supervisor.py): the byte-stream listeners in
+    # every one of them on shared ports (SO_REUSEPORT), Res01 and HTTP in the
+    # first.  1 = one process, no supervisor.  "auto" in the file, the
+    # environment or the flag = the number of cores this process may use.
+    workers: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     def port_for(self, listener: str) -> int | None:
@@ -213,7 +224,9 @@ class GatewayConfig:
         )
 
 
-_PORT_KEYS = {f.name for f in fields(GatewayConfig) if f.name.endswith("_port")}
+# Every port setting (http_port, res01_login_port, …).
+PORT_KEYS = tuple(f.name for f in fields(GatewayConfig) if f.name.endswith("_port"))
+_PORT_KEYS = set(PORT_KEYS)
 _TLS_FIELDS = {"tls", *(f"{n}_tls" for n in TLS_LISTENERS)}
 _BOOL_KEYS = {"allow_anonymous", "metrics_per_subscription", "res01_curve"}
 _INT_KEYS = {
@@ -273,7 +286,7 @@ def _tls_option(option: str, value: Any, where: str) -> str | None:
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
-_CHOICES = {"log_level": LOG_LEVELS, "log_format": LOG_FORMATS}
+_CHOICES = {"log_level": LOG_LEVELS, "log_format": LOG_FORMATS, "event_loop": EVENT_LOOPS}
 DATABASE_SCHEMES = ("postgresql", "postgres", "postgresql+asyncpg")
 
 
@@ -302,6 +315,30 @@ def _parse_contexts(value: Any, where: str) -> tuple[str, ...]:
     return contexts
 
 
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _parse_workers(value: Any, where: str) -> int:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return available_cores()
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a number of processes or 'auto', got {value!r}")
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{where}: expected a number of processes or 'auto', got {value!r}"
+        ) from None
+    if not 1 <= n <= MAX_WORKERS:
+        raise ConfigError(f"{where}: workers must be 1..{MAX_WORKERS} or 'auto', got {value!r}")
+    return n
+
+
 def coerce(key: str, value: Any, where: str | None = None) -> Any:
     """``value`` as the type of setting ``key``; errors name ``where`` the value
     came from (a flag, an environment variable, a file key), else ``key``."""
@@ -312,6 +349,8 @@ def coerce(key: str, value: Any, where: str | None = None) -> Any:
         return _parse_bool(value, where)
     if key in _LIST_KEYS:
         return _parse_list(value, where)
+    if key == "workers":
+        return _parse_workers(value, where)
     try:
         if key in _INT_KEYS:
             return int(value)

@@ -17,6 +17,7 @@ from prometheus_client.samples import Sample
 
 from polyport.gateway.admin import is_admin
 from polyport.gateway.telemetry import PER_SUBSCRIPTION_METRICS
+from polyport.gateway.workers import MetricsOf
 
 if TYPE_CHECKING:
     from polyport.gateway.app import Gateway
@@ -34,7 +35,11 @@ def setup(app: web.Application, gw: Gateway) -> None:
         # Per-subscription series (metrics_per_subscription) are labelled
         # with subscription names: like /status, only for the admin token.
         hidden = () if is_admin(request, gw.config.admin_token) else PER_SUBSCRIPTION_METRICS
-        body = generate_latest(WithoutCreated(telemetry.registry, hidden=hidden))
+        if gw.aggregator is not None:  # every worker's (gateway/workers.py)
+            merged = [m for m in await gw.aggregator.metrics() if m.name not in hidden]
+            body = generate_latest(MetricsOf(merged))
+        else:
+            body = generate_latest(WithoutCreated(telemetry.registry, hidden=hidden))
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app.router.add_get("/metrics", metrics)

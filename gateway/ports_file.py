@@ -24,15 +24,31 @@ def ports_file_path(data_dir: str) -> Path:
 
 
 def write_ports_file(data_dir: str, gw: Any) -> Path | None:
+    return write_ports(
+        data_dir, gw.started_at, {name: li.address for name, li in gw.listeners.items()},
+        gw.http_address,
+    )
+
+
+def write_ports(
+    data_dir: str,
+    started_at: float,
+    listeners: dict[str, tuple[str, int]],
+    http: tuple[str, int] | None,
+    workers: int | None = None,
+) -> Path | None:
+    """The file, by this process (with ``workers``: the supervisor, whose
+    workers share these ports)."""
     path = ports_file_path(data_dir)
     data: dict[str, Any] = {
         "pid": os.getpid(),
-        "started_at": gw.started_at,
-        "listeners": {name: {"host": li.address[0], "port": li.address[1]}
-                      for name, li in gw.listeners.items()},
-        "http": ({"host": gw.http_address[0], "port": gw.http_address[1]}
-                 if gw.http_address else None),
+        "started_at": started_at,
+        "listeners": {name: {"host": host, "port": port}
+                      for name, (host, port) in listeners.items()},
+        "http": {"host": http[0], "port": http[1]} if http else None,
     }
+    if workers is not None:
+        data["workers"] = workers
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".json.tmp")

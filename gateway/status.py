@@ -163,9 +163,13 @@ async def build_status(
     websockets: Sequence[tuple[str, WebSocketEndpoint]] = (),
     *,
     names_shown: bool = False,
+    local_only: bool = False,
 ) -> dict[str, Any]:
     """The /status document.  Counters are for everyone; subscription names
-    and selectors only with ``names_shown`` (the request had the admin token)."""
+    and selectors only with ``names_shown`` (the request had the admin token).
+    ``local_only``: without the sections that are the database's rather than
+    this process's (database, schema, chart, parked counts): what another
+    worker adds to the first worker's document (gateway/workers.py)."""
     telemetry = gw.telemetry
     assert telemetry is not None
     store = gw.store
@@ -197,10 +201,17 @@ async def build_status(
         http = {"name": "http", "address": f"{gw.http_address[0]}:{gw.http_address[1]}"}
     else:
         http = None
-    lag, database, chart, schema, parked = await asyncio.gather(
-        telemetry.subscription_lag(), _database(gw), event_chart(gw), _schema(gw),
-        _parked(gw),
-    )
+    if local_only:
+        lag = await telemetry.subscription_lag()
+        database: dict[str, Any] | None = None
+        chart: dict[str, Any] | None = None
+        schema: dict[str, Any] | None = None
+        parked: dict[tuple[Any, str], int] = {}
+    else:
+        lag, database, chart, schema, parked = await asyncio.gather(
+            telemetry.subscription_lag(), _database(gw), event_chart(gw), _schema(gw),
+            _parked(gw),
+        )
     ws = store.writer.stats
     return {
         "version": polyport_version(),
@@ -259,7 +270,10 @@ def setup(app: web.Application, gw: Gateway) -> None:
             raise web.HTTPServiceUnavailable(text="the gateway is starting\n")
         endpoints = request.app[WEBSOCKET_ENDPOINTS] if WEBSOCKET_ENDPOINTS in request.app else []
         names_shown = is_admin(request, gw.config.admin_token)
-        return web.json_response(await build_status(gw, endpoints, names_shown=names_shown))
+        doc = await build_status(gw, endpoints, names_shown=names_shown)
+        if gw.aggregator is not None:  # every worker's (gateway/workers.py)
+            doc = await gw.aggregator.status(doc, names_shown)
+        return web.json_response(doc)
 
     async def page(request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC_DIR / "index.html", headers=_NO_CACHE)

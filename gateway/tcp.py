@@ -196,7 +196,11 @@ class TcpListener:
         if self.tls is not None:
             self._server = await self._start_tls(self.tls)
             return
-        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        # reuse_port (workers): every worker binds this port; None, not
+        # False, when off (some loops refuse the argument on other systems).
+        self._server = await asyncio.start_server(
+            self._accept, self.host, self.port, reuse_port=self.stats.reuse_port or None
+        )
 
     # --- TLS (gateway/tls.py) ------------------------------------------------------
 
@@ -208,7 +212,8 @@ class TcpListener:
             self.stats.connections_refused += 1
             log.info("%s: refused %s", self.name, why)
 
-        return await serve_tls(self._accept, self.host, self.port, tls, refused)
+        return await serve_tls(self._accept, self.host, self.port, tls, refused,
+                               reuse_port=self.stats.reuse_port)
 
     def _peer(
         self, writer: asyncio.StreamWriter, address: str, conn: Connection | None = None

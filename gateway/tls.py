@@ -315,13 +315,16 @@ class TlsServer:
 
 
 async def serve_tls(
-    accepted: Accepted, host: str, port: int, tls: ServerTls, on_refused: Callable[[str], None]
+    accepted: Accepted, host: str, port: int, tls: ServerTls, on_refused: Callable[[str], None],
+    *, reuse_port: bool = False,
 ) -> TlsServer:
     """Listen on host:port and hand each connection, TLS-wrapped or (dual
-    mode) plain, to ``accepted`` as asyncio streams."""
+    mode) plain, to ``accepted`` as asyncio streams.  ``reuse_port``: bind
+    with SO_REUSEPORT (workers share the port)."""
     loop = asyncio.get_running_loop()
     server_sock = socket.create_server(
-        (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=511
+        (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=511,
+        reuse_port=reuse_port,
     )
     server_sock.setblocking(False)
     handlers: set[asyncio.Task[None]] = set()

@@ -114,6 +114,9 @@ class ListenerStats:
     # WebSocket ping interval; a peer that does not answer with a pong is
     # closed (None = no pings).
     websocket_heartbeat: float | None = None
+    # Bind with SO_REUSEPORT: several gateway processes (workers) listen on
+    # the same port and the kernel spreads connections over them.
+    reuse_port: bool = False
     # Open connections per source address, TCP and WebSocket together.
     by_address: Counter[str] = field(default_factory=Counter, repr=False)
     # The gateway's table of open connections, where transports register.

@@ -25,6 +25,18 @@ TEMPLATE_DB = "polyport_template"
 _counter = itertools.count()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # POLYPORT_TEST_EVENT_LOOP=uvloop runs the in-process tests on uvloop (the
+    # gateway's default loop when installed); subprocess gateways pick it by
+    # event_loop = auto anyway.  pytest-asyncio makes its loops from the policy.
+    if os.environ.get("POLYPORT_TEST_EVENT_LOOP", "asyncio") == "uvloop":
+        import asyncio
+
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[EmbeddedPostgres]:
     # Not pytest's tmp_path: that is 0700 and the cluster may run as another user.

@@ -236,8 +236,10 @@ class Res01Listener:
             sock.bind(_endpoint(self.host, endpoint.port))
         except zmq.ZMQError as exc:
             sock.close(linger=0)
+            # With its errno (libzmq's are the system's): naming_bind_errors
+            # turns EADDRINUSE and the like into the one line naming the flag.
             raise OSError(
-                f"res01: cannot listen on {self.host}:{endpoint.port}: {exc.strerror}"
+                exc.errno, f"res01: cannot listen on {self.host}:{endpoint.port}: {exc.strerror}"
             ) from exc
         endpoint.sock = sock
         endpoint.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -596,4 +598,6 @@ async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
     return listener
 
 
-LISTENER = ListenerDef(PROTOCOL, DEFAULT_PORT, start)
+# ZeroMQ binds without SO_REUSEPORT, and a ROUTER's peers and fetch
+# subscriptions live in one process: the first worker only.
+LISTENER = ListenerDef(PROTOCOL, DEFAULT_PORT, start, per_worker=False)

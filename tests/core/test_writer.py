@@ -129,3 +129,26 @@ def test_the_remembered_names_are_bounded() -> None:
         _check_text(f"name-{i}", "stream name")
     assert len(_VALID_TEXT) <= _VALID_TEXT_MAX
     assert "name-0" not in _VALID_TEXT  # cleared when it filled up
+
+
+async def test_closing_with_a_commit_in_flight_returns_when_it_commits(db_url: str) -> None:
+    """drain_and_stop while a batch is in the database: the writer loop must
+    see that batch end (it used to look before the task's done-callback ran,
+    then slept until the drain timeout, commit_timeout + 5 s)."""
+    store = EventStore(StoreConfig(db_url, writer=WriterLimits(commit_timeout=10)))
+    await store.start()
+    try:
+        stream = unique("drain")
+        async with row_locked(db_url, HEAD_LOCK):
+            pending = asyncio.create_task(store.append(append(stream, ev(1))))
+            await asyncio.sleep(0.2)  # in the database, waiting for the head lock
+            closing = asyncio.create_task(store.writer.drain_and_stop())
+            await asyncio.sleep(0.2)
+            assert not closing.done()
+        loop = asyncio.get_running_loop()
+        released = loop.time()
+        await asyncio.wait_for(closing, 15)
+        assert loop.time() - released < 3
+        assert (await pending).first_version == 1
+    finally:
+        await store.close()

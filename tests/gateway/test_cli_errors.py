@@ -81,6 +81,18 @@ async def test_port_in_use_names_the_listener_and_flag(db_url: str) -> None:
     assert "address already in use" in err
 
 
+async def test_res01_port_in_use_names_the_flag(db_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        off = [*LISTENERS_OFF, "--res01-port", str(port)]  # the last flag wins
+        done = await asyncio.to_thread(polyport, "serve", "--database-url", db_url,
+                                       "--http-port", "0", *off)
+    err = assert_one_clean_line(done, "--res01-port", "res01", str(port))
+    assert "address already in use" in err
+
+
 def test_bad_log_level_from_flag_file_and_env(tmp_path: Path) -> None:
     assert_one_clean_line(polyport("--log-level", "verbose", "migrate", "current"), "--log-level")
     conf = tmp_path / "polyport.toml"

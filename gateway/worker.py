@@ -1,0 +1,133 @@
+"""One gateway worker process, started by the supervisor (gateway/supervisor.py):
+``python -m polyport.gateway.worker --index I --control-fd R --ready-fd W``.
+
+The configuration (database URL included) arrives on the control pipe, never
+in argv: a length, then the supervisor's pickled configuration, flags and
+:class:`~polyport.gateway.workers.WorkerRole`.  The pipe then stays open; EOF
+means the supervisor is gone, and the worker drains and exits.  Once every
+listener is up, one JSON line on the ready pipe says where they listen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import pickle
+import signal
+import struct
+import sys
+import traceback
+from typing import Any
+
+log = logging.getLogger("polyport.worker")
+
+_LENGTH = struct.Struct(">Q")
+
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = os.read(fd, n - len(out))
+        if not chunk:
+            raise EOFError("the supervisor closed the control pipe")
+        out += chunk
+    return bytes(out)
+
+
+def read_payload(fd: int) -> dict[str, Any]:
+    (length,) = _LENGTH.unpack(_read_exactly(fd, _LENGTH.size))
+    # Written by the supervisor that started this process (an inherited pipe).
+    data: dict[str, Any] = pickle.loads(_read_exactly(fd, length))
+    return data
+
+
+async def _work(payload: dict[str, Any], control_fd: int, ready_fd: int, choice: Any) -> int:
+    from polyport.gateway.app import Gateway
+    from polyport.gateway.cli import _reload
+
+    role = payload["role"]
+    args = argparse.Namespace(**payload["args"])
+    log.info("worker %d (of %d): event loop %s", role.index, role.count, choice.describe())
+    gw = Gateway(role.apply(payload["config"]), role)
+    await gw.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: _reload(gw, args, role.apply))
+
+    def lifeline() -> None:
+        try:
+            more = os.read(control_fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            more = b""
+        if not more:
+            loop.remove_reader(control_fd)
+            log.warning("the supervisor is gone: stopping")
+            stop.set()
+
+    os.set_blocking(control_fd, False)
+    loop.add_reader(control_fd, lifeline)
+    curve = getattr(gw.listeners.get("res01"), "curve", None)
+    # The port of each setting as bound (the supervisor keeps those it did
+    # not choose itself for this worker's restarts).
+    ports = {f"{name}_port": li.address[1] for name, li in gw.listeners.items()}
+    login = getattr(gw.listeners.get("res01"), "login_address", None)
+    if login is not None:
+        ports["res01_login_port"] = login[1]
+    ready = {
+        "ports": ports,
+        "pid": os.getpid(),
+        "listeners": {name: list(li.address) for name, li in gw.listeners.items()},
+        "http": list(gw.http_address) if gw.http_address else None,
+        "https": "http" in gw.tls,
+        "curve": curve.public_key if curve is not None else None,
+    }
+    os.write(ready_fd, (json.dumps(ready) + "\n").encode())
+    os.close(ready_fd)
+    await stop.wait()
+    log.info("shutting down: no new connections, draining the writer")
+    await gw.stop()
+    log.info("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Until the gateway handles SIGHUP (the supervisor forwards it only to
+    # ready workers, but a signal sent to the whole group may come earlier).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    parser = argparse.ArgumentParser(prog="polyport-worker")
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--ready-fd", type=int, required=True)
+    opts = parser.parse_args(argv)
+    from polyport.gateway.cli import _say_fatal, setup_logging
+    from polyport.gateway.eventloop import choose_loop
+    from polyport.gateway.eventloop import run as run_on_loop
+    from polyport.gateway.fatal import describe
+
+    payload = read_payload(opts.control_fd)
+    config = payload["config"]
+    setup_logging(config.log_format, config.log_level, worker=opts.index)
+    try:
+        choice = choose_loop(config.event_loop)
+        return run_on_loop(_work(payload, opts.control_fd, opts.ready_fd, choice), choice)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if config.log_level == "debug" or payload["args"].get("debug"):
+            traceback.print_exc()
+        with contextlib.suppress(Exception):
+            _say_fatal(f"worker {opts.index}: {describe(exc, payload['role'].database_url)}",
+                       config.log_format)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,571 @@
+"""``polyport serve --workers 2`` as real processes on the suite's PostgreSQL:
+the byte-stream ports are shared by both workers (SO_REUSEPORT), the core
+keeps positions gapless and deliveries single across them, /status and
+/metrics speak for both, a killed worker comes back, SIGTERM drains."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+
+from polyport.core.migrate import asyncpg_dsn
+from polyport.gateway.embedded_pg import EmbeddedPostgres
+from polyport.gateway.supervisor import restart_delay
+from polyport.gateway.workers import (
+    GAUGE_MAX,
+    WorkerRole,
+    merge_families,
+    socket_path,
+)
+from polyport.protocols.bson.client import BsonClient
+from polyport.protocols.res01.client import Res01Client, new_event
+from tests.gateway.test_cli_errors import polyport
+
+ALL_PORTS_ZERO = [a for n in ("http", "res01", "bson", "reactivesocket", "rsocket", "micromsg2",
+                              "segment") for a in (f"--{n}-port", "0")]
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@dataclass
+class Served:
+    proc: asyncio.subprocess.Process
+    data_dir: Path
+    ports: dict[str, Any]
+    stderr: list[str] = field(default_factory=list)
+    _drain: asyncio.Task[None] | None = None
+
+    @property
+    def http(self) -> str:
+        return f"http://{self.ports['http']['host']}:{self.ports['http']['port']}"
+
+    def port(self, listener: str) -> tuple[str, int]:
+        li = self.ports["listeners"][listener]
+        return li["host"], li["port"]
+
+    async def status(self) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as http, http.get(self.http + "/status") as r:
+            assert r.status == 200, await r.text()
+            doc: dict[str, Any] = await r.json()
+            return doc
+
+    async def metrics(self) -> str:
+        async with aiohttp.ClientSession() as http, http.get(self.http + "/metrics") as r:
+            assert r.status == 200
+            return await r.text()
+
+    async def said(self, pattern: str, timeout: float = 30) -> str:
+        """The first stderr line matching ``pattern`` (waiting for it)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            for line in self.stderr:
+                if re.search(pattern, line):
+                    return line
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"never said {pattern!r}:\n" + "".join(self.stderr[-40:]))
+
+
+async def _drain(proc: asyncio.subprocess.Process, into: list[str]) -> None:
+    # Workers log a line per connection: an unread pipe would block them.
+    assert proc.stderr is not None
+    while line := await proc.stderr.readline():
+        into.append(line.decode(errors="replace"))
+
+
+@contextlib.asynccontextmanager
+async def serve(db_url: str, tmp_path: Path, *extra: str, workers: str = "2"
+                ) -> AsyncIterator[Served]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
+    data_dir = tmp_path / "data"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", db_url,
+        "--data-dir", str(data_dir), "--workers", workers,
+        *ALL_PORTS_ZERO, *extra,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    served = Served(proc, data_dir, {})
+    served._drain = asyncio.create_task(_drain(proc, served.stderr))
+    try:
+        assert proc.stdout is not None
+        while "http listening on" not in (line := (
+                await asyncio.wait_for(proc.stdout.readline(), 90)).decode()):
+            assert line, "serve exited before listening:\n" + "".join(served.stderr)
+        served.ports = json.loads((data_dir / "gateway.json").read_text())
+        yield served
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 60)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        await served._drain
+
+
+async def wait_until(check: Any, timeout: float = 30, what: str = "") -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        await asyncio.sleep(0.1)
+
+
+def bson_totals(status: dict[str, Any], key: str) -> list[int]:
+    return [w["listeners"]["bson"][key] for w in status["workers"]]
+
+
+async def test_both_workers_serve_one_port_and_positions_stay_gapless(
+    db_url: str, tmp_path: Path
+) -> None:
+    async with serve(db_url, tmp_path) as gw:
+        host, port = gw.port("bson")
+
+        async def appender(i: int) -> None:
+            async with await BsonClient.connect(host, port) as c:
+                for n in range(10):
+                    await c.emit(f"shared-{i % 3}", "Added", {"client": i, "n": n})
+
+        await asyncio.gather(*(appender(i) for i in range(24)))
+        status = await gw.status()
+        per_worker = bson_totals(status, "connections_total")
+        assert sum(per_worker) == 24 and all(n > 0 for n in per_worker), per_worker
+        appended = bson_totals(status, "events_appended")
+        assert sum(appended) == 240 and all(n > 0 for n in appended), appended
+        [row] = [r for r in status["listeners"] if r["name"] == "bson"]
+        assert row["connections_total"] == 24 and row["events_appended"] == 240
+
+    conn = await asyncpg.connect(asyncpg_dsn(db_url))
+    try:
+        rows = await conn.fetch("SELECT position, event_id, stream, version FROM events "
+                                "ORDER BY position")
+    finally:
+        await conn.close()
+    assert [r["position"] for r in rows] == list(range(1, 241))
+    assert len({r["event_id"] for r in rows}) == 240
+    for stream in ("shared-0", "shared-1", "shared-2"):
+        versions = [r["version"] for r in rows if r["stream"] == stream]
+        assert versions == list(range(1, 81)), stream
+
+
+async def _connect_until_both_workers(
+    gw: Served, open_one: Any, kind: str, limit: int = 40
+) -> list[Any]:
+    """Open subscriptions (``open_one()``) until each worker holds at least
+    one (the kernel chooses the worker of each connection)."""
+    opened = []
+    for _ in range(limit):
+        opened.append(await open_one())
+        status = await gw.status()
+        if all(w["subscriptions_open"] > 0 for w in status["workers"]):
+            return opened
+    raise AssertionError(f"{limit} {kind} connections all went to one worker")
+
+
+async def test_live_subscribers_on_each_worker_see_appends_through_the_other(
+    db_url: str, tmp_path: Path
+) -> None:
+    async with serve(db_url, tmp_path) as gw:
+        host, port = gw.port("bson")
+        clients: list[BsonClient] = []
+
+        async def subscriber() -> Any:
+            c = await BsonClient.connect(host, port)
+            clients.append(c)
+            return await c.subscribe("live")
+
+        try:
+            subs = await _connect_until_both_workers(gw, subscriber, "subscriber")
+            before = bson_totals(await gw.status(), "events_appended")
+            for n in range(20):  # a new connection each: both workers append
+                async with await BsonClient.connect(host, port) as c:
+                    await c.emit("live", "Tick", {"n": n})
+            after = bson_totals(await gw.status(), "events_appended")
+            assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+            # Res01 runs in worker 0 only; its appends reach worker 1's subscribers too.
+            async with await Res01Client.connect(gw.port("res01"), timeout=10) as res01:
+                for n in range(20, 25):
+                    await res01.commit("default", "live", -1,
+                                       [new_event("Tick", json.dumps({"n": n}))])
+            workers = (await gw.status())["workers"]
+            assert "res01" in workers[0]["listeners"] and "res01" not in workers[1]["listeners"]
+            for sub in subs:
+                got = []
+                while len(got) < 25:
+                    ev = await sub.next(10)
+                    assert ev is not None, f"subscriber got {len(got)} of 25"
+                    got.append(ev.event["n"])
+                assert got == list(range(25))
+        finally:
+            for c in clients:
+                await c.close()
+
+
+async def test_a_consumer_group_across_workers_delivers_each_event_once(
+    db_url: str, tmp_path: Path
+) -> None:
+    async with serve(db_url, tmp_path) as gw:
+        host, port = gw.port("bson")
+        clients: list[BsonClient] = []
+
+        async def member() -> Any:
+            c = await BsonClient.connect(host, port)
+            clients.append(c)
+            return await c.subscribe("jobs", durable_id="workers-group")
+
+        try:
+            members = await _connect_until_both_workers(gw, member, "group member")
+            async with await BsonClient.connect(host, port) as c:
+                for n in range(60):
+                    await c.emit("jobs", "Job", {"n": n})
+            seen: Counter[int] = Counter()
+
+            async def consume(sub: Any) -> None:
+                while (ev := await sub.next(3)) is not None:
+                    seen[ev.event["n"]] += 1
+
+            await asyncio.gather(*(consume(s) for s in members))
+            assert sorted(seen) == list(range(60)), sorted(set(range(60)) - set(seen))
+            assert max(seen.values()) == 1, [n for n, k in seen.items() if k > 1]
+        finally:
+            for c in clients:
+                await c.close()
+
+
+async def _worker_metrics(run_dir: Path, index: int) -> dict[str, Any]:
+    connector = aiohttp.UnixConnector(path=str(socket_path(str(run_dir), index)))
+    async with aiohttp.ClientSession(connector=connector) as http, http.get(
+        "http://worker/metrics"
+    ) as r:
+        assert r.status == 200
+        data: dict[str, Any] = await r.json()
+        return data
+
+
+def _value(families: list[dict[str, Any]], sample: str, **labels: str) -> float:
+    for fam in families:
+        for name, lab, value in fam["samples"]:
+            if name == sample and all(lab.get(k) == v for k, v in labels.items()):
+                return float(value)
+    raise KeyError(sample)
+
+
+def _scraped(text: str, sample: str) -> float:
+    [line] = [x for x in text.splitlines() if x.startswith(sample + " ")]
+    return float(line.rsplit(" ", 1)[1])
+
+
+async def test_metrics_sum_the_workers_and_a_killed_worker_is_restarted(
+    db_url: str, tmp_path: Path
+) -> None:
+    async with serve(db_url, tmp_path) as gw:
+        host, port = gw.port("bson")
+        for n in range(16):
+            async with await BsonClient.connect(host, port) as c:
+                await c.emit("m", "T", {"n": n})
+        run_dir = gw.data_dir / "workers" / str(gw.proc.pid)
+        own = [await _worker_metrics(run_dir, i) for i in range(2)]
+        appended = [_value(w["families"], "polyport_events_appended_total", protocol="bson")
+                    for w in own]
+        assert sum(appended) == 16 and all(a > 0 for a in appended), appended
+        text = await gw.metrics()
+        assert _scraped(text, 'polyport_events_appended_total{protocol="bson"}') == 16
+        assert _scraped(text, 'polyport_connections_total{protocol="bson"}') == 16
+        counts = [_value(w["families"], "polyport_append_batch_events_count", protocol="bson")
+                  for w in own]
+        assert _scraped(text, 'polyport_append_batch_events_count{protocol="bson"}') == sum(
+            counts) == 16
+        assert _scraped(text, "polyport_workers") == 2
+        assert _scraped(text, 'polyport_worker_up{worker="1"}') == 1
+
+        # SIGKILL worker 1: one line says so, it comes back, the port serves
+        # throughout, and the summed counters do not go down.
+        victim = (await gw.status())["workers"][1]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        line = await gw.said(rf"worker 1 \(pid {victim}\) was killed by SIGKILL; restarting")
+        assert "restarting it in 0.5s" in line
+        for n in range(10):
+            async with await BsonClient.connect(host, port) as c:
+                await c.emit("m", "T", {"n": 100 + n})
+
+        async def restarted() -> dict[str, Any] | None:
+            w = (await gw.status())["workers"][1]
+            return w if w["reachable"] and w["pid"] != victim else None
+
+        back = await wait_until(restarted, 30, "worker 1 to come back")
+        assert back["restarts"] == 1 and "SIGKILL" in back["last_exit"]
+        text = await gw.metrics()
+        assert _scraped(text, 'polyport_events_appended_total{protocol="bson"}') == 26
+        assert _scraped(text, 'polyport_worker_restarts_total{worker="1"}') == 1
+
+        async def served_by_new_worker() -> bool:
+            async with await BsonClient.connect(host, port) as c:
+                await c.emit("m", "T", {"n": 200})
+            return bool((await gw.status())["workers"][1]["listeners"]["bson"]
+                        ["connections_total"])
+
+        await wait_until(served_by_new_worker, 30, "the new worker 1 to accept")
+        text = await gw.metrics()  # the last values of this worker 1 are known now
+        total = _scraped(text, 'polyport_events_appended_total{protocol="bson"}')
+        assert total > 26
+
+        # Dying young again: the next restart waits twice as long, and what
+        # the dead worker counted up to the last scrape stays in the sum.
+        victim = back["pid"]
+        os.kill(victim, signal.SIGKILL)
+        await gw.said(rf"worker 1 \(pid {victim}\) was killed by SIGKILL; "
+                      r"restarting it in 1\.0s")
+        back = await wait_until(restarted, 30, "worker 1 to come back again")
+        assert back["restarts"] == 2
+        text = await gw.metrics()
+        assert _scraped(text, 'polyport_events_appended_total{protocol="bson"}') == total
+        assert _scraped(text, 'polyport_worker_restarts_total{worker="1"}') == 2
+
+
+async def test_a_restarted_first_worker_keeps_the_res01_and_http_ports(
+    db_url: str, tmp_path: Path
+) -> None:
+    async with serve(db_url, tmp_path) as gw:
+        first = (await gw.status())["workers"][0]["pid"]
+        os.kill(first, signal.SIGKILL)
+        await gw.said(rf"worker 0 \(pid {first}\) was killed by SIGKILL; restarting")
+
+        async def back() -> dict[str, Any] | None:
+            try:
+                w = (await gw.status())["workers"][0]
+            except (aiohttp.ClientError, OSError):
+                return None  # HTTP lives in worker 0: away while it restarts
+            return w if w["pid"] != first else None
+
+        assert (await wait_until(back, 30, "worker 0 to come back"))["restarts"] == 1
+        # The ports printed at start (and in gateway.json) are still the ones.
+        async with await Res01Client.connect(gw.port("res01"), timeout=10) as res01:
+            await res01.commit("default", "after-restart", 1, [new_event("T", "{}")])
+        assert json.loads((gw.data_dir / "gateway.json").read_text()) == gw.ports
+
+
+async def test_sigterm_drains_every_worker_and_exits_zero(db_url: str, tmp_path: Path) -> None:
+    async with serve(db_url, tmp_path) as gw:
+        host, port = gw.port("bson")
+        status = await gw.status()
+        pids = [w["pid"] for w in status["workers"]]
+        clients = [await BsonClient.connect(host, port) for _ in range(6)]
+        # Appends in flight when SIGTERM comes: every one confirmed is stored.
+        futures = [c.send_emit("drain", "T", {"c": i, "n": n})
+                   for i, c in enumerate(clients) for n in range(50)]
+        for c in clients:
+            await c.drain()
+        gw.proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(gw.proc.wait(), 60)
+        assert gw.proc.returncode == 0, "".join(gw.stderr[-30:])
+        settled, _ = await asyncio.wait(futures, timeout=10)
+        confirmed = sum(1 for f in settled if f.exception() is None and f.result().ok)
+        assert confirmed > 0
+        for c in clients:
+            await c.close()
+        await gw.said(r"\[worker 0\].*stopped")
+        await gw.said(r"\[worker 1\].*stopped")
+        for pid in pids:
+            assert _gone(pid)
+        assert not (gw.data_dir / "gateway.json").exists()
+    conn = await asyncpg.connect(asyncpg_dsn(db_url))
+    try:
+        stored = await conn.fetchval("SELECT count(*) FROM events WHERE stream = 'drain'")
+    finally:
+        await conn.close()
+    assert stored >= confirmed
+
+
+async def test_sighup_reloads_the_certificate_in_every_worker(
+    db_url: str, tmp_path: Path
+) -> None:
+    from tests.tlspki import make_pki, write_pair
+
+    pki_dir = tmp_path / "pki"
+    pki_dir.mkdir()
+    pki = make_pki(pki_dir)
+    async with serve(db_url, tmp_path, "--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
+                     "--http-tls", "off") as gw:
+        host, port = gw.port("bson")
+
+        async def served_cn() -> str:
+            _reader, writer = await asyncio.open_connection(host, port, ssl=pki.client())
+            cert = writer.get_extra_info("peercert")
+            writer.close()
+            return str(dict(x[0] for x in cert["subject"]).get("commonName", ""))
+
+        before = {await served_cn() for _ in range(4)}
+        assert "reloaded-by-sighup" not in before
+        write_pair(pki_dir, "server", pki.ca.issue_cert("127.0.0.1", "localhost",
+                                                        common_name="reloaded-by-sighup"))
+        accepted = bson_totals(await gw.status(), "connections_total")
+        gw.proc.send_signal(signal.SIGHUP)
+        await gw.said(r"\[worker 0\].*reloaded TLS certificates")
+        await gw.said(r"\[worker 1\].*reloaded TLS certificates")
+        assert {await served_cn() for _ in range(12)} == {"reloaded-by-sighup"}
+        after = bson_totals(await gw.status(), "connections_total")
+        assert all(a > b for a, b in zip(after, accepted, strict=True)), (accepted, after)
+        assert gw.proc.returncode is None
+
+
+async def test_the_embedded_database_is_started_once_and_never_in_argv() -> None:
+    """No database URL: the supervisor starts and migrates the embedded
+    PostgreSQL once; the workers get its URL (with its password) through the
+    pipe, not their command line or environment.  SIGINT stops it all."""
+    import shutil
+    import tempfile
+
+    # Not tmp_path: the cluster may run as another user (see tests/conftest.py).
+    root = Path(tempfile.mkdtemp(prefix="polyport-workers-pg-", dir="/tmp"))
+    root.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "polyport.gateway.cli", "serve", "--workers", "2",
+        "--data-dir", str(root / "data"), *ALL_PORTS_ZERO,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    served = Served(proc, root / "data", {})
+    served._drain = asyncio.create_task(_drain(proc, served.stderr))
+    try:
+        assert proc.stdout is not None
+        while "http listening on" not in (line := (
+                await asyncio.wait_for(proc.stdout.readline(), 120)).decode()):
+            assert line, "serve exited before listening:\n" + "".join(served.stderr)
+        served.ports = json.loads((root / "data" / "gateway.json").read_text())
+        host, port = served.port("bson")
+        async with await BsonClient.connect(host, port) as c:
+            await c.emit("embedded", "T", {"ok": True})
+        password = (root / "data" / "pg-password").read_text().strip()
+        pids = [w["pid"] for w in (await served.status())["workers"]]
+        for pid in pids:
+            for what in ("cmdline", "environ"):
+                assert password.encode() not in Path(f"/proc/{pid}/{what}").read_bytes(), what
+        assert sum("using the embedded PostgreSQL" in line for line in served.stderr) == 1
+        proc.send_signal(signal.SIGINT)
+        await asyncio.wait_for(proc.wait(), 60)
+        assert proc.returncode == 0, "".join(served.stderr[-20:])
+        assert not (root / "data" / "pgdata" / "postmaster.pid").exists()  # stopped
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await served._drain
+        pg = EmbeddedPostgres(root / "data")
+        if pg.running_port() is not None:  # the test failed before a clean stop
+            pg.owned = True
+            await asyncio.to_thread(pg.stop)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _gone(pid: int) -> bool:
+    """Exited (a zombie nobody reaps counts: it runs no code)."""
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    return "\nState:\tZ" in state
+
+
+async def test_workers_stop_when_the_supervisor_dies(db_url: str, tmp_path: Path) -> None:
+    async with serve(db_url, tmp_path) as gw:
+        pids = [w["pid"] for w in (await gw.status())["workers"]]
+        gw.proc.kill()  # SIGKILL: no chance to stop them itself
+        await gw.proc.wait()
+
+        async def all_gone() -> bool:
+            return all(_gone(pid) for pid in pids)
+
+        await wait_until(all_gone, 60, "orphaned workers to exit")
+    assert sum("the supervisor is gone: stopping" in line for line in gw.stderr) == 2
+
+
+def test_a_port_taken_by_another_program_stops_the_supervisor(
+    db_url: str, tmp_path: Path
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        done = polyport("serve", "--workers", "2", "--database-url", db_url, "--data-dir",
+                        str(tmp_path), *ALL_PORTS_ZERO, "--bson-port", str(busy))
+    assert done.returncode == 1
+    err = done.stderr.strip().splitlines()[-1]
+    assert "--bson-port" in err and "address already in use" in err, done.stderr
+
+    # Res01's port is bound by worker 0: its failure ends the start.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        done = polyport("serve", "--workers", "2", "--database-url", db_url, "--data-dir",
+                        str(tmp_path), *ALL_PORTS_ZERO, "--res01-port", str(busy))
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    [said] = [x for x in done.stderr.splitlines() if "worker 0:" in x]
+    assert "--res01-port" in said and "address already in use" in said, done.stderr
+    assert "while the workers were starting; stopping" in done.stderr
+    assert not (tmp_path / "gateway.json").exists()
+
+
+# --- without processes ------------------------------------------------------------------
+
+
+def test_restart_backoff_doubles_up_to_a_bound() -> None:
+    assert [restart_delay(n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
+    assert restart_delay(50) == 30.0
+
+
+def test_a_worker_role_turns_off_what_is_not_its_own() -> None:
+    from polyport.gateway.config import GatewayConfig
+
+    role = WorkerRole(index=1, count=2, run_dir="/x", database_url="postgresql://u@h/d",
+                      ports={"bson_port": 4000, "http_port": 4001, "res01_port": 4002},
+                      shared=frozenset({"bson"}))
+    config = GatewayConfig(bson_port=0, http_port=0, res01_port=0, segment_port=None)
+    mine = role.apply(config)
+    assert (mine.bson_port, mine.http_port, mine.res01_port) == (4000, None, None)
+    assert mine.database_url == "postgresql://u@h/d"
+    first = WorkerRole(**{**role.__dict__, "index": 0}).apply(config)
+    assert (first.bson_port, first.http_port, first.res01_port) == (4000, 4001, 4002)
+    # A port given explicitly stays what it is; a given database URL too.
+    explicit = role.apply(GatewayConfig(bson_port=7451, database_url="postgresql://a@b/c"))
+    assert explicit.bson_port == 7451 and explicit.database_url == "postgresql://a@b/c"
+
+
+def test_merged_metrics_sum_counters_and_aggregate_gauges_by_kind() -> None:
+    def fams(appended: float, head: float, open_: float) -> list[dict[str, Any]]:
+        return [
+            {"name": "polyport_events_appended", "type": "counter", "help": "", "unit": "",
+             "samples": [["polyport_events_appended_total", {"protocol": "bson"}, appended]]},
+            {"name": "polyport_log_head_position", "type": "gauge", "help": "", "unit": "",
+             "samples": [["polyport_log_head_position", {}, head]]},
+            {"name": "polyport_connections_open", "type": "gauge", "help": "", "unit": "",
+             "samples": [["polyport_connections_open", {"protocol": "bson"}, open_]]},
+        ]
+
+    carried = {("polyport_events_appended", "polyport_events_appended_total",
+                (("protocol", "bson"),)): 5.0}
+    merged = {m.name: m.samples[0].value
+              for m in merge_families([fams(3, 40, 2), fams(4, 42, 1)], carried)}
+    assert "polyport_log_head_position" in GAUGE_MAX
+    assert merged == {"polyport_events_appended": 12.0, "polyport_log_head_position": 42.0,
+                      "polyport_connections_open": 3.0}

@@ -277,9 +277,6 @@ class ServeProcess:
             # the 2,000 idle connections.
             "POLYPORT_MAX_CONNECTIONS_PER_ADDRESS": "0",
             "POLYPORT_MAX_CONNECTIONS": "0",
-            # Res01 answers "writer busy" beyond this many ACs in flight;
-            # W1 has up to 1,000 publishers and W2 1,000 ACs in flight.
-            "POLYPORT_RES01_MAX_IN_FLIGHT_WRITES": "2000",
         }
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "polyport.gateway.cli", "serve",

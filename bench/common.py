@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -195,3 +196,15 @@ def report(title: str, rows: list[tuple[str, float, str]]) -> None:
         print(f"  {name:<{width}}  {value:>12,.2f} {unit}")
     if os.environ.get("POLYPORT_BENCH_JSON"):
         print(json.dumps({name: value for name, value, _ in rows}))
+
+
+async def stop_process(proc: asyncio.subprocess.Process | None, grace: float = 30) -> None:
+    """SIGTERM (a gateway drains), then SIGKILL after ``grace`` seconds."""
+    if proc is None or proc.returncode is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()

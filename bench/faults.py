@@ -41,6 +41,7 @@ from typing import Any
 
 import asyncpg
 
+from bench.common import stop_process
 from polyport.core.migrate import asyncpg_dsn
 from polyport.gateway.config import DEFAULT_PORTS
 from polyport.gateway.embedded_pg import EmbeddedPostgres
@@ -251,13 +252,7 @@ class Gateway:
         await self.proc.wait()
 
     async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 30)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+        await stop_process(self.proc)
 
 
 async def _stored(url: str) -> tuple[Counter[uuid.UUID], dict[str, list[bytes]]]:

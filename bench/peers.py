@@ -49,7 +49,6 @@ import json
 import os
 import resource
 import shutil
-import signal
 import statistics
 import struct
 import sys
@@ -66,7 +65,7 @@ import asyncpg
 import zmq
 import zmq.asyncio
 
-from bench.common import bench_cluster, fresh_database
+from bench.common import bench_cluster, fresh_database, stop_process
 from polyport.core import migrate
 from polyport.gateway.config import DEFAULT_PORTS
 from polyport.gateway.ports_file import read_ports_file
@@ -299,13 +298,7 @@ class ServeProcess:
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 30)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+        await stop_process(self.proc)
 
 
 class NatsServer:

@@ -153,7 +153,7 @@ class GatewayConfig:
     # Res01 (ZeroMQ ROUTER): requests served at once; beyond these the server
     # answers "storage writer busy" (4) for AC and "storage reader busy" (10)
     # for RS/FE/PS/SS instead of queueing.
-    res01_max_in_flight_writes: int = 128
+    res01_max_in_flight_writes: int = 4096
     res01_max_in_flight_reads: int = 64
     bson_query_window: int = 100
     # A commit slower than this is logged (warning).

@@ -20,7 +20,8 @@ import zmq
 import zmq.asyncio
 
 from polyport.core.commands import ReadStream
-from polyport.gateway.config import DEFAULT_PORTS
+from polyport.gateway.app import Gateway
+from polyport.gateway.config import DEFAULT_PORTS, GatewayConfig
 from polyport.protocols.res01 import (
     AppendCommit,
     CommitResult,
@@ -32,7 +33,7 @@ from polyport.protocols.res01 import (
     decode_response,
     encode_request,
 )
-from polyport.protocols.res01.adapter import subscription_name
+from polyport.protocols.res01.adapter import Res01Limits, limits_from, subscription_name
 from polyport.protocols.res01.client import Res01Client, Res01ServerError, new_event
 from polyport.protocols.res01.values import encode_datetime
 from tests.pg import HEAD_LOCK, SUBSCRIPTION_LOCK, row_locked
@@ -723,3 +724,9 @@ async def test_peers_are_bounded_and_a_forgotten_one_is_served_again(gateway_fac
         for client in clients:
             await client.close()
     assert len(listener.peers) == 2
+
+
+def test_the_gateways_defaults_are_the_listeners() -> None:
+    # The gateway passes every key explicitly, so a default changed on one
+    # side only (as Res01's in-flight writes once were) would be overridden.
+    assert limits_from(Gateway(GatewayConfig()).settings) == Res01Limits()

@@ -132,3 +132,4 @@ def test_assembler_keeps_no_more_than_the_limits_of_an_oversized_message(
     for i, f in enumerate(ok):
         received = assembler.add(f, i < len(ok) - 1)
     assert received is not None and received.error is None and received.frames == ok
+

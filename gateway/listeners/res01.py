@@ -315,7 +315,7 @@ class Res01Listener:
         # DONTWAIT recv): awaiting each part cost a future and a trip round
         # the loop per part, 44 % of the gateway's samples in a pipelined
         # Res01 bench.  Only an empty queue is awaited.
-        shadow = zmq.Socket.shadow(sock.underlying)
+        shadow: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
         taken = 0
         while True:
             try:

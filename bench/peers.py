@@ -65,7 +65,7 @@ import asyncpg
 import zmq
 import zmq.asyncio
 
-from bench.common import bench_cluster, fresh_database, stop_process
+from bench.common import bench_cluster, fresh_database, percentile, stop_process
 from polyport.core import migrate
 from polyport.gateway.config import DEFAULT_PORTS
 from polyport.gateway.ports_file import read_ports_file
@@ -1006,9 +1006,7 @@ async def w3(env: Env, meter: Meter, system: str, seconds: float, rate: int = RA
         await feeder.close()
     if not latencies:
         raise BenchError("no event was received")
-    ordered = sorted(latencies)
-    return Latency(ordered[len(ordered) // 2],
-                   ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+    return Latency(percentile(latencies, 0.5), percentile(latencies, 0.99),
                    total - len(latencies))
 
 

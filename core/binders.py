@@ -174,7 +174,7 @@ class BinderQuery:
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         for i in range(0, len(self._keys), QUERY_PAGE):
             page = self._keys[i : i + QUERY_PAGE]
-            rows = await self._service._pool.fetch(sql.GET_BINDER_DOCUMENTS, self.binder, page)
+            rows = await self._service._db.fetch(sql.GET_BINDER_DOCUMENTS, self.binder, page)
             docs = {r["key"]: json.loads(r["document"]) for r in rows}
             for key in page:
                 if key in docs:
@@ -184,7 +184,7 @@ class BinderQuery:
 class BinderService:
     def __init__(self, store: EventStore, *, run_projector: bool = True) -> None:
         self._store = store
-        self._pool: Db = store.db
+        self._db: Db = store.db
         self._run_projector = run_projector
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -217,7 +217,7 @@ class BinderService:
             raise Malformed("binder name must not be empty")
         if fold not in FOLDS:
             raise Malformed(f"fold must be one of {', '.join(FOLDS)}, not {fold!r}")
-        made = await self._pool.fetchval(
+        made = await self._db.fetchval(
             sql.CREATE_BINDER, name, context, stream_prefix, types or None, fold
         )
         if made is None:
@@ -226,16 +226,16 @@ class BinderService:
         return await self.get(name)
 
     async def get(self, name: str) -> BinderSpec:
-        row = await self._pool.fetchrow(sql.GET_BINDER, name)
+        row = await self._db.fetchrow(sql.GET_BINDER, name)
         if row is None:
             raise NotFound(f"no binder named {name!r}")
         return spec_from_row(row)
 
     async def list(self) -> list[BinderSpec]:
-        return [spec_from_row(r) for r in await self._pool.fetch(sql.LIST_BINDERS)]
+        return [spec_from_row(r) for r in await self._db.fetch(sql.LIST_BINDERS)]
 
     async def drop(self, name: str) -> None:
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._db.acquire() as conn, conn.transaction():
             await conn.execute(sql.CLEAR_BINDER_DOCUMENTS, name)
             await conn.execute(sql.CLEAR_BINDER_ERRORS, name)
             if await conn.fetchval(sql.DROP_BINDER, name) is None:
@@ -243,7 +243,7 @@ class BinderService:
 
     async def rebuild(self, name: str) -> None:
         """Recompute from the whole log (the projector refills it)."""
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._db.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(sql.GET_BINDER, name)
             if row is None:
                 raise NotFound(f"no binder named {name!r}")
@@ -269,7 +269,7 @@ class BinderService:
         keys: list[str] = []
         after = ""
         while True:
-            rows = await self._pool.fetch(sql.SCAN_BINDER_DOCUMENTS, name, after, QUERY_PAGE)
+            rows = await self._db.fetch(sql.SCAN_BINDER_DOCUMENTS, name, after, QUERY_PAGE)
             for r in rows:
                 doc = json.loads(r["document"])
                 if predicate({"_id": r["key"], **doc}):
@@ -315,7 +315,7 @@ class BinderService:
 
     async def project_once(self, name: str) -> bool:
         """Apply the next batch of events to one binder; True if more may follow."""
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._db.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(sql.LOCK_BINDER, name)
             if row is None:
                 return False  # dropped, or another process is on it

@@ -139,25 +139,25 @@ class ParkedEvent:
 class Parking:
     """The database side of settings and parked events."""
 
-    def __init__(self, pool: Db) -> None:
-        self._pool = pool
+    def __init__(self, db: Db) -> None:
+        self._db = db
 
     async def settings(self, context: str, name: str) -> tuple[int, SubscriptionSettings]:
         """(subscription id, settings) of the durable subscription ``name``
         in ``context``."""
-        row = await self._pool.fetchrow(sql.SUBSCRIPTION_SETTINGS, context, name)
+        row = await self._db.fetchrow(sql.SUBSCRIPTION_SETTINGS, context, name)
         if row is None:
             raise NotFound(f"no subscription named {name!r} in context {context!r}")
         return int(row["id"]), SubscriptionSettings.from_json(json.loads(row["settings"]))
 
     async def set_settings(self, sub_id: int, settings: SubscriptionSettings) -> None:
-        await self._pool.execute(
+        await self._db.execute(
             sql.SET_SUBSCRIPTION_SETTINGS, sub_id, json.dumps(settings.as_json())
         )
 
     async def state(self) -> dict[int, tuple[SubscriptionSettings, int]]:
         """Settings and parked count of every subscription, by id."""
-        rows = await self._pool.fetch(sql.PERSISTENT_STATE)
+        rows = await self._db.fetch(sql.PERSISTENT_STATE)
         return {
             int(r["id"]): (SubscriptionSettings.from_json(json.loads(r["settings"])),
                            int(r["parked"]))
@@ -166,17 +166,17 @@ class Parking:
 
     async def parked_counts(self) -> dict[tuple[str, str], int]:
         """Parked events by subscription (context, name), those with any."""
-        rows = await self._pool.fetch(sql.PARKED_BY_NAME)
+        rows = await self._db.fetch(sql.PARKED_BY_NAME)
         return {(r["context"], r["name"]): int(r["parked"]) for r in rows}
 
     async def park(self, sub_id: int, position: int, retries: int, reason: str) -> None:
-        await self._pool.execute(sql.PARK_EVENT, sub_id, position, retries, reason)
+        await self._db.execute(sql.PARK_EVENT, sub_id, position, retries, reason)
 
     async def unpark(self, sub_id: int, position: int) -> None:
-        await self._pool.execute(sql.UNPARK_EVENT, sub_id, position)
+        await self._db.execute(sql.UNPARK_EVENT, sub_id, position)
 
     async def parked(self, sub_id: int, limit: int = PARKED_LIST_LIMIT) -> list[ParkedEvent]:
-        rows = await self._pool.fetch(sql.LIST_PARKED, sub_id, limit)
+        rows = await self._db.fetch(sql.LIST_PARKED, sub_id, limit)
         return [
             ParkedEvent(
                 position=r["position"], context=r["context"], stream=r["stream"],
@@ -188,11 +188,11 @@ class Parking:
 
     async def request_replay(self, sub_id: int) -> int:
         """Mark every parked event of the subscription for replay; how many."""
-        status = await self._pool.execute(sql.REQUEST_REPLAY, sub_id)
+        status = await self._db.execute(sql.REQUEST_REPLAY, sub_id)
         return int(status.split()[-1])
 
     async def replay_due(self, sub_id: int, limit: int = REPLAY_BATCH) -> list[RecordedEvent]:
-        rows = await self._pool.fetch(sql.REPLAY_DUE, sub_id, limit)
+        rows = await self._db.fetch(sql.REPLAY_DUE, sub_id, limit)
         return [record_from_row(r) for r in rows]
 
     async def fetch_replay_due(
@@ -200,12 +200,12 @@ class Parking:
     ) -> list[RecordedEvent]:
         """A fetch subscription's replay-marked events at or before its
         checkpoint, oldest first."""
-        rows = await self._pool.fetch(sql.FETCH_REPLAY_DUE, sub_id, checkpoint, limit)
+        rows = await self._db.fetch(sql.FETCH_REPLAY_DUE, sub_id, checkpoint, limit)
         return [record_from_row(r) for r in rows]
 
     async def count_fetch_attempt(self, sub_id: int, batch_end: int) -> int:
         """One more fetch of the batch ending at ``batch_end``: how many so far."""
-        return int(await self._pool.fetchval(sql.COUNT_FETCH_ATTEMPT, sub_id, batch_end))
+        return int(await self._db.fetchval(sql.COUNT_FETCH_ATTEMPT, sub_id, batch_end))
 
     async def reset_fetch_attempts(self, sub_id: int) -> None:
-        await self._pool.execute(sql.RESET_FETCH_ATTEMPTS, sub_id)
+        await self._db.execute(sql.RESET_FETCH_ATTEMPTS, sub_id)

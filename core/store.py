@@ -49,7 +49,6 @@ from polyport.core.migrate import asyncpg_dsn
 from polyport.core.monitor import Monitor
 from polyport.core.parking import ParkedEvent, Parking, SubscriptionSettings, start_from_json
 from polyport.core.records import record_from_row
-from polyport.core.retry import CONNECTION_LOST
 from polyport.core.subscriptions import Subscription, Tailer
 from polyport.core.users import UserService
 from polyport.core.writer import Writer, WriterLimits
@@ -330,7 +329,7 @@ class EventStore:
                     raise Timeout(
                         f"read took longer than {self.config.read_timeout:.0f}s", reader=True
                     ) from None
-                except (asyncpg.PostgresError, *CONNECTION_LOST) as exc:
+                except asyncpg.PostgresError as exc:  # a lost connection: Db raised it already
                     raise StorageUnavailable(f"read failed: {exc}") from exc
         finally:
             self._waiting_reads -= 1

@@ -177,13 +177,13 @@ class LoginThrottle:
 class UserService:
     def __init__(
         self,
-        pool: Db,
+        db: Db,
         *,
         allow_anonymous: bool,
         anonymous_contexts: tuple[str, ...] = DEFAULT_ANONYMOUS_CONTEXTS,
         throttle: LoginThrottle | None = None,
     ) -> None:
-        self._pool = pool
+        self._db = db
         self.allow_anonymous = allow_anonymous
         self.anonymous = anonymous_principal(anonymous_contexts)
         self.throttle = throttle or LoginThrottle()
@@ -201,7 +201,7 @@ class UserService:
         if delay > 0:
             self.throttle.delayed_total += 1
             await asyncio.sleep(delay)
-        row = await self._pool.fetchrow(sql.GET_USER, user)
+        row = await self._db.fetchrow(sql.GET_USER, user)
         # Unknown users are checked against a hash of the same cost.
         stored = row["password_hash"] if row else dummy_hash()
         ok = await asyncio.get_running_loop().run_in_executor(
@@ -216,7 +216,7 @@ class UserService:
     async def principal_for(self, user: str) -> Principal:
         """The principal of a user who proved who they are another way (a
         client certificate, a CURVE key): no password is checked here."""
-        row = await self._pool.fetchrow(sql.GET_USER, user)
+        row = await self._db.fetchrow(sql.GET_USER, user)
         if row is None:
             self.throttle.failed(None)
             raise Unauthenticated(f"no user {user!r} for this credential")
@@ -233,22 +233,22 @@ class UserService:
         if not name:
             raise Malformed("user name must not be empty")
         hashed = await asyncio.get_running_loop().run_in_executor(None, hash_password, password)
-        await self._pool.execute(sql.UPSERT_USER, name, hashed, default_context, contexts)
+        await self._db.execute(sql.UPSERT_USER, name, hashed, default_context, contexts)
 
     async def set_password(self, name: str, password: str) -> None:
         hashed = await asyncio.get_running_loop().run_in_executor(None, hash_password, password)
-        if await self._pool.fetchval(sql.SET_USER_PASSWORD, name, hashed) is None:
+        if await self._db.fetchval(sql.SET_USER_PASSWORD, name, hashed) is None:
             raise NotFound(f"no user {name!r}")
 
     async def set_contexts(
         self, name: str, contexts: list[str] | None, default_context: str | None = None
     ) -> None:
-        changed = await self._pool.fetchval(sql.SET_USER_CONTEXTS, name, contexts, default_context)
+        changed = await self._db.fetchval(sql.SET_USER_CONTEXTS, name, contexts, default_context)
         if changed is None:
             raise NotFound(f"no user {name!r}")
 
     async def list(self) -> list[UserInfo]:
-        rows = await self._pool.fetch(sql.LIST_USERS)
+        rows = await self._db.fetch(sql.LIST_USERS)
         return [
             UserInfo(
                 r["name"],
@@ -263,22 +263,22 @@ class UserService:
 
     async def add_curve_key(self, name: str, public_key: str) -> None:
         """Map a client's CURVE public key (Z85) to user ``name``."""
-        if await self._pool.fetchval(sql.ADD_CURVE_KEY, public_key, name) is None:
+        if await self._db.fetchval(sql.ADD_CURVE_KEY, public_key, name) is None:
             raise NotFound(f"no user {name!r}")
 
     async def curve_key_user(self, public_key: str) -> str | None:
         """The user a CURVE public key (Z85) belongs to, or None."""
-        user: str | None = await self._pool.fetchval(sql.CURVE_KEY_USER, public_key)
+        user: str | None = await self._db.fetchval(sql.CURVE_KEY_USER, public_key)
         return user
 
     async def curve_keys(self) -> tuple[dict[str, Any], ...]:
-        rows = await self._pool.fetch(sql.LIST_CURVE_KEYS)
+        rows = await self._db.fetch(sql.LIST_CURVE_KEYS)
         return tuple(dict(r) for r in rows)
 
     async def remove_curve_key(self, public_key: str) -> None:
-        if await self._pool.fetchval(sql.DELETE_CURVE_KEY, public_key) is None:
+        if await self._db.fetchval(sql.DELETE_CURVE_KEY, public_key) is None:
             raise NotFound(f"no CURVE key {public_key!r}")
 
     async def remove(self, name: str) -> None:
-        if await self._pool.fetchval(sql.DELETE_USER, name) is None:
+        if await self._db.fetchval(sql.DELETE_USER, name) is None:
             raise NotFound(f"no user {name!r}")

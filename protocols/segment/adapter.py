@@ -405,20 +405,15 @@ class SegmentSession:
             except RemoteProtocolError as exc:
                 await self._fail(exc.reply(), exc.code)
                 return
-            except LocalProtocolError as exc:
-                # Our own bug, not the client's: logged as such and answered
-                # ``internal``, never with the code a peer fault would get.
-                self._log.exception("segment: append on %r failed", segment)
-                code = Internal.code
-                await self._fail(error_reply(code, exc.message, segment=segment), code)
-                return
             except PolyportError as exc:
                 self._log.info("segment append on %r failed: %s", segment, exc.message)
                 await self._fail(error_reply(exc.code, exc.message, segment=segment), exc.code)
                 return
             except Exception as exc:  # noqa: BLE001 - the connection fails, never silently
-                # Were this task to end quietly, the client would wait for
-                # acks with the connection still open.
+                # Our own bug (a LocalProtocolError, or anything unexpected),
+                # not the client's: logged as such and answered ``internal``,
+                # never with the code a peer fault would get.  Were this task
+                # to end quietly, the client would wait for acks forever.
                 self._log.exception("segment: append on %r failed", segment)
                 code = Internal.code
                 await self._fail(error_reply(code, f"append failed: {exc}", segment=segment), code)

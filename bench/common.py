@@ -26,6 +26,7 @@ import asyncpg
 
 from polyport.core import migrate, sql
 from polyport.gateway.embedded_pg import EmbeddedPostgres
+from polyport.gateway.ports_file import read_ports_file
 
 _db_counter = itertools.count()
 
@@ -208,3 +209,26 @@ async def stop_process(proc: asyncio.subprocess.Process | None, grace: float = 3
     except TimeoutError:
         proc.kill()
         await proc.wait()
+
+
+class ServeFailed(RuntimeError):
+    """``polyport serve`` exited, or did not listen in time."""
+
+
+async def wait_listening(
+    proc: asyncio.subprocess.Process, data_dir: Path, timeout: float = 120
+) -> dict[str, tuple[str, int]]:
+    """The listeners of ``polyport serve`` (name -> host, port) once the
+    gateway.json in ``data_dir`` names ``proc``: an older file from an earlier
+    process on that directory is not taken for it."""
+    started = time.monotonic()
+    while True:
+        data = read_ports_file(str(data_dir))
+        if data is not None and data.get("pid") == proc.pid:
+            return {n: (li["host"], int(li["port"])) for n, li in data["listeners"].items()}
+        if proc.returncode is not None:
+            raise ServeFailed(f"polyport serve exited with code {proc.returncode} "
+                              "before listening (its error is above)")
+        if time.monotonic() - started > timeout:
+            raise ServeFailed(f"polyport serve did not listen within {timeout:.0f} s")
+        await asyncio.sleep(0.05)

@@ -41,7 +41,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import stop_process
+from bench.common import stop_process, wait_listening
 from polyport.core.migrate import asyncpg_dsn
 from polyport.gateway.config import DEFAULT_PORTS
 from polyport.gateway.embedded_pg import EmbeddedPostgres
@@ -233,15 +233,8 @@ class Gateway:
             env={**os.environ, "POLYPORT_LOG_LEVEL": "warning",
                  **({"POLYPORT_DATABASE_URL": self.database_url} if self.database_url else {})},
         )
-        while True:
-            data = read_ports_file(str(self.data_dir))
-            if data is not None and data.get("pid") == self.proc.pid:
-                return time.monotonic() - started
-            if self.proc.returncode is not None:
-                raise RuntimeError(f"polyport serve exited with {self.proc.returncode}")
-            if time.monotonic() - started > 120:
-                raise RuntimeError("polyport serve did not listen within 120 s")
-            await asyncio.sleep(0.05)
+        await wait_listening(self.proc, self.data_dir)
+        return time.monotonic() - started
 
     def ports(self) -> dict[str, tuple[str, int]] | None:
         return _ports(self.data_dir)

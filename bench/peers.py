@@ -65,10 +65,16 @@ import asyncpg
 import zmq
 import zmq.asyncio
 
-from bench.common import bench_cluster, fresh_database, percentile, stop_process
+from bench.common import (
+    ServeFailed,
+    bench_cluster,
+    fresh_database,
+    percentile,
+    stop_process,
+    wait_listening,
+)
 from polyport.core import migrate
 from polyport.gateway.config import DEFAULT_PORTS
-from polyport.gateway.ports_file import read_ports_file
 from polyport.protocols.bson.client import BsonClient
 from polyport.protocols.micromsg2.client import MicroMsg2Client
 from polyport.protocols.reactive.client import NewEvent
@@ -283,19 +289,7 @@ class ServeProcess:
             "--host", "127.0.0.1", "--http-port", "off", *ports, *workers,
             stdout=asyncio.subprocess.DEVNULL, env=env, cwd=REPO,
         )
-        started = time.monotonic()
-        while True:
-            data = read_ports_file(str(self.data_dir))
-            if data is not None and data.get("pid") == self.proc.pid:
-                self.ports = {n: (li["host"], int(li["port"]))
-                              for n, li in data["listeners"].items()}
-                return
-            if self.proc.returncode is not None:
-                raise BenchError(f"polyport serve exited with code {self.proc.returncode} "
-                                 "before listening (its error is above)")
-            if time.monotonic() - started > 120:
-                raise BenchError("polyport serve did not listen within 120 s")
-            await asyncio.sleep(0.05)
+        self.ports = await wait_listening(self.proc, self.data_dir)
 
     async def stop(self) -> None:
         await stop_process(self.proc)
@@ -1201,7 +1195,7 @@ def rss_table(rows: list[RssResult], errors: dict[str, str]) -> None:
 
 def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if isinstance(exc, BenchError):
+    if isinstance(exc, BenchError | ServeFailed):  # messages written for the reader
         return text
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

@@ -416,7 +416,9 @@ class SegmentSession:
                 # to end quietly, the client would wait for acks forever.
                 self._log.exception("segment: append on %r failed", segment)
                 code = Internal.code
-                await self._fail(error_reply(code, f"append failed: {exc}", segment=segment), code)
+                detail = (exc.message if isinstance(exc, LocalProtocolError)
+                          else f"append failed: {exc}")
+                await self._fail(error_reply(code, detail, segment=segment), code)
                 return
 
     async def _setup(self, frame: SetupAppend) -> None:

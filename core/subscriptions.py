@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from itertools import islice
 
 import asyncpg
 
@@ -40,6 +42,15 @@ CATCH_UP_BATCH = 500
 # A catching-up subscription reads once this much of its buffer is free.
 CATCH_UP_MIN_ROOM = 250
 TAIL_BATCH = 500
+# The tailer keeps the newest events it fanned out, so a subscription a little
+# behind the head joins the live feed from memory, without an await between
+# its last event and the join.  Catching up by database reads alone never
+# joined under steady load: each read took longer than the next event took to
+# arrive, so the subscriber stayed a round trip behind (W3 in bench peers).
+RECENT_EVENTS = 4096
+RECENT_BYTES = 8 << 20
+# What an event costs in the ring beyond its body (object, headers, strings).
+_RECENT_OVERHEAD = 256
 
 
 class Subscription(BufferedReader):
@@ -104,6 +115,11 @@ class Subscription(BufferedReader):
             if self.cursor >= upper:
                 self._tailer.join(self)
                 return
+            before = self.cursor
+            if self._tailer.join_from_recent(self):
+                return
+            if self.cursor != before:
+                continue  # filled from memory up to a full buffer
             # Retried until the database answers: a catch-up that ended on a
             # failure would leave its subscriber waiting forever.
             async for attempt in reconnecting(self._tailer.catch_up_outage, any_error=True):
@@ -129,6 +145,24 @@ class Subscription(BufferedReader):
         if _safe_match(self.selector, ev):
             self._buffer.append(ev)
             self._readable.set()
+
+    def fill(self, events: deque[RecordedEvent], start: int) -> bool:
+        """Take ``events[start:]`` (contiguous positions, the first one right
+        after ``cursor``) as :meth:`offer` would; False when the buffer filled
+        first.  Never awaits."""
+        appended = False
+        complete = True
+        for ev in islice(events, start, None):
+            if len(self._buffer) >= self._limit:
+                complete = False
+                break
+            self.cursor = ev.position
+            if _safe_match(self.selector, ev):
+                self._buffer.append(ev)
+                appended = True
+        if appended:
+            self._readable.set()
+        return complete
 
 
 def _safe_match(selector: Selector, ev: RecordedEvent) -> bool:
@@ -161,6 +195,9 @@ class Tailer:
         self.last_time: datetime | None = None
         self._known_head = 0
         self._live: set[Subscription] = set()
+        # Contiguous positions ending at ``head`` (or empty): see RECENT_EVENTS.
+        self._recent: deque[RecordedEvent] = deque()
+        self._recent_bytes = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._listen_conn: asyncpg.Connection | None = None
@@ -213,7 +250,7 @@ class Tailer:
             if not self._live and not self.listeners and not self.on_advance:
                 # Nobody to feed or tell: move the head here rather than wake
                 # the tailer task once per commit (what _advance would do).
-                self.head = position
+                self._move_head(position)
                 return
             self._wake.set()
 
@@ -226,6 +263,37 @@ class Tailer:
     def leave(self, sub: Subscription) -> None:
         sub.live = False
         self._live.discard(sub)
+
+    def join_from_recent(self, sub: Subscription) -> bool:
+        """Hand ``sub`` the remembered events after its cursor and join it to
+        the live set, all without awaiting; False when memory does not reach
+        back to its cursor or its buffer filled first."""
+        recent = self._recent
+        if sub.closed or not recent or sub.cursor >= self.head:
+            return False
+        start = sub.cursor + 1 - recent[0].position
+        if start < 0:
+            return False
+        if not sub.fill(recent, start):
+            return False
+        self.join(sub)
+        return True
+
+    def _remember(self, ev: RecordedEvent) -> None:
+        if self._recent and self._recent[-1].position != ev.position - 1:
+            self._move_head(ev.position - 1)  # keep the positions contiguous
+        self._recent.append(ev)
+        self._recent_bytes += len(ev.body) + _RECENT_OVERHEAD
+        while len(self._recent) > RECENT_EVENTS or self._recent_bytes > RECENT_BYTES:
+            old = self._recent.popleft()
+            self._recent_bytes -= len(old.body) + _RECENT_OVERHEAD
+
+    def _move_head(self, position: int) -> None:
+        """The head moves without the events being read: what is remembered
+        no longer ends at the head."""
+        self.head = position
+        self._recent.clear()
+        self._recent_bytes = 0
 
     async def read_selected(
         self, selector: Selector, after: int, upper: int, limit: int
@@ -278,7 +346,7 @@ class Tailer:
                 self.health.ok()
             if not self._live and not self.listeners:
                 if known > self.head:
-                    self.head = known
+                    self._move_head(known)
                     await self._advanced()
                 return
         while True:
@@ -292,6 +360,7 @@ class Tailer:
                     sub.offer(ev)
                 for listener in self.listeners:
                     listener(ev)
+                self._remember(ev)
                 self.head = ev.position
                 self.last_time = ev.recorded_at
             await self._advanced()

@@ -256,3 +256,111 @@ async def test_a_subscriber_behind_catches_up_in_batches(store: EventStore) -> N
     # One read per emptied buffer of 50 (plus the last, empty one), not ~550.
     assert reads <= 600 // 50 + 2, reads
     sub.close()
+
+
+def _count_reads(store: EventStore) -> list[int]:
+    reads = [0]
+    real = store.tailer.read_selected
+
+    async def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        reads[0] += 1
+        return await real(*args, **kwargs)
+
+    store.tailer.read_selected = counted  # type: ignore[method-assign]
+    return reads
+
+
+async def test_a_subscriber_just_behind_joins_live_from_memory(store: EventStore) -> None:
+    """Events the tailer fanned out recently are served from memory: the new
+    subscription joins the live feed without a database read."""
+    live = await store.subscribe(Subscribe(Selector(context="default", stream="recent")))
+    await store.append(append("recent", *(ev(i) for i in range(100))))
+    await collect(live, 100)
+    reads = _count_reads(store)
+    late = await store.subscribe(
+        Subscribe(Selector(context="default", stream="recent"), start=FromVersion(41))
+    )
+    got = await collect(late, 60)
+    assert [e.version for e in got] == list(range(41, 101))
+    assert reads[0] == 0
+    assert late.live  # type: ignore[attr-defined]
+    await store.append(append("recent", ev(100)))
+    nxt = await late.next(5)
+    assert nxt is not None and nxt.version == 101
+    live.close()
+    late.close()
+
+
+async def test_catching_up_under_steady_appends_reaches_the_live_feed(store: EventStore) -> None:
+    """Appends keep arriving while a subscription catches up: it still joins
+    the live feed (by database reads slower than the appends it stayed a
+    round trip behind for ever) and sees
+    every event once, in order."""
+    live = await store.subscribe(Subscribe(Selector(context="default", stream="steady")))
+    stop = asyncio.Event()
+    warmed = asyncio.Event()
+    appended = 0
+
+    async def keep_appending() -> None:
+        nonlocal appended
+        while not stop.is_set():
+            await store.append(append("steady", ev(appended)))
+            appended += 1
+            if appended == 20:
+                warmed.set()
+
+    real = store.tailer.read_selected
+
+    async def slow_read(*args, **kwargs):  # type: ignore[no-untyped-def]
+        # A database read slower than events arrive, as under load.
+        await asyncio.sleep(0.05)
+        return await real(*args, **kwargs)
+
+    store.tailer.read_selected = slow_read  # type: ignore[method-assign]
+    writer = asyncio.create_task(keep_appending())
+    try:
+        await asyncio.wait_for(warmed.wait(), 10)
+        sub = await store.subscribe(
+            Subscribe(Selector(context="default", stream="steady"), start=BEGINNING)
+        )
+        versions = []
+        async with asyncio.timeout(10):
+            while not sub.live:  # type: ignore[attr-defined]
+                e = await sub.next(5)
+                assert e is not None
+                versions.append(e.version)
+    finally:
+        stop.set()
+        await writer
+    versions += [e.version for e in await collect(sub, appended - len(versions))]
+    assert versions == list(range(1, appended + 1))
+    live.close()
+    sub.close()
+
+
+async def test_remembered_events_stay_bounded(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import polyport.core.subscriptions as subs
+
+    monkeypatch.setattr(subs, "RECENT_EVENTS", 50)
+    monkeypatch.setattr(subs, "RECENT_BYTES", 30 * (subs._RECENT_OVERHEAD + 1000))
+    live = await store.subscribe(Subscribe(Selector(context="default", stream="ring")))
+    await store.append(append("ring", *(ev(i) for i in range(80))))
+    await collect(live, 80)
+    recent = store.tailer._recent
+    assert len(recent) == 50
+    await store.append(append("ring", *(ev(i, body=b"x" * 1000) for i in range(80, 120))))
+    await collect(live, 40)
+    assert len(recent) <= 30
+    positions = [e.position for e in recent]
+    assert positions == list(range(positions[0], store.tailer.head + 1))
+    # Older than memory reaches: read from the database, then memory, no gap.
+    reads = _count_reads(store)
+    old = await store.subscribe(
+        Subscribe(Selector(context="default", stream="ring"), start=BEGINNING)
+    )
+    assert [e.version for e in await collect(old, 120)] == list(range(1, 121))
+    assert reads[0] >= 1
+    live.close()
+    old.close()

@@ -253,10 +253,10 @@ class EventStore:
         if self.on_append is not None:
             self.on_append(sum(len(a.events) for a in appends))
 
-    def _committed(self, position: int) -> None:
+    def _committed(self, base: int, t0: datetime, rows: list[tuple[Any, ...]]) -> None:
         self._health.ok()
-        self.tailer.notify(position)
-        self._notify_latest = position
+        self.tailer.committed(base, t0, rows)
+        self._notify_latest = base + len(rows)
         self._notify_wake.set()
 
     async def _notifier(self) -> None:

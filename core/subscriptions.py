@@ -17,9 +17,10 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from itertools import islice
+from typing import Any
 
 import asyncpg
 
@@ -51,6 +52,7 @@ RECENT_EVENTS = 4096
 RECENT_BYTES = 8 << 20
 # What an event costs in the ring beyond its body (object, headers, strings).
 _RECENT_OVERHEAD = 256
+_ONE_MICROSECOND = timedelta(microseconds=1)
 
 
 class Subscription(BufferedReader):
@@ -202,7 +204,7 @@ class Tailer:
         self._task: asyncio.Task[None] | None = None
         self._listen_conn: asyncpg.Connection | None = None
         self.listeners: list[Callable[[RecordedEvent], None]] = []
-        self.on_advance: list[Callable[[int], Awaitable[None] | None]] = []
+        self.on_advance: list[Callable[[int], None]] = []
 
     @property
     def live_count(self) -> int:
@@ -253,6 +255,34 @@ class Tailer:
                 self._move_head(position)
                 return
             self._wake.set()
+
+    def committed(self, base: int, t0: datetime, rows: Sequence[tuple[Any, ...]]) -> None:
+        """This process's writer committed ``rows`` (the planner's row
+        layout) at positions ``base + 1 …``, the first recorded at ``t0``.
+
+        When they follow the head directly, they are fanned out from memory
+        with what the database would have returned: no read back, and no
+        task switch between the commit and the subscribers.  Otherwise
+        (another process committed in between) the tailer reads the range."""
+        last = base + len(rows)
+        if base != self.head or not (self._live or self.listeners):
+            self.notify(last)
+            return
+        for i, r in enumerate(rows):
+            ev = _recorded(base + i + 1, t0 + i * _ONE_MICROSECOND, r)
+            self._fan_out(ev)
+        if last > self._known_head:
+            self._known_head = last
+        self._advanced()
+
+    def _fan_out(self, ev: RecordedEvent) -> None:
+        for sub in list(self._live):
+            sub.offer(ev)
+        for listener in self.listeners:
+            listener(ev)
+        self._remember(ev)
+        self.head = ev.position
+        self.last_time = ev.recorded_at
 
     def join(self, sub: Subscription) -> None:
         if sub.closed:
@@ -347,7 +377,7 @@ class Tailer:
             if not self._live and not self.listeners:
                 if known > self.head:
                     self._move_head(known)
-                    await self._advanced()
+                    self._advanced()
                 return
         while True:
             rows = await self._pool.fetch(sql.READ_ALL_AFTER, self.head, TAIL_BATCH)
@@ -355,20 +385,43 @@ class Tailer:
             if not rows:
                 return
             for row in rows:
-                ev = record_from_row(row)
-                for sub in list(self._live):
-                    sub.offer(ev)
-                for listener in self.listeners:
-                    listener(ev)
-                self._remember(ev)
-                self.head = ev.position
-                self.last_time = ev.recorded_at
-            await self._advanced()
+                if row["position"] <= self.head:
+                    continue  # fanned out from memory while this read ran
+                self._fan_out(record_from_row(row))
+            self._advanced()
             if len(rows) < TAIL_BATCH:
                 return
 
-    async def _advanced(self) -> None:
+    def _advanced(self) -> None:
         for cb in self.on_advance:
-            r = cb(self.head)
-            if r is not None:
-                await r
+            cb(self.head)
+
+
+def _jsonb_order(headers: dict[str, str]) -> dict[str, str]:
+    """Headers in the key order a jsonb object comes back in (shorter keys
+    first, then bytewise), so events fanned out from memory look exactly like
+    the same events read from the database."""
+    if len(headers) < 2:
+        return dict(headers)
+    return dict(sorted(headers.items(), key=lambda kv: (len(kv[0].encode()), kv[0].encode())))
+
+
+def _recorded(position: int, recorded_at: datetime, r: tuple[Any, ...]) -> RecordedEvent:
+    (event_id, context, stream, version, type_, headers, body, content_type, client_time,
+     origin, segment_offset) = r
+    return RecordedEvent(
+        position=position,
+        event_id=event_id,
+        context=context,
+        stream=stream,
+        version=version,
+        type=type_,
+        headers=_jsonb_order(headers),
+        body=body,
+        content_type=content_type,
+        # Stored as timestamptz: read back in UTC.
+        client_time=None if client_time is None else client_time.astimezone(UTC),
+        recorded_at=recorded_at,
+        origin=origin,
+        segment_offset=segment_offset,
+    )

@@ -108,7 +108,9 @@ class Writer:
         pool: asyncpg.Pool,
         dsn: str,
         limits: WriterLimits | None = None,
-        on_commit: Callable[[int], None] | None = None,
+        # Told of each commit that wrote events: (base position, first
+        # recorded_at, the rows as planned), in commit order.
+        on_commit: Callable[[int, datetime, list[tuple[Any, ...]]], None] | None = None,
         health: Health | None = None,
     ) -> None:
         self._pool = pool
@@ -671,7 +673,7 @@ class Writer:
             else:
                 settle.append((p.future, [r.resolve(base, t0) for r in outcome]))
         if n and self._on_commit is not None:
-            self._on_commit(base + n)
+            self._on_commit(base, t0, plan.rows)
 
 
 _FAST_APPEND = {

@@ -364,3 +364,32 @@ async def test_remembered_events_stay_bounded(
     assert reads[0] >= 1
     live.close()
     old.close()
+
+
+async def test_live_events_from_memory_equal_the_stored_ones(store: EventStore) -> None:
+    """Live subscribers get this process's commits without a read back: each
+    must equal what the database returns for it, field by field (headers in
+    jsonb's key order, client time in UTC, recorded_at to the microsecond)."""
+    from datetime import datetime, timedelta, timezone
+
+    from polyport.core.commands import ReadStream
+    from polyport.core.events import EventData
+
+    reads = _count_reads(store)
+    live = await store.subscribe(Subscribe(Selector(context="default", stream="same")))
+    plus2 = timezone(timedelta(hours=2))
+    events = [
+        EventData("a", b"\x00\xff", headers={"zz": "1", "a": "2", "bb": "3", "\u00e9": "4"},
+                  client_time=datetime(2020, 5, 1, 12, 0, 0, 123456, tzinfo=plus2)),
+        EventData("b", b"{}", content_type="application/json"),
+        EventData("c", b"x", headers={"k": "v"}, client_time=datetime(2021, 1, 1)),
+    ]
+    await store.append(append("same", *events))
+    await store.append(append("same", ev(3)))
+    got = await collect(live, 4)
+    assert reads[0] == 0  # straight from the commit, no catch-up read
+    stored = await store.read_stream(ReadStream(context="default", stream="same"))
+    assert got == list(stored)
+    assert [list(e.headers) for e in got] == [list(e.headers) for e in stored]
+    assert got[0].client_time is not None and got[0].client_time.utcoffset() == timedelta(0)
+    live.close()

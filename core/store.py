@@ -564,12 +564,30 @@ class EventStore:
         )
 
     async def fetch(
-        self, sub_id: int, suggested_count: int, *, extend_same_time: bool = True
+        self, sub_id: int, suggested_count: int, *, extend_same_time: bool = True,
+        wait: float = 0.0,
     ) -> list[RecordedEvent]:
         """Up to ``suggested_count`` events after the checkpoint (more when
         later events share the last one's recorded time).  Fetching again
         without progressing returns the same batch.  Parked events marked
-        for replay come first, as a batch of their own (oldest first)."""
+        for replay come first, as a batch of their own (oldest first).
+
+        With nothing to return, a held fetch (``wait`` > 0) waits up to that
+        many seconds for a commit and fetches again, so a client polling in
+        a loop gets a new event when it is committed, not on its next poll."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            # Read before the fetch: a commit during it moves the head past.
+            seen = self.tailer.head
+            out = await self._fetch_once(sub_id, suggested_count, extend_same_time)
+            left = deadline - loop.time()
+            if out or left <= 0 or not await self.tailer.wait_beyond(seen, left):
+                return out
+
+    async def _fetch_once(
+        self, sub_id: int, suggested_count: int, extend_same_time: bool
+    ) -> list[RecordedEvent]:
         sub = await self.get_fetch_subscription(sub_id)
         want = max(1, suggested_count)
         out: list[RecordedEvent] = []
@@ -588,7 +606,7 @@ class EventStore:
                     break
                 cursor = last_row
         if out and await self._park_refetched(sub, out):
-            return await self.fetch(sub_id, suggested_count, extend_same_time=extend_same_time)
+            return await self._fetch_once(sub_id, suggested_count, extend_same_time)
         if out:
             await self._db.execute(
                 sql.RECORD_FETCH, sub_id, out[-1].position, out[-1].recorded_at

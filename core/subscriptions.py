@@ -200,6 +200,8 @@ class Tailer:
         # Contiguous positions ending at ``head`` (or empty): see RECENT_EVENTS.
         self._recent: deque[RecordedEvent] = deque()
         self._recent_bytes = 0
+        # Set (and dropped) when the head moves, for held reads: see wait_beyond.
+        self._moved: asyncio.Event | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._listen_conn: asyncpg.Connection | None = None
@@ -253,6 +255,7 @@ class Tailer:
                 # Nobody to feed or tell: move the head here rather than wake
                 # the tailer task once per commit (what _advance would do).
                 self._move_head(position)
+                self._head_moved()
                 return
             self._wake.set()
 
@@ -393,8 +396,28 @@ class Tailer:
                 return
 
     def _advanced(self) -> None:
+        self._head_moved()
         for cb in self.on_advance:
             cb(self.head)
+
+    def _head_moved(self) -> None:
+        moved, self._moved = self._moved, None
+        if moved is not None:
+            moved.set()
+
+    async def wait_beyond(self, position: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the head to pass ``position``
+        (a commit this process knows of); whether it did."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.head <= position:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            if self._moved is None:
+                self._moved = asyncio.Event()
+            await wait_event(self._moved, left)
+        return True
 
 
 def _jsonb_order(headers: dict[str, str]) -> dict[str, str]:

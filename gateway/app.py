@@ -144,6 +144,7 @@ class Gateway:
             "read_timeout": c.read_timeout,
             "res01_max_in_flight_writes": c.res01_max_in_flight_writes,
             "res01_max_in_flight_reads": c.res01_max_in_flight_reads,
+            "res01_fetch_wait": c.res01_fetch_wait,
             **c.extra,
         }
 

@@ -155,6 +155,8 @@ class GatewayConfig:
     # for RS/FE/PS/SS instead of queueing.
     res01_max_in_flight_writes: int = 4096
     res01_max_in_flight_reads: int = 64
+    # An empty one-subscription FE waits this long for a commit (held fetch).
+    res01_fetch_wait: float = 0.5
     bson_query_window: int = 100
     # A commit slower than this is logged (warning).
     slow_commit_seconds: float = 1.0
@@ -246,7 +248,7 @@ _INT_KEYS = {
 }
 _FLOAT_KEYS = {
     "idle_timeout", "poll_interval", "commit_timeout", "read_timeout", "slow_commit_seconds",
-    "write_timeout", "handshake_timeout", "websocket_heartbeat",
+    "write_timeout", "handshake_timeout", "websocket_heartbeat", "res01_fetch_wait",
 }
 _LIST_KEYS = {"websocket_allowed_origins"}
 _KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"} - _TLS_FIELDS

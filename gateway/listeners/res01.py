@@ -442,7 +442,11 @@ class Res01Listener:
                 reply = error_reply(request, ErrorCode.UNAUTHENTICATED, exc.message)
                 await self._reply(endpoint, exchange, reply, wait=True)
                 return
-            async with contextlib.aclosing(self.handler.handle(request, tenant)) as replies:
+            # A held FE (fetch_wait) only while at most half the read slots
+            # are busy: the others stay free for requests that need them.
+            hold = self._reads <= self.limits.max_in_flight_reads // 2
+            replies_of = self.handler.handle(request, tenant, hold=hold)
+            async with contextlib.aclosing(replies_of) as replies:
                 async for response in replies:
                     if not await self._reply(endpoint, exchange, response, wait=True):
                         break  # the peer is gone or not reading: stop producing

@@ -128,6 +128,13 @@ class Res01Limits:
     # bounded size (at least one event is always returned).
     max_fetch_count: int = 1000
     max_fetch_bytes: int = 8 << 20
+    # An FE of one subscription that finds nothing waits up to this many
+    # seconds for a commit before answering (a held fetch, or long poll), so
+    # a client fetching in a loop gets events as they are committed instead
+    # of on its next poll.  0 answers at once.  Capped at half read_timeout.
+    # Held only while at most half the read slots are busy (the listener
+    # decides), so waiting fetches never keep other reads out.
+    fetch_wait: float = 0.5
     # Peers (routing ids) the listener keeps state for: one unseen for
     # idle_timeout (the gateway's; 0 = never) is forgotten, and past max_peers
     # the least recently seen is (protocols/res01/peers.py).  A forgotten
@@ -147,6 +154,9 @@ class Res01Limits:
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_frame_bytes", self.max_event_bytes + FRAME_SLACK_BYTES)
         object.__setattr__(self, "max_peers", max(1, self.max_peers))
+        object.__setattr__(
+            self, "fetch_wait", min(max(0.0, self.fetch_wait), self.read_timeout / 2)
+        )
         if not self.idle_timeout:
             object.__setattr__(self, "idle_timeout", None)
         if self.max_request_bytes is None:
@@ -387,10 +397,11 @@ class Res01Handler:
         self.limits = limits
 
     async def handle(
-        self, request: Request, tenant: Tenant
+        self, request: Request, tenant: Tenant, *, hold: bool = True
     ) -> AsyncGenerator[Response, None]:
         """The replies to one request: one response, or one EF per FE entry.
-        Failures become a single ER (after any EF already yielded)."""
+        Failures become a single ER (after any EF already yielded).  ``hold``:
+        an empty one-subscription FE may wait ``fetch_wait`` for a commit."""
         write = is_write(request)
         try:
             if isinstance(request, AppendCommit):
@@ -398,7 +409,7 @@ class Res01Handler:
             elif isinstance(request, RegisterSubscriptions):
                 yield await self._register(request, tenant)
             elif isinstance(request, FetchEvents):
-                async for reply in self._fetch(request, tenant):
+                async for reply in self._fetch(request, tenant, hold):
                     yield reply
             elif isinstance(request, ProgressSubscriptions):
                 yield await self._progress(request, tenant)
@@ -461,7 +472,7 @@ class Res01Handler:
             await self._read(tenant.fetch_subscription(sub_id))
 
     async def _fetch(
-        self, request: FetchEvents, tenant: Tenant
+        self, request: FetchEvents, tenant: Tenant, hold: bool = False
     ) -> AsyncIterator[EventsFetched]:
         for entry in request.entries:
             if entry.suggested_count < 1:
@@ -470,11 +481,14 @@ class Res01Handler:
                     f"{entry.subscription_id} must be at least 1"
                 )
         await self._check_ids([e.subscription_id for e in request.entries], tenant)
+        # Held only with one entry: a wait on one subscription would delay
+        # the EFs of the others.
+        wait = self.limits.fetch_wait if hold and len(request.entries) == 1 else 0.0
         # One EF at a time: the next batch is read only after the previous one
         # went out, so a request holds at most one batch in memory.
         for entry in request.entries:
             count = min(entry.suggested_count, self.limits.max_fetch_count)
-            events = await self._read(tenant.fetch(entry.subscription_id, count))
+            events = await self._read(tenant.fetch(entry.subscription_id, count, wait=wait))
             fits = _prefix_within(events, self.limits.max_fetch_bytes)
             if fits < len(events):
                 # Fetch again with the smaller count, so the batch the store

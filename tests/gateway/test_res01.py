@@ -730,3 +730,43 @@ def test_the_gateways_defaults_are_the_listeners() -> None:
     # The gateway passes every key explicitly, so a default changed on one
     # side only (as Res01's in-flight writes once were) would be overridden.
     assert limits_from(Gateway(GatewayConfig()).settings) == Res01Limits()
+
+
+async def test_an_empty_fetch_is_held_until_a_commit(gateway_factory) -> None:
+    """A one-subscription FE that finds nothing waits (res01_fetch_wait) and
+    is answered as soon as a commit brings an event; an FE of several
+    subscriptions, or with the wait used up, answers empty."""
+    gw = await start_gateway(gateway_factory, res01_fetch_wait=5)
+    assert gw.listeners["res01"].limits.fetch_wait == 5
+    reader, writer = await connect(gw), await connect(gw)
+    stream = stream_name()
+    await writer.commit("ctx", stream, 1, [new_event("First", "{}")])
+    [sub_id, other_id] = await reader.subscribe(
+        "held", [("ctx", stream, T0), ("ctx", stream_name(), T0)]
+    )
+    [batch] = await reader.fetch([(sub_id, 10)])
+    assert [e.type for e in batch.events] == ["First"]
+    await reader.progress([(sub_id, batch.events[-1].timestamp)])
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    held = asyncio.create_task(reader.fetch([(sub_id, 10)]))
+    await asyncio.sleep(0.3)
+    assert not held.done()
+    await writer.commit("ctx", stream, 2, [new_event("Second", "{}")])
+    [batch] = await asyncio.wait_for(held, 3)
+    assert [e.type for e in batch.events] == ["Second"]
+    assert loop.time() - started < 3
+    # Two subscriptions in one FE: not held, both answered empty at once.
+    await reader.progress([(sub_id, batch.events[-1].timestamp)])
+    started = loop.time()
+    a, b = await reader.fetch([(sub_id, 10), (other_id, 10)])
+    assert (a.events, b.events) == ((), ())
+    assert loop.time() - started < 2
+    await reader.close()
+    await writer.close()
+
+
+async def test_fetch_wait_is_bounded_by_the_read_timeout() -> None:
+    assert limits_from({"res01_fetch_wait": 100, "read_timeout": 4}).fetch_wait == 2
+    assert limits_from({"res01_fetch_wait": -1}).fetch_wait == 0
+    assert limits_from({}).fetch_wait == 0.5

@@ -393,3 +393,27 @@ async def test_live_events_from_memory_equal_the_stored_ones(store: EventStore) 
     assert [list(e.headers) for e in got] == [list(e.headers) for e in stored]
     assert got[0].client_time is not None and got[0].client_time.utcoffset() == timedelta(0)
     live.close()
+
+
+async def test_a_failing_fan_out_never_fails_the_commit(store: EventStore) -> None:
+    """Fan-out from memory runs in the writer's commit path: whatever breaks
+    there, the append is acknowledged and subscribers still get every event
+    (read back from the database)."""
+    calls = 0
+
+    def broken(_ev: object) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("listener bug")
+
+    live = await store.subscribe(Subscribe(Selector(context="default", stream="broken")))
+    store.tailer.listeners.append(broken)
+    try:
+        result = await store.append(append("broken", *(ev(i) for i in range(3))))
+        assert result.last_version == 3
+        got = await collect(live, 3)
+        assert [e.version for e in got] == [1, 2, 3]
+    finally:
+        store.tailer.listeners.remove(broken)
+    live.close()

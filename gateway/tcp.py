@@ -270,7 +270,10 @@ class TcpListener:
             while not out.closed:
                 timeout = deadline.read_timeout(self.idle_timeout, out.handshaken)
                 try:
-                    data = await asyncio.wait_for(reader.read(READ_CHUNK), timeout)
+                    # asyncio.timeout, not wait_for: wait_for runs the read in
+                    # a task of its own (Python 3.11), once per read.
+                    async with asyncio.timeout(timeout):
+                        data = await reader.read(READ_CHUNK)
                 except TimeoutError:
                     if deadline.expired(self.name, out.peer, out.handshaken):
                         break

@@ -432,7 +432,8 @@ class Res01Handler:
     async def _read(self, work: Awaitable[_T]) -> _T:
         """Storage work of a reader request, under the reader timeout."""
         try:
-            return await asyncio.wait_for(work, self.limits.read_timeout)
+            async with asyncio.timeout(self.limits.read_timeout):
+                return await work
         except TimeoutError:
             raise Timeout(
                 f"storage read took longer than {self.limits.read_timeout:g}s", reader=True

@@ -33,6 +33,12 @@ WRITE_HIGH_WATER = 1 << 20
 
 
 class StreamOutbound:
+    """A connection's sending side.  Sends made in one event-loop iteration
+    go out in one socket write: the replies to every append of one group
+    commit are settled together, as are a delivery task's buffered events,
+    and one write each (a syscall and a wake-up of the peer) was the largest
+    single cost in the W1/W2 profiles (docs/performance.md)."""
+
     def __init__(self, writer: asyncio.StreamWriter, stats: ListenerStats) -> None:
         self._writer = writer
         self._stats = stats
@@ -42,6 +48,9 @@ class StreamOutbound:
         self.handshaken = False
         writer.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.connection: Connection | None = None  # set once registered
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._flush_due = False
 
     @property
     def closed(self) -> bool:
@@ -50,21 +59,42 @@ class StreamOutbound:
     async def send(self, data: bytes) -> None:
         if self.closed:
             return
-        self._writer.write(data)
+        self._pending.append(data)
+        self._pending_bytes += len(data)
         self._stats.bytes_out += len(data)
         if self.connection is not None:
             self.connection.bytes_out += len(data)
-        if self._writer.transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
+        buffered = self._pending_bytes + self._writer.transport.get_write_buffer_size()
+        if buffered <= WRITE_HIGH_WATER:
             # Below the high-water mark the transport is not paused and drain
             # would not wait; but wait_for around it costs a task, a timer and
             # a trip through the event loop on every send, so a delivery task
             # sent one event per loop iteration and fell behind under load.
+            if not self._flush_due:
+                self._flush_due = True
+                asyncio.get_running_loop().call_soon(self.flush)
             return
+        self.flush()
         try:
             await asyncio.wait_for(self._writer.drain(), self._stats.write_timeout)
         except TimeoutError:  # first: TimeoutError is an OSError too
             self._write_timed_out()
         except (ConnectionError, OSError):
+            self._closed = True
+
+    def flush(self) -> None:
+        """Hand what was sent so far to the transport, as one write."""
+        self._flush_due = False
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        self._pending_bytes = 0
+        if self.closed:
+            return
+        try:
+            self._writer.write(pending[0] if len(pending) == 1 else b"".join(pending))
+        except (ConnectionError, OSError, RuntimeError):
             self._closed = True
 
     def _write_timed_out(self) -> None:
@@ -80,6 +110,7 @@ class StreamOutbound:
             self._writer.transport.abort()
 
     def close(self) -> None:
+        self.flush()  # what was sent before the close still goes out first
         self._closed = True
         with contextlib.suppress(Exception):
             self._writer.close()

@@ -127,6 +127,9 @@ class Writer:
         self._task: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
         self._inflight: dict[int, list[_Pending]] = {}
+        # The (context, stream) keys of each slot's batch while it commits on
+        # the fast path; None while it takes the checked path.
+        self._inflight_keys: dict[int, set[tuple[str, str]] | None] = {}
         # Outcomes of a batch, settled only after the next batch may go to
         # the database, so waking the appenders never delays the next commit.
         self._settle: dict[int, list[tuple[asyncio.Future[list[AppendResult]],
@@ -277,9 +280,12 @@ class Writer:
             if not batch:
                 continue
             slot = self._free_slots.popleft()
-            # Batches reach the database strictly in the order they were taken:
-            # each waits for its predecessor before its first statement, so a
-            # later batch's fallback can never overtake an earlier batch.
+            # Batches reach the database in the order they were taken: each
+            # waits for its predecessor before its first statement, so a later
+            # batch's fallback can never overtake an earlier batch.  Only a
+            # batch that shares no stream with any batch in flight is sent at
+            # once (see _commit): it waits in PostgreSQL on the head row lock
+            # instead of in this process's event loop.
             previous = self._last_done
             self._last_done = asyncio.get_running_loop().create_future()
             task = asyncio.create_task(
@@ -326,6 +332,7 @@ class Writer:
                 else:
                     fut.set_result(outcome)
             del self._inflight[slot]
+            self._inflight_keys.pop(slot, None)
             self._free_slots.append(slot)
             self._wake.set()
         done = time.monotonic()
@@ -544,14 +551,37 @@ class Writer:
         cached = {k: self._streams.get(k) or StreamState() for k in keys}
         epoch = self._cache_epoch
         plan = plan_batch(batch, cached, {})
-        if plan.rows and not plan.any_failed:
+        fast = bool(plan.rows) and not plan.any_failed
+        # Sent ahead of its predecessor's outcome only when every batch in
+        # flight is on the fast path and touches none of its streams: then
+        # its plan rests on committed state alone, whatever happens to the
+        # others, and the head row lock in PostgreSQL queues it behind them.
+        # This takes the event loop's latency (a busy gateway's ready queue)
+        # out of the gap between two commits.  The price: when a
+        # predecessor's fast path fails in the database and is redone, this
+        # batch's events (other streams only) take earlier positions.  Every
+        # stream keeps its order, and so do appends sent after another's ack.
+        ahead = (
+            fast
+            and previous is not None
+            and not previous.done()
+            and all(
+                k is not None and keys.isdisjoint(k)
+                for s, k in self._inflight_keys.items()
+                if s != slot
+            )
+        )
+        self._inflight_keys[slot] = keys if fast else None
+        if fast:
             # Optimistic: the next batch, planned while this one is in flight,
             # builds on it.  If this one fails, the epoch moves on and the
             # next one takes the checked path.
             for k in plan.touched:
                 self._remember(k, plan.after[k])
             try:
-                written = await self._write_fast(plan, slot, previous, epoch)
+                written = await self._write_fast(
+                    plan, slot, None if ahead else previous, epoch
+                )
             except asyncpg.UniqueViolationError:
                 # A re-sent event id, or a stream another process moved on.
                 self._forget_streams()

@@ -133,4 +133,7 @@ async def test_bad_text_fails_alone_not_its_batch(store: EventStore) -> None:
         return_exceptions=True,
     )
     assert all(isinstance(r, Malformed) for r in results[1:-1]), results
-    assert results[0].last_position + 1 == results[-1].first_position
+    # Gapless around the refused ones.  (Concurrent appends to different
+    # streams have no defined order between them: either may go first.)
+    positions = sorted(r.first_position for r in (results[0], results[-1]))
+    assert positions[0] + 1 == positions[1]

@@ -31,7 +31,7 @@ async def test_planned_batches_count_as_waiting_and_commit_in_order(db_url: str)
             first = asyncio.create_task(store.append(append(streams[0], ev(1))))
             await asyncio.sleep(0.2)  # in the database, waiting for the head lock
             second = asyncio.create_task(store.append(append(streams[1], ev(2))))
-            await asyncio.sleep(0.2)  # planned on the second connection, not sent
+            await asyncio.sleep(0.2)  # another stream: sent too, waits on the lock
             third = asyncio.create_task(store.append(append(streams[2], ev(3))))
             await asyncio.sleep(0.2)  # queued
             assert store.writer.queue_depth == 2
@@ -150,5 +150,42 @@ async def test_closing_with_a_commit_in_flight_returns_when_it_commits(db_url: s
         await asyncio.wait_for(closing, 15)
         assert loop.time() - released < 3
         assert (await pending).first_version == 1
+    finally:
+        await store.close()
+
+
+async def test_a_batch_on_other_streams_waits_in_the_database_not_in_the_loop(
+    db_url: str,
+) -> None:
+    """While a commit waits for the head lock, the next batch goes to the
+    database at once when it shares no stream with it (and queues on the same
+    lock there); one that shares a stream waits for its predecessor here."""
+    store = EventStore(StoreConfig(db_url, writer=WriterLimits(pipeline_depth=2)))
+    await store.start()
+    writer = store.writer
+    try:
+        a, b = unique("ahead-a"), unique("ahead-b")
+        await asyncio.gather(store.append(append(a, ev(0))), store.append(append(b, ev(0))))
+        async with row_locked(db_url, HEAD_LOCK):
+            first = asyncio.create_task(store.append(append(a, ev(1))))
+            await asyncio.sleep(0.2)
+            same = asyncio.create_task(store.append(append(a, ev(2))))
+            await asyncio.sleep(0.2)
+            assert sum(writer._statement_sent) == 1  # the same stream waits here
+        await asyncio.gather(first, same)
+        async with row_locked(db_url, HEAD_LOCK):
+            first = asyncio.create_task(store.append(append(a, ev(3))))
+            await asyncio.sleep(0.2)
+            other = asyncio.create_task(store.append(append(b, ev(1))))
+            await asyncio.sleep(0.2)
+            assert sum(writer._statement_sent) == 2  # both wait on the lock in PostgreSQL
+            assert not first.done() and not other.done()
+        results = await asyncio.gather(first, other)
+        assert sorted(r.first_position for r in results) == [
+            min(r.first_position for r in results),
+            min(r.first_position for r in results) + 1,
+        ]
+        versions = [e.version for e in await store.read_stream(ReadStream("default", a))]
+        assert versions == [1, 2, 3, 4]
     finally:
         await store.close()

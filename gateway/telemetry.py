@@ -218,6 +218,7 @@ class Telemetry:
         self.append_failures: Counter[str] = Counter()
         self.delivered: Counter[str] = Counter()
         self._delivery_children: dict[str, Any] = {}
+        self._append_children: dict[str, tuple[Any, Any]] = {}
         self.samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
         self.lag = LagSnapshot()
         self._lag_lock = asyncio.Lock()
@@ -250,9 +251,18 @@ class Telemetry:
         if obs.events:
             self.commit_batch.observe(obs.events)
         self.commit_duration.observe(obs.seconds)
+        children = self._append_children
         for unit in obs.appends:
-            self.append_latency.labels(unit.origin).observe(unit.seconds)
-            self.append_size.labels(unit.origin).observe(unit.events)
+            pair = children.get(unit.origin)
+            if pair is None:
+                # labels() takes a lock and builds a key per call: once per
+                # origin, not once per append.
+                pair = children[unit.origin] = (
+                    self.append_latency.labels(unit.origin),
+                    self.append_size.labels(unit.origin),
+                )
+            pair[0].observe(unit.seconds)
+            pair[1].observe(unit.events)
             self.append_requests[unit.origin] += 1
             if unit.ok:
                 self.appended[unit.origin] += unit.events

@@ -323,7 +323,14 @@ class Writer:
         finally:
             # The next batch may go to the database now; then wake this one's
             # appenders (their callbacks queue behind the next batch's send).
-            done_future.set_result(None)
+            # "Done" means this batch and every earlier one: a batch sent
+            # ahead can finish before its predecessor, and the batch after it,
+            # planned on the predecessor's expected stream states, must still
+            # wait for the predecessor.
+            if previous is None or previous.done():
+                done_future.set_result(None)
+            else:
+                previous.add_done_callback(lambda _: done_future.set_result(None))
             for fut, outcome in self._settle.pop(slot):
                 if fut.done():
                     continue

@@ -189,3 +189,43 @@ async def test_a_batch_on_other_streams_waits_in_the_database_not_in_the_loop(
         assert versions == [1, 2, 3, 4]
     finally:
         await store.close()
+
+
+async def test_a_batch_after_one_that_went_ahead_still_waits_for_the_earlier_one(
+    db_url: str,
+) -> None:
+    """A batch sent ahead can finish before its predecessor (it reached the
+    head lock first).  The batch after it, planned on the predecessor's
+    expected state of a shared stream, must wait for the predecessor, not
+    only for the batch that went ahead: else its versions commit first and a
+    stream's versions come out of position order."""
+    store = EventStore(StoreConfig(db_url, writer=WriterLimits(pipeline_depth=2)))
+    await store.start()
+    writer = store.writer
+    try:
+        a, b = unique("late-a"), unique("late-b")
+        await store.append(append(a, ev(0)))
+        await store.append(append(b, ev(0)))
+        slow_slot = writer._free_slots[0]
+        real = writer._connection
+
+        async def slow_connection(slot: int):  # type: ignore[no-untyped-def]
+            if slot == slow_slot:
+                await asyncio.sleep(0.5)  # this batch reaches PostgreSQL late
+            return await real(slot)
+
+        writer._connection = slow_connection  # type: ignore[method-assign]
+        first = asyncio.create_task(store.append(append(a, ev(1))))  # the slow slot
+        await asyncio.sleep(0.05)
+        await store.append(append(b, ev(1)))  # ahead, on the other slot: done first
+        assert not first.done()
+        third = asyncio.create_task(store.append(append(a, ev(2))))  # planned on `first`
+        results = await asyncio.gather(first, third)
+        assert [r.first_version for r in results] == [2, 3]
+        assert results[0].first_position < results[1].first_position
+        events = await store.read_stream(ReadStream("default", a))
+        assert [e.version for e in events] == [1, 2, 3]
+        positions = [e.position for e in events]
+        assert positions == sorted(positions)
+    finally:
+        await store.close()

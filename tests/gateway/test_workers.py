@@ -90,10 +90,12 @@ async def _drain(proc: asyncio.subprocess.Process, into: list[str]) -> None:
 @contextlib.asynccontextmanager
 async def serve(db_url: str, tmp_path: Path, *extra: str, workers: str = "2"
                 ) -> AsyncIterator[Served]:
+    # The URL carries the test cluster's password: the environment, never argv.
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
+    env["POLYPORT_DATABASE_URL"] = db_url
     data_dir = tmp_path / "data"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", db_url,
+        sys.executable, "-m", "polyport.gateway.cli", "serve",
         "--data-dir", str(data_dir), "--workers", workers,
         *ALL_PORTS_ZERO, *extra,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
@@ -169,15 +171,25 @@ async def test_both_workers_serve_one_port_and_positions_stay_gapless(
 async def _connect_until_both_workers(
     gw: Served, open_one: Any, kind: str, limit: int = 40
 ) -> list[Any]:
-    """Open subscriptions (``open_one()``) until each worker holds at least
-    one (the kernel chooses the worker of each connection)."""
+    """Open subscriptions (``open_one()``, one BSON connection each) until each
+    worker holds at least one (the kernel chooses the worker of each
+    connection).  Decided on the connection counters, which /status reports
+    live; its subscription section is a snapshot up to LAG_TTL old, so a run
+    that opened all 40 within that second saw one worker with none."""
     opened = []
     for _ in range(limit):
         opened.append(await open_one())
         status = await gw.status()
-        if all(w["subscriptions_open"] > 0 for w in status["workers"]):
-            return opened
-    raise AssertionError(f"{limit} {kind} connections all went to one worker")
+        if all(n > 0 for n in bson_totals(status, "connections_open")):
+            break
+    else:
+        raise AssertionError(f"{limit} {kind} connections all went to one worker")
+
+    async def each_holds_one() -> bool:
+        return all(w["subscriptions_open"] > 0 for w in (await gw.status())["workers"])
+
+    await wait_until(each_holds_one, 10, f"a {kind} on each worker")
+    return opened
 
 
 async def test_live_subscribers_on_each_worker_see_appends_through_the_other(
@@ -505,8 +517,9 @@ def test_a_port_taken_by_another_program_stops_the_supervisor(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
-        done = polyport("serve", "--workers", "2", "--database-url", db_url, "--data-dir",
-                        str(tmp_path), *ALL_PORTS_ZERO, "--bson-port", str(busy))
+        done = polyport("serve", "--workers", "2", "--data-dir", str(tmp_path),
+                        *ALL_PORTS_ZERO, "--bson-port", str(busy),
+                        env={"POLYPORT_DATABASE_URL": db_url})
     assert done.returncode == 1
     err = done.stderr.strip().splitlines()[-1]
     assert "--bson-port" in err and "address already in use" in err, done.stderr
@@ -516,8 +529,9 @@ def test_a_port_taken_by_another_program_stops_the_supervisor(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
-        done = polyport("serve", "--workers", "2", "--database-url", db_url, "--data-dir",
-                        str(tmp_path), *ALL_PORTS_ZERO, "--res01-port", str(busy))
+        done = polyport("serve", "--workers", "2", "--data-dir", str(tmp_path),
+                        *ALL_PORTS_ZERO, "--res01-port", str(busy),
+                        env={"POLYPORT_DATABASE_URL": db_url})
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     [said] = [x for x in done.stderr.splitlines() if "worker 0:" in x]

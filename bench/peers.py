@@ -59,7 +59,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import asyncpg
 import zmq
@@ -385,7 +385,23 @@ class Env:
         return self.gateway.ports[protocol]
 
 
-class Res01Pub:
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_Closable)
+
+
+class _ClientPub(Generic[_C]):
+    """A publisher over one protocol client: closing it closes the client."""
+
+    client: _C
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class Res01Pub(_ClientPub[Res01Client]):
     def __init__(self, client: Res01Client, stream: str) -> None:
         self.client, self.stream = client, stream
 
@@ -393,22 +409,16 @@ class Res01Pub:
         await self.client.commit(CONTEXT, self.stream, -1,
                                  [new_event("bench", body(seq).decode())])
 
-    async def close(self) -> None:
-        await self.client.close()
 
-
-class BsonPub:
+class BsonPub(_ClientPub[BsonClient]):
     def __init__(self, client: BsonClient, stream: str) -> None:
         self.client, self.stream = client, stream
 
     async def publish(self, seq: int) -> None:
         await self.client.emit(self.stream, "bench", json.loads(body(seq)))
 
-    async def close(self) -> None:
-        await self.client.close()
 
-
-class StreamPub:
+class StreamPub(_ClientPub[ReactiveSocketClient | RSocketClient]):
     """ReactiveSocket and RSocket: a REQUEST_RESPONSE append each."""
 
     def __init__(self, client: ReactiveSocketClient | RSocketClient, stream: str) -> None:
@@ -418,11 +428,8 @@ class StreamPub:
         await self.client.append(
             self.stream, [NewEvent("bench", body(seq), content_type="application/json")])
 
-    async def close(self) -> None:
-        await self.client.close()
 
-
-class MicroMsg2Pub:
+class MicroMsg2Pub(_ClientPub[MicroMsg2Client]):
     """With ``ack`` (a window of one) publish + flush is one acknowledged MESSAGE."""
 
     def __init__(self, client: MicroMsg2Client, stream: str) -> None:
@@ -431,9 +438,6 @@ class MicroMsg2Pub:
     async def publish(self, seq: int) -> None:
         await self.client.publish(self.destination, body(seq))
         await self.client.flush(60)
-
-    async def close(self) -> None:
-        await self.client.close()
 
 
 class SegmentPub:

@@ -138,33 +138,27 @@ class Subscription(BufferedReader):
         """Called by the tailer, in position order, without awaiting."""
         if ev.position <= self.cursor:
             return
-        if len(self._buffer) >= self._limit:
+        if not self._accept(ev):
             # Too slow for the live feed: read the rest from the database later.
             self._tailer.leave(self)
             self._start_catch_up()
-            return
-        self.cursor = ev.position
-        if _safe_match(self.selector, ev):
-            self._buffer.append(ev)
-            self._readable.set()
 
     def fill(self, events: deque[RecordedEvent], start: int) -> bool:
         """Take ``events[start:]`` (contiguous positions, the first one right
         after ``cursor``) as :meth:`offer` would; False when the buffer filled
         first.  Never awaits."""
-        appended = False
-        complete = True
-        for ev in islice(events, start, None):
-            if len(self._buffer) >= self._limit:
-                complete = False
-                break
-            self.cursor = ev.position
-            if _safe_match(self.selector, ev):
-                self._buffer.append(ev)
-                appended = True
-        if appended:
+        return all(self._accept(ev) for ev in islice(events, start, None))
+
+    def _accept(self, ev: RecordedEvent) -> bool:
+        """Consider the event after ``cursor``; False (nothing changed) when
+        the buffer is full."""
+        if len(self._buffer) >= self._limit:
+            return False
+        self.cursor = ev.position
+        if _safe_match(self.selector, ev):
+            self._buffer.append(ev)
             self._readable.set()
-        return complete
+        return True
 
 
 def _safe_match(selector: Selector, ev: RecordedEvent) -> bool:
@@ -321,7 +315,7 @@ class Tailer:
 
     def _remember(self, ev: RecordedEvent) -> None:
         if self._recent and self._recent[-1].position != ev.position - 1:
-            self._move_head(ev.position - 1)  # keep the positions contiguous
+            self._forget_recent()  # keep the positions contiguous
         self._recent.append(ev)
         self._recent_bytes += len(ev.body) + _RECENT_OVERHEAD
         while len(self._recent) > RECENT_EVENTS or self._recent_bytes > RECENT_BYTES:
@@ -332,6 +326,9 @@ class Tailer:
         """The head moves without the events being read: what is remembered
         no longer ends at the head."""
         self.head = position
+        self._forget_recent()
+
+    def _forget_recent(self) -> None:
         self._recent.clear()
         self._recent_bytes = 0
 
@@ -436,7 +433,12 @@ def _jsonb_order(headers: dict[str, str]) -> dict[str, str]:
     the same events read from the database."""
     if len(headers) < 2:
         return dict(headers)
-    return dict(sorted(headers.items(), key=lambda kv: (len(kv[0].encode()), kv[0].encode())))
+    return dict(sorted(headers.items(), key=_jsonb_key_order))
+
+
+def _jsonb_key_order(item: tuple[str, str]) -> tuple[int, bytes]:
+    key = item[0].encode()
+    return len(key), key
 
 
 def _recorded(position: int, recorded_at: datetime, r: tuple[Any, ...]) -> RecordedEvent:

@@ -217,8 +217,9 @@ class Telemetry:
         self.append_requests: Counter[str] = Counter()
         self.append_failures: Counter[str] = Counter()
         self.delivered: Counter[str] = Counter()
-        self._delivery_children: dict[str, Any] = {}
-        self._append_children: dict[str, tuple[Any, Any]] = {}
+        # labels() takes a lock and builds a key per call: hot paths look a
+        # child up once per (histogram, label) here instead (see _child).
+        self._children: dict[tuple[int, str], Any] = {}
         self.samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
         self.lag = LagSnapshot()
         self._lag_lock = asyncio.Lock()
@@ -251,18 +252,9 @@ class Telemetry:
         if obs.events:
             self.commit_batch.observe(obs.events)
         self.commit_duration.observe(obs.seconds)
-        children = self._append_children
         for unit in obs.appends:
-            pair = children.get(unit.origin)
-            if pair is None:
-                # labels() takes a lock and builds a key per call: once per
-                # origin, not once per append.
-                pair = children[unit.origin] = (
-                    self.append_latency.labels(unit.origin),
-                    self.append_size.labels(unit.origin),
-                )
-            pair[0].observe(unit.seconds)
-            pair[1].observe(unit.events)
+            self._child(self.append_latency, unit.origin).observe(unit.seconds)
+            self._child(self.append_size, unit.origin).observe(unit.events)
             self.append_requests[unit.origin] += 1
             if unit.ok:
                 self.appended[unit.origin] += unit.events
@@ -296,10 +288,16 @@ class Telemetry:
         self.delivered[protocol] += 1
         if peer is not None and peer.connection is not None:
             peer.connection.events_out += 1
-        child = self._delivery_children.get(protocol)
+        self._child(self.delivery_latency, protocol).observe(
+            max(0.0, time.time() - ev.recorded_at.timestamp())
+        )
+
+    def _child(self, metric: Histogram, label: str) -> Any:
+        key = (id(metric), label)
+        child = self._children.get(key)
         if child is None:
-            child = self._delivery_children[protocol] = self.delivery_latency.labels(protocol)
-        child.observe(max(0.0, time.time() - ev.recorded_at.timestamp()))
+            child = self._children[key] = metric.labels(label)
+        return child
 
     # --- samples and rates ----------------------------------------------------------
 

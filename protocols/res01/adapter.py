@@ -473,7 +473,7 @@ class Res01Handler:
             await self._read(tenant.fetch_subscription(sub_id))
 
     async def _fetch(
-        self, request: FetchEvents, tenant: Tenant, hold: bool = False
+        self, request: FetchEvents, tenant: Tenant, hold: bool
     ) -> AsyncIterator[EventsFetched]:
         for entry in request.entries:
             if entry.suggested_count < 1:

@@ -28,6 +28,18 @@ async def collect(sub, n: int, timeout: float = 5.0) -> list:
     return out
 
 
+def _count_reads(store: EventStore) -> list[int]:
+    reads = [0]
+    real = store.tailer.read_selected
+
+    async def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        reads[0] += 1
+        return await real(*args, **kwargs)
+
+    store.tailer.read_selected = counted  # type: ignore[method-assign]
+    return reads
+
+
 async def test_catch_up_then_live_in_order(store: EventStore) -> None:
     for i in range(30):
         await store.append(append(f"o-{i % 3}", ev(i)))
@@ -234,15 +246,7 @@ async def test_a_subscriber_behind_catches_up_in_batches(store: EventStore) -> N
     is free, not once per event taken (which was slower than events arrive,
     so it never got back to the live feed)."""
     await store.append(append("trickle", *(ev(i) for i in range(600))))
-    reads = 0
-    real = store.tailer.read_selected
-
-    async def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        nonlocal reads
-        reads += 1
-        return await real(*args, **kwargs)
-
-    store.tailer.read_selected = counted  # type: ignore[method-assign]
+    reads = _count_reads(store)
     sub = await store.subscribe(
         Subscribe(Selector(context="default", stream="trickle"), start=BEGINNING, buffer_size=50)
     )
@@ -254,20 +258,8 @@ async def test_a_subscriber_behind_catches_up_in_batches(store: EventStore) -> N
         await asyncio.sleep(0)  # the catch-up task runs between takes
     assert got == list(range(1, 601))
     # One read per emptied buffer of 50 (plus the last, empty one), not ~550.
-    assert reads <= 600 // 50 + 2, reads
+    assert reads[0] <= 600 // 50 + 2, reads[0]
     sub.close()
-
-
-def _count_reads(store: EventStore) -> list[int]:
-    reads = [0]
-    real = store.tailer.read_selected
-
-    async def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        reads[0] += 1
-        return await real(*args, **kwargs)
-
-    store.tailer.read_selected = counted  # type: ignore[method-assign]
-    return reads
 
 
 async def test_a_subscriber_just_behind_joins_live_from_memory(store: EventStore) -> None:

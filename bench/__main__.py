@@ -1,7 +1,9 @@
 """``python -m bench NAME``: run one benchmark (core, res01, bson, logins,
 reactivesocket, micromsg2, segment, pipeline) and print ratios against raw
 PostgreSQL measured in the same run; ``peers`` compares raw PostgreSQL, NATS
-JetStream and every protocol in one run (docs/performance.md); ``faults``
+JetStream and every protocol in one run (docs/performance.md); ``workers``
+compares ``polyport serve --workers N`` with one worker and prints the CPU
+ceiling of this machine; ``faults``
 (not a benchmark, not in CI) SIGKILLs ``polyport serve`` under load through
 every protocol and audits."""
 

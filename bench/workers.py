@@ -1,0 +1,196 @@
+"""``polyport serve --workers N`` against ``--workers 1``, in one run: issue
+19's acceptance 3 (W1 at least 1.3x with two workers) as a command.
+
+For each repeat, every worker count in turn (rotating the order) gets a fresh
+``polyport serve`` on the same throwaway cluster (fsync on), and W1 runs
+through each protocol: N closed-loop publishers, each on its own connection,
+each awaiting its acknowledgement (``bench.peers``'s W1, same clients).  The
+medians are printed with the CPU cores each party used: the gateway's
+process tree, PostgreSQL's, and this client process.
+
+The last column answers whether more workers *could* help on this machine.
+At ``--workers 1`` the gateway, PostgreSQL and the client together used T of
+the machine's C cores for E events/s; if more workers cost nothing extra per
+event, the machine runs out of CPU at ``C / T`` times the one-worker rate.
+A target above that ceiling cannot be met on this machine by any worker
+design; only less CPU per event (or more cores) moves it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from bench.common import bench_cluster, fresh_database
+from bench.peers import (
+    PROTOCOLS,
+    BenchError,
+    Env,
+    Meter,
+    Roots,
+    ServeProcess,
+    _choices,
+    one_line,
+    say,
+    w1_polyport,
+)
+
+DEFAULT_PROTOCOLS = ("bson", "micromsg2")
+TARGET = 1.3  # issue 19, acceptance 3
+
+
+@dataclass
+class Run:
+    protocol: str
+    workers: int
+    events: float
+    cores: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.cores.get(k, 0.0) for k in ("gateway", "pg", "client"))
+
+
+def _median(runs: list[Run]) -> Run:
+    first = runs[0]
+    return Run(
+        first.protocol, first.workers,
+        statistics.median(r.events for r in runs),
+        {k: statistics.median(r.cores.get(k, 0.0) for r in runs)
+         for k in ("gateway", "pg", "client")},
+    )
+
+
+async def _one_gateway(pg_url: str, root: Path, workers: int, protocols: list[str],
+                       args: argparse.Namespace, roots: Roots,
+                       zmq_ctx: zmq.asyncio.Context, label: str) -> list[Run]:
+    gateway = ServeProcess(root / f"gateway-{label}", pg_url, protocols, workers)
+    say(f"[{label}] starting polyport serve --workers {workers}...")
+    await gateway.start()
+    roots.gateway = gateway.pid
+    env = Env("", gateway, None, zmq_ctx, roots)
+    runs: list[Run] = []
+    try:
+        for p in protocols:
+            meter = Meter(roots)
+            async with asyncio.timeout(2 * args.seconds + 300):
+                # A short warm-up: connections, prepared statements, caches.
+                await w1_polyport(env, Meter(roots), p, args.publishers, min(1.0, args.seconds))
+                got = await w1_polyport(env, meter, p, args.publishers, args.seconds)
+            runs.append(Run(p, workers, got, meter.cores))
+            say(f"  [{label}] {p}, --workers {workers}: {got:,.0f} events/s (cores: gateway "
+                f"{meter.cores['gateway']:.2f}, PostgreSQL {meter.cores['pg']:.2f}, client "
+                f"{meter.cores['client']:.2f})")
+    finally:
+        await gateway.stop()
+        roots.gateway = None
+    return runs
+
+
+def _table(rows: list[Run], args: argparse.Namespace) -> None:
+    cpus = os.cpu_count() or 1
+    base = {r.protocol: r for r in rows if r.workers == args.workers[0]}
+    print(f"\nW1 closed loop, {args.publishers} publishers, by worker count (median of "
+          f"{args.repeat} run(s) of {args.seconds:g} s, the worker counts alternating); "
+          f"{cpus} CPUs")
+    print(f"  {'protocol':<15} {'workers':>7} {'events/s':>10} {'gateway':>8} {'PG':>6} "
+          f"{'client':>7} {'total':>6} {'us CPU':>7} {'ratio':>6} {'ceiling':>8}")
+    print(f"  {'':<15} {'':>7} {'':>10} {'cores':>8} {'cores':>6} {'cores':>7} "
+          f"{'cores':>6} {'/event':>7} {'':>6} {'':>8}")
+    for r in rows:
+        b = base[r.protocol]
+        per_event = r.total / r.events * 1e6 if r.events else float("nan")
+        ratio = r.events / b.events if b.events else float("nan")
+        first = r.workers == args.workers[0]
+        ceiling = f"{cpus / b.total:.2f}" if first and b.total else ""
+        print(f"  {r.protocol:<15} {r.workers:>7} {r.events:>10,.0f} "
+              f"{r.cores['gateway']:>8.2f} {r.cores['pg']:>6.2f} {r.cores['client']:>7.2f} "
+              f"{r.total:>6.2f} {per_event:>7.0f} {'' if first else f'{ratio:.2f}':>6} "
+              f"{ceiling:>8}")
+    print(f"  ratio: events/s against --workers {args.workers[0]}; target >= {TARGET} "
+          f"for --workers 2 (issue 19)")
+    print(f"  ceiling: {cpus} cores / total cores at --workers {args.workers[0]}: the most "
+          "any number of workers could reach here if they cost no extra CPU per event")
+
+
+async def run(args: argparse.Namespace) -> int:
+    root = Path(tempfile.mkdtemp(prefix="polyport-workers-", dir="/tmp"))
+    root.chmod(0o755)
+    zmq_ctx = zmq.asyncio.Context()
+    zmq_ctx.set(zmq.MAX_SOCKETS, 8192)
+    runs: dict[tuple[str, int], list[Run]] = {}
+    try:
+        async with bench_cluster() as pg:
+            url = await fresh_database(pg)
+            roots = Roots(pg=int((pg.pgdata / "postmaster.pid").read_text().split()[0]))
+            say(f"bench workers: {os.cpu_count()} CPUs, load average "
+                f"{os.getloadavg()[0]:.2f} at start")
+            for rep in range(args.repeat):
+                k = rep % len(args.workers)
+                for w in args.workers[k:] + args.workers[:k]:
+                    label = f"{rep + 1}/{args.repeat}"
+                    for r in await _one_gateway(url, root, w, args.protocols, args, roots,
+                                                zmq_ctx, label):
+                        runs.setdefault((r.protocol, w), []).append(r)
+    finally:
+        zmq_ctx.destroy(linger=0)
+        shutil.rmtree(root, ignore_errors=True)
+    _table([_median(runs[(p, w)]) for p in args.protocols for w in args.workers], args)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench workers",
+        description="W1 through polyport serve --workers N against --workers 1, in one run")
+    p.add_argument("--workers", default="1,2",
+                   help="worker counts, comma-separated; the first is the reference "
+                        "(default 1,2)")
+    p.add_argument("--protocols", default=",".join(DEFAULT_PROTOCOLS),
+                   help=f"comma-separated, from {','.join(PROTOCOLS)} "
+                        f"(default {','.join(DEFAULT_PROTOCOLS)})")
+    p.add_argument("--publishers", type=int, default=32, help="W1 publishers (default 32)")
+    p.add_argument("--seconds", type=float, default=5.0, help="length of each measurement")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="alternating runs per worker count; medians reported (default 3)")
+    args = p.parse_args(argv)
+    try:
+        args.protocols = _choices(args.protocols, PROTOCOLS, "--protocols")
+        args.workers = [int(x) for x in args.workers.split(",") if x.strip()]
+        if not args.protocols:
+            raise BenchError("--protocols: name at least one protocol")
+        if not args.workers or min(args.workers) < 1 or len(set(args.workers)) != len(
+                args.workers):
+            raise BenchError("--workers: distinct positive integers, comma-separated")
+        if args.seconds <= 0 or args.repeat < 1 or args.publishers < 1:
+            raise BenchError("--seconds, --repeat and --publishers must be positive")
+    except (BenchError, ValueError) as exc:
+        print(f"python -m bench workers: {one_line(exc)}", file=sys.stderr)
+        return 2
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        pass
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(run(args))
+    except KeyboardInterrupt:
+        print("python -m bench workers: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback
+        print(f"python -m bench workers: {one_line(exc)}", file=sys.stderr)
+        return 1

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.listeners import port_flags
+
 SECRET = "s3cr3t-pw"
-LISTENERS_OFF = [a for n in ("res01", "bson", "reactivesocket", "micromsg2", "segment")
-                 for a in (f"--{n}-port", "off")]
+LISTENERS_OFF = port_flags("off", but=("http",))
 
 
 def polyport(*args: str, env: dict[str, str] | None = None,

@@ -13,9 +13,9 @@ import pytest
 
 from polyport.gateway.config import ConfigError, available_cores, load_config
 from polyport.gateway.eventloop import choose_loop, run, running_loop_name
+from tests.listeners import port_flags
 
-ALL_OFF = [a for n in ("res01", "bson", "reactivesocket", "rsocket", "micromsg2", "segment")
-           for a in (f"--{n}-port", "off")]
+ALL_OFF = port_flags("off", but=("http",))
 
 
 async def _name() -> str:

@@ -43,6 +43,7 @@ from polyport.protocols.segment.frames import (
     SetupAppend,
 )
 from polyport.protocols.segment.wire import encode_frame
+from tests.listeners import port_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST_READS = {"segment_read_wait": 0.5}
@@ -194,10 +195,7 @@ class GatewayProcess:
     """``python -m polyport.gateway.cli serve`` in a subprocess with only the segment listener."""
 
     def __init__(self, db_url: str) -> None:
-        off = ["--http-port", "off"] + [
-            arg for name in ("res01", "bson", "reactivesocket", "micromsg2")
-            for arg in (f"--{name}-port", "off")
-        ]
+        off = port_flags("off", but=("segment",))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", db_url,
              "--segment-port", "0", *off],

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 from tests.gateway.test_cli_errors import polyport
+from tests.listeners import port_flags
 
-ALL_PORTS_ZERO = [a for n in ("http", "res01", "bson", "reactivesocket", "micromsg2", "segment")
-                  for a in (f"--{n}-port", "0")]
+ALL_PORTS_ZERO = port_flags("0")
 
 
 async def _start(db_url: str, data_dir: Path, conf: Path) -> asyncio.subprocess.Process:

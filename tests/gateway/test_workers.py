@@ -10,8 +10,10 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -34,9 +36,9 @@ from polyport.gateway.workers import (
 from polyport.protocols.bson.client import BsonClient
 from polyport.protocols.res01.client import Res01Client, new_event
 from tests.gateway.test_cli_errors import polyport
+from tests.listeners import port_flags
 
-ALL_PORTS_ZERO = [a for n in ("http", "res01", "bson", "reactivesocket", "rsocket", "micromsg2",
-                              "segment") for a in (f"--{n}-port", "0")]
+ALL_PORTS_ZERO = port_flags("0")
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -88,12 +90,15 @@ async def _drain(proc: asyncio.subprocess.Process, into: list[str]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serve(db_url: str, tmp_path: Path, *extra: str, workers: str = "2"
+async def serve(db_url: str, *extra: str, workers: str = "2"
                 ) -> AsyncIterator[Served]:
     # The URL carries the test cluster's password: the environment, never argv.
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
     env["POLYPORT_DATABASE_URL"] = db_url
-    data_dir = tmp_path / "data"
+    # Short: the workers' unix sockets live under it, and past a path length
+    # unix sockets allow the supervisor puts them in a temporary directory
+    # the tests could not find (pytest-xdist's tmp_path is longer).
+    data_dir = Path(tempfile.mkdtemp(prefix="pp-", dir="/tmp")) / "data"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "polyport.gateway.cli", "serve",
         "--data-dir", str(data_dir), "--workers", workers,
@@ -117,6 +122,7 @@ async def serve(db_url: str, tmp_path: Path, *extra: str, workers: str = "2"
                 proc.kill()
                 await proc.wait()
         await served._drain
+        shutil.rmtree(data_dir.parent, ignore_errors=True)
 
 
 async def wait_until(check: Any, timeout: float = 30, what: str = "") -> Any:
@@ -136,9 +142,9 @@ def bson_totals(status: dict[str, Any], key: str) -> list[int]:
 
 
 async def test_both_workers_serve_one_port_and_positions_stay_gapless(
-    db_url: str, tmp_path: Path
+    db_url: str
 ) -> None:
-    async with serve(db_url, tmp_path) as gw:
+    async with serve(db_url) as gw:
         host, port = gw.port("bson")
 
         async def appender(i: int) -> None:
@@ -193,9 +199,9 @@ async def _connect_until_both_workers(
 
 
 async def test_live_subscribers_on_each_worker_see_appends_through_the_other(
-    db_url: str, tmp_path: Path
+    db_url: str
 ) -> None:
-    async with serve(db_url, tmp_path) as gw:
+    async with serve(db_url) as gw:
         host, port = gw.port("bson")
         clients: list[BsonClient] = []
 
@@ -232,9 +238,9 @@ async def test_live_subscribers_on_each_worker_see_appends_through_the_other(
 
 
 async def test_a_consumer_group_across_workers_delivers_each_event_once(
-    db_url: str, tmp_path: Path
+    db_url: str
 ) -> None:
-    async with serve(db_url, tmp_path) as gw:
+    async with serve(db_url) as gw:
         host, port = gw.port("bson")
         clients: list[BsonClient] = []
 
@@ -286,9 +292,9 @@ def _scraped(text: str, sample: str) -> float:
 
 
 async def test_metrics_sum_the_workers_and_a_killed_worker_is_restarted(
-    db_url: str, tmp_path: Path
+    db_url: str
 ) -> None:
-    async with serve(db_url, tmp_path) as gw:
+    async with serve(db_url) as gw:
         host, port = gw.port("bson")
         for n in range(16):
             async with await BsonClient.connect(host, port) as c:
@@ -353,9 +359,9 @@ async def test_metrics_sum_the_workers_and_a_killed_worker_is_restarted(
 
 
 async def test_a_restarted_first_worker_keeps_the_res01_and_http_ports(
-    db_url: str, tmp_path: Path
+    db_url: str
 ) -> None:
-    async with serve(db_url, tmp_path) as gw:
+    async with serve(db_url) as gw:
         first = (await gw.status())["workers"][0]["pid"]
         os.kill(first, signal.SIGKILL)
         await gw.said(rf"worker 0 \(pid {first}\) was killed by SIGKILL; restarting")
@@ -374,8 +380,8 @@ async def test_a_restarted_first_worker_keeps_the_res01_and_http_ports(
         assert json.loads((gw.data_dir / "gateway.json").read_text()) == gw.ports
 
 
-async def test_sigterm_drains_every_worker_and_exits_zero(db_url: str, tmp_path: Path) -> None:
-    async with serve(db_url, tmp_path) as gw:
+async def test_sigterm_drains_every_worker_and_exits_zero(db_url: str) -> None:
+    async with serve(db_url) as gw:
         host, port = gw.port("bson")
         status = await gw.status()
         pids = [w["pid"] for w in status["workers"]]
@@ -414,7 +420,7 @@ async def test_sighup_reloads_the_certificate_in_every_worker(
     pki_dir = tmp_path / "pki"
     pki_dir.mkdir()
     pki = make_pki(pki_dir)
-    async with serve(db_url, tmp_path, "--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
+    async with serve(db_url, "--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
                      "--http-tls", "off") as gw:
         host, port = gw.port("bson")
 
@@ -495,8 +501,8 @@ def _gone(pid: int) -> bool:
     return "\nState:\tZ" in state
 
 
-async def test_workers_stop_when_the_supervisor_dies(db_url: str, tmp_path: Path) -> None:
-    async with serve(db_url, tmp_path) as gw:
+async def test_workers_stop_when_the_supervisor_dies(db_url: str) -> None:
+    async with serve(db_url) as gw:
         pids = [w["pid"] for w in (await gw.status())["workers"]]
         gw.proc.kill()  # SIGKILL: no chance to stop them itself
         await gw.proc.wait()

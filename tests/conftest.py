@@ -3,6 +3,7 @@ test cloned from a migrated template, and an EventStore on it."""
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import shutil
@@ -36,6 +37,63 @@ def pytest_configure(config: pytest.Config) -> None:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+# --- running on several processes (pytest-xdist) ----------------------------------------
+# The suite runs on pytest-xdist's workers (``-n auto`` in pyproject.toml), each
+# with its own cluster.  A test marked ``exclusive`` measures the machine's
+# spare capacity against a deadline (thousands of sockets in this process):
+# it runs while no other test does.  Every other test holds a shared lock on
+# one file, an exclusive test the exclusive lock; the turnstile, taken
+# briefly before either, keeps a waiting exclusive test from being starved
+# by the stream of shared holders.
+
+
+def _run_lock_path(kind: str) -> Path | None:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    return None if run is None else Path(tempfile.gettempdir()) / f"polyport-tests-{run}.{kind}"
+
+
+@pytest.fixture(autouse=True)
+def _exclusive_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    gate, turnstile = _run_lock_path("lock"), _run_lock_path("turnstile")
+    if gate is None or turnstile is None:  # one process: nothing runs beside it
+        yield
+        return
+    exclusive = request.node.get_closest_marker("exclusive") is not None
+    with open(gate, "a") as g, open(turnstile, "a") as t:
+        fcntl.flock(t, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(g, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(t, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(g, fcntl.LOCK_UN)
+            if exclusive:
+                fcntl.flock(t, fcntl.LOCK_UN)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fault-injection tests' table (tests/faults), gathered from the test
+    reports: with pytest-xdist the tests ran in the workers, and only their
+    reports reach this process."""
+    from tests.faults.support import SUMMARY_PROPERTY, summary_lines
+
+    rows = [
+        value
+        for reports in terminalreporter.stats.values()
+        for rep in reports
+        if getattr(rep, "when", None) == "teardown"
+        for key, value in getattr(rep, "user_properties", ())
+        if key == SUMMARY_PROPERTY
+    ]
+    if rows:
+        terminalreporter.section("fault injection summary")
+        for line in summary_lines(rows):
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

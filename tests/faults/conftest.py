@@ -4,6 +4,7 @@ stop PostgreSQL, which must not disturb the suite's shared ``pg_cluster``."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import pytest
 from polyport.core import migrate
 from polyport.gateway.embedded_pg import EmbeddedPostgres
 from tests.conftest import TEMPLATE_DB, _with_db, create_database
-from tests.faults.support import SUMMARY, summary_lines
+from tests.faults.support import SUMMARY, SUMMARY_PROPERTY
 
 
 @pytest.fixture(scope="session")
@@ -51,8 +52,11 @@ async def fault_db(fault_pg: EmbeddedPostgres) -> str:
     return await create_database(fault_pg.url(port))
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if SUMMARY:
-        terminalreporter.section("fault injection summary")
-        for line in summary_lines():
-            terminalreporter.write_line(line)
+@pytest.fixture(autouse=True)
+def _report_summary_rows(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test's rows of the fault summary go out with its report; the root
+    conftest prints them (see tests/conftest.py, pytest_terminal_summary)."""
+    start = len(SUMMARY)
+    yield
+    for row in SUMMARY[start:]:
+        request.node.user_properties.append((SUMMARY_PROPERTY, dataclasses.astuple(row)))

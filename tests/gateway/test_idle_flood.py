@@ -65,6 +65,7 @@ async def _flood(address: tuple[str, int]) -> tuple[int, int]:
     return results.count("refused"), results.count("closed")
 
 
+@pytest.mark.exclusive  # 12,000 sockets against a handshake deadline, both ends here
 async def test_idle_floods_are_refused_or_closed_and_a_client_is_served(
     gateway_factory: Any,
 ) -> None:

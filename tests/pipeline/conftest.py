@@ -37,6 +37,17 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # shared session below keeps the defaults: it exports 100,000 rows many times.)
 TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the group marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # One pytest-xdist worker runs every Spark test: one JVM and one shared
+    # SparkSession for the run instead of one per worker.
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 TEST_CONF = (
     ("spark.sql.shuffle.partitions", "4"),
     ("spark.ui.enabled", "false"),

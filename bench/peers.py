@@ -1488,22 +1488,32 @@ def main(argv: list[str]) -> int:
     # Thousands of sockets here and in the children (which inherit the limit).
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    factory, args.loop = client_loop()
+    return run_command("python -m bench peers", factory, lambda: run(args))
+
+
+def client_loop() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
+    """The clients' event loop: uvloop when it is importable (its factory
+    and name)."""
     try:
         import uvloop
-
-        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-        args.loop = "uvloop"
     except ImportError:
-        loop_factory = None
-        args.loop = "asyncio"
+        return None, "asyncio"
+    return uvloop.new_event_loop, "uvloop"
+
+
+def run_command(prog: str, factory: Callable[[], asyncio.AbstractEventLoop] | None,
+                main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run a bench's main coroutine; an interruption or a failure is one
+    line naming the command, never a traceback."""
     try:
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            return runner.run(run(args))
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(main())
     except KeyboardInterrupt:
-        print("python -m bench peers: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback
-        print(f"python -m bench peers: {one_line(exc)}", file=sys.stderr)
+        print(f"{prog}: {one_line(exc)}", file=sys.stderr)
         return 1
 
 

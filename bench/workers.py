@@ -25,7 +25,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +40,9 @@ from bench.peers import (
     Roots,
     ServeProcess,
     _choices,
+    client_loop,
     one_line,
+    run_command,
     say,
     w1_polyport,
 )
@@ -178,19 +179,5 @@ def main(argv: list[str]) -> int:
     except (BenchError, ValueError) as exc:
         print(f"python -m bench workers: {one_line(exc)}", file=sys.stderr)
         return 2
-    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
-    try:
-        import uvloop
-
-        loop_factory = uvloop.new_event_loop
-    except ImportError:
-        pass
-    try:
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            return runner.run(run(args))
-    except KeyboardInterrupt:
-        print("python -m bench workers: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # noqa: BLE001 - one line, never a traceback
-        print(f"python -m bench workers: {one_line(exc)}", file=sys.stderr)
-        return 1
+    factory, _name = client_loop()
+    return run_command("python -m bench workers", factory, lambda: run(args))

@@ -5,23 +5,17 @@ durations.  Checks the tables print with positive figures, not the figures."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent.parent
+from tests.bench.command import bench
+
 HAVE_NATS = Path("/usr/sbin/nats-server").exists() or shutil.which("nats-server") is not None
 
 
 def test_peers_prints_every_table_with_positive_figures() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "peers", "--seconds", "0.3", "--protocols", "bson",
-         "--publishers", "4", "--rate", "200", "--connections", "100"],
-        cwd=REPO, env={**os.environ, "POLYPORT_BENCH_JSON": "1"},
-        capture_output=True, text=True, timeout=240,
-    )
+    done = bench("peers", "--seconds", "0.3", "--protocols", "bson", "--publishers", "4",
+                 "--rate", "200", "--connections", "100", env={"POLYPORT_BENCH_JSON": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     for title in ("W1 closed loop", "W2 pipelined", "W3 delivery", "RSS per idle connection"):
@@ -52,10 +46,7 @@ def test_peers_prints_every_table_with_positive_figures() -> None:
 
 
 def test_a_bad_option_is_one_line() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "peers", "--protocols", "bson,telnet"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )
+    done = bench("peers", "--protocols", "bson,telnet", timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "python -m bench peers: --protocols: unknown telnet (choose from res01, bson, "

@@ -4,21 +4,14 @@ figures (speed is never asserted in a test)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent.parent
+from tests.bench.command import bench
 
 
 def test_workers_bench_prints_both_counts_with_ratio_and_ceiling() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "workers", "--seconds", "0.3", "--repeat", "1",
-         "--protocols", "bson", "--publishers", "4", "--workers", "1,2"],
-        cwd=REPO, env=os.environ, capture_output=True, text=True, timeout=240,
-    )
+    done = bench("workers", "--seconds", "0.3", "--repeat", "1", "--protocols", "bson",
+                 "--publishers", "4", "--workers", "1,2")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     rows = {
@@ -33,10 +26,7 @@ def test_workers_bench_prints_both_counts_with_ratio_and_ceiling() -> None:
 
 
 def test_a_bad_worker_list_is_one_line() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "workers", "--workers", "1,1"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )
+    done = bench("workers", "--workers", "1,1", timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "python -m bench workers: --workers: distinct positive integers, comma-separated"

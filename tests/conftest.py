@@ -49,19 +49,19 @@ def pytest_configure(config: pytest.Config) -> None:
 # by the stream of shared holders.
 
 
-def _run_lock_path(kind: str) -> Path | None:
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    return None if run is None else Path(tempfile.gettempdir()) / f"polyport-tests-{run}.{kind}"
-
-
 @pytest.fixture(autouse=True)
-def _exclusive_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
-    gate, turnstile = _run_lock_path("lock"), _run_lock_path("turnstile")
-    if gate is None or turnstile is None:  # one process: nothing runs beside it
+def _exclusive_when_marked(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process: nothing runs beside it
         yield
         return
+    # Each worker's basetemp is <the run's basetemp>/<worker id>: the parent
+    # is shared by the run's workers, and pytest removes it with old runs.
+    run_dir = tmp_path_factory.getbasetemp().parent
     exclusive = request.node.get_closest_marker("exclusive") is not None
-    with open(gate, "a") as g, open(turnstile, "a") as t:
+    with open(run_dir / "exclusive.lock", "a") as g, \
+            open(run_dir / "exclusive.turnstile", "a") as t:
         fcntl.flock(t, fcntl.LOCK_EX)
         try:
             fcntl.flock(g, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)

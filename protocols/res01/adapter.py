@@ -468,8 +468,16 @@ class Res01Handler:
 
     async def _check_ids(self, ids: list[int], tenant: Tenant) -> None:
         """NotFound for the first unknown id, Forbidden for the first id of a
-        context the principal may not use, before anything is done."""
-        for sub_id in dict.fromkeys(ids):
+        context the principal may not use, before anything is done.
+
+        With one id there is nothing to do first: the tenant's fetch or
+        progress checks that id before it touches anything, and the same
+        error comes back.  (A FE/PS loop on one subscription is the common
+        case, and every read of the row is a round trip of the cycle.)"""
+        unique = list(dict.fromkeys(ids))
+        if len(unique) < 2:
+            return
+        for sub_id in unique:
             await self._read(tenant.fetch_subscription(sub_id))
 
     async def _fetch(

@@ -312,10 +312,7 @@ class Writer:
         self._settle[slot] = []
         events = sum(p.events for p in batch)
         cost = sum(p.cost for p in batch)
-        if previous is None or previous.done():
-            self._sent(events, cost)
-        else:
-            previous.add_done_callback(lambda _: self._sent(events, cost))
+        _when_done(previous, lambda: self._sent(events, cost))
         started = time.monotonic()
         written = self.stats.events
         try:
@@ -327,10 +324,7 @@ class Writer:
             # ahead can finish before its predecessor, and the batch after it,
             # planned on the predecessor's expected stream states, must still
             # wait for the predecessor.
-            if previous is None or previous.done():
-                done_future.set_result(None)
-            else:
-                previous.add_done_callback(lambda _: done_future.set_result(None))
+            _when_done(previous, lambda: done_future.set_result(None))
             for fut, outcome in self._settle.pop(slot):
                 if fut.done():
                     continue
@@ -711,6 +705,15 @@ class Writer:
                 settle.append((p.future, [r.resolve(base, t0) for r in outcome]))
         if n and self._on_commit is not None:
             self._on_commit(base, t0, plan.rows)
+
+
+def _when_done(previous: asyncio.Future[None] | None, then: Callable[[], None]) -> None:
+    """``then()`` once the previous batch is done: now if it already is (or
+    there is none), else from its done callback."""
+    if previous is None or previous.done():
+        then()
+    else:
+        previous.add_done_callback(lambda _: then())
 
 
 _FAST_APPEND = {

@@ -80,10 +80,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The fault-injection tests' table (tests/faults), gathered from the test
     reports: with pytest-xdist the tests ran in the workers, and only their
     reports reach this process."""
-    from tests.faults.support import SUMMARY_PROPERTY, summary_lines
+    from tests.faults.support import SUMMARY_PROPERTY, Row, summary_lines
 
     rows = [
-        value
+        Row(*value)  # reports carry the rows as tuples
         for reports in terminalreporter.stats.values()
         for rep in reports
         if getattr(rep, "when", None) == "teardown"

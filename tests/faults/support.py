@@ -13,7 +13,7 @@ import contextlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 from urllib.parse import urlsplit, urlunsplit
@@ -44,14 +44,12 @@ SUMMARY: list[Row] = []
 SUMMARY_PROPERTY = "fault summary"
 
 
-def summary_lines(rows: Iterable[Sequence[object]]) -> list[str]:
-    """The table of ``Row`` fields (as tuples: that is how reports carry them)."""
+def summary_lines(rows: Iterable[Row]) -> list[str]:
     head = (f"{'fault':<28} {'protocol':<14} {'acked':>7} {'stored':>7} {'lost':>5} "
             f"{'dup':>5} {'gaps':>5} {'recovery s':>10}")
     return [head, *(
         f"{r.fault:<28} {r.protocol:<14} {r.acknowledged:>7} {r.stored:>7} {r.lost:>5} "
-        f"{r.duplicated:>5} {r.gaps:>5} {r.recovery:>10.2f}"
-        for r in (Row(*t) for t in rows)  # type: ignore[arg-type]
+        f"{r.duplicated:>5} {r.gaps:>5} {r.recovery:>10.2f}" for r in rows
     )]
 
 

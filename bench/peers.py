@@ -254,11 +254,13 @@ class ServeProcess:
     gateway.json it writes into its data directory."""
 
     def __init__(self, root: Path, database_url: str, listeners: Sequence[str],
-                 workers: int | None) -> None:
+                 workers: int | None, chain: bool = True) -> None:
         self.data_dir = root
         self.database_url = database_url
         self.listeners = tuple(listeners)
         self.workers = workers
+        # With workers > 1: the commit chain (off: each worker commits itself).
+        self.chain = chain
         self.proc: asyncio.subprocess.Process | None = None
         self.ports: dict[str, tuple[str, int]] = {}
 
@@ -282,6 +284,7 @@ class ServeProcess:
             # the 2,000 idle connections.
             "POLYPORT_MAX_CONNECTIONS_PER_ADDRESS": "0",
             "POLYPORT_MAX_CONNECTIONS": "0",
+            "POLYPORT_COMMIT_CHAIN": "on" if self.chain else "off",
         }
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "polyport.gateway.cli", "serve",

@@ -48,13 +48,26 @@ from bench.peers import (
 )
 
 DEFAULT_PROTOCOLS = ("bson", "micromsg2")
-TARGET = 1.3  # issue 19, acceptance 3
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A worker count and how its workers commit."""
+
+    workers: int
+    chain: bool = True
+
+    @property
+    def label(self) -> str:
+        if self.workers == 1:
+            return "1"
+        return f"{self.workers} chain" if self.chain else f"{self.workers} own"
 
 
 @dataclass
 class Run:
     protocol: str
-    workers: int
+    setup: Setup
     events: float
     cores: dict[str, float]
 
@@ -66,18 +79,20 @@ class Run:
 def _median(runs: list[Run]) -> Run:
     first = runs[0]
     return Run(
-        first.protocol, first.workers,
+        first.protocol, first.setup,
         statistics.median(r.events for r in runs),
         {k: statistics.median(r.cores.get(k, 0.0) for r in runs)
          for k in ("gateway", "pg", "client")},
     )
 
 
-async def _one_gateway(pg_url: str, root: Path, workers: int, protocols: list[str],
+async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[str],
                        args: argparse.Namespace, roots: Roots,
                        zmq_ctx: zmq.asyncio.Context, label: str) -> list[Run]:
-    gateway = ServeProcess(root / f"gateway-{label}", pg_url, protocols, workers)
-    say(f"[{label}] starting polyport serve --workers {workers}...")
+    workers = setup.workers
+    gateway = ServeProcess(root / f"gateway-{label}", pg_url, protocols, workers, setup.chain)
+    say(f"[{label}] starting polyport serve --workers {workers}"
+        f"{'' if workers == 1 else ' (commit chain ' + ('on' if setup.chain else 'off') + ')'}...")
     await gateway.start()
     roots.gateway = gateway.pid
     env = Env("", gateway, None, zmq_ctx, roots)
@@ -89,8 +104,8 @@ async def _one_gateway(pg_url: str, root: Path, workers: int, protocols: list[st
                 # A short warm-up: connections, prepared statements, caches.
                 await w1_polyport(env, Meter(roots), p, args.publishers, min(1.0, args.seconds))
                 got = await w1_polyport(env, meter, p, args.publishers, args.seconds)
-            runs.append(Run(p, workers, got, meter.cores))
-            say(f"  [{label}] {p}, --workers {workers}: {got:,.0f} events/s (cores: gateway "
+            runs.append(Run(p, setup, got, meter.cores))
+            say(f"  [{label}] {p}, --workers {setup.label}: {got:,.0f} events/s (cores: gateway "
                 f"{meter.cores['gateway']:.2f}, PostgreSQL {meter.cores['pg']:.2f}, client "
                 f"{meter.cores['client']:.2f})")
     finally:
@@ -101,27 +116,33 @@ async def _one_gateway(pg_url: str, root: Path, workers: int, protocols: list[st
 
 def _table(rows: list[Run], args: argparse.Namespace) -> None:
     cpus = os.cpu_count() or 1
-    base = {r.protocol: r for r in rows if r.workers == args.workers[0]}
+    first = args.setups[0]
+    base = {r.protocol: r for r in rows if r.setup == first}
     print(f"\nW1 closed loop, {args.publishers} publishers, by worker count (median of "
           f"{args.repeat} run(s) of {args.seconds:g} s, the worker counts alternating); "
           f"{cpus} CPUs")
-    print(f"  {'protocol':<15} {'workers':>7} {'events/s':>10} {'gateway':>8} {'PG':>6} "
-          f"{'client':>7} {'total':>6} {'us CPU':>7} {'ratio':>6} {'ceiling':>8}")
-    print(f"  {'':<15} {'':>7} {'':>10} {'cores':>8} {'cores':>6} {'cores':>7} "
-          f"{'cores':>6} {'/event':>7} {'':>6} {'':>8}")
+    print(f"  {'protocol':<15} {'workers':>9} {'events/s':>10} {'gateway':>8} {'PG':>6} "
+          f"{'client':>7} {'total':>6} {'us CPU':>7} {'ratio':>6} {'CPU/ev':>7} "
+          f"{'ceiling':>8}")
+    print(f"  {'':<15} {'':>9} {'':>10} {'cores':>8} {'cores':>6} {'cores':>7} "
+          f"{'cores':>6} {'/event':>7} {'':>6} {'ratio':>7} {'':>8}")
     for r in rows:
         b = base[r.protocol]
         per_event = r.total / r.events * 1e6 if r.events else float("nan")
+        b_per_event = b.total / b.events * 1e6 if b.events else float("nan")
         ratio = r.events / b.events if b.events else float("nan")
-        first = r.workers == args.workers[0]
-        ceiling = f"{cpus / b.total:.2f}" if first and b.total else ""
-        print(f"  {r.protocol:<15} {r.workers:>7} {r.events:>10,.0f} "
+        is_first = r.setup == first
+        ceiling = f"{cpus / b.total:.2f}" if is_first and b.total else ""
+        print(f"  {r.protocol:<15} {r.setup.label:>9} {r.events:>10,.0f} "
               f"{r.cores['gateway']:>8.2f} {r.cores['pg']:>6.2f} {r.cores['client']:>7.2f} "
-              f"{r.total:>6.2f} {per_event:>7.0f} {'' if first else f'{ratio:.2f}':>6} "
-              f"{ceiling:>8}")
-    print(f"  ratio: events/s against --workers {args.workers[0]}; target >= {TARGET} "
-          f"for --workers 2 (issue 19)")
-    print(f"  ceiling: {cpus} cores / total cores at --workers {args.workers[0]}: the most "
+              f"{r.total:>6.2f} {per_event:>7.0f} {'' if is_first else f'{ratio:.2f}':>6} "
+              f"{'' if is_first else f'{per_event / b_per_event:.2f}':>7} {ceiling:>8}")
+    print("  workers: 'N chain' = N workers feeding one commit chain process (the default); "
+          "'N own' = each worker commits itself (POLYPORT_COMMIT_CHAIN=off, the design "
+          "before issue 26)")
+    print(f"  ratio: events/s against --workers {first.label}; CPU/ev ratio: CPU per event "
+          f"(gateway + PG + client) against --workers {first.label}")
+    print(f"  ceiling: {cpus} cores / total cores at --workers {first.label}: the most "
           "any number of workers could reach here if they cost no extra CPU per event")
 
 
@@ -137,17 +158,18 @@ async def run(args: argparse.Namespace) -> int:
             roots = Roots(pg=int((pg.pgdata / "postmaster.pid").read_text().split()[0]))
             say(f"bench workers: {os.cpu_count()} CPUs, load average "
                 f"{os.getloadavg()[0]:.2f} at start")
+            setups: list[Setup] = args.setups
             for rep in range(args.repeat):
-                k = rep % len(args.workers)
-                for w in args.workers[k:] + args.workers[:k]:
+                k = rep % len(setups)
+                for setup in setups[k:] + setups[:k]:
                     label = f"{rep + 1}/{args.repeat}"
-                    for r in await _one_gateway(url, root, w, args.protocols, args, roots,
+                    for r in await _one_gateway(url, root, setup, args.protocols, args, roots,
                                                 zmq_ctx, label):
-                        runs.setdefault((r.protocol, w), []).append(r)
+                        runs.setdefault((r.protocol, setup), []).append(r)
     finally:
         zmq_ctx.destroy(linger=0)
         shutil.rmtree(root, ignore_errors=True)
-    _table([_median(runs[(p, w)]) for p in args.protocols for w in args.workers], args)
+    _table([_median(runs[(p, s)]) for p in args.protocols for s in args.setups], args)
     return 0
 
 
@@ -163,6 +185,9 @@ def main(argv: list[str]) -> int:
                         f"(default {','.join(DEFAULT_PROTOCOLS)})")
     p.add_argument("--publishers", type=int, default=32, help="W1 publishers (default 32)")
     p.add_argument("--seconds", type=float, default=5.0, help="length of each measurement")
+    p.add_argument("--chain", choices=("on", "off", "both"), default="both",
+                   help="for counts above 1: workers feed one commit chain (on), commit "
+                        "each on their own (off), or both side by side (default both)")
     p.add_argument("--repeat", type=int, default=3,
                    help="alternating runs per worker count; medians reported (default 3)")
     args = p.parse_args(argv)
@@ -176,6 +201,9 @@ def main(argv: list[str]) -> int:
             raise BenchError("--workers: distinct positive integers, comma-separated")
         if args.seconds <= 0 or args.repeat < 1 or args.publishers < 1:
             raise BenchError("--seconds, --repeat and --publishers must be positive")
+        modes = {"on": (True,), "off": (False,), "both": (False, True)}[args.chain]
+        args.setups = [Setup(w, c) for w in args.workers
+                       for c in ((True,) if w == 1 else modes)]
     except (BenchError, ValueError) as exc:
         print(f"python -m bench workers: {one_line(exc)}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ import asyncpg
 
 from polyport.core import migrate, sql
 from polyport.core.binders import BinderQuery, BinderService
+from polyport.core.chain import ChainClient, Connect
 from polyport.core.commands import (
     Append,
     AppendBatch,
@@ -47,6 +48,7 @@ from polyport.core.locks import GroupLocks
 from polyport.core.matcher import event_matcher
 from polyport.core.migrate import asyncpg_dsn
 from polyport.core.monitor import Monitor
+from polyport.core.notify import Notifier
 from polyport.core.parking import ParkedEvent, Parking, SubscriptionSettings, start_from_json
 from polyport.core.records import record_from_row
 from polyport.core.subscriptions import Subscription, Tailer
@@ -78,6 +80,12 @@ class StoreConfig:
     # Readiness (core.health): the schema revision is checked at start and
     # then this often, off the request path.
     schema_check_interval: float = SCHEMA_CHECK_INTERVAL
+    # How to reach the commit chain of a multi-process gateway
+    # (core/chain.py); None: this process's own writer commits.
+    chain: Connect | None = None
+    # Whether this process counts the chain's commits in its writer stats
+    # (every worker hears of every commit; one of them counts).
+    chain_counts_commits: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +147,7 @@ class EventStore:
         # Request paths query through _db (lost connections raised as
         # StorageUnavailable); the writer, tailer and locks own their retries.
         self._db: Db = None  # type: ignore[assignment]
-        self.writer: Writer = None  # type: ignore[assignment]
+        self.writer: Writer | ChainClient = None  # type: ignore[assignment]
         self.tailer: Tailer = None  # type: ignore[assignment]
         self.users: UserService = None  # type: ignore[assignment]
         self.binders: BinderService = None  # type: ignore[assignment]
@@ -154,9 +162,7 @@ class EventStore:
         self._group_locks = GroupLocks(self._dsn)
         self._reads = asyncio.Semaphore(config.max_concurrent_reads)
         self._waiting_reads = 0
-        self._notify_latest = 0
-        self._notify_task: asyncio.Task[None] | None = None
-        self._notify_wake = asyncio.Event()
+        self._notifier = Notifier(self._dsn, config.notify_interval)
         # The tailer polls at least every poll interval when idle.
         self._health = Health(stale_after=max(DEFAULT_STALE_AFTER, 3 * config.poll_interval))
         self._schema_task: asyncio.Task[None] | None = None
@@ -187,12 +193,17 @@ class EventStore:
         self._db = Db(self._pool)
         self.tailer = Tailer(self._pool, self._dsn, self.config.poll_interval, self._health)
         await self.tailer.start()
-        self.writer = Writer(
-            self._pool, self._dsn, self.config.writer, on_commit=self._committed,
-            health=self._health,
-        )
+        local = Writer(self._dsn, self.config.writer, on_commit=self._committed,
+                       health=self._health)
+        if self.config.chain is None:
+            self.writer = local
+        else:
+            tailer = self.tailer
+            self.writer = ChainClient(
+                local, self.config.chain, self._chain_committed,
+                lambda: tailer.feeding, counts_commits=self.config.chain_counts_commits)
         self.writer.start()
-        self._notify_task = asyncio.create_task(self._notifier(), name="polyport-notify")
+        self._notifier.start()
         self._schema_task = asyncio.create_task(self._watch_schema(), name="polyport-schema")
         self.users = UserService(
             self._db,
@@ -214,8 +225,7 @@ class EventStore:
         for group in list(self._groups.values()):
             await group.flush()
         await self.binders.stop()
-        if self._notify_task is not None:
-            self._notify_task.cancel()
+        self._notifier.stop()
         if self._schema_task is not None:
             self._schema_task.cancel()
         await self.tailer.stop()
@@ -256,35 +266,17 @@ class EventStore:
     def _committed(self, base: int, t0: datetime, rows: list[tuple[Any, ...]]) -> None:
         self._health.ok()
         self.tailer.committed(base, t0, rows)
-        self._notify_latest = base + len(rows)
-        self._notify_wake.set()
+        self._notifier.committed(base + len(rows))
 
-    async def _notifier(self) -> None:
-        """NOTIFY other processes after commit, never inside the append
-        transaction; one in flight at a time, carrying the latest position."""
-        sent = 0
-        conn: asyncpg.Connection | None = None
-        while True:
-            await self._notify_wake.wait()
-            self._notify_wake.clear()
-            if self._notify_latest <= sent:
-                continue
-            target = self._notify_latest
-            try:
-                if conn is None or conn.is_closed():
-                    conn = await asyncpg.connect(self._dsn)
-                await conn.execute(sql.NOTIFY, str(target))
-                sent = target
-                await asyncio.sleep(self.config.notify_interval)
-            except asyncio.CancelledError:
-                if conn is not None:
-                    conn.terminate()
-                raise
-            except Exception as exc:  # polling covers a lost notification
-                log.debug("NOTIFY failed: %s", exc)
-                if conn is not None:
-                    conn.terminate()
-                conn = None
+    def _chain_committed(self, base: int, t0: datetime, n: int,
+                         rows: list[tuple[Any, ...]] | None) -> None:
+        """The commit chain committed ``n`` events at ``base + 1 …`` (it
+        notifies other gateways itself)."""
+        self._health.ok()
+        if rows is not None:
+            self.tailer.committed(base, t0, rows)
+        else:
+            self.tailer.notify(base + n)
 
     # --- health -------------------------------------------------------------
 

@@ -254,6 +254,11 @@ class Tailer:
                 return
             self._wake.set()
 
+    @property
+    def feeding(self) -> bool:
+        """Whether anyone in this process takes events as they commit."""
+        return bool(self._live or self.listeners)
+
     def committed(self, base: int, t0: datetime, rows: Sequence[tuple[Any, ...]]) -> None:
         """This process's writer committed ``rows`` (the planner's row
         layout) at positions ``base + 1 …``, the first recorded at ``t0``.

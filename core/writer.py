@@ -92,6 +92,9 @@ class CommitObservation:
     events: int  # events written by this commit
     seconds: float  # time spent committing
     appends: tuple[SubmittedAppend, ...]
+    # False: appends answered by the commit chain (core/chain.py), whose
+    # commits this process did not make (events and seconds are 0 then).
+    commit: bool = True
 
 
 @dataclass
@@ -105,7 +108,6 @@ class WriterStats:
 class Writer:
     def __init__(
         self,
-        pool: asyncpg.Pool,
         dsn: str,
         limits: WriterLimits | None = None,
         # Told of each commit that wrote events: (base position, first
@@ -113,7 +115,6 @@ class Writer:
         on_commit: Callable[[int, datetime, list[tuple[Any, ...]]], None] | None = None,
         health: Health | None = None,
     ) -> None:
-        self._pool = pool
         self._dsn = dsn
         self.limits = limits or WriterLimits()
         self._queue: deque[_Pending] = deque()
@@ -231,6 +232,19 @@ class Writer:
             await self.close()
 
     async def submit(self, appends: Sequence[Append]) -> list[AppendResult]:
+        return await self.enqueue(appends)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing in flight: every append submitted so
+        far has its outcome."""
+        return not self._queue and not self._inflight
+
+    def enqueue(self, appends: Sequence[Append]) -> asyncio.Future[list[AppendResult]]:
+        """Queue ``appends`` as one unit without awaiting: the future gets the
+        outcome.  Refusals (limits, a full queue, shutdown) raise at once.
+        The commit chain (core/chain.py) queues a worker's units this way,
+        one callback each instead of one task each."""
         if self._closing:
             raise StorageUnavailable("the store is shutting down; retry against a running gateway")
         n = sum(len(a.events) for a in appends)
@@ -257,7 +271,7 @@ class Writer:
         self._wake.set()
         # The deadline is enforced by _expire(): one timer for all waiters is
         # much cheaper than a wait_for() per append.
-        return await fut
+        return fut
 
     # --- the writer loop ------------------------------------------------------
 

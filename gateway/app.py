@@ -26,7 +26,7 @@ from polyport.gateway.registry import ListenerDef, RunningListener, discover
 from polyport.gateway.telemetry import Telemetry
 from polyport.gateway.tls import ServerTls, check_material
 from polyport.gateway.websocket import TLS_USER_FROM
-from polyport.gateway.workers import Aggregator, WorkerRole, WorkerServer
+from polyport.gateway.workers import Aggregator, WorkerRole, WorkerServer, chain_connector
 from polyport.protocols.connections import ConnectionTable
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, SessionContext
 
@@ -55,6 +55,25 @@ def warn_if_anonymous_exposed(config: GatewayConfig) -> None:
             "(POLYPORT_ALLOW_ANONYMOUS=false) and add users with 'polyport users add'",
             config.host,
         )
+
+
+def writer_limits(config: GatewayConfig) -> WriterLimits:
+    """The writer's bounds from the configuration (a gateway's own writer,
+    or the commit chain's)."""
+    return WriterLimits(
+        commit_timeout=config.commit_timeout,
+        max_pending_events=config.max_pending_events,
+        max_pending_bytes=config.max_pending_bytes,
+        max_event_bytes=config.max_event_bytes,
+        slow_commit_seconds=config.slow_commit_seconds,
+        events=EventLimits(
+            max_name_bytes=config.max_name_bytes,
+            max_headers=config.max_headers,
+            max_header_name_bytes=config.max_header_name_bytes,
+            max_header_value_bytes=config.max_header_value_bytes,
+            max_body_depth=config.max_body_depth,
+        ),
+    )
 
 
 class Gateway:
@@ -173,20 +192,10 @@ class Gateway:
                     allow_anonymous=self.config.allow_anonymous,
                     anonymous_contexts=self.config.anonymous_contexts,
                     read_timeout=self.config.read_timeout,
-                    writer=WriterLimits(
-                        commit_timeout=self.config.commit_timeout,
-                        max_pending_events=self.config.max_pending_events,
-                        max_pending_bytes=self.config.max_pending_bytes,
-                        max_event_bytes=self.config.max_event_bytes,
-                        slow_commit_seconds=self.config.slow_commit_seconds,
-                        events=EventLimits(
-                            max_name_bytes=self.config.max_name_bytes,
-                            max_headers=self.config.max_headers,
-                            max_header_name_bytes=self.config.max_header_name_bytes,
-                            max_header_value_bytes=self.config.max_header_value_bytes,
-                            max_body_depth=self.config.max_body_depth,
-                        ),
-                    ),
+                    writer=writer_limits(self.config),
+                    chain=None if self.role is None or not self.role.chain else chain_connector(
+                        self.role.run_dir),
+                    chain_counts_commits=self.role is None or self.role.first,
                 )
             )
             await self.store.start()

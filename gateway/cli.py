@@ -53,11 +53,11 @@ log = logging.getLogger("polyport")
 
 LOG_FIELDS = ("protocol", "peer", "code", "worker")
 # Set in a worker process (gateway/worker.py): every line names its worker.
-_log_worker: int | None = None
+_log_worker: int | str | None = None
 
 
 class _WorkerTag(logging.Filter):
-    def __init__(self, worker: int) -> None:
+    def __init__(self, worker: int | str) -> None:
         super().__init__()
         self.worker = worker
 
@@ -83,7 +83,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
-def setup_logging(fmt: str = "text", level: str = "info", worker: int | None = None) -> None:
+def setup_logging(fmt: str = "text", level: str = "info", worker: int | str | None = None) -> None:
     """``worker``: this process is that worker (kept for later calls)."""
     global _log_worker
     if worker is not None:

@@ -201,6 +201,10 @@ class GatewayConfig:
     # first.  1 = one process, no supervisor.  "auto" in the file, the
     # environment or the flag = the number of cores this process may use.
     workers: int = 1
+    # With workers > 1: one commit chain process commits for every worker
+    # (core/chain.py); off: each worker commits on its own (the head row
+    # makes them take turns).
+    commit_chain: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     def port_for(self, listener: str) -> int | None:
@@ -230,7 +234,7 @@ class GatewayConfig:
 PORT_KEYS = tuple(f.name for f in fields(GatewayConfig) if f.name.endswith("_port"))
 _PORT_KEYS = set(PORT_KEYS)
 _TLS_FIELDS = {"tls", *(f"{n}_tls" for n in TLS_LISTENERS)}
-_BOOL_KEYS = {"allow_anonymous", "metrics_per_subscription", "res01_curve"}
+_BOOL_KEYS = {"allow_anonymous", "commit_chain", "metrics_per_subscription", "res01_curve"}
 _INT_KEYS = {
     "max_event_bytes",
     "max_pending_events",

@@ -152,9 +152,14 @@ def reserve_port(host: str, port: int) -> tuple[int, list[socket.socket]]:
 # --- the supervisor ------------------------------------------------------------------------
 
 
+WORKER_MODULE = "polyport.gateway.worker"
+CHAIN_MODULE = "polyport.gateway.chain"
+
+
 @dataclass
 class _Slot:
-    index: int
+    index: int  # -1: the commit chain
+    module: str = WORKER_MODULE
     proc: asyncio.subprocess.Process | None = None
     pid: int | None = None
     restarts: int = 0
@@ -163,6 +168,14 @@ class _Slot:
     task: asyncio.Task[None] | None = None
     # It ended badly after the stop began (not by the signal, not with 0).
     failed_stopping: bool = False
+
+    @property
+    def name(self) -> str:
+        return "the commit chain" if self.module == CHAIN_MODULE else f"worker {self.index}"
+
+    @property
+    def is_worker(self) -> bool:
+        return self.module == WORKER_MODULE
 
 
 @dataclass
@@ -206,12 +219,15 @@ class Supervisor:
             self._role = WorkerRole(
                 index=0, count=config.workers, run_dir=str(self._run_dir), database_url=url,
                 ports=ports, shared=frozenset(d.name for d in discover() if d.per_worker),
-                supervisor_pid=os.getpid(),
+                supervisor_pid=os.getpid(), chain=config.commit_chain,
             )
             if self.stopping.is_set():  # a signal while the database started
                 return 0
-            log.info("starting %d workers (event loop %s)", config.workers, choice.describe())
+            log.info("starting %d workers%s (event loop %s)", config.workers,
+                     " and the commit chain" if config.commit_chain else "", choice.describe())
             self.slots = [_Slot(i) for i in range(config.workers)]
+            if config.commit_chain:
+                self.slots.insert(0, _Slot(-1, CHAIN_MODULE))
             self._initial = loop.create_future()
             for slot in self.slots:
                 slot.task = asyncio.create_task(self._keep_running(slot))
@@ -312,15 +328,15 @@ class Supervisor:
                 slot.failed_stopping = True
                 return
             if self._initial is not None and not self._initial.done():
-                self._failed = (f"worker {slot.index} (pid {slot.pid}) {slot.last_exit} "
+                self._failed = (f"{slot.name} (pid {slot.pid}) {slot.last_exit} "
                                 "while the workers were starting")
                 self._initial.set_result(None)
                 return
             quick_failures = 0 if time.monotonic() - started >= STABLE_AFTER else (
                 quick_failures + 1)
             delay = restart_delay(max(1, quick_failures))
-            log.error("worker %d (pid %s) %s; restarting it in %.1fs",
-                      slot.index, slot.pid, slot.last_exit, delay)
+            log.error("%s (pid %s) %s; restarting it in %.1fs",
+                      slot.name, slot.pid, slot.last_exit, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), delay)
             if not self.stopping.is_set():
@@ -337,7 +353,7 @@ class Supervisor:
             if picked:
                 self._role = replace(self._role, ports={**self._role.ports, **picked})
         if slot.restarts:
-            log.info("worker %d restarted (pid %s)", slot.index, slot.pid)
+            log.info("%s restarted (pid %s)", slot.name, slot.pid)
         initial = self._initial
         if initial is not None and not initial.done() and all(s.ready for s in self.slots):
             initial.set_result(None)
@@ -350,9 +366,9 @@ class Supervisor:
         control_r, control_w = os.pipe()
         ready_r, ready_w = os.pipe()
         try:
+            index = ("--index", str(slot.index)) if slot.is_worker else ()
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "polyport.gateway.worker",
-                "--index", str(slot.index), "--control-fd", str(control_r),
+                sys.executable, "-m", slot.module, *index, "--control-fd", str(control_r),
                 "--ready-fd", str(ready_w),
                 pass_fds=(control_r, ready_w), stdin=asyncio.subprocess.DEVNULL,
             )
@@ -416,7 +432,9 @@ class Supervisor:
             "pid": os.getpid(),
             "started_at": self.started_at,
             "workers": [{"index": s.index, "pid": s.pid, "restarts": s.restarts,
-                         "last_exit": s.last_exit} for s in self.slots],
+                         "last_exit": s.last_exit} for s in self.slots if s.is_worker],
+            "chain": [{"pid": s.pid, "restarts": s.restarts, "last_exit": s.last_exit}
+                      for s in self.slots if not s.is_worker],
         }
         path = self._run_dir / STATE_FILE
         tmp = path.with_suffix(".tmp")
@@ -461,7 +479,7 @@ class Supervisor:
             await asyncio.gather(*tasks, return_exceptions=True)
         failed = [s for s in self.slots if s.failed_stopping]
         for s in failed:
-            log.error("worker %d (pid %s) %s while stopping", s.index, s.pid, s.last_exit)
+            log.error("%s (pid %s) %s while stopping", s.name, s.pid, s.last_exit)
         log.info("stopped")
         return 1 if failed else 0
 

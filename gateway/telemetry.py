@@ -251,7 +251,8 @@ class Telemetry:
     def observe_commit(self, obs: CommitObservation) -> None:
         if obs.events:
             self.commit_batch.observe(obs.events)
-        self.commit_duration.observe(obs.seconds)
+        if obs.commit:
+            self.commit_duration.observe(obs.seconds)
         for unit in obs.appends:
             self._child(self.append_latency, unit.origin).observe(unit.seconds)
             self._child(self.append_size, unit.origin).observe(unit.events)

@@ -45,20 +45,9 @@ def read_payload(fd: int) -> dict[str, Any]:
     return data
 
 
-async def _work(payload: dict[str, Any], control_fd: int, ready_fd: int, choice: Any) -> int:
-    from polyport.gateway.app import Gateway
-    from polyport.gateway.cli import _reload
-
-    role = payload["role"]
-    args = argparse.Namespace(**payload["args"])
-    log.info("worker %d (of %d): event loop %s", role.index, role.count, choice.describe())
-    gw = Gateway(role.apply(payload["config"]), role)
-    await gw.start()
-    stop = asyncio.Event()
+def watch_lifeline(control_fd: int, stop: asyncio.Event) -> None:
+    """Set ``stop`` when the supervisor's end of the control pipe closes."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: _reload(gw, args, role.apply))
 
     def lifeline() -> None:
         try:
@@ -74,6 +63,24 @@ async def _work(payload: dict[str, Any], control_fd: int, ready_fd: int, choice:
 
     os.set_blocking(control_fd, False)
     loop.add_reader(control_fd, lifeline)
+
+
+async def _work(payload: dict[str, Any], control_fd: int, ready_fd: int, choice: Any) -> int:
+    from polyport.gateway.app import Gateway
+    from polyport.gateway.cli import _reload
+
+    role = payload["role"]
+    args = argparse.Namespace(**payload["args"])
+    log.info("worker %d (of %d): event loop %s", role.index, role.count, choice.describe())
+    gw = Gateway(role.apply(payload["config"]), role)
+    await gw.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: _reload(gw, args, role.apply))
+
+    watch_lifeline(control_fd, stop)
     curve = getattr(gw.listeners.get("res01"), "curve", None)
     # The port of each setting as bound (the supervisor keeps those it did
     # not choose itself for this worker's restarts).

@@ -45,6 +45,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from polyport.core.chain import MAX_MESSAGE_BYTES as READ_LIMIT
+from polyport.core.chain import Connect
 from polyport.gateway.config import PORT_KEYS, GatewayConfig
 
 if TYPE_CHECKING:
@@ -81,6 +83,21 @@ def socket_path(run_dir: str, index: int) -> Path:
     return Path(run_dir) / f"worker-{index}.sock"
 
 
+def chain_socket_path(run_dir: str) -> Path:
+    """Where the commit chain process (gateway/chain.py) listens."""
+    return Path(run_dir) / "chain.sock"
+
+
+def chain_connector(run_dir: str) -> Connect:
+    """How a worker reaches the commit chain."""
+    path = str(chain_socket_path(run_dir))
+
+    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(path, limit=READ_LIMIT)
+
+    return connect
+
+
 @dataclass(frozen=True)
 class WorkerRole:
     index: int  # 0: also Res01, HTTP and the aggregated /metrics and /status
@@ -93,6 +110,9 @@ class WorkerRole:
     # Listeners that run in every worker (ListenerDef.per_worker).
     shared: frozenset[str]
     supervisor_pid: int = 0
+    # Appends go through the commit chain process (core/chain.py) rather
+    # than each worker's own writer.
+    chain: bool = False
 
     @property
     def first(self) -> bool:

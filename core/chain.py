@@ -1,0 +1,562 @@
+"""The commit chain: one writer that every worker of ``serve --workers N``
+feeds, instead of one writer per worker taking turns on the head row.
+
+Why.  Every commit serialises on the ``log_head`` row, whose lock is held
+through COMMIT and its WAL flush.  N writers in N processes take turns, one
+flush each, with batches 1/N the size: measured on 16 cores, W1 fell below
+one worker's rate past two workers (issue 26, docs/architecture.md).  One
+writer fed by every worker makes one batch of what all of them have waiting:
+the head row is taken once per commit whatever the worker count, and
+PostgreSQL's CPU per event falls as batches grow instead of rising.
+
+Two halves, both without sockets of their own (the gateway connects them
+over a unix socket in the supervisor's run directory):
+
+- :class:`CommitChain` runs in the chain process: a :class:`~core.writer.Writer`
+  (the same group commit, planner and fast path as a single process), a
+  :class:`~core.notify.Notifier` for other gateways, and one
+  :meth:`CommitChain.serve` per connected worker.  Each commit goes back to
+  every worker in commit order: the rows to a worker whose tailer has live
+  subscribers (it fans them out from memory, as a single process does), the
+  new head position alone to the others.
+- :class:`ChainClient` runs in each worker in place of its writer, with the
+  same ``submit``.  The appends a worker collects in one event-loop turn
+  travel as one write.  While the chain is unreachable the worker commits
+  through its own :class:`~core.writer.Writer` (the head row orders both),
+  so losing the chain process costs latency, never an acknowledged event:
+  the units it had not answered are handed to that local writer in the
+  order they were sent, and re-sent event ids are idempotent, so a unit the
+  chain committed just before it died is answered with what was recorded.
+  The worker goes back to the chain only once its local writer is idle,
+  so an append never overtakes one sent before it.
+
+The messages are MessagePack arrays, one after another on the stream (the
+peers are processes of one gateway, behind a 0700 directory)::
+
+    worker -> chain   [APPEND, uid, [append, ...]]     one unit (Append or AppendBatch)
+                      [FEED, wants_rows]                whether to send commits' rows
+    chain -> worker   [RESULT, uid, results]            the unit committed
+                      [FAILED, uid, code, message, n]   it failed (n: current version / reader)
+                      [COMMIT, base, t0, count, rows]   a commit, rows or nil
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgpack
+
+from polyport.core.commands import (
+    ANY,
+    NO_STREAM,
+    Append,
+    AppendResult,
+    ExactVersion,
+    Expected,
+    NoStream,
+    ProducerCheckpoint,
+)
+from polyport.core.errors import (
+    ERROR_BY_CODE,
+    Busy,
+    PolyportError,
+    StorageUnavailable,
+    Timeout,
+    WrongExpectedVersion,
+)
+from polyport.core.events import EventData
+from polyport.core.health import Health
+from polyport.core.limits import check_appends
+from polyport.core.notify import Notifier
+from polyport.core.writer import (
+    CommitObservation,
+    SubmittedAppend,
+    Writer,
+    WriterLimits,
+    WriterStats,
+)
+
+log = logging.getLogger("polyport.chain")
+
+APPEND, FEED = 0, 1
+RESULT, FAILED, COMMIT = 0, 1, 2
+
+# A connection between processes of one gateway; large only because one
+# unit may be a whole 32 MiB batch.
+MAX_MESSAGE_BYTES = 64 << 20
+READ_CHUNK = 1 << 20
+# A worker that stops reading is dropped past this much unsent output (it
+# reconnects, and hands what it had in flight to its own writer).
+MAX_PEER_BACKLOG = 256 << 20
+RECONNECT_MIN = 0.05
+RECONNECT_MAX = 1.0
+
+Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_US = timedelta(microseconds=1)
+
+
+def _us(t: datetime) -> int:
+    return (t - _EPOCH) // _ONE_US
+
+
+def _time(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+# --- the wire ----------------------------------------------------------------------
+
+
+def encode_append(a: Append) -> list[Any]:
+    exp = a.expected
+    expected = -1 if exp is ANY else 0 if isinstance(exp, NoStream) else exp.next_version  # type: ignore[union-attr]
+    cp = a.producer_checkpoint
+    return [
+        a.context, a.stream, expected, a.origin,
+        None if cp is None else cp.producer_id.bytes, 0 if cp is None else cp.ack_level,
+        [[e.event_id.bytes, e.type, e.body, dict(e.headers) if e.headers else None,
+          e.content_type, None if e.client_time is None else _us(e.client_time)]
+         for e in a.events],
+    ]
+
+
+def decode_append(x: list[Any]) -> Append:
+    context, stream, expected, origin, cp_id, cp_level, events = x
+    exp: Expected = ANY if expected < 0 else NO_STREAM if expected == 0 else ExactVersion(expected)
+    return Append(
+        context, stream,
+        tuple(
+            EventData(type_, body, uuid.UUID(bytes=eid), headers or {}, content_type,
+                      None if ct is None else _time(ct))
+            for eid, type_, body, headers, content_type, ct in events
+        ),
+        exp, origin,
+        None if cp_id is None else ProducerCheckpoint(uuid.UUID(bytes=cp_id), cp_level),
+    )
+
+
+def encode_results(results: Sequence[AppendResult]) -> list[Any]:
+    return [[r.context, r.stream, r.first_version, r.last_version, r.first_position,
+             r.last_position, _us(r.recorded_at), r.commit_id.bytes, r.idempotent]
+            for r in results]
+
+
+def decode_results(x: list[Any]) -> list[AppendResult]:
+    return [AppendResult(c, s, fv, lv, fp, lp, _time(at), uuid.UUID(bytes=cid), idem)
+            for c, s, fv, lv, fp, lp, at, cid, idem in x]
+
+
+def encode_failure(uid: int, err: PolyportError) -> list[Any]:
+    extra = 0
+    if isinstance(err, WrongExpectedVersion):
+        extra = err.current_version
+    elif isinstance(err, Busy | Timeout):
+        extra = int(err.reader)
+    return [FAILED, uid, err.code, err.message, extra]
+
+
+def decode_failure(code: str, message: str, extra: int) -> PolyportError:
+    if code == WrongExpectedVersion.code:
+        return WrongExpectedVersion(message, current_version=extra)
+    if code in (Busy.code, Timeout.code):
+        return ERROR_BY_CODE[code](message, reader=bool(extra))  # type: ignore[call-arg]
+    return ERROR_BY_CODE.get(code, PolyportError)(message)
+
+
+def encode_rows(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """The planner's row layout (see core/planner.py) for the wire."""
+    return [[r[0].bytes, r[1], r[2], r[3], r[4], r[5] or None, r[6], r[7],
+             None if r[8] is None else _us(r[8]), r[9], r[10]] for r in rows]
+
+
+def decode_rows(x: list[Any]) -> list[tuple[Any, ...]]:
+    return [(uuid.UUID(bytes=eid), c, s, v, t, h or {}, body, ct,
+             None if client is None else _time(client), origin, offset)
+            for eid, c, s, v, t, h, body, ct, client, origin, offset in x]
+
+
+def _unpacker() -> msgpack.Unpacker:
+    return msgpack.Unpacker(raw=False, max_buffer_size=MAX_MESSAGE_BYTES,
+                            strict_map_key=False)
+
+
+class _Outbox:
+    """Messages to one peer, written once per event-loop turn as one write."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._parts: list[bytes] = []
+        self._scheduled = False
+
+    def put(self, data: bytes) -> None:
+        self._parts.append(data)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        parts, self._parts = self._parts, []
+        if parts and not self.writer.is_closing():
+            self.writer.write(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    def backlog(self) -> int:
+        return self.writer.transport.get_write_buffer_size() + sum(map(len, self._parts))
+
+
+# --- the chain process's side ----------------------------------------------------------
+
+
+class _Peer:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.out = _Outbox(writer)
+        self.wants_rows = False
+        self.pack = msgpack.Packer().pack
+
+    def settled(self, uid: int, fut: asyncio.Future[list[AppendResult]]) -> None:
+        if fut.cancelled():
+            self.out.put(self.pack(encode_failure(
+                uid, StorageUnavailable("the commit chain stopped before this append"))))
+            return
+        exc = fut.exception()
+        if exc is None:
+            self.out.put(self.pack([RESULT, uid, encode_results(fut.result())]))
+        elif isinstance(exc, PolyportError):
+            self.out.put(self.pack(encode_failure(uid, exc)))
+        else:
+            self.out.put(self.pack(encode_failure(uid, StorageUnavailable(str(exc)))))
+
+
+class CommitChain:
+    """The one writer of a multi-process gateway (see the module docstring)."""
+
+    def __init__(self, dsn: str, limits: WriterLimits | None = None,
+                 notify_interval: float = 0.005) -> None:
+        self.health = Health()
+        self.writer = Writer(dsn, limits, on_commit=self._committed, health=self.health)
+        self._notifier = Notifier(dsn, notify_interval)
+        self._peers: set[_Peer] = set()
+        self._pack = msgpack.Packer().pack
+
+    @property
+    def peers(self) -> int:
+        return len(self._peers)
+
+    def start(self) -> None:
+        self.writer.start()
+        self._notifier.start()
+
+    async def drain_and_stop(self) -> None:
+        await self.writer.drain_and_stop()
+        self._notifier.stop()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One worker's connection, until it closes."""
+        peer = _Peer(writer)
+        self._peers.add(peer)
+        unpacker = _unpacker()
+        try:
+            while data := await reader.read(READ_CHUNK):
+                unpacker.feed(data)
+                for msg in unpacker:
+                    if msg[0] == APPEND:
+                        self._append(peer, msg[1], msg[2])
+                    elif msg[0] == FEED:
+                        peer.wants_rows = bool(msg[1])
+                if peer.out.backlog() > MAX_PEER_BACKLOG:
+                    log.warning("a worker stopped reading the commit chain's replies; "
+                                "dropping its connection")
+                    break
+        except (ConnectionError, msgpack.UnpackException, ValueError) as exc:
+            log.warning("commit chain connection failed: %s", exc)
+        finally:
+            self._peers.discard(peer)
+            writer.close()
+
+    def _append(self, peer: _Peer, uid: int, appends: list[Any]) -> None:
+        try:
+            fut = self.writer.enqueue([decode_append(a) for a in appends])
+        except PolyportError as exc:
+            peer.out.put(self._pack(encode_failure(uid, exc)))
+            return
+        fut.add_done_callback(lambda f: peer.settled(uid, f))
+
+    def _committed(self, base: int, t0: datetime, rows: list[tuple[Any, ...]]) -> None:
+        """Every worker hears of every commit, in commit order, before the
+        commit's appenders get their results (those are settled after this)."""
+        self.health.ok()
+        n = len(rows)
+        us = _us(t0)
+        head: bytes | None = None
+        full: bytes | None = None
+        for peer in self._peers:
+            if peer.wants_rows:
+                if full is None:
+                    full = self._pack([COMMIT, base, us, n, encode_rows(rows)])
+                peer.out.put(full)
+            else:
+                if head is None:
+                    head = self._pack([COMMIT, base, us, n, None])
+                peer.out.put(head)
+        self._notifier.committed(base + n)
+
+
+# --- a worker's side --------------------------------------------------------------------
+
+
+@dataclass
+class _Unit:
+    appends: tuple[Append, ...]
+    future: asyncio.Future[list[AppendResult]]
+    events: int
+    cost: int
+    queued_at: float
+    deadline: float
+
+
+# (base position, first recorded_at, event count, the rows or None)
+OnCommit = Callable[[int, datetime, int, list[tuple[Any, ...]] | None], None]
+
+
+class ChainClient:
+    """A worker's writer when a commit chain runs: the same ``submit`` as
+    :class:`~core.writer.Writer`, answered by the chain, or by ``local``
+    while the chain is unreachable."""
+
+    def __init__(self, local: Writer, connect: Connect, on_commit: OnCommit,
+                 wants_rows: Callable[[], bool], *, counts_commits: bool = True) -> None:
+        self.local = local
+        self.limits = local.limits
+        self._connect = connect
+        self._on_commit = on_commit
+        self._wants_rows = wants_rows
+        # Several workers see every commit: one of them counts them.
+        self._counts_commits = counts_commits
+        self._stats = WriterStats()
+        self._units: dict[int, _Unit] = {}
+        self._next_uid = 0
+        self._events = 0
+        self._bytes = 0
+        self._out: _Outbox | None = None
+        self._pack = msgpack.Packer().pack
+        self._sent_want: bool | None = None
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        self._expiry: asyncio.Task[None] | None = None
+        self._observer: Callable[[CommitObservation], None] | None = None
+        self.connected = asyncio.Event()
+
+    # --- what the store and telemetry read ---------------------------------------------
+
+    @property
+    def observer(self) -> Callable[[CommitObservation], None] | None:
+        return self._observer
+
+    @observer.setter
+    def observer(self, fn: Callable[[CommitObservation], None] | None) -> None:
+        self._observer = fn
+        self.local.observer = fn
+
+    @property
+    def stats(self) -> WriterStats:
+        if self._out is None and not self._stats.commits:
+            return self.local.stats
+        return self._stats
+
+    @property
+    def queue_depth(self) -> int:
+        return self._events + self.local.queue_depth
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes + self.local.queued_bytes
+
+    @property
+    def via_chain(self) -> bool:
+        """Whether the next append goes to the chain (else the local writer)."""
+        return self._out is not None and self.local.idle
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.local.start()
+        self._task = asyncio.create_task(self._run(), name="polyport-chain-client")
+        self._expiry = asyncio.create_task(self._expire(), name="polyport-chain-timeouts")
+
+    async def drain_and_stop(self) -> None:
+        """Wait for the chain's answers to what was sent (bounded), then stop."""
+        self._closing = True
+        pending = [u.future for u in self._units.values()]
+        if pending:
+            await asyncio.wait(pending, timeout=self.limits.commit_timeout + 5)
+        for task in (self._task, self._expiry):
+            if task is not None:
+                task.cancel()
+        if self._out is not None:
+            self._out.writer.close()
+        self._lost()  # anything still unanswered goes to the local writer
+        await self.local.drain_and_stop()
+
+    async def _run(self) -> None:
+        delay = RECONNECT_MIN
+        while not self._closing:
+            try:
+                reader, writer = await self._connect()
+            except OSError as exc:
+                log.debug("commit chain not reachable: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(RECONNECT_MAX, delay * 2)
+                continue
+            delay = RECONNECT_MIN
+            self._out = _Outbox(writer)
+            self._sent_want = None
+            self._feed()
+            self.connected.set()
+            log.info("appends go through the commit chain")
+            try:
+                await self._read(reader)
+            except (ConnectionError, msgpack.UnpackException, ValueError) as exc:
+                log.warning("commit chain connection failed: %s", exc)
+            finally:
+                writer.close()
+                self.connected.clear()
+                self._lost()
+            if not self._closing:
+                log.warning("the commit chain went away; this worker commits on its own "
+                            "until it is back")
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        unpacker = _unpacker()
+        while data := await reader.read(READ_CHUNK):
+            unpacker.feed(data)
+            settled: list[SubmittedAppend] = []
+            now = time.monotonic()
+            for msg in unpacker:
+                kind = msg[0]
+                if kind == COMMIT:
+                    self._commit(msg[1], msg[2], msg[3], msg[4])
+                    continue
+                unit = self._units.pop(msg[1], None)
+                if unit is None:
+                    continue
+                self._events -= unit.events
+                self._bytes -= unit.cost
+                ok = kind == RESULT
+                if not unit.future.done():
+                    if ok:
+                        unit.future.set_result(decode_results(msg[2]))
+                    else:
+                        unit.future.set_exception(decode_failure(msg[2], msg[3], msg[4]))
+                settled.append(SubmittedAppend(
+                    unit.appends[0].origin if unit.appends else "core", unit.events,
+                    now - unit.queued_at, ok))
+            if settled and self._observer is not None:
+                try:
+                    self._observer(CommitObservation(0, 0.0, tuple(settled), commit=False))
+                except Exception:  # noqa: BLE001 - metrics never fail an append
+                    log.exception("commit observer failed")
+            self._feed()
+
+    def _commit(self, base: int, t0: int, n: int, rows: list[Any] | None) -> None:
+        if self._counts_commits:
+            st = self._stats
+            st.commits += 1
+            st.events += n
+            st.last_batch_size = n
+            st.batch_sizes.append(n)
+        try:
+            self._on_commit(base, _time(t0), n, None if rows is None else decode_rows(rows))
+        except Exception:  # noqa: BLE001 - the commit stands; the tailer reads it back
+            log.exception("handling a commit of the chain failed")
+
+    def _feed(self) -> None:
+        want = self._wants_rows()
+        if want != self._sent_want and self._out is not None:
+            self._sent_want = want
+            self._out.put(self._pack([FEED, want]))
+
+    def _lost(self) -> None:
+        """The chain's connection is gone: its unanswered units go to the
+        local writer, oldest first (a unit it committed is found there by
+        its event ids and answered with what was recorded)."""
+        self._out = None
+        units = list(self._units.values())
+        self._units.clear()
+        self._events = self._bytes = 0
+        for unit in units:
+            if unit.future.done():
+                continue
+            try:
+                local = self.local.enqueue(unit.appends)
+            except PolyportError as exc:
+                unit.future.set_exception(exc)
+                continue
+            local.add_done_callback(lambda f, u=unit: _pass_on(f, u.future))
+
+    async def _expire(self) -> None:
+        """Fail units the chain has not answered in time: it may be stuck
+        rather than gone.  Their outcome is unknown."""
+        interval = min(1.0, self.limits.commit_timeout / 4)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for uid, unit in list(self._units.items()):
+                if now > unit.deadline:
+                    del self._units[uid]
+                    self._events -= unit.events
+                    self._bytes -= unit.cost
+                    if not unit.future.done():
+                        unit.future.set_exception(Timeout(
+                            f"append not confirmed within {self.limits.commit_timeout:.0f}s; "
+                            "outcome unknown: it may still commit. Resend with the same "
+                            "event ids (such resends are idempotent; see docs/errors.md)"))
+
+    # --- appends ------------------------------------------------------------------------
+
+    async def submit(self, appends: Sequence[Append]) -> list[AppendResult]:
+        if self._closing:
+            raise StorageUnavailable("the store is shutting down; retry against a running gateway")
+        out = self._out
+        if out is None or not self.local.idle:
+            return await self.local.submit(appends)
+        limits = self.limits
+        n = sum(len(a.events) for a in appends)
+        _size, cost = check_appends(appends, limits.events, limits.max_event_bytes)
+        if self._events and self._events + n > limits.max_pending_events:
+            raise Busy(f"writer queue full ({self._events} events waiting); retry shortly")
+        if self._bytes and self._bytes + cost > limits.max_pending_bytes:
+            raise Busy(f"writer queue full ({self._bytes} bytes waiting, max_pending_bytes "
+                       f"{limits.max_pending_bytes}); retry shortly")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[AppendResult]] = loop.create_future()
+        uid = self._next_uid
+        self._next_uid += 1
+        now = time.monotonic()
+        # The chain's writer times out at commit_timeout; this bound is for
+        # a chain that no longer answers at all.
+        self._units[uid] = _Unit(tuple(appends), fut, n, cost, now,
+                                 now + limits.commit_timeout + 5)
+        self._events += n
+        self._bytes += cost
+        out.put(self._pack([APPEND, uid, [encode_append(a) for a in appends]]))
+        return await fut
+
+
+def _pass_on(src: asyncio.Future[list[AppendResult]],
+             dst: asyncio.Future[list[AppendResult]]) -> None:
+    if dst.done():
+        return
+    if src.cancelled():
+        dst.set_exception(StorageUnavailable("the store shut down before this append committed"))
+    elif (exc := src.exception()) is not None:
+        dst.set_exception(exc)
+    else:
+        dst.set_result(src.result())

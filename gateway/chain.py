@@ -1,0 +1,105 @@
+"""The commit chain process of ``serve --workers N`` (core/chain.py says why
+one writer commits for every worker), started and restarted by the
+supervisor: ``python -m polyport.gateway.chain --control-fd R --ready-fd W``.
+
+Like a worker, it gets its configuration on the control pipe (never argv),
+stops when that pipe closes, and writes one JSON line on the ready pipe once
+it listens on ``chain.sock`` in the supervisor's run directory (mode 0700).
+On SIGTERM it keeps serving the workers' connections until they close (they
+drain their appends through it as they stop) or ``commit_timeout`` passes,
+then commits what it holds and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+log = logging.getLogger("polyport.chain")
+
+
+async def _serve(payload: dict[str, Any], control_fd: int, ready_fd: int) -> int:
+    from polyport.core.chain import MAX_MESSAGE_BYTES, CommitChain
+    from polyport.core.migrate import asyncpg_dsn
+    from polyport.gateway.app import writer_limits
+    from polyport.gateway.worker import watch_lifeline
+    from polyport.gateway.workers import chain_socket_path
+
+    role = payload["role"]
+    config = role.apply(payload["config"])
+    chain = CommitChain(asyncpg_dsn(config.database_url), writer_limits(config))
+    chain.start()
+    path = chain_socket_path(role.run_dir)
+    path.unlink(missing_ok=True)  # a killed predecessor's
+    connections: set[asyncio.Task[None]] = set()
+
+    async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        connections.add(task)
+        try:
+            await chain.serve(reader, writer)
+        finally:
+            connections.discard(task)
+
+    server = await asyncio.start_unix_server(accepted, str(path), limit=MAX_MESSAGE_BYTES)
+    os.chmod(path, 0o600)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    watch_lifeline(control_fd, stop)
+    os.write(ready_fd, (json.dumps({"pid": os.getpid(), "chain": str(path)}) + "\n").encode())
+    os.close(ready_fd)
+    log.info("commit chain ready on %s", path)
+    await stop.wait()
+    server.close()
+    if connections:
+        log.info("stopping: waiting for %d workers to drain through the chain",
+                 len(connections))
+        await asyncio.wait(connections, timeout=config.commit_timeout)
+    await chain.drain_and_stop()
+    path.unlink(missing_ok=True)
+    log.info("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nothing of its own to reload
+    parser = argparse.ArgumentParser(prog="polyport-chain")
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--ready-fd", type=int, required=True)
+    opts = parser.parse_args(argv)
+    from polyport.gateway.cli import _say_fatal, setup_logging
+    from polyport.gateway.eventloop import choose_loop
+    from polyport.gateway.eventloop import run as run_on_loop
+    from polyport.gateway.fatal import describe
+    from polyport.gateway.worker import read_payload
+
+    payload = read_payload(opts.control_fd)
+    config = payload["config"]
+    setup_logging(config.log_format, config.log_level, worker="chain")
+    try:
+        choice = choose_loop(config.event_loop)
+        return run_on_loop(_serve(payload, opts.control_fd, opts.ready_fd), choice)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if config.log_level == "debug" or payload["args"].get("debug"):
+            traceback.print_exc()
+        with contextlib.suppress(Exception):
+            _say_fatal(f"commit chain: {describe(exc, payload['role'].database_url)}",
+                       config.log_format)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The commit chain (core/chain.py): its MessagePack messages round-trip every
+field, and stores that append through one chain commit in one order, hear of
+each other's commits, and fall back to their own writer when it goes."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from polyport.core.chain import (
+    CommitChain,
+    decode_append,
+    decode_failure,
+    decode_results,
+    decode_rows,
+    encode_append,
+    encode_failure,
+    encode_results,
+    encode_rows,
+)
+from polyport.core.commands import (
+    ANY,
+    NO_STREAM,
+    Append,
+    AppendResult,
+    ExactVersion,
+    ProducerCheckpoint,
+    Selector,
+    Subscribe,
+)
+from polyport.core.errors import ALL_ERRORS, Busy, WrongExpectedVersion
+from polyport.core.events import EventData
+from polyport.core.migrate import asyncpg_dsn
+from polyport.core.store import EventStore, StoreConfig
+from tests.core.helpers import append, ev, unique
+
+pytestmark = pytest.mark.timeout(60)
+
+_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                min_size=1, max_size=20)
+_times = st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1),
+                      timezones=st.just(UTC))
+_events = st.builds(
+    EventData, type=_text, body=st.binary(max_size=64), event_id=st.uuids(),
+    headers=st.dictionaries(_text, _text, max_size=3), content_type=_text,
+    client_time=st.none() | _times)
+_appends = st.builds(
+    Append, context=_text, stream=_text, events=st.lists(_events, min_size=1, max_size=4).map(
+        tuple),
+    expected=st.sampled_from([ANY, NO_STREAM]) | st.integers(1, 2**40).map(ExactVersion),
+    origin=_text,
+    producer_checkpoint=st.none() | st.builds(ProducerCheckpoint, st.uuids(),
+                                              st.integers(0, 2**62)))
+
+
+@given(_appends)
+def test_an_append_round_trips(a: Append) -> None:
+    assert decode_append(encode_append(a)) == a
+
+
+@given(st.lists(st.builds(AppendResult, _text, _text, st.integers(1, 2**40),
+                          st.integers(1, 2**40), st.integers(1, 2**62), st.integers(1, 2**62),
+                          _times, st.uuids(), st.booleans()), max_size=4))
+def test_results_round_trip(results: list[AppendResult]) -> None:
+    assert decode_results(encode_results(results)) == results
+
+
+def test_every_canonical_error_round_trips_with_its_details() -> None:
+    for cls in ALL_ERRORS:
+        err = cls("why")
+        kind, uid, *rest = encode_failure(7, err)
+        back = decode_failure(*rest)
+        assert uid == 7 and type(back) is cls and back.message == "why"
+    back = decode_failure(*encode_failure(1, WrongExpectedVersion("no", current_version=4))[2:])
+    assert isinstance(back, WrongExpectedVersion) and back.current_version == 4
+    back = decode_failure(*encode_failure(1, Busy("full", reader=True))[2:])
+    assert isinstance(back, Busy) and back.reader
+
+
+def test_rows_round_trip_in_the_planner_layout() -> None:
+    t = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    rows = [(uuid.uuid4(), "c", "s", 3, "T", {"k": "v"}, b"\x00body", "text/plain", t,
+             "bson", 42),
+            (uuid.uuid4(), "c", "s", 4, "T", {}, b"", "application/json", None, "core", 58)]
+    assert decode_rows(encode_rows(rows)) == rows
+
+
+# --- through a real chain -----------------------------------------------------------
+
+
+class _Chain:
+    """A CommitChain served on a unix socket, as gateway/chain.py serves it."""
+
+    def __init__(self, db_url: str, path: Path) -> None:
+        self.chain = CommitChain(asyncpg_dsn(db_url))
+        self.path = path
+        self.server: asyncio.Server | None = None
+        self.conns: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> None:
+        self.chain.start()
+
+        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            self.conns.append(w)
+            await self.chain.serve(r, w)
+
+        self.server = await asyncio.start_unix_server(serve, str(self.path))
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(str(self.path))
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for w in self.conns:
+            w.transport.abort()
+        await self.chain.drain_and_stop()
+
+
+@pytest.fixture
+async def chain(db_url: str) -> AsyncIterator[_Chain]:
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="pp-chain-", dir="/tmp")) / "chain.sock"
+    c = _Chain(db_url, path)
+    await c.start()
+    yield c
+    await c.stop()
+
+
+async def _store(db_url: str, chain: _Chain, first: bool) -> EventStore:
+    s = EventStore(StoreConfig(db_url, poll_interval=0.2, chain=chain.connect,
+                               chain_counts_commits=first))
+    await s.start()
+    writer = s.writer
+    await asyncio.wait_for(writer.connected.wait(), 10)  # type: ignore[union-attr]
+    return s
+
+
+async def test_two_stores_commit_through_one_chain_gapless_and_feed_live(
+    db_url: str, chain: _Chain
+) -> None:
+    a = await _store(db_url, chain, True)
+    b = await _store(db_url, chain, False)
+    try:
+        stream = unique("chain")
+        sub = await b.subscribe(Subscribe(Selector(context="default", stream=stream)))
+        results = await asyncio.gather(*(
+            (a if i % 2 else b).append(append(stream, ev(i))) for i in range(40)))
+        assert sorted(r.first_version for r in results) == list(range(1, 41))
+        got = [await asyncio.wait_for(sub.next(), 5) for _ in range(40)]
+        assert [e.version for e in got] == list(range(1, 41))
+        assert [e.position for e in got] == sorted(r.first_position for r in results)
+        assert a.writer.stats.commits >= 1 and b.writer.stats.commits == 0
+        # One chain made every commit: both stores' own writers made none.
+        assert a.writer.local.stats.commits == 0  # type: ignore[union-attr]
+        assert b.writer.local.stats.commits == 0  # type: ignore[union-attr]
+        sub.close()
+    finally:
+        await a.close()
+        await b.close()
+    conn = await asyncpg.connect(asyncpg_dsn(db_url))
+    try:
+        positions = [r[0] for r in await conn.fetch(
+            "SELECT position FROM events ORDER BY position")]
+    finally:
+        await conn.close()
+    assert positions == list(range(1, 41))
+
+
+async def test_a_lost_chain_hands_its_unanswered_appends_to_the_local_writer(
+    db_url: str, chain: _Chain
+) -> None:
+    s = await _store(db_url, chain, True)
+    try:
+        stream = unique("lost")
+        await s.append(append(stream, ev(0)))
+        # The chain stops answering: its writer holds the next append ...
+        held = asyncio.Event()
+        real = chain.chain._committed
+
+        def stall(base: int, t0: datetime, rows: list[tuple[object, ...]]) -> None:
+            real(base, t0, rows)
+            held.set()
+
+        chain.chain.writer._on_commit = stall
+        pending = asyncio.create_task(s.append(append(stream, ev(1), expected=ExactVersion(2))))
+        await asyncio.wait_for(held.wait(), 5)
+        # ... and its connection drops after the commit, before the result
+        # reached the store (aborted in the same loop turn as the commit).
+        for w in chain.conns:
+            w.transport.abort()
+        result = await asyncio.wait_for(pending, 10)
+        # Committed by the chain, answered by the local writer from the ids.
+        assert result.first_version == 2
+        after = await s.append(append(stream, ev(2), expected=ExactVersion(3)))
+        assert after.first_version == 3
+    finally:
+        await s.close()
+    conn = await asyncpg.connect(asyncpg_dsn(db_url))
+    try:
+        versions = [r[0] for r in await conn.fetch(
+            "SELECT version FROM events WHERE stream = $1 ORDER BY position", stream)]
+    finally:
+        await conn.close()
+    assert versions == [1, 2, 3]
+
+
+def test_time_round_trip_is_exact_to_the_microsecond() -> None:
+    from polyport.core.chain import _time, _us
+
+    t = datetime(2026, 11, 27, 9, 0, 0, 1, tzinfo=UTC)
+    assert _time(_us(t)) == t
+    assert _time(_us(t + timedelta(microseconds=1))) - t == timedelta(microseconds=1)

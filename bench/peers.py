@@ -218,7 +218,19 @@ class Roots:
             out[group] = (
                 sum(table[p][1] for p in _tree(root, table)) if root is not None else 0.0
             )
+        # The commit chain's share of the gateway's (serve --workers N).
+        out["chain"] = sum(table[p][1] for p in (
+            _tree(self.gateway, table) if self.gateway is not None else ())
+            if _is_chain(p))
         return out
+
+
+def _is_chain(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"polyport.gateway.chain" in f.read()
+    except OSError:
+        return False
 
 
 class Meter:
@@ -382,6 +394,8 @@ class Env:
     nats: NatsServer | None
     zmq_ctx: zmq.asyncio.Context
     roots: Roots
+    # W1's publishers over this many client processes (bench/spread.py).
+    client_processes: int = 1
 
     def addr(self, protocol: str) -> tuple[str, int]:
         assert self.gateway is not None
@@ -1347,7 +1361,7 @@ async def run(args: argparse.Namespace) -> int:
                 say("starting polyport serve...")
                 await gateway.start()
                 roots.gateway = gateway.pid
-            env = Env(raw_dsn, gateway, nats_server, zmq_ctx, roots)
+            env = Env(raw_dsn, gateway, nats_server, zmq_ctx, roots, args.client_processes)
             systems = ["raw", *(["nats"] if nats_server else []), *args.protocols]
             _print_header(args, pg_version, load, nats_server, args.loop)
             if "w1" in measured:
@@ -1384,12 +1398,22 @@ async def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _w1_fn(env: Env, system: str, n: int, seconds: float) -> Callable[[Meter], Awaitable[float]]:
+async def w1(env: Env, meter: Meter, system: str, n: int, seconds: float) -> float:
+    """W1 through ``system`` (raw, nats or a protocol), in this process or
+    spread over ``env.client_processes``."""
+    if env.client_processes > 1:
+        from bench.spread import w1_spread
+
+        return await w1_spread(env, meter, system, n, seconds)
     if system == "raw":
-        return lambda m: w1_raw(env, m, n, seconds)
+        return await w1_raw(env, meter, n, seconds)
     if system == "nats":
-        return lambda m: w1_nats(env, m, n, seconds)
-    return lambda m: w1_polyport(env, m, system, n, seconds)
+        return await w1_nats(env, meter, n, seconds)
+    return await w1_polyport(env, meter, system, n, seconds)
+
+
+def _w1_fn(env: Env, system: str, n: int, seconds: float) -> Callable[[Meter], Awaitable[float]]:
+    return lambda m: w1(env, m, system, n, seconds)
 
 
 def _w3_fn(env: Env, system: str, seconds: float,
@@ -1417,11 +1441,11 @@ def _print_header(args: argparse.Namespace, pg_version: str, load: float,
     workers = f"--workers {args.workers}" if args.workers is not None else "default workers"
     print(f"bench peers: {os.cpu_count()} CPUs, load average {load:.2f} at start; "
           f"PostgreSQL {pg_version} (fsync on); {nats}; polyport serve ({workers}); "
-          f"client event loop: {loop}")
+          f"client event loop: {loop}; W1 clients in {args.client_processes} process(es)")
     print(f"200-byte events; each figure the median of {args.repeat} run(s) of "
           f"{args.seconds:g} s, the systems alternating; cores = CPU time / wall time of "
           "the server processes (PostgreSQL, plus polyport serve for polyport rows) and of "
-          "this client process")
+          "the client processes")
 
 
 def _print_workload(w: str, rows: list[Result], args: argparse.Namespace,
@@ -1470,6 +1494,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--workers", type=int, help="passed to polyport serve as --workers N")
     p.add_argument("--full", action="store_true",
                    help="W1 with 32, 256 and 1,000 publishers, 3 runs each")
+    add_client_processes(p)
     args = p.parse_args(argv)
     try:
         args.protocols = _choices(args.protocols, PROTOCOLS, "--protocols")
@@ -1483,9 +1508,10 @@ def main(argv: list[str]) -> int:
         return 2
     if args.repeat is None:
         args.repeat = 3 if args.full else 1
-    if args.seconds <= 0 or min(args.repeat, args.connections, args.rate) < 1:
-        print("python -m bench peers: --seconds, --repeat, --rate and --connections must be "
-              "positive",
+    if args.seconds <= 0 or min(args.repeat, args.connections, args.rate,
+                                args.client_processes) < 1:
+        print("python -m bench peers: --seconds, --repeat, --rate, --connections and "
+              "--client-processes must be positive",
               file=sys.stderr)
         return 2
     # Thousands of sockets here and in the children (which inherit the limit).
@@ -1493,6 +1519,16 @@ def main(argv: list[str]) -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     factory, args.loop = client_loop()
     return run_command("python -m bench peers", factory, lambda: run(args))
+
+
+def add_client_processes(p: argparse.ArgumentParser) -> None:
+    from bench.spread import default_client_processes
+
+    default = default_client_processes()
+    p.add_argument("--client-processes", type=int, default=default, metavar="N",
+                   help="spread W1's publishers over N client processes, so that the load "
+                        f"generator is not what is measured (default {default}: one per 4 "
+                        "cores)")
 
 
 def client_loop() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:

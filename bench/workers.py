@@ -40,11 +40,12 @@ from bench.peers import (
     Roots,
     ServeProcess,
     _choices,
+    add_client_processes,
     client_loop,
     one_line,
     run_command,
     say,
-    w1_polyport,
+    w1,
 )
 
 DEFAULT_PROTOCOLS = ("bson", "micromsg2")
@@ -82,7 +83,7 @@ def _median(runs: list[Run]) -> Run:
         first.protocol, first.setup,
         statistics.median(r.events for r in runs),
         {k: statistics.median(r.cores.get(k, 0.0) for r in runs)
-         for k in ("gateway", "pg", "client")},
+         for k in ("gateway", "pg", "client", "chain")},
     )
 
 
@@ -95,15 +96,15 @@ async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[st
         f"{'' if workers == 1 else ' (commit chain ' + ('on' if setup.chain else 'off') + ')'}...")
     await gateway.start()
     roots.gateway = gateway.pid
-    env = Env("", gateway, None, zmq_ctx, roots)
+    env = Env("", gateway, None, zmq_ctx, roots, args.client_processes)
     runs: list[Run] = []
     try:
         for p in protocols:
             meter = Meter(roots)
             async with asyncio.timeout(2 * args.seconds + 300):
                 # A short warm-up: connections, prepared statements, caches.
-                await w1_polyport(env, Meter(roots), p, args.publishers, min(1.0, args.seconds))
-                got = await w1_polyport(env, meter, p, args.publishers, args.seconds)
+                await w1(env, Meter(roots), p, args.publishers, min(1.0, args.seconds))
+                got = await w1(env, meter, p, args.publishers, args.seconds)
             runs.append(Run(p, setup, got, meter.cores))
             say(f"  [{label}] {p}, --workers {setup.label}: {got:,.0f} events/s (cores: gateway "
                 f"{meter.cores['gateway']:.2f}, PostgreSQL {meter.cores['pg']:.2f}, client "
@@ -118,14 +119,14 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
     cpus = os.cpu_count() or 1
     first = args.setups[0]
     base = {r.protocol: r for r in rows if r.setup == first}
-    print(f"\nW1 closed loop, {args.publishers} publishers, by worker count (median of "
-          f"{args.repeat} run(s) of {args.seconds:g} s, the worker counts alternating); "
-          f"{cpus} CPUs")
-    print(f"  {'protocol':<15} {'workers':>9} {'events/s':>10} {'gateway':>8} {'PG':>6} "
-          f"{'client':>7} {'total':>6} {'us CPU':>7} {'ratio':>6} {'CPU/ev':>7} "
-          f"{'ceiling':>8}")
-    print(f"  {'':<15} {'':>9} {'':>10} {'cores':>8} {'cores':>6} {'cores':>7} "
-          f"{'cores':>6} {'/event':>7} {'':>6} {'ratio':>7} {'':>8}")
+    print(f"\nW1 closed loop, {args.publishers} publishers in {args.client_processes} client "
+          f"process(es), by worker count (median of {args.repeat} run(s) of "
+          f"{args.seconds:g} s, the worker counts alternating); {cpus} CPUs")
+    print(f"  {'protocol':<15} {'workers':>9} {'events/s':>10} {'gateway':>8} {'chain':>6} "
+          f"{'PG':>6} {'client':>7} {'total':>6} {'us CPU':>7} {'ratio':>6} {'CPU/ev':>7} "
+          f"{'ceiling':>8} {'chain':>8}")
+    print(f"  {'':<15} {'':>9} {'':>10} {'cores':>8} {'cores':>6} {'cores':>6} {'cores':>7} "
+          f"{'cores':>6} {'/event':>7} {'':>6} {'ratio':>7} {'':>8} {'max ev/s':>8}")
     for r in rows:
         b = base[r.protocol]
         per_event = r.total / r.events * 1e6 if r.events else float("nan")
@@ -133,15 +134,21 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
         ratio = r.events / b.events if b.events else float("nan")
         is_first = r.setup == first
         ceiling = f"{cpus / b.total:.2f}" if is_first and b.total else ""
+        chain = r.cores.get("chain", 0.0)
+        chain_max = f"{r.events / chain:,.0f}" if chain > 0.01 else ""
         print(f"  {r.protocol:<15} {r.setup.label:>9} {r.events:>10,.0f} "
-              f"{r.cores['gateway']:>8.2f} {r.cores['pg']:>6.2f} {r.cores['client']:>7.2f} "
+              f"{r.cores['gateway']:>8.2f} {chain:>6.2f} {r.cores['pg']:>6.2f} "
+              f"{r.cores['client']:>7.2f} "
               f"{r.total:>6.2f} {per_event:>7.0f} {'' if is_first else f'{ratio:.2f}':>6} "
-              f"{'' if is_first else f'{per_event / b_per_event:.2f}':>7} {ceiling:>8}")
+              f"{'' if is_first else f'{per_event / b_per_event:.2f}':>7} {ceiling:>8} "
+              f"{chain_max:>8}")
     print("  workers: 'N chain' = N workers feeding one commit chain process (the default); "
           "'N own' = each worker commits itself (POLYPORT_COMMIT_CHAIN=off, the design "
           "before issue 26)")
     print(f"  ratio: events/s against --workers {first.label}; CPU/ev ratio: CPU per event "
           f"(gateway + PG + client) against --workers {first.label}")
+    print("  chain cores: the commit chain process's share of the gateway's; chain max "
+          "ev/s: events/s it could carry at one full core with that CPU per event")
     print(f"  ceiling: {cpus} cores / total cores at --workers {first.label}: the most "
           "any number of workers could reach here if they cost no extra CPU per event")
 
@@ -190,6 +197,7 @@ def main(argv: list[str]) -> int:
                         "each on their own (off), or both side by side (default both)")
     p.add_argument("--repeat", type=int, default=3,
                    help="alternating runs per worker count; medians reported (default 3)")
+    add_client_processes(p)
     args = p.parse_args(argv)
     try:
         args.protocols = _choices(args.protocols, PROTOCOLS, "--protocols")
@@ -199,8 +207,9 @@ def main(argv: list[str]) -> int:
         if not args.workers or min(args.workers) < 1 or len(set(args.workers)) != len(
                 args.workers):
             raise BenchError("--workers: distinct positive integers, comma-separated")
-        if args.seconds <= 0 or args.repeat < 1 or args.publishers < 1:
-            raise BenchError("--seconds, --repeat and --publishers must be positive")
+        if min(args.repeat, args.publishers, args.client_processes) < 1 or args.seconds <= 0:
+            raise BenchError("--seconds, --repeat, --publishers and --client-processes must "
+                             "be positive")
         modes = {"on": (True,), "off": (False,), "both": (False, True)}[args.chain]
         args.setups = [Setup(w, c) for w in args.workers
                        for c in ((True,) if w == 1 else modes)]

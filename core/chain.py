@@ -30,10 +30,13 @@ over a unix socket in the supervisor's run directory):
   The worker goes back to the chain only once its local writer is idle,
   so an append never overtakes one sent before it.
 
-The messages are MessagePack arrays, one after another on the stream (the
-peers are processes of one gateway, behind a 0700 directory)::
+The messages are MessagePack arrays; what one side has for the other in
+one event-loop turn travels as one array of them, one after another on the
+stream (the peers are processes of one gateway, behind a 0700 directory)::
 
-    worker -> chain   [APPEND, uid, [append, ...]]     one unit (Append or AppendBatch)
+    worker -> chain   [APPEND, uid, [append, ...], size, cost]
+                                                        one unit (Append or AppendBatch),
+                                                        checked by the worker (core/limits.py)
                       [FEED, wants_rows]                whether to send commits' rows
     chain -> worker   [RESULT, uid, results]            the unit committed
                       [FAILED, uid, code, message, n]   it failed (n: current version / reader)
@@ -189,27 +192,37 @@ def _unpacker() -> msgpack.Unpacker:
 
 
 class _Outbox:
-    """Messages to one peer, written once per event-loop turn as one write."""
+    """Messages to one peer, packed together as one MessagePack array and
+    written once per event-loop turn: one write (and one wake-up of the
+    peer) for everything a turn produced."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
-        self._parts: list[bytes] = []
+        self.loop = asyncio.get_running_loop()
+        self._pack = msgpack.Packer().pack
+        self._messages: list[list[Any]] = []
         self._scheduled = False
 
-    def put(self, data: bytes) -> None:
-        self._parts.append(data)
+    def put(self, message: list[Any]) -> None:
+        self._messages.append(message)
         if not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        # One turn later: the callbacks the current turn scheduled (a
+        # commit's results, settled right after its COMMIT message) join
+        # the same write.
+        self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False
-        parts, self._parts = self._parts, []
-        if parts and not self.writer.is_closing():
-            self.writer.write(parts[0] if len(parts) == 1 else b"".join(parts))
+        messages, self._messages = self._messages, []
+        if messages and not self.writer.is_closing():
+            self.writer.write(self._pack(messages))
 
     def backlog(self) -> int:
-        return self.writer.transport.get_write_buffer_size() + sum(map(len, self._parts))
+        return self.writer.transport.get_write_buffer_size()
 
 
 # --- the chain process's side ----------------------------------------------------------
@@ -219,20 +232,19 @@ class _Peer:
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.out = _Outbox(writer)
         self.wants_rows = False
-        self.pack = msgpack.Packer().pack
 
     def settled(self, uid: int, fut: asyncio.Future[list[AppendResult]]) -> None:
         if fut.cancelled():
-            self.out.put(self.pack(encode_failure(
-                uid, StorageUnavailable("the commit chain stopped before this append"))))
+            self.out.put(encode_failure(
+                uid, StorageUnavailable("the commit chain stopped before this append")))
             return
         exc = fut.exception()
         if exc is None:
-            self.out.put(self.pack([RESULT, uid, encode_results(fut.result())]))
+            self.out.put([RESULT, uid, encode_results(fut.result())])
         elif isinstance(exc, PolyportError):
-            self.out.put(self.pack(encode_failure(uid, exc)))
+            self.out.put(encode_failure(uid, exc))
         else:
-            self.out.put(self.pack(encode_failure(uid, StorageUnavailable(str(exc)))))
+            self.out.put(encode_failure(uid, StorageUnavailable(str(exc))))
 
 
 class CommitChain:
@@ -244,7 +256,6 @@ class CommitChain:
         self.writer = Writer(dsn, limits, on_commit=self._committed, health=self.health)
         self._notifier = Notifier(dsn, notify_interval)
         self._peers: set[_Peer] = set()
-        self._pack = msgpack.Packer().pack
 
     @property
     def peers(self) -> int:
@@ -266,9 +277,9 @@ class CommitChain:
         try:
             while data := await reader.read(READ_CHUNK):
                 unpacker.feed(data)
-                for msg in unpacker:
+                for msg in (m for batch in unpacker for m in batch):
                     if msg[0] == APPEND:
-                        self._append(peer, msg[1], msg[2])
+                        self._append(peer, msg[1], msg[2], (msg[3], msg[4]))
                     elif msg[0] == FEED:
                         peer.wants_rows = bool(msg[1])
                 if peer.out.backlog() > MAX_PEER_BACKLOG:
@@ -281,11 +292,15 @@ class CommitChain:
             self._peers.discard(peer)
             writer.close()
 
-    def _append(self, peer: _Peer, uid: int, appends: list[Any]) -> None:
+    def _append(self, peer: _Peer, uid: int, appends: list[Any],
+                checked: tuple[int, int]) -> None:
         try:
-            fut = self.writer.enqueue([decode_append(a) for a in appends])
+            # The worker checked the limits (a process of the same gateway,
+            # with the same configuration): not again here, on the one core
+            # every commit goes through.
+            fut = self.writer.enqueue([decode_append(a) for a in appends], checked)
         except PolyportError as exc:
-            peer.out.put(self._pack(encode_failure(uid, exc)))
+            peer.out.put(encode_failure(uid, exc))
             return
         fut.add_done_callback(lambda f: peer.settled(uid, f))
 
@@ -295,16 +310,14 @@ class CommitChain:
         self.health.ok()
         n = len(rows)
         us = _us(t0)
-        head: bytes | None = None
-        full: bytes | None = None
+        head = [COMMIT, base, us, n, None]
+        full: list[Any] | None = None
         for peer in self._peers:
             if peer.wants_rows:
                 if full is None:
-                    full = self._pack([COMMIT, base, us, n, encode_rows(rows)])
+                    full = [COMMIT, base, us, n, encode_rows(rows)]
                 peer.out.put(full)
             else:
-                if head is None:
-                    head = self._pack([COMMIT, base, us, n, None])
                 peer.out.put(head)
         self._notifier.committed(base + n)
 
@@ -346,7 +359,6 @@ class ChainClient:
         self._events = 0
         self._bytes = 0
         self._out: _Outbox | None = None
-        self._pack = msgpack.Packer().pack
         self._sent_want: bool | None = None
         self._closing = False
         self._task: asyncio.Task[None] | None = None
@@ -439,7 +451,7 @@ class ChainClient:
             unpacker.feed(data)
             settled: list[SubmittedAppend] = []
             now = time.monotonic()
-            for msg in unpacker:
+            for msg in (m for batch in unpacker for m in batch):
                 kind = msg[0]
                 if kind == COMMIT:
                     self._commit(msg[1], msg[2], msg[3], msg[4])
@@ -481,7 +493,7 @@ class ChainClient:
         want = self._wants_rows()
         if want != self._sent_want and self._out is not None:
             self._sent_want = want
-            self._out.put(self._pack([FEED, want]))
+            self._out.put([FEED, want])
 
     def _lost(self) -> None:
         """The chain's connection is gone: its unanswered units go to the
@@ -529,14 +541,13 @@ class ChainClient:
             return await self.local.submit(appends)
         limits = self.limits
         n = sum(len(a.events) for a in appends)
-        _size, cost = check_appends(appends, limits.events, limits.max_event_bytes)
+        size, cost = check_appends(appends, limits.events, limits.max_event_bytes)
         if self._events and self._events + n > limits.max_pending_events:
             raise Busy(f"writer queue full ({self._events} events waiting); retry shortly")
         if self._bytes and self._bytes + cost > limits.max_pending_bytes:
             raise Busy(f"writer queue full ({self._bytes} bytes waiting, max_pending_bytes "
                        f"{limits.max_pending_bytes}); retry shortly")
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[list[AppendResult]] = loop.create_future()
+        fut: asyncio.Future[list[AppendResult]] = out.loop.create_future()
         uid = self._next_uid
         self._next_uid += 1
         now = time.monotonic()
@@ -546,7 +557,7 @@ class ChainClient:
                                  now + limits.commit_timeout + 5)
         self._events += n
         self._bytes += cost
-        out.put(self._pack([APPEND, uid, [encode_append(a) for a in appends]]))
+        out.put([APPEND, uid, [encode_append(a) for a in appends], size, cost])
         return await fut
 
 

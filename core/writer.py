@@ -125,6 +125,7 @@ class Writer:
         # The same units' bytes (see _Pending.cost); max_pending_bytes bounds it.
         self._waiting_bytes = 0
         self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
         self._inflight: dict[int, list[_Pending]] = {}
@@ -170,6 +171,9 @@ class Writer:
         return self._waiting_bytes
 
     def start(self) -> None:
+        # Kept: asyncio.get_running_loop() costs a getpid() system call per
+        # call on Python 3.11, once per append here.
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="polyport-writer")
         self._expiry = asyncio.create_task(self._expire(), name="polyport-writer-timeouts")
 
@@ -240,15 +244,19 @@ class Writer:
         far has its outcome."""
         return not self._queue and not self._inflight
 
-    def enqueue(self, appends: Sequence[Append]) -> asyncio.Future[list[AppendResult]]:
+    def enqueue(
+        self, appends: Sequence[Append], checked: tuple[int, int] | None = None
+    ) -> asyncio.Future[list[AppendResult]]:
         """Queue ``appends`` as one unit without awaiting: the future gets the
         outcome.  Refusals (limits, a full queue, shutdown) raise at once.
         The commit chain (core/chain.py) queues a worker's units this way,
-        one callback each instead of one task each."""
+        one callback each instead of one task each, passing as ``checked``
+        the (size, cost) the worker's own :func:`check_appends` returned."""
         if self._closing:
             raise StorageUnavailable("the store is shutting down; retry against a running gateway")
         n = sum(len(a.events) for a in appends)
-        size, cost = check_appends(appends, self.limits.events, self.limits.max_event_bytes)
+        size, cost = checked or check_appends(
+            appends, self.limits.events, self.limits.max_event_bytes)
         # Both bounds apply only to a queue that holds something: a single
         # append within the per-event limits is always admitted on its own.
         waiting = self._waiting_events
@@ -260,7 +268,7 @@ class Writer:
                 f"writer queue full ({held} bytes waiting, max_pending_bytes "
                 f"{self.limits.max_pending_bytes}); retry shortly"
             )
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         fut: asyncio.Future[list[AppendResult]] = loop.create_future()
         deadline = loop.time() + self.limits.commit_timeout
         self._queue.append(

@@ -30,6 +30,7 @@ async def _serve(payload: dict[str, Any], control_fd: int, ready_fd: int) -> int
     from polyport.core.chain import MAX_MESSAGE_BYTES, CommitChain
     from polyport.core.migrate import asyncpg_dsn
     from polyport.gateway.app import writer_limits
+    from polyport.gateway.eventloop import settle_heap
     from polyport.gateway.worker import watch_lifeline
     from polyport.gateway.workers import chain_socket_path
 
@@ -57,6 +58,7 @@ async def _serve(payload: dict[str, Any], control_fd: int, ready_fd: int) -> int
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     watch_lifeline(control_fd, stop)
+    settle_heap()
     os.write(ready_fd, (json.dumps({"pid": os.getpid(), "chain": str(path)}) + "\n").encode())
     os.close(ready_fd)
     log.info("commit chain ready on %s", path)

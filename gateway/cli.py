@@ -385,10 +385,12 @@ def read_password(args: argparse.Namespace) -> str:
 
 async def _serve(config: GatewayConfig, args: argparse.Namespace, choice: LoopChoice) -> int:
     from polyport.gateway.app import Gateway
+    from polyport.gateway.eventloop import settle_heap
 
     log.info("event loop: %s", choice.describe())
     gw = Gateway(config)
     await gw.start()
+    settle_heap()
     # Before the lines below: whoever waits for them may signal at once.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -85,3 +85,26 @@ def _version(package: str) -> str:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+# Allocations (net of deallocations) of tracked objects between two young-
+# generation collections: Python's default is 700.  A gateway under load
+# allocates and frees a few dozen short-lived containers per event, almost
+# all freed by reference counting; at 700 the collector ran every few
+# appends and took 4-6% of a worker's and the commit chain's samples
+# (docs/performance.md).
+GC_GEN0_THRESHOLD = 20_000
+
+
+def settle_heap() -> None:
+    """After start-up: move everything allocated so far (modules, the
+    configuration, pools) out of the collector's sight for good, and collect
+    the young generation less often."""
+    import gc
+    import os
+
+    gc.collect()
+    gc.freeze()
+    gen0 = int(os.environ.get("POLYPORT_GC_GEN0", GC_GEN0_THRESHOLD))
+    _g0, g1, g2 = gc.get_threshold()
+    gc.set_threshold(gen0, g1, g2)

@@ -68,6 +68,7 @@ def watch_lifeline(control_fd: int, stop: asyncio.Event) -> None:
 async def _work(payload: dict[str, Any], control_fd: int, ready_fd: int, choice: Any) -> int:
     from polyport.gateway.app import Gateway
     from polyport.gateway.cli import _reload
+    from polyport.gateway.eventloop import settle_heap
 
     role = payload["role"]
     args = argparse.Namespace(**payload["args"])
@@ -96,6 +97,7 @@ async def _work(payload: dict[str, Any], control_fd: int, ready_fd: int, choice:
         "https": "http" in gw.tls,
         "curve": curve.public_key if curve is not None else None,
     }
+    settle_heap()
     os.write(ready_fd, (json.dumps(ready) + "\n").encode())
     os.close(ready_fd)
     await stop.wait()

@@ -158,7 +158,7 @@ async def run(args: argparse.Namespace) -> int:
     root.chmod(0o755)
     zmq_ctx = zmq.asyncio.Context()
     zmq_ctx.set(zmq.MAX_SOCKETS, 8192)
-    runs: dict[tuple[str, int], list[Run]] = {}
+    runs: dict[tuple[str, Setup], list[Run]] = {}
     try:
         async with bench_cluster() as pg:
             url = await fresh_database(pg)

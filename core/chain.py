@@ -46,6 +46,7 @@ stream (the peers are processes of one gateway, behind a 0700 directory)::
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -511,7 +512,7 @@ class ChainClient:
             except PolyportError as exc:
                 unit.future.set_exception(exc)
                 continue
-            local.add_done_callback(lambda f, u=unit: _pass_on(f, u.future))
+            local.add_done_callback(functools.partial(_pass_on, dst=unit.future))
 
     async def _expire(self) -> None:
         """Fail units the chain has not answered in time: it may be stuck
@@ -561,7 +562,7 @@ class ChainClient:
         return await fut
 
 
-def _pass_on(src: asyncio.Future[list[AppendResult]],
+def _pass_on(src: asyncio.Future[list[AppendResult]], *,
              dst: asyncio.Future[list[AppendResult]]) -> None:
     if dst.done():
         return

@@ -5,20 +5,24 @@ Not part of CI (a round takes seconds; ``--rounds`` of them).  Each round:
 1. ``polyport serve`` runs as a child process on an embedded data directory
    (no database URL: the embedded PostgreSQL under ``--data-dir``), every
    listener on port 0; the bound ports come from ``<data-dir>/gateway.json``.
-2. Appenders on each of the five protocols' asyncio clients append one event
+2. Appenders on each of the six protocols' asyncio clients append one event
    at a time, each with an id the protocol carries (Res01 event guid, BSON
-   ``eventID``, ReactiveSocket event ``id``, MicroMsg2 ``message-id``,
-   segment's ConnectionId + offset), recording what was acknowledged.
+   ``eventID``, ReactiveSocket and RSocket event ``id``, MicroMsg2
+   ``message-id``, segment's ConnectionId + offset), recording what was
+   acknowledged.
 3. The gateway is SIGKILLed.  Its embedded PostgreSQL is a separate daemon
    (``pg_ctl start``) and keeps running; the killed gateway's backends end
    when their sockets close.  ``polyport serve`` is started again on the same
    data directory and reuses the live cluster (``EmbeddedPostgres.start``).
 4. The clients reconnect to the new ports and resend what was not
    acknowledged, with the same ids, as docs/errors.md tells clients to.
-5. Audit from the database: per protocol acknowledged, stored, lost
-   (acknowledged but not stored: must be 0), duplicated (must be 0: every
-   writer is idempotent), and recovery seconds (kill to the protocol's first
-   acknowledgement from the new process, which includes its start-up).
+5. Audit from the database: per protocol acknowledged, stored (every event
+   in the appenders' streams, acknowledged or not), stored without an
+   acknowledgement (in flight at the kill and not resent: the appender
+   stopped first), lost (acknowledged but not stored: must be 0),
+   duplicated (must be 0: every writer is idempotent), and recovery seconds
+   (the longest an appender waited for an acknowledgement from the kill on,
+   which includes the new process's start-up).
 """
 
 from __future__ import annotations
@@ -51,9 +55,10 @@ from polyport.protocols.micromsg2.client import MicroMsg2Client
 from polyport.protocols.reactive.client import NewEvent
 from polyport.protocols.reactivesocket.client import ReactiveSocketClient
 from polyport.protocols.res01.client import Res01Client, new_event
+from polyport.protocols.rsocket.client import RSocketClient
 from polyport.protocols.segment.client import SegmentAppender, SegmentWriter
 
-PROTOCOLS = ("res01", "bson", "reactivesocket", "micromsg2", "segment")
+PROTOCOLS = ("res01", "bson", "reactivesocket", "rsocket", "micromsg2", "segment")
 # Segment events are fixed-size so an ack level (bytes) counts events: the
 # wire frames each event with an 8-byte header.
 SEGMENT_BODY_LEN = 16
@@ -109,6 +114,8 @@ class Appender:
             self.client = await BsonClient.connect(host, port, timeout=REQUEST_TIMEOUT)
         elif p == "reactivesocket":
             self.client = await ReactiveSocketClient.connect(host, port)
+        elif p == "rsocket":
+            self.client = await RSocketClient.connect(host, port)
         elif p == "micromsg2":
             self.client = await MicroMsg2Client.connect(
                 host, port, required=["batch-ack:max-count=1"], timeout=REQUEST_TIMEOUT)
@@ -141,7 +148,7 @@ class Appender:
             await asyncio.wait_for(
                 c.emit(self.stream, "n", {"seq": seq, "eventID": str(event_id)}),
                 REQUEST_TIMEOUT)
-        elif p == "reactivesocket":
+        elif p in ("reactivesocket", "rsocket"):
             await asyncio.wait_for(
                 c.append(self.stream, [NewEvent("n", body.encode(), id=event_id)]),
                 REQUEST_TIMEOUT)
@@ -203,7 +210,11 @@ class Appender:
 class Result:
     protocol: str
     acknowledged: int
+    # Every event in the appenders' streams, acknowledged or not.
     stored: int
+    # Of those, the ones never acknowledged (in flight when the appender
+    # stopped resending).
+    unacknowledged: int
     lost: int
     duplicated: int
     recovery: float
@@ -248,57 +259,65 @@ class Gateway:
         await stop_process(self.proc)
 
 
-async def _stored(url: str) -> tuple[Counter[uuid.UUID], dict[str, list[bytes]]]:
+async def _stored(url: str) -> dict[str, list[tuple[uuid.UUID, bytes]]]:
+    """Each stream's events as (event id, body), in position order."""
     conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
         rows = await conn.fetch("SELECT event_id, stream, body FROM events ORDER BY position")
     finally:
         await conn.close()
-    ids: Counter[uuid.UUID] = Counter(r["event_id"] for r in rows)
-    bodies: dict[str, list[bytes]] = {}
+    streams: dict[str, list[tuple[uuid.UUID, bytes]]] = {}
     for r in rows:
-        bodies.setdefault(r["stream"], []).append(bytes(r["body"]))
-    return ids, bodies
+        streams.setdefault(r["stream"], []).append((r["event_id"], bytes(r["body"])))
+    return streams
 
 
 def audit(appenders: list[Appender], killed_at: float,
-          ids: Counter[uuid.UUID], bodies: dict[str, list[bytes]]) -> list[Result]:
+          streams: dict[str, list[tuple[uuid.UUID, bytes]]]) -> list[Result]:
     out = []
     for proto in PROTOCOLS:
         mine = [a for a in appenders if a.protocol == proto]
-        acked = stored = lost = dup = 0
+        acked = stored = unacked = lost = dup = 0
         recovery = 0.0
         for a in mine:
-            if proto == "segment":
-                # Segment events carry derived ids; their bodies are unique
-                # per stream, so count those.
-                got = Counter(bodies.get(a.stream, []))
-                want = a.segment_acked()
-                stored += sum(got.values())
-                lost += sum(1 for b in want if got[b] == 0)
-                dup += sum(c - 1 for c in got.values() if c > 1)
-                acked += len(want)
-            else:
-                acked += len(a.acked)
-                stored += sum(1 for e in set(a.acked) if ids[e] > 0)
-                lost += sum(1 for e in a.acked if ids[e] == 0)
-                dup += sum(ids[e] - 1 for e in set(a.acked) if ids[e] > 1)
-            # From the first failure the fault caused: an acknowledgement
-            # the dead process had already sent may still arrive after it.
-            failed = [t for t in a.failed_at if t > killed_at][:1] or [killed_at]
-            after = [t for t in a.acked_at if t > failed[0]]
-            recovery = max(recovery, (after[0] - killed_at) if after else float("inf"))
-        out.append(Result(proto, acked, stored, lost, dup, recovery))
+            rows = streams.get(a.stream, [])
+            # Segment events carry derived ids; their bodies are unique per
+            # stream, so count those.  The others by the ids they sent.
+            got: Counter[Any] = Counter(
+                body if proto == "segment" else eid for eid, body in rows)
+            want: list[Any] = a.segment_acked() if proto == "segment" else a.acked
+            wanted = set(want)
+            acked += len(want)
+            stored += len(rows)
+            unacked += sum(1 for key in got if key not in wanted)
+            lost += sum(1 for key in want if got[key] == 0)
+            dup += sum(c - 1 for c in got.values() if c > 1)
+            recovery = max(recovery, longest_wait(a.acked_at, killed_at))
+        out.append(Result(proto, acked, stored, unacked, lost, dup, recovery))
     return out
+
+
+def longest_wait(acked_at: list[float], fault_at: float) -> float:
+    """The longest an appender waited for an acknowledgement from the fault
+    on: what the fault cost it, whether it saw errors (a killed gateway) or
+    only silence (a stalled database).  Acknowledgements the dead process
+    had already sent may arrive just after the fault; the wait after them
+    counts.  No acknowledgement after the fault: infinite."""
+    after = [t for t in acked_at if t > fault_at]
+    if not after:
+        return float("inf")
+    return max(b - a for a, b in zip([fault_at, *after], after, strict=False))
 
 
 def table(title: str, rows: list[Result]) -> None:
     print(f"\n{title}")
-    print(f"  {'protocol':<15} {'acked':>7} {'stored':>7} {'lost':>5} {'dup':>5} "
-          f"{'recovery s':>10}")
+    print(f"  {'protocol':<15} {'acked':>7} {'stored':>7} {'unacked':>7} {'lost':>5} "
+          f"{'dup':>5} {'recovery s':>10}")
     for r in rows:
-        print(f"  {r.protocol:<15} {r.acknowledged:>7} {r.stored:>7} {r.lost:>5} "
-              f"{r.duplicated:>5} {r.recovery:>10.2f}")
+        print(f"  {r.protocol:<15} {r.acknowledged:>7} {r.stored:>7} {r.unacknowledged:>7} "
+              f"{r.lost:>5} {r.duplicated:>5} {r.recovery:>10.2f}")
+    print("  stored: every event in the appenders' streams; unacked: stored but never "
+          "acknowledged (in flight when the load stopped)")
 
 
 async def _until(check: Callable[[], bool], timeout: float) -> None:
@@ -330,8 +349,7 @@ async def one_round(n: int, gw: Gateway, url: str, per_protocol: int, load: floa
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    ids, bodies = await _stored(url)
-    return audit(appenders, killed_at, ids, bodies)
+    return audit(appenders, killed_at, await _stored(url))
 
 
 async def run(rounds: int, per_protocol: int, load: float, data_dir: Path | None) -> int:
@@ -362,8 +380,8 @@ async def run(rounds: int, per_protocol: int, load: float, data_dir: Path | None
             shutil.rmtree(root, ignore_errors=True)
     total = [
         Result(p, sum(r[i].acknowledged for r in totals), sum(r[i].stored for r in totals),
-               sum(r[i].lost for r in totals), sum(r[i].duplicated for r in totals),
-               max(r[i].recovery for r in totals))
+               sum(r[i].unacknowledged for r in totals), sum(r[i].lost for r in totals),
+               sum(r[i].duplicated for r in totals), max(r[i].recovery for r in totals))
         for i, p in enumerate(PROTOCOLS)
     ]
     table(f"total over {len(totals)} round(s) (recovery: the worst round)", total)

@@ -36,7 +36,8 @@ class Row:
     lost: int
     duplicated: int
     gaps: int
-    recovery: float
+    # Seconds; None where the test does not measure it (printed as "-").
+    recovery: float | None
 
 
 SUMMARY: list[Row] = []
@@ -49,7 +50,8 @@ def summary_lines(rows: Iterable[Row]) -> list[str]:
             f"{'dup':>5} {'gaps':>5} {'recovery s':>10}")
     return [head, *(
         f"{r.fault:<28} {r.protocol:<14} {r.acknowledged:>7} {r.stored:>7} {r.lost:>5} "
-        f"{r.duplicated:>5} {r.gaps:>5} {r.recovery:>10.2f}" for r in rows
+        f"{r.duplicated:>5} {r.gaps:>5} "
+        f"{'-' if r.recovery is None else f'{r.recovery:.2f}':>10}" for r in rows
     )]
 
 

@@ -23,6 +23,10 @@ from tests.faults.support import (
 
 APPENDERS = 8
 READERS = 3
+# docs/operations.md promises appends again "within about 1 s" of PostgreSQL
+# being back (the reconnect backoff is capped at 1 s); 3x that on a loaded
+# 2-core CI machine, and no more.
+APPEND_RECOVERY_BOUND = 3.0
 
 
 async def _wait_for(check: Callable[[], bool], timeout: float, step: float = 0.02) -> float:
@@ -48,10 +52,11 @@ async def _under_load(
         await asyncio.sleep(1.0)
         before = sum(len(a.acked) for a in appenders)
         recovery = await fault(store)
-        # Every appender gets acknowledgements again, then some more load.
+        # Every appender gets acknowledgements again, within the documented
+        # bound of the database being back, then some more load.
         resumed = time.monotonic()
         await _wait_for(lambda: all(len(a.acked) > 0 and a.recovered_at >= a.last_failure
-                                    for a in appenders), 15)
+                                    for a in appenders), APPEND_RECOVERY_BOUND)
         recovery = max(recovery, time.monotonic() - resumed)
         await asyncio.sleep(1.0)
         for a in appenders:

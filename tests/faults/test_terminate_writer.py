@@ -137,7 +137,7 @@ async def test_reply_lost_after_commit(fault_db: str) -> None:
         stored = await stored_sequences(fault_db)
         acked, n, lost, dup = audit_appends(appenders, stored)
         SUMMARY.append(Row(f"reply lost after commit x{lost_replies}", "core", acked, n, lost,
-                           dup, 0, 0.0))
+                           dup, 0, None))
         assert (lost, dup) == (0, 0)
         assert acked == n
         # Every lost reply was resolved as stored and answered with success.

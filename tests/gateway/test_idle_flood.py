@@ -1,7 +1,9 @@
 """2,000 idle connections per byte-stream protocol and 2,000 Res01 peers:
 each is refused (past ``max_connections_per_address``) or closed (it never
-finishes its handshake within ``handshake_timeout``); the gateway's memory
-stays within budget; a normal client is served throughout.
+finishes its handshake within ``handshake_timeout``), never more than the
+limit open at once; a normal client is served throughout.  What an open idle
+connection costs in memory is measured with the connections open, in a
+gateway process of its own: tests/gateway/test_idle_memory.py.
 
 The flood comes from 127.0.0.1; the normal client connects from 127.0.0.2
 (another loopback source address), so the per-address limit that stops the
@@ -22,17 +24,11 @@ import zmq.asyncio
 
 from polyport.gateway.app import Gateway
 from polyport.protocols.bson.client import BsonClient
-from tests.gateway.test_hostile import _rss_mb
 
 FLOOD = 2000
 PER_ADDRESS = 256
 HANDSHAKE = 1.5
 BYTE_STREAMS = ("bson", "reactivesocket", "rsocket", "micromsg2", "segment")
-# The documented budget of a connection that sends nothing (docs/operations.md,
-# "Memory model"): 16 KiB.  Measured here with both ends in this process (the
-# flood's own sockets count too), so it is an upper bound for the gateway.
-IDLE_BUDGET_KIB = 16
-CONNECTIONS = FLOOD * (len(BYTE_STREAMS) + 1)
 
 
 async def _flood(address: tuple[str, int]) -> tuple[int, int]:
@@ -52,6 +48,8 @@ async def _flood(address: tuple[str, int]) -> tuple[int, int]:
             data = await asyncio.wait_for(reader.read(1 << 16), HANDSHAKE * 4 + 5)
             while data:  # some protocols say why before closing
                 data = await asyncio.wait_for(reader.read(1 << 16), HANDSHAKE * 4 + 5)
+        except ConnectionResetError:
+            pass  # closed by the server too (uvloop reports an abort so)
         except (TimeoutError, OSError):
             return "open"
         finally:
@@ -75,7 +73,6 @@ async def test_idle_floods_are_refused_or_closed_and_a_client_is_served(
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 6 * FLOOD)), hard))
     gw: Gateway = await gateway_factory(handshake_timeout=HANDSHAKE,
                                         max_connections_per_address=PER_ADDRESS)
-    rss_before = _rss_mb()
     stop = asyncio.Event()
     served = 0
 
@@ -128,10 +125,6 @@ async def test_idle_floods_are_refused_or_closed_and_a_client_is_served(
         for sock in socks:
             sock.close(linger=0)
         zctx.term()
-        grown_kib = (_rss_mb() - rss_before) * 1024
-        print(f"RSS grew {grown_kib / 1024:.1f} MiB over {CONNECTIONS} idle connections: "
-              f"{grown_kib / CONNECTIONS:.1f} KiB each (budget {IDLE_BUDGET_KIB} KiB)")
-        assert grown_kib < CONNECTIONS * IDLE_BUDGET_KIB
         # The normal client was served throughout, and a real one still is.
         assert served >= 3
         host, port = gw.listeners["bson"].address

@@ -30,11 +30,13 @@ from polyport.protocols.micromsg2 import errors as mm2_errors
 from polyport.protocols.micromsg2.frames import Handshake, Message
 from polyport.protocols.reactivesocket import connection as rs_conn
 from polyport.protocols.reactivesocket import errors as rs_errors
+from polyport.protocols.reactivesocket import frames as rs_frames
 from polyport.protocols.res01 import connection as res01_conn
 from polyport.protocols.res01 import errors as res01_errors
 from polyport.protocols.res01.frames import AppendCommit, FetchEntry, FetchEvents, NewEvent
 from polyport.protocols.rsocket import connection as rsocket_conn
 from polyport.protocols.rsocket import errors as rsocket_errors
+from polyport.protocols.rsocket import frames as rsocket_frames
 from polyport.protocols.rsocket import metadata as rsocket_metadata
 from polyport.protocols.rsocket.frames import Setup
 from polyport.protocols.segment import connection as segment_conn
@@ -47,86 +49,113 @@ SLOW_SECONDS = 1.0
 Input = list[bytes]  # chunks of one TCP stream, or the parts of one Res01 message
 
 
+# One valid client input and the frames a server connection decodes from it.
+Case = tuple[Input, list[object]]
+
+
 @dataclass(frozen=True)
 class Codec:
-    """One codec's fuzz target: valid client inputs to mutate, and how to
-    feed an input to a fresh server connection."""
+    """One codec's fuzz target: valid client inputs to mutate (each with the
+    frames it decodes to), and how to feed an input to a fresh server
+    connection (returning what it decoded)."""
 
     name: str
-    seeds: Callable[[], list[Input]]
-    feed: Callable[[Input], None]
+    cases: Callable[[], list[Case]]
+    feed: Callable[[Input], list[object]]
     # The documented errors a server connection raises on bad input.
     allowed: type[Exception]
     # Res01 takes whole messages (lists of parts), the others byte streams.
     stream: bool = True
 
+    def seeds(self) -> list[Input]:
+        return [data for data, _frames in self.cases()]
+
 
 # --- valid inputs, from each codec's own client-side encoders ---------------------------
 
 
-def _bson_seeds() -> list[Input]:
+def _bson_cases() -> list[Case]:
     client = bson_conn.ClientConnection()
-    hello = client.send(Connect(version="1.0", username="user", password="secret"))
-    return [[hello], [hello, client.send(Ping())]]
+    connect = Connect(version="1.0", username="user", password="secret")
+    hello = client.send(connect)
+    # PING is answered by the connection itself: no frame for the session.
+    return [([hello], [connect]), ([hello, client.send(Ping())], [connect])]
 
 
-def _mm2_seeds() -> list[Input]:
+def _mm2_cases() -> list[Case]:
     client = mm2_conn.ClientConnection("fuzz-client")
     server = mm2_conn.ServerConnection("fuzz-server")
-    hello = client.send(client.hello_frame())
+    hello_frame = client.hello_frame()
+    hello = client.send(hello_frame)
     server.receive_data(hello)
     client.receive_data(server.send(server.reply_frame()))
-    final = client.send(client.final_frame())
-    message = client.send(Message(client.next_seq, "/queue/a", b'{"k": 1}', {"p": "v"}))
-    return [[hello], [hello, final], [hello, final, message]]
+    final_frame = client.final_frame()
+    final = client.send(final_frame)
+    msg = Message(client.next_seq, "/queue/a", b'{"k": 1}', {"p": "v"})
+    message = client.send(msg)
+    return [([hello], [hello_frame]), ([hello, final], [hello_frame, final_frame]),
+            ([hello, final, message], [hello_frame, final_frame, msg])]
 
 
-def _rs_seeds() -> list[Input]:
+def _rs_cases() -> list[Case]:
     client = rs_conn.ClientConnection("tcp", max_fragment=8)
     setup = client.setup(b"")
-    _, request = client.request_response(b'{"op": "read", "stream": "s"}')
-    _, stream = client.request_stream(b"sub", 4)
-    return [[setup], [setup, *request], [setup, *request, *stream]]
+    read = b'{"op": "read", "stream": "s"}'
+    rr_id, request = client.request_response(read)
+    rs_id, stream = client.request_stream(b"sub", 4)
+    got = [rs_frames.Setup(b""), rs_frames.RequestResponse(rr_id, read)]
+    return [([setup], got[:1]), ([setup, *request], got),
+            ([setup, *request, *stream], [*got, rs_frames.RequestStream(rs_id, 4, b"sub")])]
 
 
-def _rsocket_seeds() -> list[Input]:
+def _rsocket_cases() -> list[Case]:
     client = rsocket_conn.ClientConnection("tcp", max_fragment=8)
-    setup = client.setup(Setup(30_000, 90_000, rsocket_metadata.COMPOSITE, "application/json"))
-    _, request = client.request_response(None, b'{"stream": "s", "events": []}')
-    _, fnf = client.request_fnf(b"meta", b"data")
-    return [[setup], [setup, *request], [setup, *request, *fnf]]
+    setup_frame = Setup(30_000, 90_000, rsocket_metadata.COMPOSITE, "application/json")
+    setup = client.setup(setup_frame)
+    data = b'{"stream": "s", "events": []}'
+    rr_id, request = client.request_response(None, data)
+    fnf_id, fnf = client.request_fnf(b"meta", b"data")
+    got = [setup_frame, rsocket_frames.RequestResponse(rr_id, None, data)]
+    return [([setup], got[:1]), ([setup, *request], got),
+            ([setup, *request, *fnf],
+             [*got, rsocket_frames.RequestFnf(fnf_id, b"meta", b"data")])]
 
 
-def _segment_seeds() -> list[Input]:
+def _segment_cases() -> list[Case]:
     client = segment_conn.ClientConnection()
-    keepalive = client.send(KeepAlive(b"ping"))
-    setup = client.send(SetupAppend(uuid.UUID(int=7), "seg-1"))
-    read = client.send(ReadSegment("seg-1", 0, 4096))
-    return [[keepalive], [keepalive, read], [setup, read]]
+    ka, setup_frame = KeepAlive(b"ping"), SetupAppend(uuid.UUID(int=7), "seg-1")
+    read_frame = ReadSegment("seg-1", 0, 4096)
+    keepalive = client.send(ka)
+    setup = client.send(setup_frame)
+    read = client.send(read_frame)
+    return [([keepalive], [ka]), ([keepalive, read], [ka, read_frame]),
+            ([setup, read], [setup_frame, read_frame])]
 
 
-def _res01_seeds() -> list[Input]:
+def _res01_cases() -> list[Case]:
     client = res01_conn.ClientConnection()
     event = NewEvent(uuid.UUID(int=1), datetime(2024, 1, 1, tzinfo=UTC), "t", "{}", '{"k": 1}')
-    append = client.send(AppendCommit(b"r1", "default", "s-1", -1, (event,)))
-    fetch = client.send(FetchEvents(b"r2", (FetchEntry(1, 10),)))
+    commit = AppendCommit(b"r1", "default", "s-1", -1, (event,))
+    fetch = FetchEvents(b"r2", (FetchEntry(1, 10),))
     # What the ROUTER socket hands over: the peer's routing id first.
-    return [[b"\x00peer", *append], [b"\x00peer", *fetch]]
+    return [([b"\x00peer", *client.send(commit)], [commit]),
+            ([b"\x00peer", *client.send(fetch)], [fetch])]
 
 
 # --- feeding a fresh server connection ---------------------------------------------------
 
 
-def _feed_bson(chunks: Input) -> None:
+def _feed_bson(chunks: Input) -> list[object]:
     conn = bson_conn.ServerConnection()
-    for chunk in chunks:
-        conn.receive_data(chunk)
+    return [f for chunk in chunks for f in conn.receive_data(chunk)]
 
 
-def _feed_mm2(chunks: Input) -> None:
+def _feed_mm2(chunks: Input) -> list[object]:
     conn = mm2_conn.ServerConnection("fuzz-server")
+    out: list[object] = []
     for chunk in chunks:
         for frame in conn.receive_data(chunk):
+            out.append(frame)
             # As the adapter does: answer the hello so a final can follow.
             if (
                 isinstance(frame, Handshake)
@@ -134,37 +163,36 @@ def _feed_mm2(chunks: Input) -> None:
                 and conn.negotiated is None
             ):
                 conn.send(conn.reply_frame())
+    return out
 
 
-def _feed_rs(chunks: Input) -> None:
+def _feed_rs(chunks: Input) -> list[object]:
     conn = rs_conn.ServerConnection("tcp", max_reassembly_bytes=1 << 16)
-    for chunk in chunks:
-        conn.receive_data(chunk)
+    return [f for chunk in chunks for f in conn.receive_data(chunk)]
 
 
-def _feed_rsocket(chunks: Input) -> None:
+def _feed_rsocket(chunks: Input) -> list[object]:
     conn = rsocket_conn.ServerConnection("tcp", max_reassembly_bytes=1 << 16)
-    for chunk in chunks:
-        conn.receive_data(chunk)
+    return [f for chunk in chunks for f in conn.receive_data(chunk)]
 
 
-def _feed_segment(chunks: Input) -> None:
+def _feed_segment(chunks: Input) -> list[object]:
     conn = segment_conn.ServerConnection()
-    for chunk in chunks:
-        conn.receive_data(chunk)
+    return [f for chunk in chunks for f in conn.receive_data(chunk)]
 
 
-def _feed_res01(parts: Input) -> None:
-    res01_conn.ServerConnection(max_request_bytes=1 << 20).receive_message(parts)
+def _feed_res01(parts: Input) -> list[object]:
+    exchange = res01_conn.ServerConnection(max_request_bytes=1 << 20).receive_message(parts)
+    return [exchange.request]
 
 
 CODECS: tuple[Codec, ...] = (
-    Codec("bson", _bson_seeds, _feed_bson, bson_errors.RemoteProtocolError),
-    Codec("micromsg2", _mm2_seeds, _feed_mm2, mm2_errors.RemoteProtocolError),
-    Codec("reactivesocket", _rs_seeds, _feed_rs, rs_errors.RemoteProtocolError),
-    Codec("res01", _res01_seeds, _feed_res01, res01_errors.RemoteProtocolError, stream=False),
-    Codec("rsocket", _rsocket_seeds, _feed_rsocket, rsocket_errors.RemoteProtocolError),
-    Codec("segment", _segment_seeds, _feed_segment, segment_errors.RemoteProtocolError),
+    Codec("bson", _bson_cases, _feed_bson, bson_errors.RemoteProtocolError),
+    Codec("micromsg2", _mm2_cases, _feed_mm2, mm2_errors.RemoteProtocolError),
+    Codec("reactivesocket", _rs_cases, _feed_rs, rs_errors.RemoteProtocolError),
+    Codec("res01", _res01_cases, _feed_res01, res01_errors.RemoteProtocolError, stream=False),
+    Codec("rsocket", _rsocket_cases, _feed_rsocket, rsocket_errors.RemoteProtocolError),
+    Codec("segment", _segment_cases, _feed_segment, segment_errors.RemoteProtocolError),
 )
 
 

@@ -142,6 +142,15 @@ class MicroMsg2Client:
         return client
 
     async def _handshake(self) -> None:
+        try:
+            await self._exchange_handshakes()
+        except ConnectionError as exc:
+            # A reset (uvloop reports a refused TLS client certificate so)
+            # is the same event as an orderly close: one error for callers.
+            raise ConnectionClosed(
+                f"server closed the connection during the handshake ({exc})") from exc
+
+    async def _exchange_handshakes(self) -> None:
         self._writer.write(self._conn.send(self._conn.hello_frame()))
         await self._writer.drain()
         reply: Handshake | None = None

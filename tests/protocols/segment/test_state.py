@@ -172,12 +172,26 @@ def test_keep_alive_and_read_are_handed_over() -> None:
     ]
 
 
-def test_repeated_setup_resynchronises() -> None:
+def _block(offset: int, body: bytes) -> list[BlockEvents]:
+    end = EndAppendBlock(A, offset + 8 + len(body), 8 + len(body))
+    return [BlockEvents(A, "s", offset, (body,), end)]
+
+
+@pytest.mark.parametrize("ack", [9, 0])
+def test_repeated_setup_resynchronises(ack: int) -> None:
+    """A second SetupAppend mid-stream is handed over again, and the next
+    block must start where the new AppendSetup reply says: past the first
+    block when it was stored (9), at 0 again when it was not."""
     server = ready((A, "s", 0))
-    server.receive_data(wire(BeginAppendBlock(A, 0, 9), Event(b"a"), EndAppendBlock(A, 9, 9)))
-    server.receive_data(wire(SetupAppend(A, "s")))
-    server.send(AppendSetup("s", A, 9))
-    server.receive_data(wire(BeginAppendBlock(A, 9, 9), Event(b"b"), EndAppendBlock(A, 18, 9)))
+    assert server.receive_data(
+        wire(BeginAppendBlock(A, 0, 9), Event(b"a"), EndAppendBlock(A, 9, 9))) == _block(0, b"a")
+    assert server.receive_data(wire(SetupAppend(A, "s"))) == [SetupAppend(A, "s")]
+    server.send(AppendSetup("s", A, ack))
+    assert server.receive_data(
+        wire(BeginAppendBlock(A, ack, 9), Event(b"b"), EndAppendBlock(A, ack + 9, 9))
+    ) == _block(ack, b"b")
+    # Anywhere else is refused: the reply, not the bytes seen before, decides.
+    fails(server, BeginAppendBlock(A, ack + 1, 9), match="previous block ended")
 
 
 def test_state_table_covers_the_block_lifecycle() -> None:

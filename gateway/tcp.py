@@ -32,6 +32,13 @@ READ_CHUNK = 64 * 1024
 WRITE_HIGH_WATER = 1 << 20
 
 
+# Connections the kernel completes before the gateway accepts them.  asyncio's
+# default (100) overflowed under bursts of a few hundred connects: past it,
+# clients saw their connect succeed on a connection the gateway never
+# accepted (as the TLS listeners, gateway/tls.py, already used 511).
+LISTEN_BACKLOG = 1024
+
+
 class StreamOutbound:
     """A connection's sending side.  Sends made in one event-loop iteration
     go out in one socket write: the replies to every append of one group
@@ -230,7 +237,8 @@ class TcpListener:
         # reuse_port (workers): every worker binds this port; None, not
         # False, when off (some loops refuse the argument on other systems).
         self._server = await asyncio.start_server(
-            self._accept, self.host, self.port, reuse_port=self.stats.reuse_port or None
+            self._accept, self.host, self.port, reuse_port=self.stats.reuse_port or None,
+            backlog=LISTEN_BACKLOG,
         )
 
     # --- TLS (gateway/tls.py) ------------------------------------------------------

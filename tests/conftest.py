@@ -28,10 +28,13 @@ _counter = itertools.count()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # POLYPORT_TEST_EVENT_LOOP=uvloop runs the in-process tests on uvloop (the
-    # gateway's default loop when installed); subprocess gateways pick it by
-    # event_loop = auto anyway.  pytest-asyncio makes its loops from the policy.
-    if os.environ.get("POLYPORT_TEST_EVENT_LOOP", "asyncio") == "uvloop":
+    # The in-process tests run on uvloop, the gateway's loop in production
+    # (event_loop = auto; subprocess gateways pick it that way anyway).
+    # POLYPORT_TEST_EVENT_LOOP=asyncio runs them on the standard library's
+    # loop instead: the README's test command does so for a second, smaller
+    # pass (event_loop = asyncio is supported too).  pytest-asyncio makes its
+    # loops from the policy.
+    if os.environ.get("POLYPORT_TEST_EVENT_LOOP", "uvloop") == "uvloop":
         import asyncio
 
         import uvloop

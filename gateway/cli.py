@@ -1,4 +1,4 @@
-"""polyport: one event store, reached in five native wire protocols.
+"""polyport: one event store, reached in six native wire protocols.
 
 Run ``polyport COMMAND --help`` for a command's options.  Options that find
 the database and set up logging (``--config``, ``--database-url``,
@@ -204,7 +204,7 @@ def _tls_options(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="polyport",
-        description="polyport: one event store, reached in five native wire protocols.",
+        description="polyport: one event store, reached in six native wire protocols.",
         epilog="Run 'polyport COMMAND --help' for a command's options.  The options above "
                "are accepted before or after the command.",
     )

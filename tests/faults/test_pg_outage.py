@@ -52,11 +52,15 @@ async def _under_load(
         await asyncio.sleep(1.0)
         before = sum(len(a.acked) for a in appenders)
         recovery = await fault(store)
-        # Every appender gets acknowledgements again, within the documented
-        # bound of the database being back, then some more load.
+        # Every appender gets a new acknowledgement, after its last failure,
+        # within the documented bound of the database being back (an append
+        # that hangs instead of failing counts as not recovered), then some
+        # more load.
         resumed = time.monotonic()
-        await _wait_for(lambda: all(len(a.acked) > 0 and a.recovered_at >= a.last_failure
-                                    for a in appenders), APPEND_RECOVERY_BOUND)
+        counts = [len(a.acked) for a in appenders]
+        await _wait_for(lambda: all(len(a.acked) > n and a.recovered_at >= a.last_failure
+                                    for a, n in zip(appenders, counts, strict=True)),
+                        APPEND_RECOVERY_BOUND)
         recovery = max(recovery, time.monotonic() - resumed)
         await asyncio.sleep(1.0)
         for a in appenders:

@@ -190,6 +190,9 @@ async def _wire_fault(
             SUMMARY.append(Row(fault_name, r.protocol, r.acknowledged, r.stored,
                                r.lost, r.duplicated, gaps[r.protocol], r.recovery))
         assert all((r.lost, r.duplicated) == (0, 0) for r in results), results
+        # Each appender waits for every acknowledgement before it stops, so
+        # nothing may be stored that was not acknowledged.
+        assert all(r.stored == r.acknowledged and r.unacknowledged == 0 for r in results), results
         assert all(r.acknowledged > 0 and r.recovery < 20 for r in results), results
         assert gaps == dict.fromkeys(gaps, 0), gaps
         assert not misplaced, misplaced

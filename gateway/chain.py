@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import signal
 import sys
-import traceback
 from typing import Any
 
 log = logging.getLogger("polyport.chain")
@@ -80,27 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--ready-fd", type=int, required=True)
     opts = parser.parse_args(argv)
-    from polyport.gateway.cli import _say_fatal, setup_logging
-    from polyport.gateway.eventloop import choose_loop
-    from polyport.gateway.eventloop import run as run_on_loop
-    from polyport.gateway.fatal import describe
-    from polyport.gateway.worker import read_payload
+    from polyport.gateway.worker import run_child
 
-    payload = read_payload(opts.control_fd)
-    config = payload["config"]
-    setup_logging(config.log_format, config.log_level, worker="chain")
-    try:
-        choice = choose_loop(config.event_loop)
-        return run_on_loop(_serve(payload, opts.control_fd, opts.ready_fd), choice)
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:
-        if config.log_level == "debug" or payload["args"].get("debug"):
-            traceback.print_exc()
-        with contextlib.suppress(Exception):
-            _say_fatal(f"commit chain: {describe(exc, payload['role'].database_url)}",
-                       config.log_format)
-        return 1
+    return run_child(opts.control_fd, "chain", "commit chain",
+                     lambda payload, _choice: _serve(payload, opts.control_fd, opts.ready_fd))
 
 
 if __name__ == "__main__":

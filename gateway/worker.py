@@ -21,6 +21,7 @@ import signal
 import struct
 import sys
 import traceback
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 log = logging.getLogger("polyport.worker")
@@ -116,24 +117,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--ready-fd", type=int, required=True)
     opts = parser.parse_args(argv)
+    return run_child(opts.control_fd, opts.index, f"worker {opts.index}",
+                     lambda payload, choice: _work(payload, opts.control_fd, opts.ready_fd,
+                                                   choice))
+
+
+def run_child(control_fd: int, tag: int | str, name: str,
+              main: Callable[[dict[str, Any], Any], Coroutine[Any, Any, int]]) -> int:
+    """A process the supervisor started (a worker, the commit chain): read
+    the configuration from the control pipe, log as ``tag``, run ``main`` on
+    the configured event loop; a failure is one line naming ``name``."""
     from polyport.gateway.cli import _say_fatal, setup_logging
     from polyport.gateway.eventloop import choose_loop
     from polyport.gateway.eventloop import run as run_on_loop
     from polyport.gateway.fatal import describe
 
-    payload = read_payload(opts.control_fd)
+    payload = read_payload(control_fd)
     config = payload["config"]
-    setup_logging(config.log_format, config.log_level, worker=opts.index)
+    setup_logging(config.log_format, config.log_level, worker=tag)
     try:
         choice = choose_loop(config.event_loop)
-        return run_on_loop(_work(payload, opts.control_fd, opts.ready_fd, choice), choice)
+        return run_on_loop(main(payload, choice), choice)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
         if config.log_level == "debug" or payload["args"].get("debug"):
             traceback.print_exc()
         with contextlib.suppress(Exception):
-            _say_fatal(f"worker {opts.index}: {describe(exc, payload['role'].database_url)}",
+            _say_fatal(f"{name}: {describe(exc, payload['role'].database_url)}",
                        config.log_format)
         return 1
 

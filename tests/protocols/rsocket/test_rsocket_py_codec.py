@@ -10,18 +10,13 @@ from polyport.protocols.rsocket import frames as F
 from polyport.protocols.rsocket.frames import (
     Cancel,
     ErrorFrame,
-    Ext,
     Keepalive,
     Lease,
     MetadataPush,
     Payload,
-    RequestChannel,
-    RequestFnf,
     RequestN,
     RequestResponse,
     RequestStream,
-    Resume,
-    ResumeOk,
     Setup,
 )
 from polyport.protocols.rsocket.metadata import (
@@ -29,48 +24,6 @@ from polyport.protocols.rsocket.metadata import (
     request_metadata,
 )
 from polyport.protocols.rsocket.wire import decode_frame, encode_frame
-
-H = bytes.fromhex
-COMPOSITE_MIME = b"message/x.rsocket.composite-metadata.v0"
-assert len(COMPOSITE_MIME) == 0x27
-
-VECTORS: list[tuple[str, F.Frame, bytes]] = [
-    # stream 0 | type 1 << 10 | version 1.0 | keepalive 500 | lifetime 30000 | mimes
-    ("setup", Setup(500, 30_000, COMPOSITE, "application/json"),
-     H("00000000 0400 0001 0000 000001f4 00007530 27") + COMPOSITE_MIME
-     + H("10") + b"application/json"),
-    # M | L | R flags, resume token, metadata with its 24-bit length, data
-    ("setup-all-flags",
-     Setup(1, 2, "a", "b", metadata=b"md", data=b"d", lease=True, resume_token=b"tk"),
-     H("00000000 05c0 0001 0000 00000001 00000002 0002") + b"tk"
-     + H("01") + b"a" + H("01") + b"b" + H("000002") + b"md" + b"d"),
-    ("lease", Lease(30_000, 10), H("00000000 0800 00007530 0000000a")),
-    ("lease-metadata", Lease(1, 1, b"m"), H("00000000 0900 00000001 00000001 6d")),
-    ("keepalive-respond", Keepalive(True, 0, b"k"), H("00000000 0c80 0000000000000000 6b")),
-    ("keepalive", Keepalive(False, 5), H("00000000 0c00 0000000000000005")),
-    ("request-response", RequestResponse(1, b"m", b"d"), H("00000001 1100 000001 6d 64")),
-    ("request-response-follows", RequestResponse(1, None, b"d", follows=True),
-     H("00000001 1080 64")),
-    ("fnf", RequestFnf(5, None, b"x"), H("00000005 1400 78")),
-    ("request-stream", RequestStream(3, 5, None, b"x"), H("00000003 1800 00000005 78")),
-    ("request-channel", RequestChannel(7, 1, complete=True), H("00000007 1c40 00000001")),
-    ("request-n", RequestN(3, 5), H("00000003 2000 00000005")),
-    ("cancel", Cancel(3), H("00000003 2400")),
-    ("payload-next-complete", Payload(1, None, b"ok", complete=True, next=True),
-     H("00000001 2860 6f6b")),
-    ("payload-complete", Payload(1, complete=True), H("00000001 2840")),
-    ("payload-next-follows-metadata", Payload(1, b"", b"d", follows=True, next=True),
-     H("00000001 29a0 000000 64")),
-    ("error", ErrorFrame(1, F.APPLICATION_ERROR, b"e"), H("00000001 2c00 00000201 65")),
-    ("error-setup", ErrorFrame(0, F.REJECTED_SETUP, b""), H("00000000 2c00 00000003")),
-    ("metadata-push", MetadataPush(b"mm"), H("00000000 3100 6d6d")),
-    ("resume", Resume(b"t", 1, 2), H("00000000 3400 0001 0000 0001 74")
-     + H("0000000000000001 0000000000000002")),
-    ("resume-ok", ResumeOk(9), H("00000000 3800 0000000000000009")),
-    ("ext", Ext(1, 7, None, b"x", ignore=True), H("00000001 fe00 00000007 78")),
-    ("max-stream-id", Cancel(0x7FFF_FFFF), H("7fffffff 2400")),
-]
-
 
 # --- rsocket-py's encoder and parser agree ----------------------------------------------------
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Every bench issue 26 (scale across cores) asks for, in one go, for a session
+# lent a 16-core machine (DEVELOPERS.md): ../shared/tools/offline-pack here,
+# then the device tool's run with carry [".devbench"] and
+#   bash .devbench/run 'bash bench/device.sh'
+# Each bench writes its output to $OUT/<name>.txt as it goes (a run cut short
+# still brings back what finished); about 9 minutes on 16 cores.
+set -u
+out=${OUT:-/tmp/polyport-device-out}
+mkdir -p "$out"
+py=${PYTHON:-python3}
+
+run() {
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name: python -m bench $* (at most ${limit}s)"
+  local started=$SECONDS
+  timeout "$limit" "$py" -m bench "$@" >"$out/$name.txt" 2>&1
+  echo "exit $? after $((SECONDS - started))s" >>"$out/$name.txt"
+  tail -n 25 "$out/$name.txt"
+}
+
+nproc >"$out/machine.txt"; free -g >>"$out/machine.txt"; "$py" --version >>"$out/machine.txt" 2>&1
+
+# W1 by worker count, each worker committing itself ("own", the design before
+# the commit chain) beside the chain, 32 then 256 publishers.
+run workers-32 170 workers --workers 1,2,4,8 --protocols bson,micromsg2 --seconds 4 --repeat 1
+run workers-256 150 workers --workers 1,4,8 --protocols bson,micromsg2 --publishers 256 \
+  --seconds 4 --repeat 1 --chain on
+# The peers (raw PostgreSQL, NATS JetStream) and polyport at its best worker
+# count, W1 at 32 and 256 publishers, W3's latency; the load spread over
+# client processes (--client-processes defaults to one per 4 cores).
+run peers-w8 200 peers --workloads w1,w3 --publishers 32,256 --seconds 4 --workers 8 \
+  --protocols bson,micromsg2,rsocket,segment,res01
+echo "outputs in $out"

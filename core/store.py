@@ -166,6 +166,10 @@ class EventStore:
         # The tailer polls at least every poll interval when idle.
         self._health = Health(stale_after=max(DEFAULT_STALE_AFTER, 3 * config.poll_interval))
         self._schema_task: asyncio.Task[None] | None = None
+        # The schema revision as the newest check saw it, and this code's
+        # head (None until the first check): /status reads them from here.
+        self.schema_revision: str | None = None
+        self.schema_head: str | None = None
         self.started = False
         # Optional: called with each event handed to a subscriber or fetched
         # by a fetch-style subscription (delivery metrics).
@@ -204,6 +208,9 @@ class EventStore:
                 lambda: tailer.feeding, counts_commits=self.config.chain_counts_commits)
         self.writer.start()
         self._notifier.start()
+        # Readiness and /status know the schema from the start (the watcher
+        # looks again at once, harmlessly, then every interval).
+        await self._check_schema()
         self._schema_task = asyncio.create_task(self._watch_schema(), name="polyport-schema")
         self.users = UserService(
             self._db,
@@ -286,23 +293,30 @@ class EventStore:
         return self._health.snapshot()
 
     async def _watch_schema(self) -> None:
-        """The schema revision against this code's head: at start, then every
+        """The schema revision against this code's head: at once, then every
         ``schema_check_interval`` seconds (a migration run while serving, or
         a downgrade, shows up in readiness)."""
-        # Alembic reads its revision files: off the event loop, once.
-        head = await asyncio.to_thread(migrate.head_revision)
         while True:
-            try:
-                current = await asyncio.wait_for(self._db.fetchval(sql.SCHEMA_REVISION), 5.0)
-            except asyncpg.UndefinedTableError:
-                self._health.ok()
-                self._health.schema(migrate.schema_behind(None, head))
-            except Exception as exc:  # timeout, lost connection: the database's health
-                self._health.failed("schema check", exc)
-            else:
-                self._health.ok()
-                self._health.schema(migrate.schema_behind(current, head))
+            await self._check_schema()
             await asyncio.sleep(self.config.schema_check_interval)
+
+    async def _check_schema(self) -> None:
+        if self.schema_head is None:
+            # Alembic reads its revision files: off the event loop, once.
+            self.schema_head = await asyncio.to_thread(migrate.head_revision)
+        head = self.schema_head
+        try:
+            current = await asyncio.wait_for(self._db.fetchval(sql.SCHEMA_REVISION), 5.0)
+        except asyncpg.UndefinedTableError:
+            self.schema_revision = None
+            self._health.ok()
+            self._health.schema(migrate.schema_behind(None, head))
+        except Exception as exc:  # timeout, lost connection: the database's health
+            self._health.failed("schema check", exc)
+        else:
+            self.schema_revision = current
+            self._health.ok()
+            self._health.schema(migrate.schema_behind(current, head))
 
     # --- reads --------------------------------------------------------------
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import os
 import time
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,7 +21,7 @@ import asyncpg
 from polyport.core import sql
 from polyport.core.commands import Principal
 from polyport.core.db import Db
-from polyport.core.errors import Malformed, NotFound, Unauthenticated
+from polyport.core.errors import Busy, Malformed, NotFound, Unauthenticated
 from polyport.core.events import DEFAULT_CONTEXT
 
 # Interactive-login strength (about 50 ms); parameters are stored with each hash.
@@ -120,7 +123,14 @@ class LoginThrottle:
     ``base_delay`` × 2^(excess − 1), at most ``max_delay``, before it is even
     checked.  A success clears the address.  At most ``max_addresses`` are
     remembered (the oldest forgotten first), so a flood of sources costs
-    bounded memory.
+    bounded memory.  The address is the source host, never host and port:
+    a client that opens a new connection per guess is the same address.
+
+    Logins in progress (waiting out their delay or hashing) are capped too,
+    at ``max_in_progress_per_address`` per address and ``max_in_progress``
+    in all: a password check is a deliberately slow scrypt in the thread
+    pool, and without a cap one address could keep that pool busy for
+    everyone.  Past a cap a login is refused at once with ``busy``.
     """
 
     def __init__(
@@ -131,8 +141,15 @@ class LoginThrottle:
         base_delay: float = 0.5,
         max_delay: float = 10.0,
         max_addresses: int = 10_000,
+        max_in_progress_per_address: int = 4,
+        max_in_progress: int = 32,
     ) -> None:
         self.free_failures = free_failures
+        self.max_in_progress_per_address = max_in_progress_per_address
+        self.max_in_progress = max_in_progress
+        self._in_progress: Counter[str] = Counter()
+        self._in_progress_total = 0
+        self.refused_total = 0
         self.window = window
         self.base_delay = base_delay
         self.max_delay = max_delay
@@ -173,6 +190,34 @@ class LoginThrottle:
         if address:
             self._failures.pop(address, None)
 
+    @contextlib.contextmanager
+    def attempt(self, address: str | None) -> Iterator[None]:
+        """One login in progress from ``address``; :class:`Busy` past a cap."""
+        key = address or ""
+        if self._in_progress_total >= self.max_in_progress:
+            self.refused_total += 1
+            raise Busy(f"{self._in_progress_total} logins are being checked; retry shortly")
+        if address and self._in_progress[key] >= self.max_in_progress_per_address:
+            self.refused_total += 1
+            raise Busy(f"{self._in_progress[key]} logins from {address} are being checked; "
+                       "retry when they are done")
+        self._in_progress[key] += 1
+        self._in_progress_total += 1
+        try:
+            yield
+        finally:
+            self._in_progress_total -= 1
+            self._in_progress[key] -= 1
+            if self._in_progress[key] <= 0:
+                del self._in_progress[key]
+
+    async def wait_turn(self, address: str | None) -> None:
+        """Sleep the delay ``address`` has earned (counted in delayed_total)."""
+        delay = self.delay_for(address)
+        if delay > 0:
+            self.delayed_total += 1
+            await asyncio.sleep(delay)
+
 
 class UserService:
     def __init__(
@@ -197,16 +242,14 @@ class UserService:
             if self.allow_anonymous:
                 return self.anonymous
             raise Unauthenticated("anonymous access is disabled: give a user name and password")
-        delay = self.throttle.delay_for(peer)
-        if delay > 0:
-            self.throttle.delayed_total += 1
-            await asyncio.sleep(delay)
-        row = await self._db.fetchrow(sql.GET_USER, user)
-        # Unknown users are checked against a hash of the same cost.
-        stored = row["password_hash"] if row else dummy_hash()
-        ok = await asyncio.get_running_loop().run_in_executor(
-            None, verify_password, password or "", stored
-        )
+        with self.throttle.attempt(peer):
+            await self.throttle.wait_turn(peer)
+            row = await self._db.fetchrow(sql.GET_USER, user)
+            # Unknown users are checked against a hash of the same cost.
+            stored = row["password_hash"] if row else dummy_hash()
+            ok = await asyncio.get_running_loop().run_in_executor(
+                None, verify_password, password or "", stored
+            )
         if row is None or not ok:
             self.throttle.failed(peer)
             raise Unauthenticated(f"wrong user name or password for {user!r}")

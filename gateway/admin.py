@@ -20,7 +20,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from polyport.core.commands import FromPosition, FromTime, Selector
-from polyport.core.errors import Malformed, NotFound, PolyportError, StorageUnavailable
+from polyport.core.errors import Busy, Malformed, NotFound, PolyportError, StorageUnavailable
 from polyport.core.parking import SubscriptionSettings
 from polyport.gateway.admin_routes import (
     OPENAPI_PATH,
@@ -342,6 +342,28 @@ def is_admin(request: web.Request, token: str | None) -> bool:
     return bool(token) and _authorized(request, token or "")
 
 
+async def _check_token(gw: Gateway, request: web.Request,
+                       token: str) -> web.StreamResponse | None:
+    """None when the request carries the admin token; else the refusal.
+    Wrong tokens count in the same per-address throttle as failed logins:
+    after a few, each try from that address waits longer before it is
+    checked, and only a few are checked at once."""
+    throttle = gw.store.users.throttle
+    host = request.remote or None
+    try:
+        with throttle.attempt(host):
+            await throttle.wait_turn(host)
+            if _authorized(request, token):
+                return None
+            throttle.failed(host)
+    except Busy as exc:
+        return _error(503, exc.message, "busy")
+    log.warning("admin API: auth failure from %s (%s %s)", peer(request),
+                request.method, request.path)
+    return _error(401, "missing or wrong admin token", "unauthenticated",
+                  **{"WWW-Authenticate": 'Bearer realm="polyport-admin"'})
+
+
 def middleware(gw: Gateway) -> Middleware:
     """Guards and shapes everything under /admin (other paths pass through)."""
 
@@ -354,11 +376,10 @@ def middleware(gw: Gateway) -> Middleware:
         if not token:
             return _error(404, "the admin API is off: configure admin_token to turn it on",
                           "not_found")
-        if path != OPENAPI_PATH and not _authorized(request, token):
-            log.warning("admin API: auth failure from %s (%s %s)", peer(request),
-                        request.method, path)
-            return _error(401, "missing or wrong admin token", "unauthenticated",
-                          **{"WWW-Authenticate": 'Bearer realm="polyport-admin"'})
+        if path != OPENAPI_PATH:
+            refused = await _check_token(gw, request, token)
+            if refused is not None:
+                return refused
         try:
             return await handler(request)
         except web.HTTPException as exc:

@@ -106,13 +106,48 @@ def _head_revision() -> str:
     return migrate.head_revision()
 
 
-async def _schema(gw: Gateway) -> dict[str, Any]:
-    head = _head_revision()
-    try:
-        revision = await asyncio.wait_for(migrate.current_revision(gw.database_url), DB_TIMEOUT)
-    except Exception:  # the database section says why
-        return {"revision": None, "head": head, "current": None}
+def _schema(gw: Gateway) -> dict[str, Any]:
+    """As the store's schema check last saw it (every 30 s and at start):
+    no connection of its own per request."""
+    store = gw.store
+    head = store.schema_head or _head_revision()
+    revision = store.schema_revision
     return {"revision": revision, "head": head, "current": revision == head}
+
+
+# How long the database's part of /status is shared between requests.
+SECTIONS_TTL = 1.0
+
+Sections = tuple[Any, dict[str, Any], dict[str, Any] | None, dict[tuple[Any, str], int]]
+
+
+class DatabaseSections:
+    """The parts of /status that cost database round trips (subscription
+    lag, a ping, the chart, parked counts), computed at most once per
+    :data:`SECTIONS_TTL` and shared by every request meanwhile: /status is
+    public, and a loop of anonymous GETs must not become a loop of queries
+    on the gateway's pool."""
+
+    def __init__(self) -> None:
+        self._at = float("-inf")
+        self._task: asyncio.Future[Sections] | None = None
+
+    async def get(self, gw: Gateway) -> Sections:
+        now = time.monotonic()
+        task = self._task
+        if task is None or (task.done() and now - self._at > SECTIONS_TTL):
+            self._at = now
+            task = self._task = asyncio.ensure_future(_gather_sections(gw))
+        # Shielded: a client that disconnects does not cancel the others' answer.
+        return await asyncio.shield(task)
+
+
+async def _gather_sections(gw: Gateway) -> Sections:
+    telemetry = gw.telemetry
+    assert telemetry is not None
+    lag, database, chart, parked = await asyncio.gather(
+        telemetry.subscription_lag(), _database(gw), event_chart(gw), _parked(gw))
+    return lag, database, chart, parked
 
 
 def _transport_rows(
@@ -164,12 +199,15 @@ async def build_status(
     *,
     names_shown: bool = False,
     local_only: bool = False,
+    sections: DatabaseSections | None = None,
 ) -> dict[str, Any]:
     """The /status document.  Counters are for everyone; subscription names
     and selectors only with ``names_shown`` (the request had the admin token).
     ``local_only``: without the sections that are the database's rather than
     this process's (database, schema, chart, parked counts): what another
-    worker adds to the first worker's document (gateway/workers.py)."""
+    worker adds to the first worker's document (gateway/workers.py).
+    ``sections``: where those come from, shared between requests (else
+    computed for this call alone)."""
     telemetry = gw.telemetry
     assert telemetry is not None
     store = gw.store
@@ -208,10 +246,9 @@ async def build_status(
         schema: dict[str, Any] | None = None
         parked: dict[tuple[Any, str], int] = {}
     else:
-        lag, database, chart, schema, parked = await asyncio.gather(
-            telemetry.subscription_lag(), _database(gw), event_chart(gw), _schema(gw),
-            _parked(gw),
-        )
+        lag, database, chart, parked = await (
+            sections.get(gw) if sections is not None else _gather_sections(gw))
+        schema = _schema(gw)
     ws = store.writer.stats
     return {
         "version": polyport_version(),
@@ -265,12 +302,14 @@ async def _parked(gw: Gateway) -> dict[tuple[str, str], int]:
 
 
 def setup(app: web.Application, gw: Gateway) -> None:
+    sections = DatabaseSections()
+
     async def status(request: web.Request) -> web.Response:
         if gw.telemetry is None or gw.store is None:
             raise web.HTTPServiceUnavailable(text="the gateway is starting\n")
         endpoints = request.app[WEBSOCKET_ENDPOINTS] if WEBSOCKET_ENDPOINTS in request.app else []
         names_shown = is_admin(request, gw.config.admin_token)
-        doc = await build_status(gw, endpoints, names_shown=names_shown)
+        doc = await build_status(gw, endpoints, names_shown=names_shown, sections=sections)
         if gw.aggregator is not None:  # every worker's (gateway/workers.py)
             doc = await gw.aggregator.status(doc, names_shown)
         return web.json_response(doc)

@@ -262,7 +262,8 @@ class TcpListener:
         user = None
         if self.tls is not None:
             user = transport_user(writer.transport, self.tls.user_from)
-        return Peer(self.name, address, conn, certificate_user=user)
+        return Peer(self.name, address, conn, certificate_user=user,
+                    host=_source_address(writer))
 
     async def stop_accepting(self) -> None:
         if self._server is not None:

@@ -257,7 +257,7 @@ class WebSocketEndpoint:
                 peer = f"{addr[0]}:{addr[1]}"
         origin = request.headers.get("Origin")
         if not origin_allowed(origin, request.app.get(ALLOWED_ORIGINS, ())):
-            CURRENT_PEER.set(Peer(self.name, peer))
+            CURRENT_PEER.set(Peer(self.name, peer, host=request.remote))
             self.stats.error("forbidden")
             log.warning("%s: WebSocket from %s refused: origin %r is not allowed",
                         self.name, peer, origin)
@@ -283,7 +283,8 @@ class WebSocketEndpoint:
         conn = out.connection = register_connection(self.stats, self.name, peer, out.close)
         reason: str | None = None  # None: the server side closed it
         # Tasks the session starts inherit the peer (error lines, metrics).
-        CURRENT_PEER.set(Peer(self.name, peer, conn, certificate_user=_certificate_user(request)))
+        CURRENT_PEER.set(Peer(self.name, peer, conn, certificate_user=_certificate_user(request),
+                              host=host))
         self._connections[task] = out
         session: StreamSession | None = None
         try:

@@ -65,6 +65,14 @@ class Peer:
     # The polyport user a verified TLS client certificate names (the
     # transport checked it against the client CA); None without one.
     certificate_user: str | None = None
+    # The source address without its port, where ``address`` has one: what
+    # the failed-login throttle counts (a new connection per guess comes
+    # from a new port, not a new host).
+    host: str | None = None
+
+    @property
+    def login_source(self) -> str:
+        return self.host or self.address
 
 
 CURRENT_PEER: ContextVar[Peer | None] = ContextVar("polyport_peer", default=None)
@@ -223,7 +231,7 @@ class SessionContext:
         address (:data:`CURRENT_PEER`) feeds the failed-login throttle."""
         peer = CURRENT_PEER.get()
         principal = await self._store.users.authenticate(
-            user, password, peer=peer.address if peer is not None else None
+            user, password, peer=peer.login_source if peer is not None else None
         )
         return self._tenant(principal)
 

@@ -53,6 +53,9 @@ async def snapshot(gw: Any) -> dict[str, Any]:
 
 async def test_without_or_with_a_wrong_token_401_and_nothing_changes(gateway_factory) -> None:
     gw = await gateway_factory(admin_token=TOKEN)
+    # Dozens of wrong tokens from one address: past the free ones the login
+    # throttle would make each wait up to 10 s (tests/security tests that).
+    gw.store.users.throttle.free_failures = 1000
     await gw.store.users.add("alice", "pw")
     await gw.store.binders.create("b1", context="default")
     await gw.store.register_fetch_subscription("sub1", Selector(context="default"),
@@ -288,6 +291,9 @@ async def test_schemathesis_finds_no_server_error_or_schema_violation(
         "schemathesis")
     assert cli is not None, "schemathesis is in the test extra: pip install -e '.[test]'"
     gw = await gateway_factory(admin_token=TOKEN)
+    # Its auth checks send requests without the token: not a guessing
+    # attack to throttle here (tests/security tests the throttle).
+    gw.store.users.throttle.free_failures = 1000
     await gw.store.users.add("existing", "pw")
     await gw.store.binders.create("existing", context="default")
     await gw.store.register_fetch_subscription("existing", Selector(context="default"),

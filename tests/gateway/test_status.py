@@ -14,8 +14,16 @@ import pytest
 from polyport.core.commands import Append, FromBeginning, Selector, Subscribe
 from polyport.core.events import EventData
 from polyport.core.matcher import event_matcher
+from polyport.gateway import status
 from polyport.gateway.cli import JsonFormatter
 from polyport.protocols.bson.client import BsonClient, BsonError
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sections(monkeypatch: pytest.MonkeyPatch) -> None:
+    # These tests change state and read /status again at once; sharing the
+    # database's sections between requests is tests/security's to check.
+    monkeypatch.setattr(status, "SECTIONS_TTL", 0.0)
 
 
 def base(gw: Any) -> str:

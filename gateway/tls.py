@@ -4,9 +4,13 @@
   may read, a certificate that is expired (or not yet valid), and a key that
   does not belong to the certificate.
 - :class:`ServerTls` holds a listener's ``ssl.SSLContext``.  :meth:`ServerTls.reload`
-  loads new material *into the same context object*: OpenSSL copies the
-  certificate into each connection when it starts, so open connections keep
-  theirs and new ones get the new material (SIGHUP, ``Gateway.reload_tls``).
+  builds a *fresh* context from the files (certificate, key and the client
+  CA bundle read again) and every new handshake switches to it from the
+  listener's context's ``sni_callback`` (called for every ClientHello, SNI
+  or not): the listeners keep the object they were started with (aiohttp
+  and asyncio servers hold it), open connections keep their sessions, and
+  a CA taken out of the bundle stops being trusted, which loading more into
+  the running context could never do (SIGHUP, ``Gateway.reload_tls``).
 - :func:`serve_tls` is the accept loop of a TLS listener.  It accepts plain
   sockets itself so that it can look at the first bytes before asyncio reads
   anything: in ``dual`` mode a TLS ClientHello is wrapped, anything else goes
@@ -230,7 +234,15 @@ class ServerTls:
     def __init__(self, listener: str, options: TlsOptions) -> None:
         self.listener = listener
         self.options = options
+        # The context the listener holds; each handshake moves to _current.
         self.context = server_context(listener, options)
+        self._current = self.context
+        self.context.sni_callback = self._switch
+
+    def _switch(self, sslobj: ssl.SSLObject, _server_name: str | None,
+                context: ssl.SSLContext) -> None:
+        if self._current is not context:
+            sslobj.context = self._current
 
     @property
     def mode(self) -> str:
@@ -241,15 +253,17 @@ class ServerTls:
         return self.options.user_from or "cn"
 
     def reload(self, options: TlsOptions) -> None:
-        """Load ``options``' certificate and key for new connections.  Checked
-        on a scratch context first: bad material leaves the running one as it
-        was (ConfigError).  Mode and client CA changes need a restart."""
-        server_context(self.listener, options)
-        _load(self.context, self.listener, options)
-        self.options = TlsOptions(
-            options.cert, options.key, self.options.client_ca, options.min_version,
+        """New connections get ``options``' certificate and key and the client
+        CA bundle as its file says now, in a fresh context; bad material
+        leaves the running one as it was (ConfigError).  The mode, the
+        bundle's path, whether client certificates are asked for at all,
+        and the minimum version need a restart."""
+        options = TlsOptions(
+            options.cert, options.key, self.options.client_ca, self.options.min_version,
             self.options.mode, self.options.user_from,
         )
+        self._current = server_context(self.listener, options)
+        self.options = options
 
 
 def looks_like_tls(head: bytes) -> bool:

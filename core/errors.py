@@ -8,6 +8,8 @@ ReactiveSocket ERROR data).
 
 from __future__ import annotations
 
+import secrets
+
 
 class PolyportError(Exception):
     """Base of every error the core reports to a protocol adapter."""
@@ -95,3 +97,11 @@ ALL_ERRORS: tuple[type[PolyportError], ...] = (
 )
 
 ERROR_BY_CODE: dict[str, type[PolyportError]] = {e.code: e for e in ALL_ERRORS}
+
+
+def new_error_id() -> str:
+    """A short id that ties what a client is told about an unexpected
+    failure to the log line that has the details: clients get the canonical
+    message and the id, never the exception's own text (it may name files,
+    hosts, SQL or data of other tenants)."""
+    return secrets.token_hex(4)

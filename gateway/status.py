@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import statistics
 import time
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from polyport.core import migrate
+from polyport.core.errors import new_error_id
 from polyport.core.monitor import HourlyVolume
 from polyport.gateway.admin import is_admin
 from polyport.gateway.telemetry import (
@@ -27,6 +29,8 @@ from polyport.gateway.telemetry import (
     polyport_version,
 )
 from polyport.gateway.websocket import WEBSOCKET_ENDPOINTS, WebSocketEndpoint
+
+log = logging.getLogger("polyport.status")
 
 if TYPE_CHECKING:
     from polyport.gateway.app import Gateway
@@ -95,8 +99,14 @@ async def _database(gw: Gateway) -> dict[str, Any]:
         out["reachable"] = True
         out["round_trip_ms"] = round((time.monotonic() - started) * 1000, 2)
     except Exception as exc:
+        # /status is public: the canonical words and an id, the exception's
+        # text (hosts, paths, server messages) only in the log.
+        eid = new_error_id()
+        log.warning("status: database ping failed (error id %s): %s: %s", eid,
+                    exc.__class__.__name__, exc)
         out["reachable"] = False
-        out["error"] = f"{exc.__class__.__name__}: {exc}"
+        out["error"] = f"the database did not answer (error id {eid}; the gateway's log has " \
+                       "the details)"
     return out
 
 

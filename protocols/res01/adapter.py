@@ -44,6 +44,7 @@ from polyport.core.errors import (
     Unauthenticated,
     Unsupported,
     WrongExpectedVersion,
+    new_error_id,
 )
 from polyport.core.events import EventData, RecordedEvent
 from polyport.protocols.res01.errors import ErrorCode
@@ -422,12 +423,17 @@ class Res01Handler:
             yield error_reply(request, error_code(exc, write=write), exc.message)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             self.stats.error(StorageUnavailable.code)
-            self.log.warning("res01: storage error: %s", exc)
-            yield error_reply(request, ErrorCode.EVENT_STORAGE, f"event storage error: {exc}")
-        except Exception as exc:  # one request fails, never the listener
+            eid = new_error_id()
+            self.log.warning("res01: storage error (error id %s): %s", eid, exc)
+            yield error_reply(request, ErrorCode.EVENT_STORAGE,
+                              f"event storage error (error id {eid}); retry shortly")
+        except Exception:  # one request fails, never the listener
             self.stats.error("internal")
-            self.log.exception("res01: %s failed", type(request).__name__)
-            yield error_reply(request, ErrorCode.UNEXPECTED, f"unexpected error: {exc}")
+            eid = new_error_id()
+            self.log.exception("res01: %s failed (error id %s)", type(request).__name__, eid)
+            yield error_reply(request, ErrorCode.UNEXPECTED,
+                              f"unexpected error (error id {eid}); the gateway's log has the "
+                              "details")
 
     async def _read(self, work: Awaitable[_T]) -> _T:
         """Storage work of a reader request, under the reader timeout."""

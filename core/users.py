@@ -10,8 +10,7 @@ import hashlib
 import hmac
 import os
 import time
-from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -115,6 +114,13 @@ def _principal(row: asyncpg.Record) -> Principal:
     )
 
 
+@dataclass
+class _AddressSlots:
+    semaphore: asyncio.Semaphore
+    users: int = 0  # logins holding or awaiting a slot
+    checking: int = 0  # of those, holding one
+
+
 class LoginThrottle:
     """Failed logins per source address, and the delay they earn.
 
@@ -126,11 +132,14 @@ class LoginThrottle:
     bounded memory.  The address is the source host, never host and port:
     a client that opens a new connection per guess is the same address.
 
-    Logins in progress (waiting out their delay or hashing) are capped too,
-    at ``max_in_progress_per_address`` per address and ``max_in_progress``
-    in all: a password check is a deliberately slow scrypt in the thread
-    pool, and without a cap one address could keep that pool busy for
-    everyone.  Past a cap a login is refused at once with ``busy``.
+    Logins being checked (waiting out their delay or hashing) are capped
+    too, at ``max_in_progress_per_address`` per address and
+    ``max_in_progress`` in all; more wait their turn: a password check is a
+    deliberately slow scrypt in the thread pool, and without a cap one
+    address could keep that pool busy for everyone.  A client that opens a
+    pool of connections at once is only queued; past
+    ``max_waiting_per_address`` waiting from one address, a login is
+    refused at once with ``busy``.
     """
 
     def __init__(
@@ -143,12 +152,13 @@ class LoginThrottle:
         max_addresses: int = 10_000,
         max_in_progress_per_address: int = 4,
         max_in_progress: int = 32,
+        max_waiting_per_address: int = 256,
     ) -> None:
         self.free_failures = free_failures
         self.max_in_progress_per_address = max_in_progress_per_address
-        self.max_in_progress = max_in_progress
-        self._in_progress: Counter[str] = Counter()
-        self._in_progress_total = 0
+        self.max_waiting_per_address = max_waiting_per_address
+        self._all = asyncio.Semaphore(max_in_progress)
+        self._slots: dict[str, _AddressSlots] = {}
         self.refused_total = 0
         self.window = window
         self.base_delay = base_delay
@@ -190,26 +200,36 @@ class LoginThrottle:
         if address:
             self._failures.pop(address, None)
 
-    @contextlib.contextmanager
-    def attempt(self, address: str | None) -> Iterator[None]:
-        """One login in progress from ``address``; :class:`Busy` past a cap."""
+    def in_progress(self, address: str) -> int:
+        """Logins from ``address`` being checked now (holding a slot)."""
+        slots = self._slots.get(address)
+        return 0 if slots is None else slots.checking
+
+    @contextlib.asynccontextmanager
+    async def attempt(self, address: str | None) -> AsyncIterator[None]:
+        """One login from ``address`` being checked: waits for a slot of the
+        address and one of all; :class:`Busy` when too many already wait."""
         key = address or ""
-        if self._in_progress_total >= self.max_in_progress:
+        slots = self._slots.get(key)
+        if slots is None:
+            slots = self._slots[key] = _AddressSlots(
+                asyncio.Semaphore(self.max_in_progress_per_address))
+        if slots.users - slots.checking >= self.max_waiting_per_address:
             self.refused_total += 1
-            raise Busy(f"{self._in_progress_total} logins are being checked; retry shortly")
-        if address and self._in_progress[key] >= self.max_in_progress_per_address:
-            self.refused_total += 1
-            raise Busy(f"{self._in_progress[key]} logins from {address} are being checked; "
-                       "retry when they are done")
-        self._in_progress[key] += 1
-        self._in_progress_total += 1
+            raise Busy(f"{slots.users - slots.checking} logins from {address} are waiting to "
+                       "be checked; retry when they are done")
+        slots.users += 1
         try:
-            yield
+            async with slots.semaphore, self._all:
+                slots.checking += 1
+                try:
+                    yield
+                finally:
+                    slots.checking -= 1
         finally:
-            self._in_progress_total -= 1
-            self._in_progress[key] -= 1
-            if self._in_progress[key] <= 0:
-                del self._in_progress[key]
+            slots.users -= 1
+            if slots.users == 0:
+                del self._slots[key]
 
     async def wait_turn(self, address: str | None) -> None:
         """Sleep the delay ``address`` has earned (counted in delayed_total)."""
@@ -242,7 +262,7 @@ class UserService:
             if self.allow_anonymous:
                 return self.anonymous
             raise Unauthenticated("anonymous access is disabled: give a user name and password")
-        with self.throttle.attempt(peer):
+        async with self.throttle.attempt(peer):
             await self.throttle.wait_turn(peer)
             row = await self._db.fetchrow(sql.GET_USER, user)
             # Unknown users are checked against a hash of the same cost.

@@ -351,7 +351,7 @@ async def _check_token(gw: Gateway, request: web.Request,
     throttle = gw.store.users.throttle
     host = request.remote or None
     try:
-        with throttle.attempt(host):
+        async with throttle.attempt(host):
             await throttle.wait_turn(host)
             if _authorized(request, token):
                 return None

@@ -62,7 +62,37 @@ async def test_a_new_connection_per_guess_is_still_one_address(
     assert throttle.delay_for("127.0.0.1") == 0
 
 
-async def test_logins_in_progress_from_one_address_are_capped(
+async def test_logins_from_one_address_are_checked_a_few_at_a_time(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """A pool of connections opened at once from one address is queued, never
+    refused: at most max_in_progress_per_address are checked at a time."""
+    gw = await gateway_factory()
+    await gw.store.users.add("alice", "right")
+    throttle = gw.store.users.throttle
+    for _ in range(throttle.free_failures + 1):
+        throttle.failed("127.0.0.1")
+    # Each login from here now waits before its check (the same short wait
+    # each, rather than doubling with every failure).
+    throttle.base_delay = throttle.max_delay = 0.2
+    peak = 0
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, throttle.in_progress("127.0.0.1"))
+            await asyncio.sleep(0.01)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        codes = await asyncio.gather(*(_bson_guess(gw, "wrong") for _ in range(10)))
+    finally:
+        watcher.cancel()
+    assert codes == ["unauthenticated"] * 10
+    assert peak == throttle.max_in_progress_per_address
+
+
+async def test_too_many_waiting_logins_from_one_address_are_refused(
     gateway_factory: GatewayFactory,
 ) -> None:
     gw = await gateway_factory()
@@ -70,12 +100,12 @@ async def test_logins_in_progress_from_one_address_are_capped(
     throttle = gw.store.users.throttle
     for _ in range(throttle.free_failures + 1):
         throttle.failed("127.0.0.1")
-    throttle.base_delay = 0.5  # each login from here now waits before its check
+    throttle.base_delay = throttle.max_delay = 0.5
+    throttle.max_waiting_per_address = 2
     codes = await asyncio.gather(*(_bson_guess(gw, "wrong") for _ in range(10)))
-    # At most max_in_progress_per_address were let in; the rest were refused
-    # at once, without a password check.
-    assert codes.count("busy") >= 10 - throttle.max_in_progress_per_address, codes
-    assert set(codes) <= {"busy", "unauthenticated"}, codes
+    # 4 checked, 2 waiting; the rest refused at once, without a check.
+    assert codes.count("busy") == 10 - throttle.max_in_progress_per_address - 2, codes
+    assert set(codes) == {"busy", "unauthenticated"}, codes
     assert throttle.refused_total == codes.count("busy")
 
 

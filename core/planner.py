@@ -30,6 +30,8 @@ from polyport.core.events import RecordedEvent
 ONE_MICROSECOND = timedelta(microseconds=1)
 
 StreamKey = tuple[str, str]  # (context, stream)
+# An event id is unique within its context (its tenant), not across them.
+EventKey = tuple[str, uuid.UUID]  # (context, event id)
 
 
 class PlanUnit(Protocol):
@@ -108,13 +110,14 @@ class Plan:
 def plan_batch(
     batch: Sequence[PlanUnit],
     state: dict[StreamKey, StreamState],
-    existing: dict[uuid.UUID, RecordedEvent],
+    existing: dict[EventKey, RecordedEvent],
 ) -> Plan:
     """Decide each unit's fate, in order (pure; no I/O).
 
     ``state`` holds every stream the batch names (``StreamState()`` for one
     without events); it is only read.  ``existing`` holds the already
-    recorded events among the batch's event ids, for idempotent re-appends.
+    recorded events among the batch's event ids, for idempotent re-appends,
+    by (context, event id): an id is its tenant's own.
     """
     # ``state`` is only read: ``after`` holds copies, made when a stream is
     # first touched.
@@ -124,7 +127,7 @@ def plan_batch(
     outcomes: list[list[Planned] | PolyportError] = []
     touched: set[StreamKey] = set()
     checkpoints: list[tuple[uuid.UUID, str, str, int]] = []
-    seen: dict[uuid.UUID, RecordedEvent | _Earlier] = dict(existing)
+    seen: dict[EventKey, RecordedEvent | _Earlier] = dict(existing)
     any_failed = False
     commit_id = uuid.uuid4()
     for p in batch:
@@ -136,7 +139,7 @@ def plan_batch(
                 trial[k] = (after.get(k) or before[k]).copy()
         trial_rows: list[tuple[Any, ...]] = []
         planned: list[Planned] = []
-        added: list[uuid.UUID] = []
+        added: list[EventKey] = []
         error: PolyportError | None = None
         for a in p.appends:
             st = trial[(a.context, a.stream)]
@@ -174,16 +177,16 @@ def plan_batch(
                         offset,
                     )
                 )
-                seen[event_id] = _Earlier(event_id, context, stream, version, index)
-                added.append(event_id)
+                seen[(context, event_id)] = _Earlier(event_id, context, stream, version, index)
+                added.append((context, event_id))
                 offset += e.segment_size
             st.last_version, st.segment_length = version, offset
             planned.append(
                 Planned(context, stream, first_version, version, first_index, index, commit_id)
             )
         if error is not None:
-            for event_id in added:
-                del seen[event_id]
+            for event_key in added:
+                del seen[event_key]
             outcomes.append(error)
             any_failed = True
             continue
@@ -242,16 +245,18 @@ def _check_expected(a: Append, current: int) -> WrongExpectedVersion | None:
 
 
 def _idempotent_match(
-    a: Append, seen: dict[uuid.UUID, RecordedEvent | _Earlier]
+    a: Append, seen: dict[EventKey, RecordedEvent | _Earlier]
 ) -> list[RecordedEvent | _Earlier] | PolyportError | None:
-    """None: none of the ids appended before.  The earlier records: all of them
-    appended before, to this stream.  An error: only some, or elsewhere."""
+    """None: none of the ids appended before in this context.  The earlier
+    records: all of them appended before, to this stream.  An error: only
+    some, or to another stream of the context."""
+    context = a.context
     for e in a.events:
-        if e.event_id in seen:
+        if (context, e.event_id) in seen:
             break
     else:
         return None  # the common case, kept cheap
-    found = [seen.get(e.event_id) for e in a.events]
+    found = [seen.get((context, e.event_id)) for e in a.events]
     if any(f is None for f in found):
         return WrongExpectedVersion(
             "some of these event ids were already appended and others were not; "

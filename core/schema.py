@@ -55,7 +55,8 @@ events = Table(
     Column("origin", Text, nullable=False),
     Column("segment_offset", BigInteger, nullable=False),
     UniqueConstraint("context", "stream", "version", name="events_stream_version_key"),
-    UniqueConstraint("event_id", name="events_event_id_key"),
+    # Idempotency keys are each tenant's own (migration 0008).
+    UniqueConstraint("context", "event_id", name="events_context_event_id_key"),
     Index("events_stream_offset_idx", "context", "stream", "segment_offset"),
     Index("events_recorded_at_idx", "recorded_at"),
 )

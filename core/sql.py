@@ -59,9 +59,17 @@ FROM unnest($1::text[], $2::text[]) AS k(context, stream)
 CROSS JOIN LATERAL ({_LAST_EVENT_STATE}) st
 """
 
-EXISTING_EVENT_IDS = f"SELECT {_COLS} FROM events WHERE event_id = ANY($1::uuid[])"
+# An event id is unique within its context: (context, event id) pairs, $1
+# the contexts and $2 the ids, zipped.
+EXISTING_EVENT_IDS = (
+    f"SELECT {_COLS} FROM events "
+    "WHERE (context, event_id) IN (SELECT * FROM unnest($1::text[], $2::uuid[]))"
+)
 # Did a commit whose outcome is unknown store anything? (Its batch commits whole.)
-ANY_EVENT_ID_STORED = "SELECT EXISTS (SELECT 1 FROM events WHERE event_id = ANY($1::uuid[]))"
+ANY_EVENT_ID_STORED = (
+    "SELECT EXISTS (SELECT 1 FROM events "
+    "WHERE (context, event_id) IN (SELECT * FROM unnest($1::text[], $2::uuid[])))"
+)
 
 # The stream registry: one row per stream, written by its first append.
 INSERT_STREAMS = """

@@ -36,7 +36,7 @@ from polyport.core.errors import (
 from polyport.core.events import RecordedEvent
 from polyport.core.health import Health
 from polyport.core.limits import EventLimits, check_appends
-from polyport.core.planner import ONE_MICROSECOND, Plan, StreamState, plan_batch
+from polyport.core.planner import ONE_MICROSECOND, EventKey, Plan, StreamState, plan_batch
 from polyport.core.records import record_from_row
 from polyport.core.retry import Outage, connection_lost, reconnecting
 
@@ -441,7 +441,7 @@ class Writer:
         nothing new: a batch commits whole or not at all).  Not stored: the
         appends fail, and the message says so; resending is then safe."""
         self._forget_streams()
-        ids = [e.event_id for p in batch for a in p.appends for e in a.events]
+        contexts, ids = _event_keys(batch)
         keys = {(a.context, a.stream) for p in batch for a in p.appends}
         loop = asyncio.get_running_loop()
         log.warning("commit outcome unknown (%s: %s); checking whether its %d events were "
@@ -455,7 +455,7 @@ class Writer:
                         try:
                             conn = await self._connection(slot)
                             stored = bool(ids) and bool(
-                                await conn.fetchval(sql.ANY_EVENT_ID_STORED, ids)
+                                await conn.fetchval(sql.ANY_EVENT_ID_STORED, contexts, ids)
                             )
                             if stored or not ids:
                                 await self._commit_checked(batch, keys, slot)
@@ -658,7 +658,7 @@ class Writer:
     async def _commit_checked(
         self, batch: list[_Pending], keys: set[tuple[str, str]], slot: int
     ) -> None:
-        ids = [e.event_id for p in batch for a in p.appends for e in a.events]
+        contexts, ids = _event_keys(batch)
         conn = await self._connection(slot)
         self._statement_sent[slot] = True
         async with conn.transaction():
@@ -669,10 +669,10 @@ class Writer:
                 state[(r["context"], r["stream"])] = StreamState(
                     r["last_version"], r["segment_length"]
                 )
-            existing: dict[uuid.UUID, RecordedEvent] = {}
+            existing: dict[EventKey, RecordedEvent] = {}
             if ids:
-                for r in await conn.fetch(sql.EXISTING_EVENT_IDS, ids):
-                    existing[r["event_id"]] = record_from_row(r)
+                for r in await conn.fetch(sql.EXISTING_EVENT_IDS, contexts, ids):
+                    existing[(r["context"], r["event_id"])] = record_from_row(r)
             plan = plan_batch(batch, state, existing)
             base: int = head["last_position"]
             t0: datetime = max(head["last_recorded_at"] + ONE_MICROSECOND, head["now"])
@@ -727,6 +727,17 @@ class Writer:
                 settle.append((p.future, [r.resolve(base, t0) for r in outcome]))
         if n and self._on_commit is not None:
             self._on_commit(base, t0, plan.rows)
+
+
+def _event_keys(batch: list[_Pending]) -> tuple[list[str], list[uuid.UUID]]:
+    """The batch's (context, event id) pairs as two parallel lists."""
+    contexts: list[str] = []
+    ids: list[uuid.UUID] = []
+    for p in batch:
+        for a in p.appends:
+            contexts.extend(a.context for _ in a.events)
+            ids.extend(e.event_id for e in a.events)
+    return contexts, ids
 
 
 def _when_done(previous: asyncio.Future[None] | None, then: Callable[[], None]) -> None:

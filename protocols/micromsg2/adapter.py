@@ -34,7 +34,7 @@ from polyport.core.bodies import JSON, OCTETS, body_json_text, loads_json
 from polyport.core.commands import END, Append, AppendBatch, Principal, Selector
 from polyport.core.commands import Subscribe as CoreSubscribe
 from polyport.core.errors import Busy, NotFound, PolyportError, Unauthenticated
-from polyport.core.events import EventData, RecordedEvent
+from polyport.core.events import DEFAULT_CONTEXT, EventData, RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
 from polyport.protocols.errors import UNSUPPORTED
@@ -128,7 +128,8 @@ def header_to_property(text: str) -> PropertyValue:
     return text
 
 
-def message_to_event(message: Message, *, json_negotiated: bool) -> EventData:
+def message_to_event(message: Message, *, json_negotiated: bool,
+                     context: str = DEFAULT_CONTEXT) -> EventData:
     """A client MESSAGE as an event: property ``type`` is the event type, every
     other property a header; the body is JSON when ``json`` was negotiated and
     the payload parses, else opaque bytes."""
@@ -143,20 +144,22 @@ def message_to_event(message: Message, *, json_negotiated: bool) -> EventData:
             pass
     return EventData(
         type=event_type, body=message.payload, headers=headers, content_type=content_type,
-        event_id=message_event_id(message),
+        event_id=message_event_id(message, context),
     )
 
 
 # Any text is a message id; one that is not a UUID is mapped to one by name
-# (UUID v5 in this namespace), so the same id always gives the same event id.
+# (UUID v5 in a namespace of the connection's context, itself derived from
+# this one), so the same id always gives the same event id in one context
+# and unrelated ones in two.
 MESSAGE_ID_NAMESPACE = uuid.UUID("3f0b6a52-5d0e-4f4e-9a43-7c1f0a9b2d61")
 MESSAGE_ID_PROPERTIES = ("message-id", "id")
 
 
-def message_event_id(message: Message) -> uuid.UUID:
-    """The event id of a MESSAGE: its ``message-id`` (else ``id``) property
-    when present, so that a resent message is stored once; otherwise fresh
-    (such a message is not safe to resend: docs/errors.md)."""
+def message_event_id(message: Message, context: str = DEFAULT_CONTEXT) -> uuid.UUID:
+    """The event id of a MESSAGE in ``context``: its ``message-id`` (else
+    ``id``) property when present, so that a resent message is stored once;
+    otherwise fresh (such a message is not safe to resend: docs/errors.md)."""
     for name in MESSAGE_ID_PROPERTIES:
         value = message.properties.get(name)
         if value is None:
@@ -165,7 +168,7 @@ def message_event_id(message: Message) -> uuid.UUID:
         try:
             return uuid.UUID(text)
         except ValueError:
-            return uuid.uuid5(MESSAGE_ID_NAMESPACE, text)
+            return uuid.uuid5(uuid.uuid5(MESSAGE_ID_NAMESPACE, context), text)
     return uuid.uuid4()
 
 
@@ -476,7 +479,8 @@ class MicroMsg2Session:
             except RemoteProtocolError as exc:
                 bad = exc
                 break
-            event = message_to_event(message, json_negotiated=self._json)
+            event = message_to_event(message, json_negotiated=self._json,
+                                     context=self.context)
             if grouped and grouped[-1][0] == stream:
                 grouped[-1][1].append(event)
             else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import uuid
 
 import asyncpg
 import pytest
@@ -201,3 +202,47 @@ async def test_subscription_context_comes_and_goes_with_0007(empty_db_url: str) 
     finally:
         await conn.close()
     await asyncio.to_thread(migrate.upgrade, empty_db_url, "head")
+
+
+async def test_event_ids_per_context_come_and_go_with_0008(empty_db_url: str) -> None:
+    """0008 makes an event id unique per context; the downgrade refuses while
+    two contexts hold the same id and puts the global key back otherwise."""
+    shared = uuid.uuid4()
+    insert = (
+        "INSERT INTO events (position, event_id, context, stream, version, type, headers, "
+        "body, content_type, recorded_at, origin, segment_offset) "
+        "VALUES ($1, $2, $3, 's', $4, 't', '{}'::jsonb, ''::bytea, 'x', now(), 'core', 0)")
+    await asyncio.to_thread(migrate.upgrade, empty_db_url, "0007")
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        await conn.execute(insert, 1, shared, "a", 1)
+        with pytest.raises(asyncpg.UniqueViolationError):  # global before 0008
+            await conn.execute(insert, 2, shared, "b", 1)
+    finally:
+        await conn.close()
+
+    await asyncio.to_thread(migrate.upgrade, empty_db_url, "0008")
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        await conn.execute(insert, 2, shared, "b", 1)  # another context: its own id
+        with pytest.raises(asyncpg.UniqueViolationError):  # twice in one context: never
+            await conn.execute(insert, 3, shared, "b", 2)
+    finally:
+        await conn.close()
+
+    with pytest.raises(Exception, match=f"{shared} in a, b"):
+        await asyncio.to_thread(migrate.downgrade, empty_db_url, "0007")
+    assert await migrate.current_revision(empty_db_url) == "0008"
+
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        await conn.execute("DELETE FROM events WHERE context = 'b'")
+    finally:
+        await conn.close()
+    await asyncio.to_thread(migrate.downgrade, empty_db_url, "0007")
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await conn.execute(insert, 4, shared, "c", 1)
+    finally:
+        await conn.close()

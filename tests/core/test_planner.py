@@ -97,13 +97,14 @@ def model(units: Sequence[AppendBatch], initial: dict[Key, StreamState]) -> list
     return passed
 
 
-def recorded(plan: Plan) -> dict[uuid.UUID, RecordedEvent]:
-    """The plan's rows as the checked commit path stores them, at BASE/T0."""
+def recorded(plan: Plan) -> dict[tuple[str, uuid.UUID], RecordedEvent]:
+    """The plan's rows as the checked commit path stores them, at BASE/T0,
+    by (context, event id) as the writer looks them up."""
     out = {}
     for i, r in enumerate(plan.rows):
         values = (BASE + i + 1, *r[:9], T0 + i * ONE_MICROSECOND, r[9], r[10])
         ev = record_from_row(dict(zip(sql.EVENT_COLUMNS, values, strict=True)))
-        out[ev.event_id] = ev
+        out[(ev.context, ev.event_id)] = ev
     return out
 
 
@@ -144,7 +145,7 @@ def test_plan_follows_the_sequential_model(
     rows = recorded(plan)
     final = final_states(plan, initial)
     for k in KEYS:
-        mine = [rows[r[0]] for r in plan.rows if (r[1], r[2]) == k]
+        mine = [rows[(r[1], r[0])] for r in plan.rows if (r[1], r[2]) == k]
         start = initial[k]
         assert [e.version for e in mine] == list(
             range(start.last_version + 1, start.last_version + 1 + len(mine))
@@ -260,14 +261,15 @@ def test_a_resend_that_does_not_match_exactly_fails_alone(
     earlier = [a for u, ok in zip(units, passed, strict=True) if ok for a in u.appends]
     assume(earlier)
     a = data.draw(st.sampled_from(earlier))
-    if data.draw(st.booleans()):
+    # Ids are a context's own: another stream of the same context.
+    others = [k for k in KEYS if k[0] == a.context and k != (a.context, a.stream)]
+    if not others or data.draw(st.booleans()):
         # Its events and one more: only some of the ids were appended before.
         fresh = EventData("t", b"new", event_id=uuid.uuid4())
         bad = dataclasses.replace(a, events=(*a.events, fresh))
     else:
         # The same events to another stream.
-        context, stream = data.draw(st.sampled_from([k for k in KEYS
-                                                     if k != (a.context, a.stream)]))
+        context, stream = data.draw(st.sampled_from(others))
         bad = dataclasses.replace(a, context=context, stream=stream)
     after = AppendBatch((Append("c1", "late", (EventData("t", b"late"),)),))
     state = {**initial, ("c1", "late"): StreamState()}
@@ -275,6 +277,22 @@ def test_a_resend_that_does_not_match_exactly_fails_alone(
     assert isinstance(plan.outcomes[len(units)], WrongExpectedVersion)
     assert isinstance(plan.outcomes[-1], list)
     assert plan.rows == plan_batch([*units, after], state, {}).rows
+
+
+def test_the_same_ids_in_another_context_are_new_events() -> None:
+    """An event id is its context's own: another tenant's append with the
+    same ids is neither a resend nor a conflict, committed or in this batch."""
+    mine = Append("c1", "a", (EventData("t", b"1"), EventData("t", b"2")))
+    theirs = dataclasses.replace(mine, context="c2")
+    state = {("c1", "a"): StreamState(), ("c2", "a"): StreamState()}
+    plan = plan_batch([AppendBatch((mine,)), AppendBatch((theirs,))], state, {})
+    assert [isinstance(o, list) for o in plan.outcomes] == [True, True]
+    assert [(r[1], r[3]) for r in plan.rows] == [("c1", 1), ("c1", 2), ("c2", 1), ("c2", 2)]
+    committed = plan_batch([AppendBatch((mine,))], state, {})
+    again = plan_batch([AppendBatch((theirs,))], final_states(committed, state),
+                       recorded(committed))
+    [[result]] = again.outcomes
+    assert not result.idempotent and [r[1] for r in again.rows] == ["c2", "c2"]
 
 
 def test_a_resend_mixing_committed_ids_with_ids_from_this_batch_fails() -> None:

@@ -40,6 +40,9 @@ def test_micromsg2_message_id_forms() -> None:
     jms = message_event_id(msg(**{"message-id": "ID:host-1-42"}))
     assert jms == message_event_id(msg(**{"message-id": "ID:host-1-42"}))
     assert message_event_id(msg()) != message_event_id(msg())
+    # A name-derived id is its context's own: the same text, another tenant.
+    assert message_event_id(msg(**{"message-id": "ID:host-1-42"}), "other") != jms
+    assert message_event_id(msg(**{"message-id": str(ID)}), "other") == ID
     event = message_to_event(msg(**{"message-id": str(ID)}), json_negotiated=False)
     assert event.event_id == ID
     assert event.headers["message-id"] == str(ID)  # still seen by subscribers

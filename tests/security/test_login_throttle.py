@@ -62,19 +62,25 @@ async def test_a_new_connection_per_guess_is_still_one_address(
     assert throttle.delay_for("127.0.0.1") == 0
 
 
-async def test_logins_from_one_address_are_checked_a_few_at_a_time(
-    gateway_factory: GatewayFactory,
-) -> None:
-    """A pool of connections opened at once from one address is queued, never
-    refused: at most max_in_progress_per_address are checked at a time."""
+async def _throttled_gateway(gateway_factory: GatewayFactory, wait: float) -> tuple[Any, Any]:
+    """A gateway whose throttle already holds 127.0.0.1 past its free
+    failures: each login from it waits ``wait`` before its check (the same
+    wait each, rather than doubling with every failure)."""
     gw = await gateway_factory()
     await gw.store.users.add("alice", "right")
     throttle = gw.store.users.throttle
     for _ in range(throttle.free_failures + 1):
         throttle.failed("127.0.0.1")
-    # Each login from here now waits before its check (the same short wait
-    # each, rather than doubling with every failure).
-    throttle.base_delay = throttle.max_delay = 0.2
+    throttle.base_delay = throttle.max_delay = wait
+    return gw, throttle
+
+
+async def test_logins_from_one_address_are_checked_a_few_at_a_time(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """A pool of connections opened at once from one address is queued, never
+    refused: at most max_in_progress_per_address are checked at a time."""
+    gw, throttle = await _throttled_gateway(gateway_factory, 0.2)
     peak = 0
 
     async def watch() -> None:
@@ -95,12 +101,7 @@ async def test_logins_from_one_address_are_checked_a_few_at_a_time(
 async def test_too_many_waiting_logins_from_one_address_are_refused(
     gateway_factory: GatewayFactory,
 ) -> None:
-    gw = await gateway_factory()
-    await gw.store.users.add("alice", "right")
-    throttle = gw.store.users.throttle
-    for _ in range(throttle.free_failures + 1):
-        throttle.failed("127.0.0.1")
-    throttle.base_delay = throttle.max_delay = 0.5
+    gw, throttle = await _throttled_gateway(gateway_factory, 0.5)
     throttle.max_waiting_per_address = 2
     codes = await asyncio.gather(*(_bson_guess(gw, "wrong") for _ in range(10)))
     # 4 checked, 2 waiting; the rest refused at once, without a check.

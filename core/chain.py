@@ -380,9 +380,14 @@ class ChainClient:
 
     @property
     def stats(self) -> WriterStats:
-        if self._out is None and not self._stats.commits:
-            return self.local.stats
-        return self._stats
+        """The chain's commits (counted by the one worker with
+        ``counts_commits``) and this worker's own, made while the chain was
+        away."""
+        own, chain = self.local.stats, self._stats
+        merged = WriterStats(own.commits + chain.commits, own.events + chain.events,
+                             chain.last_batch_size or own.last_batch_size)
+        merged.batch_sizes.extend(chain.batch_sizes or own.batch_sizes)
+        return merged
 
     @property
     def queue_depth(self) -> int:
@@ -391,11 +396,6 @@ class ChainClient:
     @property
     def queued_bytes(self) -> int:
         return self._bytes + self.local.queued_bytes
-
-    @property
-    def via_chain(self) -> bool:
-        """Whether the next append goes to the chain (else the local writer)."""
-        return self._out is not None and self.local.idle
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -539,6 +539,8 @@ class ChainClient:
             raise StorageUnavailable("the store is shutting down; retry against a running gateway")
         out = self._out
         if out is None or not self.local.idle:
+            # The chain is away, or the local writer still holds appends
+            # from while it was: those must commit first.
             return await self.local.submit(appends)
         limits = self.limits
         n = sum(len(a.events) for a in appends)

@@ -16,7 +16,7 @@ from polyport.core.limits import check_text as _check_text
 from polyport.core.store import EventStore, StoreConfig
 from polyport.core.writer import WriterLimits
 from tests.core.helpers import append, ev, unique
-from tests.pg import HEAD_LOCK, row_locked
+from tests.pg import HEAD_LOCK, lock_waiters, row_locked
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,9 +29,9 @@ async def test_planned_batches_count_as_waiting_and_commit_in_order(db_url: str)
         streams = [unique("pipe") for _ in range(3)]
         async with row_locked(db_url, HEAD_LOCK):
             first = asyncio.create_task(store.append(append(streams[0], ev(1))))
-            await asyncio.sleep(0.2)  # in the database, waiting for the head lock
+            await lock_waiters(db_url, 1)  # in the database, waiting for the head lock
             second = asyncio.create_task(store.append(append(streams[1], ev(2))))
-            await asyncio.sleep(0.2)  # another stream: sent too, waits on the lock
+            await lock_waiters(db_url, 2)  # another stream: sent too, waits on the lock
             third = asyncio.create_task(store.append(append(streams[2], ev(3))))
             await asyncio.sleep(0.2)  # queued
             assert store.writer.queue_depth == 2

@@ -141,7 +141,7 @@ async def test_closing_with_a_commit_in_flight_returns_when_it_commits(db_url: s
         stream = unique("drain")
         async with row_locked(db_url, HEAD_LOCK):
             pending = asyncio.create_task(store.append(append(stream, ev(1))))
-            await asyncio.sleep(0.2)  # in the database, waiting for the head lock
+            await lock_waiters(db_url, 1)  # in the database, waiting for the head lock
             closing = asyncio.create_task(store.writer.drain_and_stop())
             await asyncio.sleep(0.2)
             assert not closing.done()

@@ -77,7 +77,6 @@ from polyport.core.errors import (
 )
 from polyport.core.events import EventData
 from polyport.core.health import Health
-from polyport.core.limits import check_appends
 from polyport.core.notify import Notifier
 from polyport.core.writer import (
     CommitObservation,
@@ -85,6 +84,8 @@ from polyport.core.writer import (
     Writer,
     WriterLimits,
     WriterStats,
+    admit,
+    unconfirmed,
 )
 
 log = logging.getLogger("polyport.chain")
@@ -527,10 +528,7 @@ class ChainClient:
                     self._events -= unit.events
                     self._bytes -= unit.cost
                     if not unit.future.done():
-                        unit.future.set_exception(Timeout(
-                            f"append not confirmed within {self.limits.commit_timeout:.0f}s; "
-                            "outcome unknown: it may still commit. Resend with the same "
-                            "event ids (such resends are idempotent; see docs/errors.md)"))
+                        unit.future.set_exception(unconfirmed(self.limits))
 
     # --- appends ------------------------------------------------------------------------
 
@@ -543,13 +541,7 @@ class ChainClient:
             # from while it was: those must commit first.
             return await self.local.submit(appends)
         limits = self.limits
-        n = sum(len(a.events) for a in appends)
-        size, cost = check_appends(appends, limits.events, limits.max_event_bytes)
-        if self._events and self._events + n > limits.max_pending_events:
-            raise Busy(f"writer queue full ({self._events} events waiting); retry shortly")
-        if self._bytes and self._bytes + cost > limits.max_pending_bytes:
-            raise Busy(f"writer queue full ({self._bytes} bytes waiting, max_pending_bytes "
-                       f"{limits.max_pending_bytes}); retry shortly")
+        n, size, cost = admit(appends, limits, self._events, self._bytes)
         fut: asyncio.Future[list[AppendResult]] = out.loop.create_future()
         uid = self._next_uid
         self._next_uid += 1

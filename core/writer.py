@@ -197,13 +197,7 @@ class Writer:
                     )
             for p in (q for b in self._inflight.values() for q in b):
                 if now > p.deadline and not p.future.done():
-                    p.future.set_exception(
-                        Timeout(
-                            f"append not confirmed within {self.limits.commit_timeout:.0f}s; "
-                            "outcome unknown: it may still commit. Resend with the same event "
-                            "ids (such resends are idempotent; see docs/errors.md)"
-                        )
-                    )
+                    p.future.set_exception(unconfirmed(self.limits))
 
     async def drain_and_stop(self) -> None:
         """Commit everything already accepted, then stop."""
@@ -254,20 +248,8 @@ class Writer:
         the (size, cost) the worker's own :func:`check_appends` returned."""
         if self._closing:
             raise StorageUnavailable("the store is shutting down; retry against a running gateway")
-        n = sum(len(a.events) for a in appends)
-        size, cost = checked or check_appends(
-            appends, self.limits.events, self.limits.max_event_bytes)
-        # Both bounds apply only to a queue that holds something: a single
-        # append within the per-event limits is always admitted on its own.
-        waiting = self._waiting_events
-        if waiting and waiting + n > self.limits.max_pending_events:
-            raise Busy(f"writer queue full ({waiting} events waiting); retry shortly")
-        held = self._waiting_bytes
-        if held and held + cost > self.limits.max_pending_bytes:
-            raise Busy(
-                f"writer queue full ({held} bytes waiting, max_pending_bytes "
-                f"{self.limits.max_pending_bytes}); retry shortly"
-            )
+        n, size, cost = admit(appends, self.limits, self._waiting_events,
+                              self._waiting_bytes, checked)
         loop = self._loop or asyncio.get_running_loop()
         fut: asyncio.Future[list[AppendResult]] = loop.create_future()
         deadline = loop.time() + self.limits.commit_timeout
@@ -727,6 +709,36 @@ class Writer:
                 settle.append((p.future, [r.resolve(base, t0) for r in outcome]))
         if n and self._on_commit is not None:
             self._on_commit(base, t0, plan.rows)
+
+
+def admit(
+    appends: Sequence[Append], limits: WriterLimits, waiting_events: int, waiting_bytes: int,
+    checked: tuple[int, int] | None = None,
+) -> tuple[int, int, int]:
+    """(events, body bytes, cost) of a submission that the limits and a queue
+    holding ``waiting_events`` / ``waiting_bytes`` admit; else Malformed,
+    TooLarge or Busy.  ``checked``: (size, cost) from an earlier
+    :func:`check_appends` of the same appends.  Both bounds apply only to a
+    queue that holds something: one append within the per-event limits is
+    always admitted on its own."""
+    n = sum(len(a.events) for a in appends)
+    size, cost = checked or check_appends(appends, limits.events, limits.max_event_bytes)
+    if waiting_events and waiting_events + n > limits.max_pending_events:
+        raise Busy(f"writer queue full ({waiting_events} events waiting); retry shortly")
+    if waiting_bytes and waiting_bytes + cost > limits.max_pending_bytes:
+        raise Busy(f"writer queue full ({waiting_bytes} bytes waiting, max_pending_bytes "
+                   f"{limits.max_pending_bytes}); retry shortly")
+    return n, size, cost
+
+
+def unconfirmed(limits: WriterLimits) -> Timeout:
+    """An append sent for commit but not confirmed in time: its outcome is
+    unknown to the client."""
+    return Timeout(
+        f"append not confirmed within {limits.commit_timeout:.0f}s; outcome unknown: it may "
+        "still commit. Resend with the same event ids (such resends are idempotent; see "
+        "docs/errors.md)"
+    )
 
 
 def _event_keys(batch: list[_Pending]) -> tuple[list[str], list[uuid.UUID]]:

@@ -101,10 +101,8 @@ def settle_heap() -> None:
     configuration, pools) out of the collector's sight for good, and collect
     the young generation less often."""
     import gc
-    import os
 
     gc.collect()
     gc.freeze()
-    gen0 = int(os.environ.get("POLYPORT_GC_GEN0", GC_GEN0_THRESHOLD))
     _g0, g1, g2 = gc.get_threshold()
-    gc.set_threshold(gen0, g1, g2)
+    gc.set_threshold(GC_GEN0_THRESHOLD, g1, g2)

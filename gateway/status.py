@@ -7,7 +7,6 @@ external resources; it polls ``/status`` and draws its chart as inline SVG.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import statistics
 import time
@@ -18,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from polyport.core import migrate
 from polyport.core.errors import new_error_id
 from polyport.core.monitor import HourlyVolume
 from polyport.gateway.admin import is_admin
@@ -110,18 +108,12 @@ async def _database(gw: Gateway) -> dict[str, Any]:
     return out
 
 
-@functools.cache
-def _head_revision() -> str:
-    # Read from the migration scripts on disk: once per process.
-    return migrate.head_revision()
-
-
 def _schema(gw: Gateway) -> dict[str, Any]:
     """As the store's schema check last saw it (every 30 s and at start):
     no connection of its own per request."""
     store = gw.store
-    head = store.schema_head or _head_revision()
-    revision = store.schema_revision
+    # Both set by the store's first check, before start() returned.
+    head, revision = store.schema_head, store.schema_revision
     return {"revision": revision, "head": head, "current": revision == head}
 
 

@@ -9,6 +9,7 @@ import asyncio
 import functools
 from pathlib import Path
 from typing import TextIO
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 from alembic import command
@@ -16,6 +17,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from polyport import migrations
+from polyport.core import sql
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
@@ -32,6 +34,20 @@ def sqlalchemy_url(database_url: str) -> str:
 
 def asyncpg_dsn(database_url: str) -> str:
     return "postgresql://" + sqlalchemy_url(database_url)[len("postgresql+asyncpg://") :]
+
+
+# Every connection of a serving gateway carries this name (pg_stat_activity
+# shows it), so a downgrade can tell that a gateway still uses the database.
+GATEWAY_APPLICATION_NAME = "polyport-gateway"
+
+
+def with_application_name(dsn: str, name: str) -> str:
+    """``dsn`` with ``application_name`` set (asyncpg passes query parameters
+    it does not know to the server as settings)."""
+    parts = urlsplit(dsn)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "application_name"]
+    query.append(("application_name", name))
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 def alembic_config(database_url: str, stdout: TextIO | None = None) -> Config:
@@ -79,6 +95,17 @@ async def current_revision(database_url: str) -> str | None:
         return value
     finally:
         await conn.close()
+
+
+async def gateway_sessions(database_url: str) -> tuple[int, str]:
+    """How many sessions serving gateways hold on the database, and from where."""
+    conn = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        row = await conn.fetchrow(sql.GATEWAY_SESSIONS, GATEWAY_APPLICATION_NAME)
+    finally:
+        await conn.close()
+    assert row is not None
+    return int(row["sessions"]), str(row["clients"])
 
 
 class SchemaBehind(RuntimeError):

@@ -95,6 +95,11 @@ WHERE producer_id = $1 AND context = $2 AND stream = $3
 NOTIFY_CHANNEL = "polyport_events"
 NOTIFY = "SELECT pg_notify('polyport_events', $1)"
 
+# Sent by every migration run, in its transaction (so at its commit): a
+# gateway hearing it checks its schema at once instead of at its next timer.
+SCHEMA_CHANNEL = "polyport_schema"
+SCHEMA_CHANGED = "SELECT pg_notify('polyport_schema', '')"
+
 # --- reads --------------------------------------------------------------------
 
 HEAD_POSITION = "SELECT last_position FROM log_head WHERE id = 1"
@@ -393,6 +398,16 @@ DELETE_CURVE_KEY = "DELETE FROM curve_keys WHERE public_key = $1 RETURNING publi
 
 # The schema check behind readiness (core.health), on a slow timer.
 SCHEMA_REVISION = "SELECT version_num FROM alembic_version"
+
+# Sessions of serving gateways on this database (they connect with
+# application_name = core.migrate.GATEWAY_APPLICATION_NAME): a downgrade
+# refuses to run under them.
+GATEWAY_SESSIONS = """
+SELECT count(*) AS sessions, coalesce(string_agg(DISTINCT coalesce(host(client_addr),
+       'local socket'), ', '), '') AS clients
+FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = $1 AND pid <> pg_backend_pid()
+"""
 
 CREATE_BINDER = """
 INSERT INTO binders (name, context, stream_prefix, types, fold, position, created_at)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -86,6 +87,9 @@ class StoreConfig:
     # Whether this process counts the chain's commits in its writer stats
     # (every worker hears of every commit; one of them counts).
     chain_counts_commits: bool = True
+    # pg_stat_activity's name for this store's sessions (serving gateways use
+    # migrate.GATEWAY_APPLICATION_NAME); None: the URL's own, if any.
+    application_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +147,8 @@ class EventStore:
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
         self._dsn = asyncpg_dsn(config.database_url)
+        if config.application_name is not None:
+            self._dsn = migrate.with_application_name(self._dsn, config.application_name)
         self._pool: asyncpg.Pool = None  # type: ignore[assignment]
         # Request paths query through _db (lost connections raised as
         # StorageUnavailable); the writer, tailer and locks own their retries.
@@ -166,6 +172,7 @@ class EventStore:
         # The tailer polls at least every poll interval when idle.
         self._health = Health(stale_after=max(DEFAULT_STALE_AFTER, 3 * config.poll_interval))
         self._schema_task: asyncio.Task[None] | None = None
+        self._schema_wake = asyncio.Event()
         # The schema revision as the newest check saw it, and this code's
         # head (None until the first check): /status reads them from here.
         self.schema_revision: str | None = None
@@ -196,6 +203,7 @@ class EventStore:
             ) from exc
         self._db = Db(self._pool)
         self.tailer = Tailer(self._pool, self._dsn, self.config.poll_interval, self._health)
+        self.tailer.on_schema_change = self._schema_wake.set
         await self.tailer.start()
         local = Writer(self._dsn, self.config.writer, on_commit=self._committed,
                        health=self._health)
@@ -295,10 +303,14 @@ class EventStore:
     async def _watch_schema(self) -> None:
         """The schema revision against this code's head: at once, then every
         ``schema_check_interval`` seconds (a migration run while serving, or
-        a downgrade, shows up in readiness)."""
+        a downgrade, shows up in readiness), and at once when a migration
+        announces itself (sql.SCHEMA_CHANNEL)."""
         while True:
             await self._check_schema()
-            await asyncio.sleep(self.config.schema_check_interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.schema_check_interval):
+                    await self._schema_wake.wait()
+            self._schema_wake.clear()
 
     async def _check_schema(self) -> None:
         if self.schema_head is None:
@@ -316,7 +328,13 @@ class EventStore:
         else:
             self.schema_revision = current
             self._health.ok()
-            self._health.schema(migrate.schema_behind(current, head))
+            problem = migrate.schema_behind(current, head)
+            if problem != self._health.snapshot().schema_problem and self.started:
+                if problem is None:
+                    log.warning("schema back at %s: ready again", head)
+                else:
+                    log.warning("schema changed under the gateway, not ready: %s", problem)
+            self._health.schema(problem)
 
     # --- reads --------------------------------------------------------------
 

@@ -201,6 +201,8 @@ class Tailer:
         self._listen_conn: asyncpg.Connection | None = None
         self.listeners: list[Callable[[RecordedEvent], None]] = []
         self.on_advance: list[Callable[[int], None]] = []
+        # Called when a migration ran on this database (sql.SCHEMA_CHANNEL).
+        self.on_schema_change: Callable[[], None] | None = None
 
     @property
     def live_count(self) -> int:
@@ -230,6 +232,7 @@ class Tailer:
         try:
             conn = await asyncpg.connect(self._dsn, timeout=self.poll_interval + 2)
             await conn.add_listener(sql.NOTIFY_CHANNEL, self._on_notify)
+            await conn.add_listener(sql.SCHEMA_CHANNEL, self._on_schema_notify)
         except Exception as exc:  # noqa: BLE001 - any failure here means "poll instead"
             log.debug("LISTEN failed (%s); relying on polling", exc)
             if conn is not None:
@@ -240,6 +243,10 @@ class Tailer:
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         with contextlib.suppress(ValueError):
             self.notify(int(payload))
+
+    def _on_schema_notify(self, _conn: object, _pid: int, _channel: str, _payload: str) -> None:
+        if self.on_schema_change is not None:
+            self.on_schema_change()
 
     def notify(self, position: int) -> None:
         if position > self._known_head:

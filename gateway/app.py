@@ -196,6 +196,7 @@ class Gateway:
                     chain=None if self.role is None or not self.role.chain else chain_connector(
                         self.role.run_dir),
                     chain_counts_commits=self.role is None or self.role.first,
+                    application_name=migrate.GATEWAY_APPLICATION_NAME,
                 )
             )
             await self.store.start()

@@ -26,7 +26,7 @@ log = logging.getLogger("polyport.chain")
 
 async def _serve(payload: dict[str, Any], control_fd: int, ready_fd: int) -> int:
     from polyport.core.chain import MAX_MESSAGE_BYTES, CommitChain
-    from polyport.core.migrate import asyncpg_dsn
+    from polyport.core.migrate import GATEWAY_APPLICATION_NAME, asyncpg_dsn, with_application_name
     from polyport.gateway.app import writer_limits
     from polyport.gateway.eventloop import settle_heap
     from polyport.gateway.worker import watch_lifeline
@@ -34,7 +34,8 @@ async def _serve(payload: dict[str, Any], control_fd: int, ready_fd: int) -> int
 
     role = payload["role"]
     config = role.apply(payload["config"])
-    chain = CommitChain(asyncpg_dsn(config.database_url), writer_limits(config))
+    dsn = with_application_name(asyncpg_dsn(config.database_url), GATEWAY_APPLICATION_NAME)
+    chain = CommitChain(dsn, writer_limits(config))
     chain.start()
     path = chain_socket_path(role.run_dir)
     path.unlink(missing_ok=True)  # a killed predecessor's

@@ -245,6 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     mig.add_argument("--sql", action="store_true",
                      help="print the SQL of upgrade/downgrade instead of running it (offline; "
                           "downgrade takes FROM:TO)")
+    mig.add_argument("--yes", action="store_true",
+                     help="downgrade without asking first (needed without a terminal)")
+    mig.add_argument("--force", action="store_true",
+                     help="downgrade even while a gateway is connected to the database")
 
     users = sub.add_parser("users", help="manage users", description="manage users")
     _common(users)
@@ -646,6 +650,7 @@ def _migrate(args: argparse.Namespace, config: GatewayConfig) -> int:
             migrate.upgrade(url, rev or "head")
             print(f"schema at {asyncio.run(migrate.current_revision(url))}")
         elif args.action == "downgrade":
+            _confirm_downgrade(args, url, rev)
             migrate.downgrade(url, rev)
             print(f"schema at {asyncio.run(migrate.current_revision(url)) or 'base'}")
         elif args.action == "stamp":
@@ -664,6 +669,27 @@ def _migrate(args: argparse.Namespace, config: GatewayConfig) -> int:
         else:
             migrate.history(url)
     return 0
+
+
+def _confirm_downgrade(args: argparse.Namespace, url: str, rev: str) -> None:
+    """A downgrade drops what later revisions added, under whoever is serving:
+    refuse while gateways are connected (unless --force), and ask first
+    (unless --yes)."""
+    sessions, clients = asyncio.run(migrate.gateway_sessions(url))
+    if sessions and not args.force:
+        raise CommandError(
+            f"a gateway is serving from this database ({sessions} sessions, from {clients}): "
+            "stop it first, or pass --force to downgrade under it")
+    current = asyncio.run(migrate.current_revision(url)) or "base"
+    question = (f"downgrade the schema from {current} to {rev}? What later revisions added "
+                "is dropped")
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise CommandError(f"{question}: pass --yes to confirm without a terminal")
+    answer = input(f"{question} [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise CommandError("downgrade cancelled; nothing was changed")
 
 
 def _say_fatal(message: str, fmt: str) -> None:

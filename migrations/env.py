@@ -12,6 +12,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from polyport.core import sql
 from polyport.core.schema import metadata
 
 config = context.config
@@ -35,6 +36,9 @@ def _do_run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata)
     with context.begin_transaction():
         context.run_migrations()
+        # Delivered at this transaction's commit: serving gateways check
+        # their schema at once (readiness) rather than at their next timer.
+        connection.exec_driver_sql(sql.SCHEMA_CHANGED)
 
 
 async def _run_async() -> None:

@@ -19,7 +19,7 @@ from polyport.core.store import EventStore, StoreConfig
 from polyport.core.subscriptions import Subscription
 from polyport.core.writer import WriterLimits
 from polyport.gateway.config import TLS_LISTENERS, ConfigError, GatewayConfig
-from polyport.gateway.database import database_url
+from polyport.gateway.database import database, supervise_embedded
 from polyport.gateway.fatal import naming_bind_errors
 from polyport.gateway.http import build_app
 from polyport.gateway.registry import ListenerDef, RunningListener, discover
@@ -98,6 +98,7 @@ class Gateway:
         # Every transport's open connections (GET /admin/connections).
         self.connections = ConnectionTable()
         self._exit = ExitStack()
+        self._embedded_watch: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         # Listener name -> its TLS context (the HTTP port is "http").
         self.tls: dict[str, ServerTls] = {}
@@ -176,10 +177,14 @@ class Gateway:
         if self.role is None or self.role.first:  # once, not once per worker
             warn_if_anonymous_exposed(self.config)
         loop = asyncio.get_running_loop()
-        url, embedded = await loop.run_in_executor(
-            None, lambda: self._exit.enter_context(database_url(self.config))
+        url, pg = await loop.run_in_executor(
+            None, lambda: self._exit.enter_context(database(self.config))
         )
+        embedded = pg is not None
         self.database_url = url
+        if pg is not None:
+            self._embedded_watch = asyncio.create_task(
+                supervise_embedded(pg), name="polyport-embedded-pg")
         try:
             if embedded:
                 await migrate.upgrade_in_thread(url)
@@ -289,4 +294,7 @@ class Gateway:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._embedded_watch is not None:
+            self._embedded_watch.cancel()
+            self._embedded_watch = None
         await asyncio.get_running_loop().run_in_executor(None, self._exit.close)

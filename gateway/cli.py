@@ -83,6 +83,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
+class _OneLineLibraries(logging.Filter):
+    """A library's record with a traceback (asyncpg's pool, every few seconds
+    of a database outage, ~25 lines each) becomes one line; polyport's own
+    lines already say what is down.  ``--debug`` keeps the tracebacks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and not record.name.startswith("polyport"):
+            exc = record.exc_info[1]
+            record.msg = f"{record.getMessage()} ({type(exc).__name__}: {exc})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
 def setup_logging(fmt: str = "text", level: str = "info", worker: int | str | None = None) -> None:
     """``worker``: this process is that worker (kept for later calls)."""
     global _log_worker
@@ -93,6 +108,8 @@ def setup_logging(fmt: str = "text", level: str = "info", worker: int | str | No
     if _log_worker is not None:
         handler.addFilter(_WorkerTag(_log_worker))
         tag = "[worker %(worker)s] "
+    if level != "debug":
+        handler.addFilter(_OneLineLibraries())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
@@ -137,7 +154,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "(default: the embedded database under --data-dir)")
     p.add_argument("--data-dir", default=s, metavar="DIR",
                    help="data directory of the embedded database and gateway.json "
-                        "(default ./polyport-data)")
+                        "(default /var/lib/polyport as root, else ~/.local/share/polyport)")
     p.add_argument("--log-format", default=s, choices=LOG_FORMATS,
                    help="log lines as text (default) or JSON, fatal errors included")
     p.add_argument("--log-level", default=s, choices=LOG_LEVELS,
@@ -472,7 +489,7 @@ def _reload(
 
 async def _with_store(config: GatewayConfig, fn: Callable[[EventStore], Awaitable[int]]) -> int:
     loop = asyncio.get_running_loop()
-    with database_url(config, say=False) as (url, embedded):
+    with database_url(config, say=False, create=False) as (url, embedded):
         if embedded:
             await loop.run_in_executor(None, migrate.upgrade, url, "head")
         else:

@@ -22,7 +22,21 @@ DEFAULT_PORTS: dict[str, int] = {
     "micromsg2": 7090,
     "segment": 12345,
 }
-DEFAULT_DATA_DIR = "./polyport-data"
+# Before issue 29 the default was ./polyport-data, so a command run from
+# another directory made a new, empty cluster; `serve` still recognises it.
+OLD_DEFAULT_DATA_DIR = "polyport-data"
+
+
+def default_data_dir() -> str:
+    """The data directory when none is given: the same from every working
+    directory.  /var/lib/polyport for root (a service), else the XDG data
+    directory (~/.local/share/polyport)."""
+    if os.geteuid() == 0:
+        return "/var/lib/polyport"
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "polyport")
+
+
 # gateway/eventloop.py: auto = uvloop when it can be imported, else asyncio.
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 # --workers: more than this is a typo, not a machine.
@@ -108,7 +122,7 @@ class TlsOptions:
 @dataclass(frozen=True)
 class GatewayConfig:
     database_url: str | None = None
-    data_dir: str = DEFAULT_DATA_DIR
+    data_dir: str = field(default_factory=default_data_dir)
     host: str = "127.0.0.1"
     http_port: int | None = DEFAULT_HTTP_PORT
     res01_port: int | None = DEFAULT_PORTS["res01"]

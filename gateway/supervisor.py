@@ -53,7 +53,7 @@ from typing import Any
 
 from polyport.core import migrate
 from polyport.gateway.config import PORT_KEYS, TLS_LISTENERS, GatewayConfig
-from polyport.gateway.database import database_url
+from polyport.gateway.database import database, supervise_embedded
 from polyport.gateway.eventloop import choose_loop
 from polyport.gateway.fatal import naming_bind_errors
 from polyport.gateway.ports_file import remove_ports_file, write_ports
@@ -207,9 +207,13 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGHUP, self._hup)
         stack = ExitStack()
         ports_file: Path | None = None
+        watch: asyncio.Task[None] | None = None
         try:
-            url, embedded = await loop.run_in_executor(
-                None, lambda: stack.enter_context(database_url(config)))
+            url, pg = await loop.run_in_executor(
+                None, lambda: stack.enter_context(database(config)))
+            embedded = pg is not None
+            if pg is not None:
+                watch = asyncio.create_task(supervise_embedded(pg), name="polyport-embedded-pg")
             if embedded:
                 await migrate.upgrade_in_thread(url)
             else:
@@ -250,6 +254,8 @@ class Supervisor:
                 sock.close()
             if self._run_dir is not None:
                 shutil.rmtree(self._run_dir, ignore_errors=True)
+            if watch is not None:  # before the cluster stops, or it would restart it
+                watch.cancel()
             await loop.run_in_executor(None, stack.close)
 
     # --- start-up -------------------------------------------------------------------

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace, config: GatewayConfig) -> int:
             conf=tuple(parse_conf(args.conf).items()),
             verbose=args.verbose,
         )
-        with database_url(config, say=False) as (url, embedded):
+        with database_url(config, say=False, create=False) as (url, embedded):
             if embedded:
                 migrate.upgrade(url, "head")
             else:

@@ -476,6 +476,10 @@ async def test_the_embedded_database_is_started_once_and_never_in_argv() -> None
             for what in ("cmdline", "environ"):
                 assert password.encode() not in Path(f"/proc/{pid}/{what}").read_bytes(), what
         assert sum("using the embedded PostgreSQL" in line for line in served.stderr) == 1
+        # The supervisor restarts the cluster when it dies (issue 29 item 2).
+        from tests.gateway.test_embedded_supervision import kill_and_see_it_back
+
+        await kill_and_see_it_back(served)
         proc.send_signal(signal.SIGINT)
         await asyncio.wait_for(proc.wait(), 60)
         assert proc.returncode == 0, "".join(served.stderr[-20:])

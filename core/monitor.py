@@ -86,6 +86,14 @@ class Monitor:
     async def streams_estimate(self) -> int:
         return int(await self._pool.fetchval(sql.STREAMS_ESTIMATE) or 0)
 
+    async def streams_count(self, exact_up_to: int = 100_000) -> tuple[int, bool]:
+        """(number of streams, whether exact): counted up to ``exact_up_to``,
+        PostgreSQL's estimate beyond."""
+        n = int(await self._pool.fetchval(sql.STREAMS_COUNT_UP_TO, exact_up_to + 1))
+        if n <= exact_up_to:
+            return n, True
+        return max(n, await self.streams_estimate()), False
+
     async def durable_checkpoints(self) -> list[DurableCheckpoint]:
         """Every durable subscription, by name."""
         rows = await self._pool.fetch(sql.DURABLE_CHECKPOINTS)

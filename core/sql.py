@@ -333,6 +333,10 @@ STREAMS_ESTIMATE = """
 SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'streams'::regclass
 """
 
+# Exact up to $1 rows (a bounded scan); past that the caller uses the estimate,
+# which is 0 until the table was first analyzed.
+STREAMS_COUNT_UP_TO = "SELECT count(*) FROM (SELECT 1 FROM streams LIMIT $1) AS s"
+
 # Durable subscriptions with the head position, for lag; by name, the order
 # /status and /metrics list them in.
 DURABLE_CHECKPOINTS = """

@@ -487,9 +487,10 @@ def _reload(
 # --- commands on the database --------------------------------------------------
 
 
-async def _with_store(config: GatewayConfig, fn: Callable[[EventStore], Awaitable[int]]) -> int:
+async def _with_store(config: GatewayConfig, fn: Callable[[EventStore], Awaitable[int]],
+                      *, start_database: bool = True) -> int:
     loop = asyncio.get_running_loop()
-    with database_url(config, say=False, create=False) as (url, embedded):
+    with database_url(config, say=False, create=False, start=start_database) as (url, embedded):
         if embedded:
             await loop.run_in_executor(None, migrate.upgrade, url, "head")
         else:
@@ -741,7 +742,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "migrate":
             return _migrate(args, config)
         if args.command == "status":
-            return asyncio.run(_with_store(config, lambda s: run_status(args, config, s)))
+            return asyncio.run(run_status(
+                args, config, lambda fn: _with_store(config, fn, start_database=False)))
         if args.command == "pipeline":
             return run_pipeline(args, config)
         if args.command == "connections":

@@ -29,23 +29,24 @@ RESTART_BACKOFF_MAX = 30.0
 
 @contextmanager
 def database_url(
-    config: GatewayConfig, *, say: bool = True, create: bool = True
+    config: GatewayConfig, *, say: bool = True, create: bool = True, start: bool = True
 ) -> Iterator[tuple[str, bool]]:
     """Yields (url, embedded); see :func:`database`."""
-    with database(config, say=say, create=create) as (url, pg):
+    with database(config, say=say, create=create, start=start) as (url, pg):
         yield url, pg is not None
 
 
 @contextmanager
 def database(
-    config: GatewayConfig, *, say: bool = True, create: bool = True
+    config: GatewayConfig, *, say: bool = True, create: bool = True, start: bool = True
 ) -> Iterator[tuple[str, EmbeddedPostgres | None]]:
     """Yields (url, the embedded cluster or None).  An embedded cluster
     started here is stopped on exit.
 
     ``create=False`` (every command but ``serve`` and ``migrate``): no new
     cluster is made, and a cluster a running gateway serves from is never
-    started or stopped here (that gateway supervises it)."""
+    started or stopped here (that gateway supervises it).  ``start=False``
+    (``status``): an embedded cluster that is not running is not started."""
     if config.database_url:
         yield config.database_url, None
         return
@@ -60,6 +61,9 @@ def database(
         raise NoDatabase(
             f"the database of the gateway serving from {pg.data_dir} (pid {gw['pid']}) is "
             "down; the gateway restarts it: retry shortly")
+    elif not start and pg.running_port() is None:
+        raise NoDatabase(f"the embedded database in {pg.data_dir} is not running (no gateway "
+                         "serves from it): start one with 'polyport serve'")
     if say:
         log.info("no database URL given: using the embedded PostgreSQL in %s", pg.data_dir)
     url = pg.start()

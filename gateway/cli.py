@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -45,6 +45,7 @@ from polyport.gateway.eventloop import run as run_on_loop
 from polyport.gateway.fatal import describe
 from polyport.gateway.ports_file import remove_ports_file, write_ports_file
 from polyport.gateway.status_cli import add_status_parser, run_status
+from polyport.gateway.tables import Column, cell, table
 from polyport.pipeline.cli import add_pipeline_parser
 from polyport.pipeline.cli import run as run_pipeline
 
@@ -176,6 +177,10 @@ class _RefusePassword(argparse.Action):
                      "user of this machine): use the prompt or --password-stdin")
 
 
+def _json_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
 def _context_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", default=DEFAULT_CONTEXT,
                    help="the context the name belongs to (default: %(default)s)")
@@ -278,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "'default')")
     add.add_argument("--context", action="append", dest="contexts", metavar="CONTEXT",
                      help="a context the user may use (repeat; none = every context)")
-    _leaf(us, "list", "list users (never their passwords)")
+    _json_option(_leaf(us, "list", "list users (never their passwords)"))
     rm = _leaf(us, "remove", "remove a user")
     rm.add_argument("name", help="user name")
     pw = _leaf(us, "passwd", "change a user's password")
@@ -297,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     kc = _leaf(ks, "create", "create a CURVE key pair for a user: prints the secret key once, "
                              "stores only the public key")
     kc.add_argument("name", help="user name")
-    _leaf(ks, "list", "list CURVE public keys and their users")
+    _json_option(_leaf(ks, "list", "list CURVE public keys and their users"))
     kr = _leaf(ks, "remove", "remove a CURVE public key")
     kr.add_argument("public_key", help="the Z85 public key")
 
@@ -315,7 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--fold", choices=("merge", "replace"), default="merge",
                     help="merge: shallow-merge each event body into the document (default); "
                          "replace: the last body wins")
-    _leaf(bs, "list", "list binders with their position and document count")
+    bl = _leaf(bs, "list", "list binders with their position and document count")
+    _json_option(bl)
+    bl.add_argument("--context", help="only the binders of this context")
     for action, text in (("drop", "drop a binder and its documents"),
                          ("rebuild", "reset a binder so running gateways refill it")):
         b = _leaf(bs, action, text)
@@ -325,7 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
                           description="manage durable subscriptions")
     _common(subs)
     ss = subs.add_subparsers(dest="action", required=True, metavar="ACTION")
-    _leaf(ss, "list", "list durable subscriptions with checkpoint and lag")
+    sl = _leaf(ss, "list", "list durable subscriptions with checkpoint and lag")
+    _json_option(sl)
+    sl.add_argument("--context", help="only the subscriptions of this context")
+    sh = _leaf(ss, "show", "one subscription: selector, settings, checkpoint, lag, parked")
+    sh.add_argument("name", help="subscription name")
+    _context_option(sh)
+    _json_option(sh)
     reset = _leaf(ss, "reset", "move a subscription's checkpoint")
     reset.add_argument("name", help="subscription name")
     _context_option(reset)
@@ -358,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     pk = _leaf(ss, "parked", "list the events parked after too many retries")
     pk.add_argument("name", help="subscription name")
     _context_option(pk)
+    _json_option(pk)
     rp = _leaf(ss, "replay-parked", "hand the parked events out again (a running gateway "
                                     "picks the request up within seconds)")
     rp.add_argument("name", help="subscription name")
@@ -507,6 +521,39 @@ def _print(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
+def _list(args: argparse.Namespace, rows: list[dict[str, Any]], columns: Sequence[Column],
+          empty: str) -> None:
+    """A list command's output: a table, or the rows as JSON with --json."""
+    if args.json:
+        _print(rows)
+    else:
+        print(table(rows, columns, empty))
+
+
+_SUBSCRIPTION_COLUMNS: tuple[Column, ...] = (
+    ("NAME", lambda r: r["name"]), ("CONTEXT", lambda r: r["context"]),
+    ("STREAM", lambda r: r["selector"].get("stream") or r["selector"].get("prefix") or "(all)"),
+    ("CHECKPOINT", lambda r: r["checkpoint"]), ("LAG", lambda r: r["lag_events"]),
+    ("PARKED", lambda r: r["parked"]),
+)
+
+
+def _show(args: argparse.Namespace, sub: dict[str, Any]) -> None:
+    if args.json:
+        _print(sub)
+        return
+    sel, settings = sub["selector"], sub["settings"]
+    for label, value in (
+        ("name", sub["name"]), ("context", sub["context"]),
+        ("stream", sel.get("stream")), ("prefix", sel.get("prefix")),
+        ("types", sel.get("types")), ("checkpoint", sub["checkpoint"]),
+        ("lag", f"{sub['lag_events']} events"), ("parked", sub["parked"]),
+        ("updated", sub["updated_at"][:19]),
+        *((k.replace("_", " "), v) for k, v in settings.items()),
+    ):
+        print(f"{label:<16}{cell(value)}")
+
+
 async def _users(args: argparse.Namespace, store: EventStore) -> int:
     u = store.users
     if args.action == "add":
@@ -514,7 +561,11 @@ async def _users(args: argparse.Namespace, store: EventStore) -> int:
                     contexts=args.contexts)
         print(f"user {args.name} saved")
     elif args.action == "list":
-        _print([x.as_json() for x in await u.list()])
+        _list(args, [x.as_json() for x in await u.list()], (
+            ("NAME", lambda r: r["name"]), ("DEFAULT CONTEXT", lambda r: r["default_context"]),
+            ("CONTEXTS", lambda r: r["contexts"] if r["contexts"] is not None else "(all)"),
+            ("CREATED", lambda r: r["created_at"][:19]),
+        ), "no users")
     elif args.action == "remove":
         await u.remove(args.name)
         print(f"user {args.name} removed")
@@ -539,7 +590,10 @@ async def _keys(args: argparse.Namespace, store: EventStore) -> int:
         print(f"public key: {keys.public}")
         print(f"secret key: {keys.secret}")
     elif args.action == "list":
-        _print(await u.curve_keys())
+        _list(args, [dict(k) for k in await u.curve_keys()], (
+            ("PUBLIC KEY", lambda r: r["public_key"]), ("USER", lambda r: r["user_name"]),
+            ("CREATED", lambda r: str(r["created_at"])[:19]),
+        ), "no CURVE keys")
     elif args.action == "remove":
         await u.remove_curve_key(args.public_key)
         print(f"CURVE key {args.public_key} removed")
@@ -553,7 +607,13 @@ async def _binders(args: argparse.Namespace, store: EventStore) -> int:
                               types=args.types, fold=args.fold)
         _print(spec.as_json())
     elif args.action == "list":
-        _print([s.as_json() for s in await b.list()])
+        found = [s.as_json() for s in await b.list()]
+        _list(args, [x for x in found if args.context in (None, x["context"])], (
+            ("NAME", lambda r: r["name"]), ("CONTEXT", lambda r: r["context"]),
+            ("STREAM PREFIX", lambda r: r["stream_prefix"]), ("TYPES", lambda r: r["types"]),
+            ("POSITION", lambda r: r["position"]), ("DOCUMENTS", lambda r: r["documents"]),
+            ("FAILURES", lambda r: r["failures"]["count"]),
+        ), "no binders")
     elif args.action == "drop":
         await b.drop(args.name)
         print(f"binder {args.name} dropped")
@@ -597,7 +657,16 @@ def _setting_changes(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _subscriptions(args: argparse.Namespace, store: EventStore) -> int:
     if args.action == "list":
-        _print(await store.list_subscriptions())
+        found = await store.list_subscriptions()
+        _list(args, [x for x in found if args.context in (None, x["context"])],
+              _SUBSCRIPTION_COLUMNS, "no durable subscriptions")
+    elif args.action == "show":
+        matching = [x for x in await store.list_subscriptions()
+                    if (x["context"], x["name"]) == (args.context, args.name)]
+        if not matching:
+            raise CommandError(f"no subscription named {args.name!r} in context "
+                               f"{args.context!r}; 'polyport subscriptions list' lists them")
+        _show(args, matching[0])
     elif args.action == "create":
         selector = Selector(context=args.context, stream=args.stream, prefix=args.prefix,
                             types=frozenset(args.types or ()))
@@ -613,7 +682,13 @@ async def _subscriptions(args: argparse.Namespace, store: EventStore) -> int:
         [sub] = [s for s in await store.list_subscriptions() if s["name"] == args.name]
         _print(sub)
     elif args.action == "parked":
-        _print([p.as_json() for p in await store.parked_events(args.context, args.name)])
+        _list(args, [p.as_json() for p in await store.parked_events(args.context, args.name)], (
+            ("POSITION", lambda r: r["position"]), ("STREAM", lambda r: r["stream"]),
+            ("VERSION", lambda r: r["version"]), ("TYPE", lambda r: r["type"]),
+            ("RETRIES", lambda r: r["retries"]), ("REASON", lambda r: r["reason"]),
+            ("PARKED AT", lambda r: r["parked_at"][:19]),
+            ("REPLAY", lambda r: "yes" if r["replay"] else "no"),
+        ), f"no parked events for {args.name}")
     elif args.action == "replay-parked":
         count = await store.replay_parked(args.context, args.name)
         print(f"{count} parked events of {args.name} marked for replay; the gateway owning "

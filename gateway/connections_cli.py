@@ -14,6 +14,7 @@ import aiohttp
 
 from polyport.gateway.config import GatewayConfig
 from polyport.gateway.status_cli import gateway_address
+from polyport.gateway.tables import table
 
 HTTP_TIMEOUT = 5.0
 
@@ -83,18 +84,14 @@ async def admin_request(
 
 
 def render(connections: list[dict[str, Any]]) -> str:
-    if not connections:
-        return "no open connections"
-    head = ("ID", "PROTOCOL", "PEER", "USER", "SINCE", "BYTES IN/OUT", "EVENTS IN/OUT", "SUBS")
-    rows = [head] + [
-        (str(c["id"]), c["protocol"], c["peer"], c["user"] or "-", c["since"][:19],
-         f"{c['bytes_in']}/{c['bytes_out']}", f"{c['events_in']}/{c['events_out']}",
-         str(c["subscriptions"]))
-        for c in connections
-    ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows)
+    return table(connections, (
+        ("ID", lambda c: c["id"]), ("PROTOCOL", lambda c: c["protocol"]),
+        ("PEER", lambda c: c["peer"]), ("USER", lambda c: c["user"]),
+        ("SINCE", lambda c: c["since"][:19]),
+        ("BYTES IN/OUT", lambda c: f"{c['bytes_in']}/{c['bytes_out']}"),
+        ("EVENTS IN/OUT", lambda c: f"{c['events_in']}/{c['events_out']}"),
+        ("SUBS", lambda c: c["subscriptions"]),
+    ), empty="no open connections")
 
 
 async def run_connections(args: argparse.Namespace, config: GatewayConfig) -> int:

@@ -150,7 +150,7 @@ async def test_admin_and_cli_show_binder_failures(db_url: str, gateway_factory: 
 
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "polyport.gateway.cli", "binders", "--database-url", db_url,
-        "list", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        "list", "--json", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     listed = json.loads(out)

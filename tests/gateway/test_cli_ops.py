@@ -82,10 +82,10 @@ async def test_subscriptions_create_update_parked_replay(
         if await store.parked_events("default", "jobs"):
             break
         await asyncio.sleep(0.05)
-    assert await run("subscriptions", "parked", "jobs") == 0
+    assert await run("subscriptions", "parked", "jobs", "--json") == 0
     [parked] = json.loads(capsys.readouterr().out)
     assert parked["position"] == ev.position and parked["reason"] == "nack"
-    assert await run("subscriptions", "list") == 0
+    assert await run("subscriptions", "list", "--json") == 0
     assert json.loads(capsys.readouterr().out)[0]["parked"] == 1
 
     assert await run("subscriptions", "replay-parked", "jobs") == 0

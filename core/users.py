@@ -105,6 +105,14 @@ class UserInfo:
         }
 
 
+def _check_default_context(default: str, contexts: list[str] | None) -> None:
+    """A user whose default context is not one of theirs could not make a
+    single call that names no context: refuse it when it is set."""
+    if contexts is not None and default not in contexts:
+        raise Malformed(f"default context {default!r} is not one of the user's contexts "
+                        f"({', '.join(contexts) or 'none'}); add it with --context {default}")
+
+
 def _principal(row: asyncpg.Record) -> Principal:
     contexts = row["contexts"]
     return Principal(
@@ -290,11 +298,15 @@ class UserService:
         name: str,
         password: str,
         *,
-        default_context: str = DEFAULT_CONTEXT,
+        default_context: str | None = None,
         contexts: list[str] | None = None,
     ) -> None:
+        """``default_context`` None: the first of ``contexts``, else ``default``."""
         if not name:
             raise Malformed("user name must not be empty")
+        if default_context is None:
+            default_context = contexts[0] if contexts else DEFAULT_CONTEXT
+        _check_default_context(default_context, contexts)
         hashed = await asyncio.get_running_loop().run_in_executor(None, hash_password, password)
         await self._db.execute(sql.UPSERT_USER, name, hashed, default_context, contexts)
 
@@ -306,6 +318,8 @@ class UserService:
     async def set_contexts(
         self, name: str, contexts: list[str] | None, default_context: str | None = None
     ) -> None:
+        if default_context is not None:
+            _check_default_context(default_context, contexts)
         changed = await self._db.fetchval(sql.SET_USER_CONTEXTS, name, contexts, default_context)
         if changed is None:
             raise NotFound(f"no user {name!r}")

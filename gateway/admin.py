@@ -64,7 +64,7 @@ async def add_user(call: Call) -> web.Response:
     if any(u.name == name for u in await call.store.users.list()):
         return _error(409, f"user {name!r} already exists", "conflict")
     await call.store.users.add(
-        name, body["password"], default_context=body.get("default_context", "default"),
+        name, body["password"], default_context=body.get("default_context"),
         contexts=body.get("contexts"),
     )
     log.info("admin: user %s added (from %s)", name, call.peer)

@@ -34,6 +34,7 @@ from polyport.gateway.config import (
     LOG_FORMATS,
     LOG_LEVELS,
     TLS_LISTENERS,
+    ConfigError,
     GatewayConfig,
     load_config,
     tls_keys,
@@ -278,9 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     add = _leaf(us, "add", "add or replace a user")
     add.add_argument("name", help="user name")
     _password_options(add)
-    add.add_argument("--default-context", default="default",
-                     help="context the user acts in when a request names none (default "
-                          "'default')")
+    add.add_argument("--default-context",
+                     help="context the user acts in when a request names none (one of its "
+                          "contexts; default: the first --context, else 'default')")
     add.add_argument("--context", action="append", dest="contexts", metavar="CONTEXT",
                      help="a context the user may use (repeat; none = every context)")
     _json_option(_leaf(us, "list", "list users (never their passwords)"))
@@ -344,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     _context_option(reset)
     where = reset.add_mutually_exclusive_group(required=True)
     where.add_argument("--position", type=int, help="resume after this log position")
-    where.add_argument("--time", help="resume at the first event at or after this ISO 8601 time")
+    where.add_argument("--time", type=_iso_time,
+                       help="resume at the first event at or after this ISO 8601 time")
     de = _leaf(ss, "delete", "delete a subscription and its checkpoint")
     de.add_argument("name", help="subscription name")
     cr = _leaf(ss, "create", "create a persistent subscription with its settings")
@@ -359,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("name", help="subscription name")
     _context_option(up)
     for p in (cr, up):
-        p.add_argument("--start", help="beginning, end (default), a log position, or an "
+        p.add_argument("--start", type=_start_setting,
+                       help="beginning, end (default), a log position, or an "
                                        "ISO 8601 time (on update: kept for the record; "
                                        "'reset' moves a checkpoint)")
         p.add_argument("--max-in-flight", type=_limit, metavar="N|none",
@@ -634,25 +637,44 @@ def _seconds(text: str) -> object:
     return _NONE if text.lower() == "none" else float(text)
 
 
+def _iso_time(text: str) -> datetime:
+    """An ISO 8601 time (UTC when it names no zone); a usage error otherwise."""
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time such as 2026-11-27T09:30:00Z, got {text!r}") from None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
 def _start_setting(text: str) -> Any:
     if text in ("beginning", "end"):
         return text
     if text.isdigit():
         return {"position": int(text)}
-    t = datetime.fromisoformat(text)
-    return {"time": (t if t.tzinfo else t.replace(tzinfo=UTC)).isoformat()}
+    try:
+        return {"time": _iso_time(text).isoformat()}
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected beginning, end, a log position or an ISO 8601 time, got {text!r}"
+        ) from None
 
 
 def _setting_changes(args: argparse.Namespace) -> dict[str, Any]:
     """The settings options given on the command line ('none' clears a limit)."""
     changes: dict[str, Any] = {}
     if args.start is not None:
-        changes["start"] = _start_setting(args.start)
+        changes["start"] = args.start
     for key in ("max_in_flight", "max_retries", "message_timeout"):
         value = getattr(args, key)
         if value is not None:
             changes[key] = None if value is _NONE else value
     return changes
+
+
+def _no_subscription(args: argparse.Namespace) -> str:
+    return (f"no subscription named {args.name!r} in context {args.context!r}; "
+            "'polyport subscriptions list' lists them")
 
 
 async def _subscriptions(args: argparse.Namespace, store: EventStore) -> int:
@@ -664,17 +686,15 @@ async def _subscriptions(args: argparse.Namespace, store: EventStore) -> int:
         matching = [x for x in await store.list_subscriptions()
                     if (x["context"], x["name"]) == (args.context, args.name)]
         if not matching:
-            raise CommandError(f"no subscription named {args.name!r} in context "
-                               f"{args.context!r}; 'polyport subscriptions list' lists them")
+            raise CommandError(_no_subscription(args))
         _show(args, matching[0])
     elif args.action == "create":
         selector = Selector(context=args.context, stream=args.stream, prefix=args.prefix,
                             types=frozenset(args.types or ()))
         settings = SubscriptionSettings().merged(_setting_changes(args))
         if not await store.create_subscription(args.name, selector, settings):
-            print(f"subscription {args.name!r} already exists; 'update' changes its settings",
-                  file=sys.stderr)
-            return 1
+            raise CommandError(
+                f"subscription {args.name!r} already exists; 'update' changes its settings")
         [sub] = [s for s in await store.list_subscriptions() if s["name"] == args.name]
         _print(sub)
     elif args.action == "update":
@@ -696,22 +716,15 @@ async def _subscriptions(args: argparse.Namespace, store: EventStore) -> int:
     elif args.action == "reset":
         sub_id = await store.subscription_id(args.context, args.name)
         if sub_id is None:
-            print(f"no subscription named {args.name!r} in context {args.context!r}",
-                  file=sys.stderr)
-            return 1
+            raise CommandError(_no_subscription(args))
         if args.time:
-            t = datetime.fromisoformat(args.time)
-            if t.tzinfo is None:
-                t = t.replace(tzinfo=UTC)
-            cursor = await store.seek(sub_id, FromTime(t))
+            cursor = await store.seek(sub_id, FromTime(args.time))
         else:
             cursor = await store.seek(sub_id, FromPosition(args.position))
         print(f"subscription {args.name} in {args.context} now resumes after position {cursor}")
     elif args.action == "delete":
         if not await store.delete_subscription(args.context, args.name):
-            print(f"no subscription named {args.name!r} in context {args.context!r}",
-                  file=sys.stderr)
-            return 1
+            raise CommandError(_no_subscription(args))
         print(f"subscription {args.name} in {args.context} deleted")
     return 0
 
@@ -832,6 +845,12 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_with_store(config, lambda s: handler(args, s)))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`polyport migrate --sql | head`): not an error
+        # of ours.  Point stdout at /dev/null so the interpreter's final flush
+        # does not complain either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:
         level = config.log_level if config else _raw_setting(args, "log_level", "info")
         fmt = config.log_format if config else _raw_setting(args, "log_format", "text")
@@ -840,7 +859,9 @@ def main(argv: list[str] | None = None) -> int:
         message = str(exc) if isinstance(exc, CommandError | AdminError) else describe(
             exc, config.database_url if config else None)
         _say_fatal(message, fmt)
-        return 1
+        # A bad value given as a flag is a usage error (2), as argparse's are;
+        # the configuration's errors name their source, flags start with "--".
+        return 2 if isinstance(exc, ConfigError) and str(exc).startswith("--") else 1
 
 
 if __name__ == "__main__":

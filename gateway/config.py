@@ -264,6 +264,13 @@ _INT_KEYS = {
     "max_connections",
     "max_connections_per_address",
 }
+# Settings where 0 has a documented meaning ("no limit", "none", "at once");
+# every other number must be positive.  -5 bytes or a 0 s poll interval
+# started the gateway without a word before.
+_ZERO_ALLOWED = {
+    "max_connections", "max_connections_per_address", "websocket_heartbeat", "write_timeout",
+    "handshake_timeout", "res01_fetch_wait",
+}
 _FLOAT_KEYS = {
     "idle_timeout", "poll_interval", "commit_timeout", "read_timeout", "slow_commit_seconds",
     "write_timeout", "handshake_timeout", "websocket_heartbeat", "res01_fetch_wait",
@@ -359,6 +366,22 @@ def _parse_workers(value: Any, where: str) -> int:
     return n
 
 
+def _parse_number(key: str, value: Any, where: str) -> int | float:
+    number: int | float
+    try:
+        number = int(value) if key in _INT_KEYS else float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if number != number or number in (float("inf"), float("-inf")):  # NaN, inf
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+    if key in _ZERO_ALLOWED:
+        if number < 0:
+            raise ConfigError(f"{where}: must be 0 (none) or more, got {value!r}")
+    elif number <= 0:
+        raise ConfigError(f"{where}: must be more than 0, got {value!r}")
+    return number
+
+
 def coerce(key: str, value: Any, where: str | None = None) -> Any:
     """``value`` as the type of setting ``key``; errors name ``where`` the value
     came from (a flag, an environment variable, a file key), else ``key``."""
@@ -371,13 +394,8 @@ def coerce(key: str, value: Any, where: str | None = None) -> Any:
         return _parse_list(value, where)
     if key == "workers":
         return _parse_workers(value, where)
-    try:
-        if key in _INT_KEYS:
-            return int(value)
-        if key in _FLOAT_KEYS:
-            return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if key in _INT_KEYS or key in _FLOAT_KEYS:
+        return _parse_number(key, value, where)
     if key in _CHOICES and value is not None:
         text = str(value).strip().lower()
         if text not in _CHOICES[key]:

@@ -133,12 +133,14 @@ class ListenerStats:
     _log_lines: int = field(default=0, repr=False)
     _log_suppressed: int = field(default=0, repr=False)
 
-    def error(self, code: str) -> None:
+    def error(self, code: str, message: str | None = None) -> None:
+        """Count an error reply or close with canonical ``code``; ``message``
+        is what the client was told (in the log line too)."""
         self.errors[code] += 1
         peer = CURRENT_PEER.get()
         if peer is not None and peer.connection is not None:
             peer.connection.last_error = code
-        self._log_error(code)
+        self._log_error(code, message)
 
     def admit(self, host: str) -> str | None:
         """Count a new connection from source address ``host`` as open, or
@@ -168,7 +170,7 @@ class ListenerStats:
         if self.by_address[host] <= 0:
             del self.by_address[host]
 
-    def _log_error(self, code: str) -> None:
+    def _log_error(self, code: str, message: str | None) -> None:
         if code in ROUTINE_CODES:
             level = logging.DEBUG
         elif code in SERVER_CODES or code in AUTH_CODES:
@@ -196,9 +198,11 @@ class ListenerStats:
             what = "server error"
         else:
             what = "protocol error"
+        told = f" ({message})" if message else ""
         error_log.log(
-            level, "%s: %s from %s: %s%s", self.protocol, what, where, code, more,
-            extra={"protocol": self.protocol, "peer": where, "code": code},
+            level, "%s: %s from %s: %s%s%s", self.protocol, what, where, code, told, more,
+            extra={"protocol": self.protocol, "peer": where, "code": code,
+                   "reason": message},
         )
 
 

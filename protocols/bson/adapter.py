@@ -341,7 +341,7 @@ class BsonSession:
     def _encode(self, frame: Frame) -> bytes:
         data = self.conn.send(frame)
         if isinstance(frame, (Response, SubResponse)) and not frame.ok and frame.err_code:
-            self.ctx.stats.error(frame.err_code)
+            self.ctx.stats.error(frame.err_code, frame.err_msg)
         self.ctx.stats.frames_out += 1
         return data
 
@@ -360,7 +360,7 @@ class BsonSession:
         self.closing = True
         self._stop_streams()
         if self.conn.state is not State.CLOSED:
-            self.ctx.stats.error(err.code)
+            self.ctx.stats.error(err.code, err.message)
             self.ctx.stats.frames_out += 1
             await self.out.send(self.conn.send_error(err))
         self.out.close()

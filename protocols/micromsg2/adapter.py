@@ -585,7 +585,7 @@ class MicroMsg2Session:
                 self._unsubscribe(request)
         except PolyportError as exc:
             # A well-formed request that failed: report it, keep the connection.
-            self._stats.error(exc.code)
+            self._stats.error(exc.code, exc.message)
             await self._send(
                 Error.from_code(exc.code, f"{command.name} {request.destination}: {exc.message}")
             )
@@ -664,7 +664,7 @@ class MicroMsg2Session:
                 # were checked just above, so what is left is an event that
                 # cannot be framed (e.g. properties over 64 KiB).  Say so and go
                 # on with the next, rather than stall the destination.
-                self._stats.error(exc.code)
+                self._stats.error(exc.code, exc.message)
                 await self._send(
                     Error.from_code(
                         exc.code,
@@ -718,7 +718,7 @@ class MicroMsg2Session:
         self._closing = True
         self._window_open.set()
         self._append_room.set()
-        self._stats.error(code)
+        self._stats.error(code, message)
         self._log.info("micromsg2: closing %s: %s: %s", self._out.peer, code, message)
         try:
             data = self._conn.send(Error.from_code(code, message))

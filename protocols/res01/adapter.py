@@ -419,7 +419,7 @@ class Res01Handler:
             else:  # the codec only produces the five requests above
                 raise Unsupported(f"unsupported request {type(request).__name__}")
         except PolyportError as exc:
-            self.stats.error(exc.code)
+            self.stats.error(exc.code, exc.message)
             yield error_reply(request, error_code(exc, write=write), exc.message)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             self.stats.error(StorageUnavailable.code)
@@ -545,6 +545,6 @@ class Res01Handler:
                 # principal may not use is one entry's failure, as a missing
                 # subscription is); storage trouble is not about one entry
                 # and fails the request (ER) instead.
-                self.stats.error(exc.code)
+                self.stats.error(exc.code, exc.message)
                 results.append(exc.message)
         return SubscriptionSet(request.request_id, tuple(results), request.protocol)

@@ -424,7 +424,7 @@ class RSocketSession:
             raise
         except (PolyportError, payloads.PayloadError, MetadataError) as exc:
             # Fire-and-forget is best effort: nothing goes back to the client.
-            self.stats.error(exc.code)
+            self.stats.error(exc.code, str(exc))
             self.ctx.log.info("REQUEST_FNF %d from %s dropped: %s",
                               frame.stream_id, self.out.peer, exc.message)
         except Exception:
@@ -495,7 +495,7 @@ class RSocketSession:
             wire = self.conn.send_error(stream_id, code, message)
         except LocalProtocolError:
             return
-        self.stats.error(code)
+        self.stats.error(code, message)
         await self._write([wire])
 
     async def _fail_connection(
@@ -509,7 +509,7 @@ class RSocketSession:
         for work in list(self._work.values()):
             work.stop()
         self._work.clear()
-        self.stats.error(code)
+        self.stats.error(code, message)
         try:
             wire = self.conn.send_error(CONNECTION_STREAM_ID, code, message, rsocket_code)
         except LocalProtocolError:

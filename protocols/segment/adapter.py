@@ -368,7 +368,7 @@ class SegmentSession:
         appends may no longer match the server's (it resends after
         reconnecting)."""
         self._closing = True
-        self._stats.error(code)
+        self._stats.error(code, getattr(reply, "message", None))
         try:
             await self._send(reply)
         except LocalProtocolError:
@@ -535,12 +535,12 @@ class SegmentSession:
             try:
                 reply: ReplyFrame = await self._read(request)
             except RemoteProtocolError as exc:
-                self._stats.error(exc.code)
+                self._stats.error(exc.code, exc.message)
                 reply = exc.reply()
             except PolyportError as exc:
                 # A failed read leaves the connection usable: reads carry no
                 # state, so only this request is answered with the error.
-                self._stats.error(exc.code)
+                self._stats.error(exc.code, exc.message)
                 reply = error_reply(exc.code, exc.message, segment=request.segment)
             except Exception as exc:  # noqa: BLE001 - one read fails, never the read task
                 # Were this task to end, every later read on the connection

@@ -177,3 +177,56 @@ def test_anonymous_contexts_from_environment_and_toml(tmp_path: Path) -> None:
         conf.write_text(bad)
         with pytest.raises(ConfigError, match="anonymous_contexts"):
             load_config(str(conf), env={})
+
+
+def test_usage_errors_exit_2_in_one_line() -> None:
+    """Issue 29 item 8: a bad flag value is a usage error (2), as argparse's are."""
+    for args, names in (
+        (("serve", "--http-port", "abc"), ("--http-port", "abc")),
+        (("subscriptions", "create", "x", "--context", "a", "--start", "yesterday"),
+         ("--start", "yesterday")),
+        (("subscriptions", "reset", "x", "--time", "last week"), ("--time", "ISO 8601")),
+    ):
+        done = polyport(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert_one_clean_line(done, *names)
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("POLYPORT_MAX_EVENT_BYTES", "-5"), ("POLYPORT_POLL_INTERVAL", "0"),
+    ("POLYPORT_IDLE_TIMEOUT", "nan"), ("POLYPORT_MAX_CONNECTIONS", "-1"),
+])
+def test_numbers_out_of_range_stop_the_start(variable: str, value: str) -> None:
+    done = polyport("serve", "--database-url", "postgresql://u@127.0.0.1:1/x",
+                    env={variable: value})
+    line = assert_one_clean_line(done, variable, repr(value))
+    assert "cannot reach" not in line  # refused before any connection was tried
+
+
+def test_a_closed_pipe_is_not_an_error() -> None:
+    """``polyport migrate --sql | head -1``: the reader leaving is not a failure."""
+
+    proc = subprocess.Popen([sys.executable, "-m", "polyport.gateway.cli", "migrate", "--sql"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # as head does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 0, err
+    assert "BrokenPipe" not in err and "error" not in err, err
+
+
+async def test_a_default_context_outside_the_users_contexts_is_refused(db_url: str) -> None:
+    done = await asyncio.to_thread(
+        polyport, "users", "add", "carol", "--password-stdin", "--context", "a",
+        "--default-context", "b", "--database-url", db_url, stdin=f"{SECRET}\n")
+    assert_one_clean_line(done, "default context 'b'", "--context b")
+    # Without --default-context the user's first context is the default.
+    done = await asyncio.to_thread(
+        polyport, "users", "add", "dave", "--password-stdin", "--context", "a",
+        "--database-url", db_url, stdin=f"{SECRET}\n")
+    assert done.returncode == 0, done.stderr
+    listed = await asyncio.to_thread(polyport, "users", "list", "--json",
+                                     "--database-url", db_url)
+    assert [(u["name"], u["default_context"]) for u in json.loads(listed.stdout)] == [
+        ("dave", "a")]

@@ -217,7 +217,6 @@ class Gateway:
                     listener = await d.start(self, self.config.host, port)
                 self.listeners[d.name] = listener
                 host, bound = listener.address
-                log.info("listener %s on %s:%d", d.name, host, bound)
             if self.config.http_port is not None:
                 app = build_app(self)
                 http_tls = self.server_tls("http")
@@ -242,7 +241,6 @@ class Gateway:
                 assert server is not None
                 sock = server.sockets[0].getsockname()  # type: ignore[attr-defined]
                 self.http_address = (sock[0], sock[1])
-                log.info("listener http on %s:%d", *self.http_address)
             if self.role is not None:
                 self._worker_server = WorkerServer(self, self.role)
                 await self._worker_server.start()

@@ -27,6 +27,7 @@ from polyport.core.commands import FromPosition, FromTime, Selector
 from polyport.core.events import DEFAULT_CONTEXT
 from polyport.core.parking import SubscriptionSettings
 from polyport.core.store import EventStore, StoreConfig
+from polyport.gateway.announce import Announcement, announce, notify_systemd
 from polyport.gateway.config import (
     DEFAULT_HTTP_PORT,
     DEFAULT_PORTS,
@@ -437,18 +438,15 @@ async def _serve(config: GatewayConfig, args: argparse.Namespace, choice: LoopCh
     loop.add_signal_handler(signal.SIGHUP, lambda: _reload(gw, args))
     # Written before the lines below: whoever waits for them can read it.
     ports_file = write_ports_file(config.data_dir, gw)
-    for name, listener in gw.listeners.items():
-        host, port = listener.address
-        print(f"polyport: {name} listening on {host}:{port}", flush=True)
-    if gw.http_address:
-        scheme = "https" if "http" in gw.tls else "http"
-        print(f"polyport: http listening on {gw.http_address[0]}:{gw.http_address[1]}"
-              f"{' (' + scheme + ')' if scheme == 'https' else ''}", flush=True)
     curve = getattr(gw.listeners.get("res01"), "curve", None)
-    if curve is not None:
-        print(f"polyport: res01 CURVE server public key {curve.public_key}", flush=True)
+    announce(Announcement(
+        listeners={name: li.address for name, li in gw.listeners.items()},
+        http=gw.http_address, https="http" in gw.tls,
+        curve_public_key=curve.public_key if curve is not None else None,
+        admin_api=bool(config.admin_token)), config.log_format)
     try:
         await stop.wait()
+        notify_systemd("STOPPING=1")
         log.info("shutting down: no new connections, draining the writer")
         await gw.stop()
     finally:
@@ -457,7 +455,10 @@ async def _serve(config: GatewayConfig, args: argparse.Namespace, choice: LoopCh
     return 0
 
 
-RELOADABLE = ("log_level", "log_format")
+# admin_token: admin.py reads it per request, so a new token applies at once.
+RELOADABLE = ("log_level", "log_format", "admin_token")
+# Never written to the log, not even on reload.
+SECRET_SETTINGS = frozenset({"admin_token", "database_url"})
 # Certificates and keys: gw.reload_tls (modes and client CAs need a restart).
 TLS_FIELDS = ("tls", *(f"{n}_tls" for n in TLS_LISTENERS))
 
@@ -496,7 +497,8 @@ def _reload(
         k for k in GatewayConfig.__dataclass_fields__
         if k not in RELOADABLE and k not in TLS_FIELDS and getattr(old, k) != getattr(new, k)
     )
-    said = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()) or "nothing changed"
+    said = ", ".join(f"{k} changed" if k in SECRET_SETTINGS else f"{k} {a} -> {b}"
+                     for k, (a, b) in changed.items()) or "nothing changed"
     log.info("reloaded configuration: %s%s", said,
              f"; needs a restart: {', '.join(pending)}" if pending else "")
 

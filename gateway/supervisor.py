@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from polyport.core import migrate
+from polyport.gateway.announce import Announcement, announce, notify_systemd
 from polyport.gateway.config import PORT_KEYS, TLS_LISTENERS, GatewayConfig
 from polyport.gateway.database import database, supervise_embedded
 from polyport.gateway.eventloop import choose_loop
@@ -246,6 +247,7 @@ class Supervisor:
             assert self._first_ready is not None
             ports_file = self._announce(self._first_ready)
             await self.stopping.wait()
+            notify_systemd("STOPPING=1")
             log.info("shutting down: every worker drains")
             return await self._stop_workers()
         finally:
@@ -309,14 +311,11 @@ class Supervisor:
         # Written before the lines below: whoever waits for them can read it.
         path = write_ports(self.config.data_dir, self.started_at, listeners,
                            http, workers=self.config.workers)
-        for name, (host, port) in listeners.items():
-            print(f"polyport: {name} listening on {host}:{port}", flush=True)
-        if http is not None:
-            suffix = " (https)" if ready.get("https") else ""
-            print(f"polyport: http listening on {http[0]}:{http[1]}{suffix}", flush=True)
-        if ready.get("curve"):
-            print(f"polyport: res01 CURVE server public key {ready['curve']}", flush=True)
         log.info("%d workers ready", self.config.workers)
+        announce(Announcement(
+            listeners=listeners, http=http, https=bool(ready.get("https")),
+            curve_public_key=ready.get("curve"), admin_api=bool(self.config.admin_token)),
+            self.config.log_format)
         return path
 
     # --- one worker ----------------------------------------------------------------------

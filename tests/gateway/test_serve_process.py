@@ -10,6 +10,8 @@ import signal
 import sys
 from pathlib import Path
 
+import aiohttp
+
 from tests.gateway.test_cli_errors import polyport
 from tests.listeners import port_flags
 
@@ -67,6 +69,19 @@ async def test_status_finds_a_gateway_on_port_zero_and_sighup_reloads(
         assert "needs a restart: host" in said
         await asyncio.sleep(0.3)
         assert proc.returncode is None  # still serving
+
+        # The admin token is reloadable, and never logged (issue 29 item 10).
+        admin = f"http://127.0.0.1:{ports['http']['port']}/admin/connections"
+        headers = {"Authorization": "Bearer reloaded-token-42"}
+        async with aiohttp.ClientSession() as http, http.get(admin, headers=headers) as r:
+            assert r.status == 404  # no token yet: the API is off
+        conf.write_text('log_level = "debug"\nadmin_token = "reloaded-token-42"\n')
+        conf.chmod(0o600)
+        proc.send_signal(signal.SIGHUP)
+        said = await _stderr_until(proc, "reloaded configuration")
+        assert "admin_token changed" in said and "reloaded-token-42" not in said
+        async with aiohttp.ClientSession() as http, http.get(admin, headers=headers) as r:
+            assert r.status == 200, await r.text()
 
         conf.write_text('log_level = "loud"\n')
         proc.send_signal(signal.SIGHUP)

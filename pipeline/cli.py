@@ -110,6 +110,8 @@ def run(args: argparse.Namespace, config: GatewayConfig) -> int:
 def _run_job(args: argparse.Namespace, settings: SparkSettings, url: str) -> int:
     from polyport.pipeline.session import spark_session
 
+    # A JVM start takes seconds (tens on a small machine): say so before it.
+    print(f"pipeline {args.action}: starting Spark…", file=sys.stderr, flush=True)
     spark = spark_session(settings)
     try:
         if args.action == "export":

@@ -161,7 +161,10 @@ async def test_export_killed_mid_write_then_rerun(
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the CLI and its Spark JVM
         _, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert "master local[*]" in err.decode()  # no --master: Spark's default
+    said = err.decode()
+    assert "master local[*]" in said  # no --master: Spark's default
+    # Said before the JVM starts, not after (issue 29 item 10).
+    assert 0 <= said.index("pipeline export: starting Spark…") < said.index("master local[*]")
     assert published_files(out) == []
     assert await fetch(dataset.url, "SELECT 1 FROM pipeline_checkpoints "
                        "WHERE job LIKE '%' || $1", str(out)) == []

@@ -81,7 +81,12 @@ UNMATCHED_ROUTE = "unmatched"
 
 # Series labelled with subscription names (only with metrics_per_subscription,
 # and only for an admin-token holder).
-PER_SUBSCRIPTION_METRICS = ("polyport_subscription_lag_events", "polyport_subscription_lag_seconds")
+PER_SUBSCRIPTION_METRICS = (
+    "polyport_subscription_lag_events",
+    "polyport_subscription_lag_seconds",
+    "polyport_subscription_parked_events",
+    "polyport_subscription_consumers",
+)
 
 
 def polyport_version() -> str:
@@ -138,6 +143,8 @@ class LagSnapshot:
     durable: list[SubscriptionLag] = field(default_factory=list)
     transient: list[SubscriptionLag] = field(default_factory=list)
     error: str | None = None
+    # Parked events by durable subscription (context, name), those with any.
+    parked: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def _selector_json(sel: Selector) -> dict[str, Any]:
@@ -383,6 +390,13 @@ class Telemetry:
             snap.durable = await asyncio.wait_for(self._durable_lag(now), DB_TIMEOUT)
         except Exception as exc:
             snap.error = f"{exc.__class__.__name__}: {exc}"
+        try:
+            snap.parked = await asyncio.wait_for(
+                self.gw.store.parking.parked_counts(), DB_TIMEOUT)
+        except Exception:
+            # The database is away (snap.error says so): the last counts
+            # rather than a drop to zero that would clear an alert.
+            snap.parked = dict(self.lag.parked)
         head = self.gw.store.tailer.head
         need: list[int] = []
         pending: list[tuple[SubscriptionLag, int | None]] = []
@@ -562,6 +576,17 @@ class _GatewayCollector(Collector):
         if store is None or store.writer is None:
             return
         ws = store.writer.stats
+        yield GaugeMetricFamily(
+            "polyport_ready", "1 when /readyz answers 200 (database reachable, schema "
+            "current, listeners bound), else 0", value=0 if gw.readiness_problems() else 1)
+        yield GaugeMetricFamily(
+            "polyport_database_up",
+            "1 when a database round trip succeeded within the last few seconds, else 0",
+            value=0 if store.health().database_problem else 1)
+        yield GaugeMetricFamily(
+            "polyport_appends_in_flight",
+            "Append requests accepted and not answered yet (queued or committing)",
+            value=store.writer.appends_in_flight)
         # Logins checked by this process, every protocol together (the
         # users service's throttle counts them).
         throttle = store.users.throttle
@@ -600,6 +625,10 @@ class _GatewayCollector(Collector):
             "polyport_durable_subscriptions", "Durable subscriptions in the database",
             value=len(lag.durable))
         yield GaugeMetricFamily(
+            "polyport_parked_events",
+            "Events parked by persistent subscriptions (failed more than max_retries)",
+            value=sum(lag.parked.values()))
+        yield GaugeMetricFamily(
             "polyport_durable_subscription_lag_max_events",
             "Largest lag in events among durable subscriptions",
             value=max((d.lag_events for d in lag.durable), default=0))
@@ -617,11 +646,23 @@ class _GatewayCollector(Collector):
                 PER_SUBSCRIPTION_METRICS[1],
                 "Age of the oldest event a durable subscription has still to consume",
                 labels=["subscription"])
+            parked = GaugeMetricFamily(
+                PER_SUBSCRIPTION_METRICS[2], "Events a durable subscription has parked",
+                labels=["subscription"])
+            consumers = GaugeMetricFamily(
+                PER_SUBSCRIPTION_METRICS[3],
+                "Consumers attached to a durable subscription", labels=["subscription"])
+            attached = store.consumer_counts()
             for d in lag.durable:
+                key = (d.selector.get("context", ""), d.name)
                 lag_events.add_metric([d.name], d.lag_events)
                 lag_seconds.add_metric([d.name], d.lag_seconds)
+                parked.add_metric([d.name], lag.parked.get(key, 0))
+                consumers.add_metric([d.name], attached.get(key, 0))
             yield lag_events
             yield lag_seconds
+            yield parked
+            yield consumers
         yield GaugeMetricFamily(
             "polyport_transient_subscription_lag_max_events",
             "Largest lag in events among in-process subscriptions",

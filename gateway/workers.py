@@ -70,12 +70,15 @@ GAUGE_MAX = frozenset({
     "polyport_durable_subscription_lag_max_seconds",
     "polyport_subscription_lag_events",
     "polyport_subscription_lag_seconds",
+    "polyport_parked_events",
+    "polyport_subscription_parked_events",
     "polyport_transient_subscription_lag_max_events",
     "polyport_transient_subscription_lag_max_seconds",
     "process_max_fds",
     "python_info",
 })
-GAUGE_MIN = frozenset({"process_start_time_seconds"})
+# Ready and database up: the gateway is only as ready as its least ready worker.
+GAUGE_MIN = frozenset({"process_start_time_seconds", "polyport_ready", "polyport_database_up"})
 MONOTONIC_TYPES = frozenset({"counter", "histogram", "summary"})
 
 

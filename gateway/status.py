@@ -275,6 +275,8 @@ async def build_status(
             ),
         },
         "rates": telemetry.rates(),
+        # Over the same window as the rates, from the histograms' buckets.
+        "latency": telemetry.latency(),
         "subscriptions": {
             "live": store.tailer.live_count,
             "open": len(lag.transient),
@@ -288,6 +290,7 @@ async def build_status(
         # Counts only: who is connected (addresses, users) is for the admin
         # API (GET /admin/connections), which the page calls given the token.
         "connections": {"open": len(gw.connections)},
+        "connections_chart": telemetry.connections_chart(),
         "database": database,
         "schema": schema,
         "chart": chart,

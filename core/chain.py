@@ -398,6 +398,12 @@ class ChainClient:
     def queued_bytes(self) -> int:
         return self._bytes + self.local.queued_bytes
 
+    @property
+    def appends_in_flight(self) -> int:
+        """Units sent to the chain and not answered yet, and the local
+        writer's own."""
+        return len(self._units) + self.local.appends_in_flight
+
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:

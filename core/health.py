@@ -29,16 +29,21 @@ class HealthSnapshot:
     schema_problem: str | None
 
     @property
+    def database_problem(self) -> str | None:
+        """Why the database counts as unreachable; None when it is up."""
+        if self.failing is not None:
+            return f"database unreachable: {self.failing}"
+        if self.last_ok_age is None:
+            return "database unreachable: no successful round trip yet"
+        if self.last_ok_age > self.stale_after:
+            return f"database unreachable: no successful round trip for {self.last_ok_age:.1f}s"
+        return None
+
+    @property
     def problems(self) -> list[str]:
         out: list[str] = []
-        if self.failing is not None:
-            out.append(f"database unreachable: {self.failing}")
-        elif self.last_ok_age is None:
-            out.append("database unreachable: no successful round trip yet")
-        elif self.last_ok_age > self.stale_after:
-            out.append(
-                f"database unreachable: no successful round trip for {self.last_ok_age:.1f}s"
-            )
+        if self.database_problem is not None:
+            out.append(self.database_problem)
         if self.schema_problem is not None:
             out.append(self.schema_problem)
         return out

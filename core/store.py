@@ -480,6 +480,11 @@ class EventStore:
         """Subscriptions handed out by :meth:`subscribe` and not closed yet."""
         return [s for s in list(self._handed_out) if not s.closed]
 
+    def consumer_counts(self) -> dict[tuple[str, str], int]:
+        """Consumers attached in this process to each durable subscription
+        that has any, by (context, name)."""
+        return {key: len(g.members) for key, g in self._groups.items() if g.members}
+
     def forget_group(self, group: ConsumerGroup) -> None:
         """Called by a group whose last member left: the next subscriber with
         that name starts a new group from the saved checkpoint."""

@@ -170,6 +170,12 @@ class Writer:
         """Bytes held for appends accepted but not yet sent (max_pending_bytes)."""
         return self._waiting_bytes
 
+    @property
+    def appends_in_flight(self) -> int:
+        """Append requests accepted and not yet answered: queued, or in a
+        batch that is committing."""
+        return len(self._queue) + sum(len(b) for b in self._inflight.values())
+
     def start(self) -> None:
         # Kept: asyncio.get_running_loop() costs a getpid() system call per
         # call on Python 3.11, once per append here.

@@ -110,6 +110,15 @@ class Gateway:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def readiness_problems(self) -> list[str]:
+        """Why the gateway is not ready (empty: ready), from what the store
+        keeps current (core.health): ``/readyz`` and the ``polyport_ready``
+        gauge ask here, and neither costs a database round trip."""
+        problems = self.store.health().problems
+        if not self.listeners_bound:
+            problems.append("listeners not bound yet")
+        return problems
+
     def context(self, protocol: str, stats: ListenerStats) -> SessionContext:
         # Every listener asks for its context before it accepts: the one
         # place to hand each transport the connection limit.

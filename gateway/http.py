@@ -25,12 +25,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY_KEY]
-    # From what the store keeps current (core.health): a probe polled by a
-    # load balancer costs no database round trip.
-    problems = gw.store.health().problems
-    if not gw.listeners_bound:
-        problems.append("listeners not bound yet")
+    problems = request.app[GATEWAY_KEY].readiness_problems()
     if problems:
         return web.json_response({"status": "unavailable", "problems": problems}, status=503)
     return web.json_response({"status": "ready"})

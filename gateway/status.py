@@ -147,9 +147,9 @@ class DatabaseSections:
 async def _gather_sections(gw: Gateway) -> Sections:
     telemetry = gw.telemetry
     assert telemetry is not None
-    lag, database, chart, parked = await asyncio.gather(
-        telemetry.subscription_lag(), _database(gw), event_chart(gw), _parked(gw))
-    return lag, database, chart, parked
+    lag, database, chart = await asyncio.gather(
+        telemetry.subscription_lag(), _database(gw), event_chart(gw))
+    return lag, database, chart, lag.parked
 
 
 def _transport_rows(
@@ -275,6 +275,8 @@ async def build_status(
             ),
         },
         "rates": telemetry.rates(),
+        # Over the same window as the rates, from the histograms' buckets.
+        "latency": telemetry.latency(),
         "subscriptions": {
             "live": store.tailer.live_count,
             "open": len(lag.transient),
@@ -288,19 +290,11 @@ async def build_status(
         # Counts only: who is connected (addresses, users) is for the admin
         # API (GET /admin/connections), which the page calls given the token.
         "connections": {"open": len(gw.connections)},
+        "connections_chart": telemetry.connections_chart(),
         "database": database,
         "schema": schema,
         "chart": chart,
     }
-
-
-async def _parked(gw: Gateway) -> dict[tuple[str, str], int]:
-    """Parked events by durable subscription; empty when the database is away
-    (the lag part reports that)."""
-    try:
-        return await gw.store.parking.parked_counts()
-    except Exception:
-        return {}
 
 
 def setup(app: web.Application, gw: Gateway) -> None:

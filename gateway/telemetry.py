@@ -18,6 +18,7 @@ gateways in one process, so nothing here is global):
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import time
@@ -81,7 +82,12 @@ UNMATCHED_ROUTE = "unmatched"
 
 # Series labelled with subscription names (only with metrics_per_subscription,
 # and only for an admin-token holder).
-PER_SUBSCRIPTION_METRICS = ("polyport_subscription_lag_events", "polyport_subscription_lag_seconds")
+PER_SUBSCRIPTION_METRICS = (
+    "polyport_subscription_lag_events",
+    "polyport_subscription_lag_seconds",
+    "polyport_subscription_parked_events",
+    "polyport_subscription_consumers",
+)
 
 
 def polyport_version() -> str:
@@ -99,6 +105,12 @@ class Sample:
     committed: int
     appended: dict[str, int]
     delivered: dict[str, int]
+    # Open connections by protocol, for the status page's connection chart.
+    connections: dict[str, int] = field(default_factory=dict)
+    # Observations per LATENCY_BUCKETS bucket so far (the last: beyond the
+    # largest bound), every protocol together: quantiles over a window.
+    append_le: tuple[int, ...] = ()
+    commit_le: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +150,8 @@ class LagSnapshot:
     durable: list[SubscriptionLag] = field(default_factory=list)
     transient: list[SubscriptionLag] = field(default_factory=list)
     error: str | None = None
+    # Parked events by durable subscription (context, name), those with any.
+    parked: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def _selector_json(sel: Selector) -> dict[str, Any]:
@@ -217,6 +231,8 @@ class Telemetry:
         self.append_requests: Counter[str] = Counter()
         self.append_failures: Counter[str] = Counter()
         self.delivered: Counter[str] = Counter()
+        self._append_le = [0] * (len(LATENCY_BUCKETS) + 1)
+        self._commit_le = [0] * (len(LATENCY_BUCKETS) + 1)
         # labels() takes a lock and builds a key per call: hot paths look a
         # child up once per (histogram, label) here instead (see _child).
         self._children: dict[tuple[int, str], Any] = {}
@@ -253,8 +269,10 @@ class Telemetry:
             self.commit_batch.observe(obs.events)
         if obs.commit:
             self.commit_duration.observe(obs.seconds)
+            self._commit_le[bisect.bisect_left(LATENCY_BUCKETS, obs.seconds)] += 1
         for unit in obs.appends:
             self._child(self.append_latency, unit.origin).observe(unit.seconds)
+            self._append_le[bisect.bisect_left(LATENCY_BUCKETS, unit.seconds)] += 1
             self._child(self.append_size, unit.origin).observe(unit.events)
             self.append_requests[unit.origin] += 1
             if unit.ok:
@@ -314,21 +332,34 @@ class Telemetry:
                 store.writer.stats.events,
                 dict(self.appended),
                 dict(self.delivered),
+                {name: listener.stats.connections_open
+                 for name, listener in self.gw.listeners.items()},
+                tuple(self._append_le),
+                tuple(self._commit_le),
             )
         )
 
-    def rates(self) -> dict[str, Any]:
-        """Events per second over about the last :data:`RATE_WINDOW` seconds."""
+    def _window(self) -> tuple[Sample, Sample] | None:
+        """The oldest and newest samples about :data:`RATE_WINDOW` apart
+        (less just after start); None before there are two."""
         self.sample()
         if len(self.samples) < 2:
-            return {"window_seconds": 0.0, "append": 0.0, "delivery": 0.0, "log": 0.0,
-                    "by_protocol": {}}
+            return None
         last = self.samples[-1]
         first = last
         for s in reversed(self.samples):
             first = s
             if last.mono - s.mono >= RATE_WINDOW:
                 break
+        return first, last
+
+    def rates(self) -> dict[str, Any]:
+        """Events per second over about the last :data:`RATE_WINDOW` seconds."""
+        window = self._window()
+        if window is None:
+            return {"window_seconds": 0.0, "append": 0.0, "delivery": 0.0, "log": 0.0,
+                    "by_protocol": {}}
+        first, last = window
         dt = max(last.mono - first.mono, 1e-6)
         protocols = sorted(set(last.appended) | set(last.delivered))
         by_protocol = {
@@ -348,6 +379,42 @@ class Telemetry:
             "log": round((last.head - first.head) / dt, 3),
             "by_protocol": by_protocol,
         }
+
+    def latency(self) -> dict[str, Any]:
+        """Append latency and commit duration quantiles over about the last
+        :data:`RATE_WINDOW` seconds, from the histograms' buckets as
+        Prometheus' ``histogram_quantile`` computes them (None: nothing
+        observed in the window)."""
+        window = self._window()
+        out: dict[str, Any] = {"window_seconds": 0.0}
+        for key in ("append", "commit"):
+            out[key] = {"count": 0, "p50": None, "p99": None}
+        if window is None:
+            return out
+        first, last = window
+        out["window_seconds"] = round(last.mono - first.mono, 3)
+        for key in ("append", "commit"):
+            now, then = getattr(last, f"{key}_le"), getattr(first, f"{key}_le")
+            counts = [a - b for a, b in zip(now, then or (0,) * len(now), strict=True)]
+            out[key] = {"count": sum(counts), "p50": bucket_quantile(0.5, counts),
+                        "p99": bucket_quantile(0.99, counts)}
+        return out
+
+    def connections_chart(self) -> list[dict[str, Any]]:
+        """Open connections by protocol over the last ten minutes: the most
+        seen in each :data:`CHART_BUCKET`-second bucket (none before start)."""
+        self.sample()
+        end = int(time.time() // CHART_BUCKET) * CHART_BUCKET + CHART_BUCKET
+        start = end - CHART_BUCKET * CHART_BUCKETS
+        buckets: list[dict[str, int] | None] = [None] * CHART_BUCKETS
+        for s in self.samples:
+            i = int((s.wall - start) // CHART_BUCKET)
+            if 0 <= i < CHART_BUCKETS:
+                into = buckets[i] = buckets[i] or {}
+                for proto, n in s.connections.items():
+                    into[proto] = max(into.get(proto, 0), n)
+        return [{"t": datetime.fromtimestamp(start + i * CHART_BUCKET, UTC).isoformat(),
+                 "open": b} for i, b in enumerate(buckets)]
 
     def live_chart(self) -> list[dict[str, Any]]:
         """Events added to the log per :data:`CHART_BUCKET` seconds over the
@@ -383,6 +450,13 @@ class Telemetry:
             snap.durable = await asyncio.wait_for(self._durable_lag(now), DB_TIMEOUT)
         except Exception as exc:
             snap.error = f"{exc.__class__.__name__}: {exc}"
+        try:
+            snap.parked = await asyncio.wait_for(
+                self.gw.store.parking.parked_counts(), DB_TIMEOUT)
+        except Exception:
+            # The database is away (snap.error says so): the last counts
+            # rather than a drop to zero that would clear an alert.
+            snap.parked = dict(self.lag.parked)
         head = self.gw.store.tailer.head
         need: list[int] = []
         pending: list[tuple[SubscriptionLag, int | None]] = []
@@ -469,6 +543,25 @@ class Telemetry:
                 )
             )
         return out
+
+
+def bucket_quantile(q: float, counts: list[int]) -> float | None:
+    """The ``q`` quantile of observations counted per :data:`LATENCY_BUCKETS`
+    bucket (the last: beyond the largest bound), interpolated linearly
+    within its bucket like ``histogram_quantile``; None with no observations."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = q * total
+    below = 0
+    for i, n in enumerate(counts):
+        if n and below + n >= rank:
+            if i == len(LATENCY_BUCKETS):
+                return LATENCY_BUCKETS[-1]  # beyond every bound: the largest, as Prometheus
+            low = LATENCY_BUCKETS[i - 1] if i else 0.0
+            return round(low + (LATENCY_BUCKETS[i] - low) * (rank - below) / n, 6)
+        below += n
+    return LATENCY_BUCKETS[-1]
 
 
 def _fields(lag: SubscriptionLag) -> dict[str, Any]:
@@ -562,6 +655,17 @@ class _GatewayCollector(Collector):
         if store is None or store.writer is None:
             return
         ws = store.writer.stats
+        yield GaugeMetricFamily(
+            "polyport_ready", "1 when /readyz answers 200 (database reachable, schema "
+            "current, listeners bound), else 0", value=0 if gw.readiness_problems() else 1)
+        yield GaugeMetricFamily(
+            "polyport_database_up",
+            "1 when a database round trip succeeded within the last few seconds, else 0",
+            value=0 if store.health().database_problem else 1)
+        yield GaugeMetricFamily(
+            "polyport_appends_in_flight",
+            "Append requests accepted and not answered yet (queued or committing)",
+            value=store.writer.appends_in_flight)
         # Logins checked by this process, every protocol together (the
         # users service's throttle counts them).
         throttle = store.users.throttle
@@ -600,6 +704,10 @@ class _GatewayCollector(Collector):
             "polyport_durable_subscriptions", "Durable subscriptions in the database",
             value=len(lag.durable))
         yield GaugeMetricFamily(
+            "polyport_parked_events",
+            "Events parked by persistent subscriptions (failed more than max_retries)",
+            value=sum(lag.parked.values()))
+        yield GaugeMetricFamily(
             "polyport_durable_subscription_lag_max_events",
             "Largest lag in events among durable subscriptions",
             value=max((d.lag_events for d in lag.durable), default=0))
@@ -617,11 +725,23 @@ class _GatewayCollector(Collector):
                 PER_SUBSCRIPTION_METRICS[1],
                 "Age of the oldest event a durable subscription has still to consume",
                 labels=["subscription"])
+            parked = GaugeMetricFamily(
+                PER_SUBSCRIPTION_METRICS[2], "Events a durable subscription has parked",
+                labels=["subscription"])
+            consumers = GaugeMetricFamily(
+                PER_SUBSCRIPTION_METRICS[3],
+                "Consumers attached to a durable subscription", labels=["subscription"])
+            attached = store.consumer_counts()
             for d in lag.durable:
+                key = (d.selector.get("context", ""), d.name)
                 lag_events.add_metric([d.name], d.lag_events)
                 lag_seconds.add_metric([d.name], d.lag_seconds)
+                parked.add_metric([d.name], lag.parked.get(key, 0))
+                consumers.add_metric([d.name], attached.get(key, 0))
             yield lag_events
             yield lag_seconds
+            yield parked
+            yield consumers
         yield GaugeMetricFamily(
             "polyport_transient_subscription_lag_max_events",
             "Largest lag in events among in-process subscriptions",

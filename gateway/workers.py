@@ -70,12 +70,15 @@ GAUGE_MAX = frozenset({
     "polyport_durable_subscription_lag_max_seconds",
     "polyport_subscription_lag_events",
     "polyport_subscription_lag_seconds",
+    "polyport_parked_events",
+    "polyport_subscription_parked_events",
     "polyport_transient_subscription_lag_max_events",
     "polyport_transient_subscription_lag_max_seconds",
     "process_max_fds",
     "python_info",
 })
-GAUGE_MIN = frozenset({"process_start_time_seconds"})
+# Ready and database up: the gateway is only as ready as its least ready worker.
+GAUGE_MIN = frozenset({"process_start_time_seconds", "polyport_ready", "polyport_database_up"})
 MONOTONIC_TYPES = frozenset({"counter", "histogram", "summary"})
 
 
@@ -453,6 +456,9 @@ def merge_status(
     in_process.sort(key=lambda row: (-row["lag_events"], -row["lag_seconds"]))
     subs["in_process"] = in_process[:100]
     doc["connections"] = {"open": sum(p["connections"]["open"] for p in answered)}
+    doc["latency"] = _merge_latency([p["latency"] for p in answered])
+    doc["connections_chart"] = _merge_connection_charts(
+        [p["connections_chart"] for p in answered])
     doc["ready"] = len(answered) == count and all(p["ready"] for p in answered)
     if supervisor.get("started_at"):
         started = float(supervisor["started_at"])
@@ -461,6 +467,30 @@ def merge_status(
     doc.pop("pid", None)
     doc["workers"] = _workers(parts, supervisor, count)
     return doc
+
+
+def _merge_latency(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Quantiles are not additive: the largest of the workers'."""
+    out: dict[str, Any] = {"window_seconds": max(p["window_seconds"] for p in parts)}
+    for key in ("append", "commit"):
+        out[key] = {"count": sum(p[key]["count"] for p in parts)}
+        for q in ("p50", "p99"):
+            seen = [p[key][q] for p in parts if p[key][q] is not None]
+            out[key][q] = max(seen, default=None)
+    return out
+
+
+def _merge_connection_charts(charts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each worker's open connections by bucket, summed per protocol."""
+    by_time: dict[str, dict[str, int] | None] = {}
+    for chart in charts:
+        for point in chart:
+            into = by_time.setdefault(point["t"], None)
+            if point["open"] is not None:
+                into = by_time[point["t"]] = into or {}
+                for proto, n in point["open"].items():
+                    into[proto] = into.get(proto, 0) + n
+    return [{"t": t, "open": v} for t, v in sorted(by_time.items())[-len(charts[0]):]]
 
 
 def _workers(

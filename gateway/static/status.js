@@ -4,6 +4,18 @@
 
 const REFRESH_MS = 2000;
 const SVG = "http://www.w3.org/2000/svg";
+// The admin token the operator typed: kept in this tab only (sessionStorage).
+const TOKEN_KEY = "polyport-admin-token";
+// One colour per protocol line in the connections chart.
+const PALETTE = ["#3a6fd8", "#d8793a", "#2f9e5b", "#b03ab0", "#c9a227", "#3aa8b0", "#7a5230"];
+
+function token() { return sessionStorage.getItem(TOKEN_KEY); }
+
+// With the token /status reveals subscription names and selectors.
+function authHeaders() {
+  const t = token();
+  return t ? { Authorization: `Bearer ${t}` } : {};
+}
 
 function $(id) { return document.getElementById(id); }
 
@@ -90,10 +102,16 @@ function renderSubscriptions(status) {
   body.replaceChildren();
   const subs = status.subscriptions;
   const rows = [...subs.durable, ...subs.in_process];
+  const note = $("subscriptions-note");
+  if (token() && !subs.names_shown) {
+    note.textContent = "the admin token was not accepted: names stay hidden";
+  } else if (!note.dataset.sticky) {
+    note.textContent = subs.names_shown ? "" : "names, selectors and actions need the admin token";
+  }
   if (!rows.length) {
     const tr = document.createElement("tr");
     const td = cell(tr, "no subscriptions", "text");
-    td.colSpan = 7;
+    td.colSpan = 8;
     body.appendChild(tr);
     return;
   }
@@ -109,6 +127,66 @@ function renderSubscriptions(status) {
     cell(tr, (s.lag_exact ? "" : "≤ ") + fmt(s.lag_events)).dataset.field = "lag_events";
     cell(tr, fmt(s.lag_seconds, 1)).dataset.field = "lag_seconds";
     cell(tr, s.kind === "durable" ? fmt(s.parked) : "–").dataset.field = "parked";
+    const actions = cell(tr, "", "text");
+    if (s.kind === "durable" && subs.names_shown && s.parked > 0) {
+      actions.appendChild(replayButton(s));
+    }
+    body.appendChild(tr);
+  }
+}
+
+// POST /admin/subscriptions/NAME/replay-parked: the group that owns the
+// subscription hands its parked events out again.
+function replayButton(s) {
+  const button = document.createElement("button");
+  button.textContent = `replay ${s.parked} parked`;
+  button.dataset.replay = s.name;
+  button.addEventListener("click", async () => {
+    const note = $("subscriptions-note");
+    note.dataset.sticky = "true";
+    button.disabled = true;
+    const context = (s.selector && s.selector.context) || "";
+    try {
+      const done = await admin("POST", `/subscriptions/${encodeURIComponent(s.name)}` +
+        `/replay-parked?context=${encodeURIComponent(context)}`);
+      note.textContent = `replaying ${done.replaying} parked events of ${s.name}`;
+    } catch (err) {
+      note.textContent = `cannot replay the parked events of ${s.name}: ${err.message}`;
+      button.disabled = false;
+    }
+  });
+  return button;
+}
+
+// Errors sent to clients, by canonical code, with the protocols they came from.
+function renderErrors(status) {
+  const body = $("errors").querySelector("tbody");
+  body.replaceChildren();
+  const byCode = new Map();
+  for (const l of status.listeners) {
+    if ((l.kind || "protocol") !== "protocol") continue;
+    for (const [code, n] of Object.entries(l.errors)) {
+      if (!n) continue;
+      const entry = byCode.get(code) || { total: 0, protocols: [] };
+      entry.total += n;
+      entry.protocols.push(`${l.name}: ${fmt(n)}`);
+      byCode.set(code, entry);
+    }
+  }
+  const rows = [...byCode.entries()].sort((a, b) => b[1].total - a[1].total);
+  $("errors-total").textContent = fmt(rows.reduce((a, [, e]) => a + e.total, 0));
+  if (!rows.length) {
+    const tr = document.createElement("tr");
+    cell(tr, "no errors", "text").colSpan = 3;
+    body.appendChild(tr);
+    return;
+  }
+  for (const [code, e] of rows) {
+    const tr = document.createElement("tr");
+    tr.dataset.code = code;
+    cell(tr, code, "text");
+    cell(tr, fmt(e.total)).dataset.field = "total";
+    cell(tr, e.protocols.join(", "), "text wrap");
     body.appendChild(tr);
   }
 }
@@ -126,6 +204,32 @@ function label(t, bucket) {
   return clock(d, true);
 }
 
+// Both axes, and a grid line and a label per tick of the value axis.
+function axes(root, { W, left, top, right, plotH }, ticks) {
+  const max = ticks[ticks.length - 1];
+  svg("line", { class: "axis", x1: left, y1: top + plotH, x2: W - right, y2: top + plotH }, root);
+  svg("line", { class: "axis", x1: left, y1: top, x2: left, y2: top + plotH }, root);
+  root.dataset.ticks = JSON.stringify(ticks);
+  for (const v of ticks) {
+    const y = top + plotH * (1 - v / max);
+    if (v) svg("line", { class: "grid", x1: left, y1: y, x2: W - right, y2: y }, root);
+    const t = svg("text", { class: "tick", x: left - 6, y: y + 4, "text-anchor": "end" }, root);
+    t.textContent = fmt(v);
+  }
+}
+
+// As many time labels as fit, about 110 px apart.
+function timeLabels(root, labels, { W, H, left, plotW, step }) {
+  const fit = Math.max(2, Math.floor(plotW / 110));
+  const every = Math.max(1, Math.ceil(labels.length / fit));
+  labels.forEach((text, i) => {
+    const x = left + i * step;
+    if (i % every || x + 70 > W) return;  // a label cut off at the right edge: none
+    const t = svg("text", { x, y: H - 8 }, root);
+    t.textContent = text;
+  });
+}
+
 function renderChart(chart) {
   const box = $("chart");
   // Drawn at the box's own width: a stretched viewBox would distort the text.
@@ -139,15 +243,7 @@ function renderChart(chart) {
   root.dataset.source = chart.source;
   root.dataset.total = String(points.reduce((a, p) => a + p.events, 0));
   const plotW = W - left - right, plotH = H - top - bottom;
-  svg("line", { class: "axis", x1: left, y1: top + plotH, x2: W - right, y2: top + plotH }, root);
-  svg("line", { class: "axis", x1: left, y1: top, x2: left, y2: top + plotH }, root);
-  root.dataset.ticks = JSON.stringify(ticks);
-  for (const v of ticks) {
-    const y = top + plotH * (1 - v / max);
-    if (v) svg("line", { class: "grid", x1: left, y1: y, x2: W - right, y2: y }, root);
-    const t = svg("text", { class: "tick", x: left - 6, y: y + 4, "text-anchor": "end" }, root);
-    t.textContent = fmt(v);
-  }
+  axes(root, { W, left, top, right, plotH }, ticks);
   const step = points.length ? plotW / points.length : plotW;
   points.forEach((p, i) => {
     const h = (p.events / max) * plotH;
@@ -159,19 +255,62 @@ function renderChart(chart) {
     const title = svg("title", {}, bar);
     title.textContent = `${label(p.t, chart.bucket_seconds)}: ${p.events} events`;
   });
-  // As many time labels as fit, about 110 px apart.
-  const fit = Math.max(2, Math.floor(plotW / 110));
-  const every = Math.max(1, Math.ceil(points.length / fit));
-  points.forEach((p, i) => {
-    const x = left + i * step;
-    if (i % every || x + 70 > W) return;  // a label cut off at the right edge: none
-    const t = svg("text", { x, y: H - 8 }, root);
-    t.textContent = label(p.t, chart.bucket_seconds);
-  });
+  timeLabels(root, points.map(p => label(p.t, chart.bucket_seconds)), { W, H, left, plotW, step });
   box.replaceChildren(root);
   const per = chart.bucket_seconds >= 3600 ? "per hour, from the pipeline's event_stats"
     : `per ${chart.bucket_seconds} s, from this gateway's live counters`;
   $("chart-source").textContent = `(events ${per})`;
+}
+
+// Open connections by protocol, one line each, over the last ten minutes.
+function renderConnectionChart(points) {
+  const box = $("connections-chart");
+  const W = Math.max(280, Math.round(box.clientWidth - 16) || 900);
+  const H = 180, left = 56, bottom = 26, top = 10, right = 8;
+  const protocols = [...new Set(points.flatMap(p => Object.keys(p.open || {})))].sort();
+  const values = points.flatMap(p => Object.values(p.open || {}));
+  const ticks = niceTicks(Math.max(0, ...values), 3);
+  const max = ticks[ticks.length - 1];
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
+  const plotW = W - left - right, plotH = H - top - bottom;
+  axes(root, { W, left, top, right, plotH }, ticks);
+  const step = points.length > 1 ? plotW / (points.length - 1) : plotW;
+  const legend = $("connections-legend");
+  legend.replaceChildren();
+  protocols.forEach((proto, k) => {
+    const colour = PALETTE[k % PALETTE.length];
+    // A bucket before the gateway started has no value: the line starts later.
+    let d = "", pen = "M";
+    points.forEach((p, i) => {
+      const n = p.open ? p.open[proto] : undefined;
+      if (n === undefined) { pen = "M"; return; }
+      d += `${pen}${(left + i * step).toFixed(1)},${(top + plotH * (1 - n / max)).toFixed(1)} `;
+      pen = "L";
+    });
+    const line = svg("path", { class: "line", d: d.trim(), stroke: colour }, root);
+    line.dataset.protocol = proto;
+    const at = points.findLastIndex(p => p.open && p.open[proto] !== undefined);
+    const last = at < 0 ? undefined : points[at];
+    line.dataset.last = String(last ? last.open[proto] : 0);
+    // The newest value as a dot: a line of one bucket (just started) shows too.
+    if (last) {
+      svg("circle", { class: "dot", cx: left + at * step, r: 3, fill: colour,
+                      cy: top + plotH * (1 - last.open[proto] / max) }, root);
+    }
+    const item = document.createElement("span");
+    item.className = "legend-item";
+    item.dataset.protocol = proto;
+    item.style.borderColor = colour;
+    item.textContent = `${proto} ${last ? fmt(last.open[proto]) : 0}`;
+    legend.appendChild(item);
+  });
+  timeLabels(root, points.map(p => clock(new Date(p.t), true)), { W, H, left, plotW, step });
+  box.replaceChildren(root);
+}
+
+function ms(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  return fmt(seconds * 1000, seconds < 0.01 ? 2 : 1);
 }
 
 function render(status) {
@@ -188,6 +327,11 @@ function render(status) {
   $("rate-append").textContent = fmt(status.rates.append, 1);
   $("rate-delivery").textContent = fmt(status.rates.delivery, 1);
   $("rate-log").textContent = fmt(status.rates.log, 1);
+  $("append-p99").textContent = ms(status.latency.append.p99);
+  $("commit-p99").textContent = ms(status.latency.commit.p99);
+  $("latency-note").textContent = `(over the last ${fmt(status.latency.window_seconds, 0)} s: ` +
+    `append p50 ${ms(status.latency.append.p50)} ms of ${fmt(status.latency.append.count)}, ` +
+    `commit p50 ${ms(status.latency.commit.p50)} ms of ${fmt(status.latency.commit.count)})`;
   $("head").textContent = fmt(status.log.head_position);
   $("queue").textContent = fmt(status.writer.queue_depth);
   // Protocol listeners only: a WebSocket connection is in its protocol's row too.
@@ -204,19 +348,16 @@ function render(status) {
     `batch size mean ${fmt(b.mean, 1)}, p95 ${fmt(b.p95)}, max ${fmt(b.max)}`;
   renderListeners(status);
   renderSubscriptions(status);
+  renderErrors(status);
   renderChart(status.chart);
+  renderConnectionChart(status.connections_chart || []);
   document.body.dataset.loaded = "true";
 }
 
 // --- connections: GET /admin/connections with the token the operator typed ---
 
-const TOKEN_KEY = "polyport-admin-token";
-
 async function admin(method, path) {
-  const token = sessionStorage.getItem(TOKEN_KEY);
-  const r = await fetch("/admin" + path, {
-    method, cache: "no-store", headers: { Authorization: `Bearer ${token}` },
-  });
+  const r = await fetch("/admin" + path, { method, cache: "no-store", headers: authHeaders() });
   if (!r.ok) {
     let why = `${r.status}`;
     try { why = (await r.json()).error || why; } catch (_) { /* not JSON */ }
@@ -226,7 +367,7 @@ async function admin(method, path) {
 }
 
 async function refreshConnections() {
-  if (!sessionStorage.getItem(TOKEN_KEY)) return;
+  if (!token()) return;
   const note = $("connections-note");
   let list;
   try {
@@ -267,12 +408,16 @@ async function refreshConnections() {
 $("admin-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   sessionStorage.setItem(TOKEN_KEY, $("admin-token").value);
-  refreshConnections();
+  // At once, not at the next poll: names and actions appear with the token.
+  clearTimeout(timer);
+  refresh();
 });
+
+let timer = null;
 
 async function refresh() {
   try {
-    const r = await fetch("/status", { cache: "no-store" });
+    const r = await fetch("/status", { cache: "no-store", headers: authHeaders() });
     if (!r.ok) throw new Error(`/status answered ${r.status}`);
     render(await r.json());
     $("problem").hidden = true;
@@ -282,7 +427,8 @@ async function refresh() {
     p.textContent = `cannot load /status: ${err.message}`;
     p.hidden = false;
   } finally {
-    setTimeout(refresh, REFRESH_MS);
+    clearTimeout(timer);
+    timer = setTimeout(refresh, REFRESH_MS);
   }
 }
 

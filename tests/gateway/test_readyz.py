@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from polyport.core import migrate
 from polyport.core.commands import Append, ReadStream
@@ -59,6 +60,15 @@ async def wait_status(
     raise AssertionError(f"/readyz did not answer {want} within {within}s (last: {last})")
 
 
+async def gauges(http: aiohttp.ClientSession, host: str, port: int) -> dict[str, float]:
+    """polyport_ready and polyport_database_up from /metrics."""
+    async with http.get(f"http://{host}:{port}/metrics") as r:
+        text = await r.text()
+    wanted = ("polyport_ready", "polyport_database_up")
+    return {s.name: s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name in wanted}
+
+
 async def test_readyz_follows_the_database(own_cluster: EmbeddedPostgres) -> None:
     from polyport.gateway.app import Gateway
     from polyport.gateway.config import DEFAULT_PORTS, GatewayConfig
@@ -85,6 +95,9 @@ async def test_readyz_follows_the_database(own_cluster: EmbeddedPostgres) -> Non
             async with http.get(url) as r:
                 body = await r.json()
             assert "database unreachable" in " ".join(body["problems"])
+            # The same verdict for Prometheus (docs/monitoring/alerts.yml).
+            assert await gauges(http, host, http_port) == {
+                "polyport_ready": 0.0, "polyport_database_up": 0.0}
 
             await loop.run_in_executor(None, pg.start)
             took = await wait_status(http, url, 200, 2.0)
@@ -100,6 +113,8 @@ async def test_readyz_follows_the_database(own_cluster: EmbeddedPostgres) -> Non
             assert [e.body for e in got] == [b"before", b"after"]
             async with http.get(f"http://{host}:{http_port}/status") as r:
                 assert r.status == 200 and (await r.json())["database"]["reachable"]
+            assert await gauges(http, host, http_port) == {
+                "polyport_ready": 1.0, "polyport_database_up": 1.0}
     finally:
         await gw.stop()
 

@@ -27,7 +27,7 @@ import aiohttp
 import pytest
 
 from polyport.core.migrate import head_revision
-from polyport.protocols.bson.client import BsonClient
+from polyport.protocols.bson.client import BsonClient, BsonError
 from polyport.protocols.reactivesocket.client import ReactiveSocketClient
 
 REPO = Path(__file__).resolve().parents[2]
@@ -304,5 +304,131 @@ async def test_status_page_in_headless_chromium(gateway_factory) -> None:
         consumer.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await consumer
+        await rs.close()
+        await bson.close()
+
+
+TOKEN = "status-page-token"
+
+READ_ADMIN = """
+(() => {
+  if (!document.body || document.body.dataset.loaded !== 'true') return { loaded: false };
+  const text = id => document.getElementById(id).textContent;
+  const subs = [...document.querySelectorAll('#subscriptions tbody tr')].map(
+    tr => [...tr.children].map(td => td.textContent));
+  const lines = {};
+  for (const p of document.querySelectorAll('#connections-chart path.line')) {
+    lines[p.dataset.protocol] = Number(p.dataset.last);
+  }
+  const errors = {};
+  for (const tr of document.querySelectorAll('#errors tbody tr[data-code]')) {
+    errors[tr.dataset.code] = [tr.querySelector('td[data-field=total]').textContent,
+                               tr.lastElementChild.textContent];
+  }
+  return {
+    loaded: document.body.dataset.loaded === 'true',
+    subscriptions: subs,
+    replay: [...document.querySelectorAll('button[data-replay]')].map(b => b.dataset.replay),
+    note: text('subscriptions-note'),
+    appendP99: text('append-p99'),
+    commitP99: text('commit-p99'),
+    lines,
+    errors,
+    errorsTotal: text('errors-total'),
+  };
+})()
+"""
+
+
+async def poll(devtools: DevTools, done: Any, what: str) -> dict[str, Any]:
+    """READ_ADMIN until ``done(state)``; fails saying ``what`` did not happen."""
+    state: dict[str, Any] = {}
+    for _ in range(150):
+        state = await devtools.evaluate(READ_ADMIN) or {}
+        if state.get("loaded") and done(state):
+            return state
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{what}: {state}")
+
+
+async def test_the_admin_token_reveals_names_and_replays_parked_events(gateway_factory) -> None:
+    """Typed into the page, the token goes with /status (subscription names
+    appear) and with the replay button's POST: the parked event reaches the
+    consumer again.  The page also shows append and commit p99, open
+    connections per protocol as lines, and errors by code and protocol."""
+    binary = find_browser()
+    if binary is None:
+        pytest.skip("no Chromium binary installed (apt-get install chromium)")
+    gw = await gateway_factory(admin_token=TOKEN)
+    host, port = gw.http_address
+    admin = f"http://{host}:{port}/admin"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(headers=auth) as http:
+        async with http.post(admin + "/subscriptions", json={
+            "name": "workers", "context": "default", "stream": "jobs", "start": "beginning",
+        }) as r:
+            assert r.status == 201, await r.text()
+        async with http.put(admin + "/subscriptions/workers/settings?context=default",
+                            json={"max_retries": 0}) as r:
+            assert r.status == 200, await r.text()
+    bson = await BsonClient.connect(*gw.listeners["bson"].address)
+    rs = await ReactiveSocketClient.connect(*gw.listeners["reactivesocket"].address)
+    producer: asyncio.Task[None] | None = None
+    try:
+        for n in range(5):
+            await bson.emit("jobs", "Work", {"n": n})
+        with pytest.raises(BsonError):
+            await bson.query("no-such-binder", {})
+        group = await rs.subscribe(stream="jobs", group="workers", manual_ack=True,
+                                   initial_n=100)
+        poison = await group.next(5)
+        assert poison is not None
+        await rs.nack(group, poison.position)  # max_retries 0: parked at once
+        for _ in range(4):
+            ev = await group.next(5)
+            assert ev is not None
+            await rs.ack(group, ev.position)
+
+        async def traffic() -> None:
+            # Appends all along: the page's p99 covers the last 10 s only.
+            while True:
+                await bson.emit("page-traffic", "T", {})
+                await asyncio.sleep(0.05)
+
+        producer = asyncio.create_task(traffic())
+        async with browser(binary) as (_http, devtools):
+            await devtools.call("Page.enable")
+            await devtools.call("Page.navigate", url=f"http://{host}:{port}/")
+            # Without the token: counts, no names, no actions.
+            hidden = await poll(devtools, lambda s: s["subscriptions"], "no subscription rows")
+            assert hidden["subscriptions"][0][:2] == ["durable", "(hidden)"]
+            assert hidden["replay"] == []
+            assert number(hidden["appendP99"]) > 0 and number(hidden["commitP99"]) > 0
+            assert hidden["lines"]["bson"] == 1 and hidden["lines"]["reactivesocket"] == 1
+            [(code, (count, where))] = hidden["errors"].items()
+            assert (count, where) == ("1", "bson: 1") and hidden["errorsTotal"] == "1"
+            assert code == "not_found"
+
+            await devtools.evaluate(
+                f"document.getElementById('admin-token').value = {json.dumps(TOKEN)};"
+                "document.getElementById('admin-form').requestSubmit()")
+            shown = await poll(devtools, lambda s: s["replay"], "no replay button")
+            assert shown["replay"] == ["workers"]
+            row = next(r for r in shown["subscriptions"] if r[1] == "workers")
+            assert json.loads(row[2]) == {"context": "default", "stream": "jobs"}
+            assert (row[6], row[7]) == ("1", "replay 1 parked")
+
+            await devtools.evaluate("document.querySelector('button[data-replay]').click()")
+            await poll(devtools, lambda s: s["note"] == "replaying 1 parked events of workers",
+                       "the replay was not confirmed")
+            again = await group.next(5)
+            assert again is not None and again.position == poison.position
+            await rs.ack(group, again.position)
+            await poll(devtools, lambda s: not s["replay"], "the parked count never went to 0")
+    finally:
+        if producer is not None:
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
         await rs.close()
         await bson.close()

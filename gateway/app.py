@@ -93,6 +93,8 @@ class Gateway:
         self.listener_defs: list[ListenerDef] = []
         self.http_address: tuple[str, int] | None = None
         self.listeners_bound = False
+        # Stopping: unready, no new connections (drain).
+        self.draining = False
         self.started_at = time.time()
         self.telemetry: Telemetry | None = None
         # Every transport's open connections (GET /admin/connections).
@@ -115,9 +117,36 @@ class Gateway:
         keeps current (core.health): ``/readyz`` and the ``polyport_ready``
         gauge ask here, and neither costs a database round trip."""
         problems = self.store.health().problems
-        if not self.listeners_bound:
+        if self.draining:
+            problems.append("shutting down: draining, no new connections")
+        elif not self.listeners_bound:
             problems.append("listeners not bound yet")
         return problems
+
+    async def drain(self, grace: float, hurry: asyncio.Event | None = None) -> None:
+        """The first step of a stop (lame duck): unready and accepting no new
+        connection at once, then up to ``grace`` seconds (or until ``hurry``)
+        for the appends and reads in flight to be answered.  Open connections
+        are still served meanwhile; :meth:`stop` closes them."""
+        self.draining = True
+        for listener in self.listeners.values():
+            await listener.stop_accepting()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        busy = self._in_flight()
+        if busy:
+            log.info("draining: %d appends and reads in flight; waiting up to %.0f s", busy, grace)
+        while busy and loop.time() < deadline and not (hurry is not None and hurry.is_set()):
+            await asyncio.sleep(0.05)
+            busy = self._in_flight()
+        if busy:
+            log.warning("drain ended with %d appends and reads still in flight; their "
+                        "connections close now (clients retry with the same event ids)", busy)
+
+    def _in_flight(self) -> int:
+        if self.store is None or not self.store.started:
+            return 0
+        return self.store.writer.appends_in_flight + self.store.reads_waiting
 
     def context(self, protocol: str, stats: ListenerStats) -> SessionContext:
         # Every listener asks for its context before it accepts: the one

@@ -422,6 +422,14 @@ def read_password(args: argparse.Namespace) -> str:
 # --- serve ---------------------------------------------------------------------
 
 
+def _stop_then_hurry(stop: asyncio.Event, hurry: asyncio.Event) -> None:
+    """The first SIGTERM/SIGINT starts a graceful stop; a second cuts its
+    grace period short."""
+    if stop.is_set():
+        hurry.set()
+    stop.set()
+
+
 async def _serve(config: GatewayConfig, args: argparse.Namespace, choice: LoopChoice) -> int:
     from polyport.gateway.app import Gateway
     from polyport.gateway.eventloop import settle_heap
@@ -431,10 +439,10 @@ async def _serve(config: GatewayConfig, args: argparse.Namespace, choice: LoopCh
     await gw.start()
     settle_heap()
     # Before the lines below: whoever waits for them may signal at once.
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, _stop_then_hurry, stop, hurry)
     loop.add_signal_handler(signal.SIGHUP, lambda: _reload(gw, args))
     # Written before the lines below: whoever waits for them can read it.
     ports_file = write_ports_file(config.data_dir, gw)
@@ -447,7 +455,9 @@ async def _serve(config: GatewayConfig, args: argparse.Namespace, choice: LoopCh
     try:
         await stop.wait()
         notify_systemd("STOPPING=1")
-        log.info("shutting down: no new connections, draining the writer")
+        log.info("shutting down: unready, no new connections; in-flight requests get up to "
+                 "%.0f s (shutdown_grace), then the writer drains", config.shutdown_grace)
+        await gw.drain(config.shutdown_grace, hurry)
         await gw.stop()
     finally:
         remove_ports_file(ports_file)

@@ -187,6 +187,10 @@ class GatewayConfig:
     # handshake or login this long after it was accepted is closed (0 = no
     # limit): connections that say nothing do not hold a slot for ever.
     handshake_timeout: float = 10.0
+    # On SIGTERM/SIGINT: unready and no new connections at once, then up to
+    # this long for the appends and reads in flight to finish before the
+    # connections close (0 = close at once).  A second signal cuts it short.
+    shutdown_grace: float = 10.0
     # WebSocket endpoints ping every this many seconds; a peer that does not
     # answer with a pong in time is closed (0 = no pings).
     websocket_heartbeat: float = 30.0
@@ -269,11 +273,12 @@ _INT_KEYS = {
 # started the gateway without a word before.
 _ZERO_ALLOWED = {
     "max_connections", "max_connections_per_address", "websocket_heartbeat", "write_timeout",
-    "handshake_timeout", "res01_fetch_wait",
+    "handshake_timeout", "res01_fetch_wait", "shutdown_grace",
 }
 _FLOAT_KEYS = {
     "idle_timeout", "poll_interval", "commit_timeout", "read_timeout", "slow_commit_seconds",
     "write_timeout", "handshake_timeout", "websocket_heartbeat", "res01_fetch_wait",
+    "shutdown_grace",
 }
 _LIST_KEYS = {"websocket_allowed_origins"}
 _KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"} - _TLS_FIELDS

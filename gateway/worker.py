@@ -68,7 +68,7 @@ def watch_lifeline(control_fd: int, stop: asyncio.Event) -> None:
 
 async def _work(payload: dict[str, Any], control_fd: int, ready_fd: int, choice: Any) -> int:
     from polyport.gateway.app import Gateway
-    from polyport.gateway.cli import _reload
+    from polyport.gateway.cli import _reload, _stop_then_hurry
     from polyport.gateway.eventloop import settle_heap
 
     role = payload["role"]
@@ -76,10 +76,10 @@ async def _work(payload: dict[str, Any], control_fd: int, ready_fd: int, choice:
     log.info("worker %d (of %d): event loop %s", role.index, role.count, choice.describe())
     gw = Gateway(role.apply(payload["config"]), role)
     await gw.start()
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, _stop_then_hurry, stop, hurry)
     loop.add_signal_handler(signal.SIGHUP, lambda: _reload(gw, args, role.apply))
 
     watch_lifeline(control_fd, stop)
@@ -102,7 +102,9 @@ async def _work(payload: dict[str, Any], control_fd: int, ready_fd: int, choice:
     os.write(ready_fd, (json.dumps(ready) + "\n").encode())
     os.close(ready_fd)
     await stop.wait()
-    log.info("shutting down: no new connections, draining the writer")
+    log.info("shutting down: unready, no new connections; in-flight requests get up to "
+             "%.0f s (shutdown_grace), then the writer drains", gw.config.shutdown_grace)
+    await gw.drain(gw.config.shutdown_grace, hurry)
     await gw.stop()
     log.info("stopped")
     return 0

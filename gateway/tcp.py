@@ -251,7 +251,11 @@ class TcpListener:
             self.stats.connections_refused += 1
             log.info("%s: refused %s", self.name, why)
 
-        return await serve_tls(self._accept, self.host, self.port, tls, refused,
+        # Admission at accept, before the handshake (serve_tls releases what
+        # never reaches _serve).
+        return await serve_tls(self._serve_admitted, self.host, self.port, tls, refused,
+                               admit=self.stats.admit, release=self.stats.release,
+                               handshake_timeout=self.stats.handshake_timeout,
                                reuse_port=self.stats.reuse_port)
 
     def _peer(
@@ -287,8 +291,6 @@ class TcpListener:
         unregister_connection(self.stats, conn, reason)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
         out = StreamOutbound(writer, self.stats)
         host = _source_address(writer)
         refused = self.stats.admit(host)
@@ -296,6 +298,21 @@ class TcpListener:
             log.warning("%s: connection refused from %s: %s", self.name, out.peer, refused)
             out.close()
             return
+        await self._serve(reader, writer, out, host)
+
+    async def _serve_admitted(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str
+    ) -> None:
+        """A connection the TLS accept loop admitted already (from ``host``)."""
+        await self._serve(reader, writer, StreamOutbound(writer, self.stats), host)
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, out: StreamOutbound,
+        host: str,
+    ) -> None:
+        """Serve an admitted connection; releases its admission at the end."""
+        task = asyncio.current_task()
+        assert task is not None
         set_keepalive(writer)
         conn = self._register(out)
         reason: str | None = None  # None: the server side closed it

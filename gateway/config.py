@@ -173,6 +173,11 @@ class GatewayConfig:
     # handshake or login this long after it was accepted is closed (0 = no
     # limit): connections that say nothing do not hold a slot for ever.
     handshake_timeout: float = 10.0
+    # A frame (a WebSocket message) a TCP or WebSocket peer has started must
+    # be complete this long after its first byte (0 = no limit): the idle
+    # timeout, which every byte restarts, governs only the gaps between
+    # frames, so a peer trickling a frame a byte at a time is cut here.
+    frame_timeout: float = 30.0
     # WebSocket endpoints ping every this many seconds; a peer that does not
     # answer with a pong in time is closed (0 = no pings).
     websocket_heartbeat: float = 30.0
@@ -252,7 +257,8 @@ _INT_KEYS = {
 }
 _FLOAT_KEYS = {
     "idle_timeout", "poll_interval", "commit_timeout", "read_timeout", "slow_commit_seconds",
-    "write_timeout", "handshake_timeout", "websocket_heartbeat", "res01_fetch_wait",
+    "write_timeout", "handshake_timeout", "frame_timeout", "websocket_heartbeat",
+    "res01_fetch_wait",
 }
 _LIST_KEYS = {"websocket_allowed_origins"}
 _KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"} - _TLS_FIELDS

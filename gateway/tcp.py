@@ -202,15 +202,24 @@ class FrameDeadline:
             when = waiting.when()
             waiting.reschedule(self._at if when is None else min(when, self._at))
 
-    def after_input(self, buffer: InputBuffer | None) -> None:
-        """After the session decoded a read: a frame left incomplete gets
-        its deadline, which stays while the same frame goes on arriving."""
+    def after_input(self, buffer: InputBuffer | None, busy: float = 0.0) -> None:
+        """After the session decoded a read (taking ``busy`` seconds): a
+        frame left incomplete gets its deadline, which stays while the same
+        frame goes on arriving."""
         if self.limit is None or buffer is None or not buffer.partial_frame:
             self._at = None
             return
         if self._at is None or buffer.taken != self._taken:
             self._start()  # a new frame (what was buffered before is decoded)
+        else:
+            self.server_busy(busy)
         self._taken = buffer.taken
+
+    def server_busy(self, seconds: float) -> None:
+        """The gateway did not read for ``seconds`` (the session was busy
+        with what came before): not the peer's time."""
+        if self._at is not None:
+            self._at += seconds
 
     def bytes_arrived(self) -> None:
         """Bytes came in with no frame completed since the last one did."""
@@ -229,9 +238,13 @@ class FrameDeadline:
         left = max(self._at - self._loop.time(), 0.0)
         return left if timeout is None else min(timeout, left)
 
-    def expired(self, name: str, peer: str) -> str | None:
+    def expired(self, name: str, peer: str, buffer: InputBuffer | None = None) -> str | None:
         """After a read timed out: the error message when it was this
-        deadline (logged, one line), else None."""
+        deadline (logged, one line), else None.  ``buffer`` (TCP) is looked
+        at again first: a session may decode buffered input between reads
+        (BSON's frames held behind CONNECT)."""
+        if buffer is not None:
+            self.after_input(buffer)
         if self._at is None or self._loop.time() < self._at:
             return None
         log.info("%s: closing %s: a frame was not completed within %gs (frame_timeout)",
@@ -402,6 +415,7 @@ class TcpListener:
         self._connections.add(task)
         log.debug("%s: connection from %s", self.name, out.peer)
         session: StreamSession | None = None
+        loop = asyncio.get_running_loop()
         try:
             session = self.factory(out)
             deadline = HandshakeDeadline(self.stats)
@@ -415,7 +429,7 @@ class TcpListener:
                     async with asyncio.timeout(timeout):
                         data = await reader.read(READ_CHUNK)
                 except TimeoutError:
-                    message = frame.expired(self.name, out.peer)
+                    message = frame.expired(self.name, out.peer, session.input_buffer)
                     if message is not None:
                         await session.frame_timed_out(message)
                         await out.wait_closed(ERROR_GRACE)
@@ -433,8 +447,9 @@ class TcpListener:
                     break
                 self.stats.bytes_in += len(data)
                 conn.bytes_in += len(data)
+                started = loop.time()
                 await session.data_received(data)
-                frame.after_input(session.input_buffer)
+                frame.after_input(session.input_buffer, loop.time() - started)
         except (ConnectionError, asyncio.IncompleteReadError):
             reason = PEER_CLOSED
         except asyncio.CancelledError:

@@ -391,7 +391,9 @@ class WebSocketEndpoint:
                     break
                 self.stats.bytes_in += len(data)
                 conn.bytes_in += len(data)
+                started = asyncio.get_running_loop().time()
                 await session.data_received(data)
+                frame.server_busy(asyncio.get_running_loop().time() - started)
         except ConnectionError:
             reason = PEER_CLOSED
         except asyncio.CancelledError:

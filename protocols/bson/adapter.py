@@ -233,6 +233,8 @@ class BsonSession:
         return self.conn.input_buffer
 
     async def frame_timed_out(self, message: str) -> None:
+        if self.closing:
+            return  # a fatal error is on its way already
         # After the replies already due, as every fatal error.
         await self.fatal(ProtocolError(message, code=TIMEOUT))
 

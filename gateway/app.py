@@ -155,6 +155,7 @@ class Gateway:
         stats.max_connections_per_address = self.config.max_connections_per_address or None
         stats.write_timeout = self.config.write_timeout or None
         stats.handshake_timeout = self.config.handshake_timeout or None
+        stats.frame_timeout = self.config.frame_timeout or None
         stats.websocket_heartbeat = self.config.websocket_heartbeat or None
         stats.reuse_port = self.role is not None
         stats.connections = self.connections

@@ -191,6 +191,11 @@ class GatewayConfig:
     # this long for the appends and reads in flight to finish before the
     # connections close (0 = close at once).  A second signal cuts it short.
     shutdown_grace: float = 10.0
+    # A frame (a WebSocket message) a TCP or WebSocket peer has started must
+    # be complete this long after its first byte (0 = no limit): the idle
+    # timeout, which every byte restarts, governs only the gaps between
+    # frames, so a peer trickling a frame a byte at a time is cut here.
+    frame_timeout: float = 30.0
     # WebSocket endpoints ping every this many seconds; a peer that does not
     # answer with a pong in time is closed (0 = no pings).
     websocket_heartbeat: float = 30.0
@@ -273,12 +278,12 @@ _INT_KEYS = {
 # started the gateway without a word before.
 _ZERO_ALLOWED = {
     "max_connections", "max_connections_per_address", "websocket_heartbeat", "write_timeout",
-    "handshake_timeout", "res01_fetch_wait", "shutdown_grace",
+    "handshake_timeout", "frame_timeout", "res01_fetch_wait", "shutdown_grace",
 }
 _FLOAT_KEYS = {
     "idle_timeout", "poll_interval", "commit_timeout", "read_timeout", "slow_commit_seconds",
-    "write_timeout", "handshake_timeout", "websocket_heartbeat", "res01_fetch_wait",
-    "shutdown_grace",
+    "write_timeout", "handshake_timeout", "frame_timeout", "websocket_heartbeat",
+    "res01_fetch_wait", "shutdown_grace",
 }
 _LIST_KEYS = {"websocket_allowed_origins"}
 _KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"} - _TLS_FIELDS

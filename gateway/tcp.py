@@ -18,12 +18,14 @@ from datetime import UTC, datetime
 
 from polyport.gateway.tls import ServerTls, TlsServer, serve_tls, transport_user
 from polyport.protocols.connections import (
+    FRAME_TIMEOUT,
     IDLE,
     INTERNAL,
     PEER_CLOSED,
     SHUTDOWN,
     Connection,
 )
+from polyport.protocols.framing import InputBuffer
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
 
 log = logging.getLogger("polyport.tcp")
@@ -58,6 +60,7 @@ class StreamOutbound:
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._flush_due = False
+        self._ended = asyncio.Event()
 
     @property
     def closed(self) -> bool:
@@ -113,14 +116,22 @@ class StreamOutbound:
         )
         self._stats.error("timeout")
         self._closed = True
+        self._ended.set()
         with contextlib.suppress(Exception):
             self._writer.transport.abort()
 
     def close(self) -> None:
         self.flush()  # what was sent before the close still goes out first
         self._closed = True
+        self._ended.set()
         with contextlib.suppress(Exception):
             self._writer.close()
+
+    async def wait_closed(self, timeout: float) -> None:
+        """Until this side closed the connection, at most ``timeout`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._ended.wait()
 
     def handshake_done(self) -> None:
         self.handshaken = True
@@ -161,6 +172,89 @@ class HandshakeDeadline:
         )
         self._stats.error("timeout")
         return True
+
+
+class FrameDeadline:
+    """The ``frame_timeout`` of one connection (TCP or WebSocket): a frame the
+    peer started must be complete this long after its first byte arrived.
+    The idle timeout, which every byte restarts, still governs the gaps
+    between frames; this bounds a peer that keeps a frame open by trickling
+    it in (slowloris).
+
+    TCP asks the session's codec after each read (:meth:`after_input`, on
+    its :class:`InputBuffer`); WebSocket messages are framed by aiohttp, so
+    the WebSocket loop says when bytes arrived (:meth:`bytes_arrived`) and
+    when a message came out whole (:meth:`completed`)."""
+
+    def __init__(self, stats: ListenerStats) -> None:
+        self.limit = stats.frame_timeout
+        self._loop = asyncio.get_running_loop()
+        self._at: float | None = None
+        self._taken = 0
+        # The read now waiting, moved earlier when a frame starts meanwhile.
+        self.waiting: asyncio.Timeout | None = None
+
+    def _start(self) -> None:
+        assert self.limit is not None
+        self._at = self._loop.time() + self.limit
+        waiting = self.waiting
+        if waiting is not None:
+            when = waiting.when()
+            waiting.reschedule(self._at if when is None else min(when, self._at))
+
+    def after_input(self, buffer: InputBuffer | None, busy: float = 0.0) -> None:
+        """After the session decoded a read (taking ``busy`` seconds): a
+        frame left incomplete gets its deadline, which stays while the same
+        frame goes on arriving."""
+        if self.limit is None or buffer is None or not buffer.partial_frame:
+            self._at = None
+            return
+        if self._at is None or buffer.taken != self._taken:
+            self._start()  # a new frame (what was buffered before is decoded)
+        else:
+            self.server_busy(busy)
+        self._taken = buffer.taken
+
+    def server_busy(self, seconds: float) -> None:
+        """The gateway did not read for ``seconds`` (the session was busy
+        with what came before): not the peer's time."""
+        if self._at is not None:
+            self._at += seconds
+
+    def bytes_arrived(self) -> None:
+        """Bytes came in with no frame completed since the last one did."""
+        if self.limit is not None and self._at is None:
+            self._start()
+
+    def completed(self) -> None:
+        """A whole frame came out: nothing is due until the next starts."""
+        self._at = None
+
+    def read_timeout(self, timeout: float | None) -> float | None:
+        """How long the next read may wait: ``timeout``, or less while a
+        frame is due."""
+        if self._at is None:
+            return timeout
+        left = max(self._at - self._loop.time(), 0.0)
+        return left if timeout is None else min(timeout, left)
+
+    def expired(self, name: str, peer: str, buffer: InputBuffer | None = None) -> str | None:
+        """After a read timed out: the error message when it was this
+        deadline (logged, one line), else None.  ``buffer`` (TCP) is looked
+        at again first: a session may decode buffered input between reads
+        (BSON's frames held behind CONNECT)."""
+        if buffer is not None:
+            self.after_input(buffer)
+        if self._at is None or self._loop.time() < self._at:
+            return None
+        log.info("%s: closing %s: a frame was not completed within %gs (frame_timeout)",
+                 name, peer, self.limit)
+        return f"frame not completed within {self.limit:g} seconds"
+
+
+# How long a session may take to send its error after a missed deadline
+# (behind the replies already due) before the connection is closed anyway.
+ERROR_GRACE = 2.0
 
 
 # TCP keepalive on accepted sockets: a peer that vanished (power loss, a
@@ -251,7 +345,11 @@ class TcpListener:
             self.stats.connections_refused += 1
             log.info("%s: refused %s", self.name, why)
 
-        return await serve_tls(self._accept, self.host, self.port, tls, refused,
+        # Admission at accept, before the handshake (serve_tls releases what
+        # never reaches _serve).
+        return await serve_tls(self._serve_admitted, self.host, self.port, tls, refused,
+                               admit=self.stats.admit, release=self.stats.release,
+                               handshake_timeout=self.stats.handshake_timeout,
                                reuse_port=self.stats.reuse_port)
 
     def _peer(
@@ -287,8 +385,6 @@ class TcpListener:
         unregister_connection(self.stats, conn, reason)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
         out = StreamOutbound(writer, self.stats)
         host = _source_address(writer)
         refused = self.stats.admit(host)
@@ -296,6 +392,21 @@ class TcpListener:
             log.warning("%s: connection refused from %s: %s", self.name, out.peer, refused)
             out.close()
             return
+        await self._serve(reader, writer, out, host)
+
+    async def _serve_admitted(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str
+    ) -> None:
+        """A connection the TLS accept loop admitted already (from ``host``)."""
+        await self._serve(reader, writer, StreamOutbound(writer, self.stats), host)
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, out: StreamOutbound,
+        host: str,
+    ) -> None:
+        """Serve an admitted connection; releases its admission at the end."""
+        task = asyncio.current_task()
+        assert task is not None
         set_keepalive(writer)
         conn = self._register(out)
         reason: str | None = None  # None: the server side closed it
@@ -304,17 +415,26 @@ class TcpListener:
         self._connections.add(task)
         log.debug("%s: connection from %s", self.name, out.peer)
         session: StreamSession | None = None
+        loop = asyncio.get_running_loop()
         try:
             session = self.factory(out)
             deadline = HandshakeDeadline(self.stats)
+            frame = FrameDeadline(self.stats)
             while not out.closed:
                 timeout = deadline.read_timeout(self.idle_timeout, out.handshaken)
+                timeout = frame.read_timeout(timeout)
                 try:
                     # asyncio.timeout, not wait_for: wait_for runs the read in
                     # a task of its own (Python 3.11), once per read.
                     async with asyncio.timeout(timeout):
                         data = await reader.read(READ_CHUNK)
                 except TimeoutError:
+                    message = frame.expired(self.name, out.peer, session.input_buffer)
+                    if message is not None:
+                        await session.frame_timed_out(message)
+                        await out.wait_closed(ERROR_GRACE)
+                        reason = FRAME_TIMEOUT
+                        break
                     if deadline.expired(self.name, out.peer, out.handshaken):
                         break
                     if timeout != self.idle_timeout:
@@ -327,7 +447,9 @@ class TcpListener:
                     break
                 self.stats.bytes_in += len(data)
                 conn.bytes_in += len(data)
+                started = loop.time()
                 await session.data_received(data)
+                frame.after_input(session.input_buffer, loop.time() - started)
         except (ConnectionError, asyncio.IncompleteReadError):
             reason = PEER_CLOSED
         except asyncio.CancelledError:

@@ -15,7 +15,10 @@
   sockets itself so that it can look at the first bytes before asyncio reads
   anything: in ``dual`` mode a TLS ClientHello is wrapped, anything else goes
   to the protocol as plain bytes; in ``required`` mode a plain client is
-  closed at once (no TLS alert sent to a peer that cannot read one).
+  closed at once (no TLS alert sent to a peer that cannot read one).  Each
+  connection counts against the listener's connection limits from the
+  moment it is accepted, not from the end of its handshake: connections
+  that never send a ClientHello cannot pile up past ``max_connections``.
 
 Telling TLS from the protocols (``dual``): a TLS record starts with content
 type 22 (0x16, handshake), version major 3 and minor 1..4, a two-byte length,
@@ -56,9 +59,10 @@ from polyport.gateway.config import ConfigError, TlsOptions
 
 log = logging.getLogger("polyport.tls")
 
-# Bytes that decide dual mode, and how long a client may take to send them.
+# Bytes that decide dual mode.
 SNIFF_BYTES = 6
-SNIFF_TIMEOUT = 10.0
+# How long a client may take to send them and finish the TLS handshake,
+# where the gateway's handshake_timeout is off.
 HANDSHAKE_TIMEOUT = 10.0
 STREAM_LIMIT = 2**16  # asyncio's default StreamReader limit
 
@@ -283,30 +287,68 @@ def _set_once(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def _peek(sock: socket.socket, timeout: float) -> bytes:
-    """Up to SNIFF_BYTES the client sent, without consuming them.  Returns as
-    soon as the first byte rules TLS out; b"" on EOF or timeout."""
+async def _readable(sock: socket.socket, deadline: float) -> bool:
+    """Wait until ``sock`` is readable (data, EOF or an error); False when
+    ``deadline`` (loop time) passes first."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        ready: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(sock.fileno(), _set_once, ready)
-        try:
-            await asyncio.wait_for(ready, max(0.0, deadline - loop.time()))
-        except TimeoutError:
-            return b""
-        finally:
-            loop.remove_reader(sock.fileno())
-        try:
-            head = sock.recv(SNIFF_BYTES, socket.MSG_PEEK)
-        except BlockingIOError:
-            continue
-        if not head or head[0] != 0x16 or len(head) >= SNIFF_BYTES:
-            return head
-        await asyncio.sleep(0.005)  # more of the ClientHello is on its way
+    ready: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(sock.fileno(), _set_once, ready)
+    try:
+        async with asyncio.timeout_at(deadline):
+            await ready
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(sock.fileno())
+    return True
 
 
-Accepted = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+def _low_water(sock: socket.socket, size: int) -> bool:
+    """Set SO_RCVLOWAT: the socket then polls readable only once ``size``
+    bytes are buffered (or at EOF or an error).  False where it cannot."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, size)
+    except OSError:
+        return False
+    return True
+
+
+async def _peek(sock: socket.socket, deadline: float) -> bytes:
+    """Up to SNIFF_BYTES the client sent, without consuming them.  Returns as
+    soon as the first byte rules TLS out; b"" on EOF or when ``deadline``
+    (loop time) passes.
+
+    Peeked bytes stay in the socket, so it stays readable: waiting again
+    for the rest of a ClientHello's header would wake at once, for ever.
+    Once the first byte is 0x16 the socket's low-water mark is raised to
+    SNIFF_BYTES instead, and the next wake-up comes with all six (every
+    first frame starting with 0x16 is longer than that, see the module
+    docstring); the mark goes back to 1 before the socket is handed on."""
+    raised = False
+    try:
+        while await _readable(sock, deadline):
+            try:
+                head = sock.recv(SNIFF_BYTES, socket.MSG_PEEK)
+            except BlockingIOError:
+                continue
+            if not head or head[0] != 0x16 or len(head) >= SNIFF_BYTES:
+                return head
+            if raised:
+                # Readable below the mark: the peer ended (or broke) the
+                # connection inside a record header.
+                return b""
+            raised = _low_water(sock, SNIFF_BYTES)
+            if not raised:
+                # No SO_RCVLOWAT on this system: wait a little between looks.
+                await asyncio.sleep(0.005)
+        return b""
+    finally:
+        if raised:
+            _low_water(sock, 1)
+
+
+# (reader, writer, the source address the connection was admitted under).
+Accepted = Callable[[asyncio.StreamReader, asyncio.StreamWriter, str], Awaitable[None]]
 
 
 @dataclass
@@ -330,11 +372,21 @@ class TlsServer:
 
 async def serve_tls(
     accepted: Accepted, host: str, port: int, tls: ServerTls, on_refused: Callable[[str], None],
-    *, reuse_port: bool = False,
+    *, admit: Callable[[str], str | None], release: Callable[[str], None],
+    handshake_timeout: float | None = None, reuse_port: bool = False,
 ) -> TlsServer:
     """Listen on host:port and hand each connection, TLS-wrapped or (dual
-    mode) plain, to ``accepted`` as asyncio streams.  ``reuse_port``: bind
-    with SO_REUSEPORT (workers share the port)."""
+    mode) plain, to ``accepted`` as asyncio streams.
+
+    ``admit(source address)`` counts each connection as it is accepted
+    (the listener's ``max_connections`` and per-address limits), before a
+    byte is read: a refusal closes the socket at once, so a flood of
+    connections that never handshake cannot hold more than the limit.
+    ``accepted`` owns an admitted connection and releases it when it ends;
+    one that ends sooner (no ClientHello, a failed handshake) is released
+    here.  Sniffing the first bytes and the TLS handshake together get
+    ``handshake_timeout`` (HANDSHAKE_TIMEOUT when None).  ``reuse_port``:
+    bind with SO_REUSEPORT (workers share the port)."""
     loop = asyncio.get_running_loop()
     server_sock = socket.create_server(
         (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=511,
@@ -342,34 +394,57 @@ async def serve_tls(
     )
     server_sock.setblocking(False)
     handlers: set[asyncio.Task[None]] = set()
+    timeout = handshake_timeout or HANDSHAKE_TIMEOUT
 
-    async def one(conn: socket.socket, addr: Any) -> None:
-        where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+    async def open_streams(
+        conn: socket.socket, where: str
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The connection's streams, or None once it is closed (no first
+        bytes in time, plain on a TLS-only port, a failed handshake)."""
         try:
-            head = await _peek(conn, SNIFF_TIMEOUT)
+            deadline = loop.time() + timeout
+            head = await _peek(conn, deadline)
             if not head:
                 conn.close()
-                return
+                return None
             wrap = looks_like_tls(head)
             if not wrap and tls.mode == "required":
                 on_refused(f"a plain (not TLS) connection from {where} on a TLS-only port")
                 conn.close()
-                return
+                return None
             reader = asyncio.StreamReader(limit=STREAM_LIMIT)
             protocol = asyncio.StreamReaderProtocol(reader)
             transport, _ = await loop.connect_accepted_socket(
                 lambda: protocol,
                 conn,
                 ssl=tls.context if wrap else None,
-                ssl_handshake_timeout=HANDSHAKE_TIMEOUT if wrap else None,
+                ssl_handshake_timeout=max(deadline - loop.time(), 0.1) if wrap else None,
             )
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             on_refused(f"TLS handshake with {where} failed: {getattr(exc, 'reason', None) or exc}")
             with contextlib.suppress(OSError):
                 conn.close()
+            return None
+        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+    async def one(conn: socket.socket, where: str, source: str) -> None:
+        try:
+            streams = await open_streams(conn, where)
+        except BaseException:  # cancelled (the listener closes), or our bug
+            release(source)
+            with contextlib.suppress(OSError):
+                conn.close()
+            raise
+        if streams is None:
+            release(source)
             return
-        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-        await accepted(reader, writer)
+        # ``accepted`` owns the admission now and releases it at the end.
+        await accepted(*streams, source)
+
+    def refuse(conn: socket.socket, where: str, why: str) -> None:
+        log.warning("%s: connection refused from %s: %s", tls.listener, where, why)
+        with contextlib.suppress(OSError):
+            conn.close()
 
     async def accept_loop() -> None:
         while True:
@@ -381,8 +456,14 @@ async def serve_tls(
                 log.warning("%s: accept failed: %s", tls.listener, exc)
                 await asyncio.sleep(0.1)
                 continue
+            where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+            source = str(addr[0]) if isinstance(addr, tuple) else str(addr)
+            refused = admit(source)
+            if refused is not None:
+                refuse(conn, where, refused)
+                continue
             conn.setblocking(False)
-            task = asyncio.create_task(one(conn, addr))
+            task = asyncio.create_task(one(conn, where, source))
             handlers.add(task)
             task.add_done_callback(handlers.discard)
 

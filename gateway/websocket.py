@@ -26,9 +26,21 @@ from dataclasses import dataclass, field
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
-from polyport.gateway.tcp import HandshakeDeadline, register_connection, unregister_connection
+from polyport.gateway.tcp import (
+    FrameDeadline,
+    HandshakeDeadline,
+    register_connection,
+    unregister_connection,
+)
 from polyport.gateway.tls import transport_user
-from polyport.protocols.connections import IDLE, INTERNAL, PEER_CLOSED, SHUTDOWN, Connection
+from polyport.protocols.connections import (
+    FRAME_TIMEOUT,
+    IDLE,
+    INTERNAL,
+    PEER_CLOSED,
+    SHUTDOWN,
+    Connection,
+)
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
 
 log = logging.getLogger("polyport.websocket")
@@ -131,6 +143,41 @@ def _certificate_user(request: web.Request) -> str | None:
     if user_from is None:
         return None
     return transport_user(request.transport, user_from)
+
+
+class _InputWatch(asyncio.Protocol):
+    """Between the transport and aiohttp's protocol: says when bytes arrive
+    (``frame_timeout``: aiohttp shows a message only once it is whole, and
+    a peer trickling one in would otherwise go unseen until it completes)."""
+
+    def __init__(self, inner: asyncio.Protocol, arrived: Callable[[], None]) -> None:
+        self._inner = inner
+        self._arrived = arrived
+
+    def data_received(self, data: bytes) -> None:
+        self._arrived()
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+def _watch_input(request: web.Request, arrived: Callable[[], None]) -> None:
+    transport = request.transport
+    if transport is None:
+        return
+    inner = transport.get_protocol()
+    if isinstance(inner, asyncio.Protocol):
+        transport.set_protocol(_InputWatch(inner, arrived))
 
 
 class _Discard(asyncio.Protocol):
@@ -246,6 +293,9 @@ class WebSocketEndpoint:
             # Pings find a vanished peer (and a proxy's dead connection) even
             # when the protocol itself is silent; no pong closes it.
             heartbeat=self.stats.websocket_heartbeat,
+            # Pings and pongs come to the loop below, so that they count as
+            # whole frames for frame_timeout (it answers pings itself).
+            autoping=False,
         )
         if not ws.can_prepare(request).ok:
             return web.Response(status=426, text=f"{self.name}: WebSocket upgrade required\n")
@@ -290,11 +340,22 @@ class WebSocketEndpoint:
         try:
             session = self.factory(out)
             deadline = HandshakeDeadline(self.stats)
+            frame = FrameDeadline(self.stats)
+            _watch_input(request, frame.bytes_arrived)
             while not out.closed:
                 timeout = deadline.read_timeout(self.idle_timeout, out.handshaken)
+                timeout = frame.read_timeout(timeout)
                 try:
-                    msg = await ws.receive(timeout=timeout)
+                    async with asyncio.timeout(timeout) as waiting:
+                        frame.waiting = waiting  # moved earlier when a frame starts
+                        msg = await ws.receive()
                 except TimeoutError:
+                    message = frame.expired(self.name, peer)
+                    if message is not None:
+                        await session.frame_timed_out(message)
+                        out.close(WSCloseCode.POLICY_VIOLATION, b"frame not completed in time")
+                        reason = FRAME_TIMEOUT
+                        break
                     if deadline.expired(self.name, peer, out.handshaken):
                         out.close(WSCloseCode.POLICY_VIOLATION, b"no handshake in time")
                         break
@@ -303,6 +364,17 @@ class WebSocketEndpoint:
                     log.info("%s: closing idle WebSocket from %s", self.name, peer)
                     reason = IDLE
                     break
+                finally:
+                    frame.waiting = None
+                # A whole message: what arrived is used (a chunk that also
+                # started the next one is caught at the next chunk).
+                frame.completed()
+                if msg.type == WSMsgType.PING:
+                    with contextlib.suppress(ConnectionError, RuntimeError):
+                        await ws.pong(msg.data)
+                    continue
+                if msg.type == WSMsgType.PONG:
+                    continue
                 if msg.type == WSMsgType.BINARY:
                     data: bytes = msg.data
                 elif msg.type == WSMsgType.TEXT and self.accept_text:
@@ -319,7 +391,9 @@ class WebSocketEndpoint:
                     break
                 self.stats.bytes_in += len(data)
                 conn.bytes_in += len(data)
+                started = asyncio.get_running_loop().time()
                 await session.data_received(data)
+                frame.server_busy(asyncio.get_running_loop().time() - started)
         except ConnectionError:
             reason = PEER_CLOSED
         except asyncio.CancelledError:

@@ -26,6 +26,8 @@ log = logging.getLogger("polyport.connections")
 # Why a connection ended, as the close line and the admin API spell it.
 PEER_CLOSED = "peer closed"
 IDLE = "idle"
+# A frame the peer started was not complete within frame_timeout.
+FRAME_TIMEOUT = "frame timeout"
 ADMIN_CLOSE = "admin close"
 SHUTDOWN = "shutdown"
 SERVER_CLOSED = "closed by server"

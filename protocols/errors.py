@@ -22,6 +22,8 @@ FORBIDDEN = "forbidden"
 TOO_LARGE = "too_large"
 BUSY = "busy"
 NOT_FOUND = "not_found"
+# A deadline the peer missed (a handshake, a frame left incomplete).
+TIMEOUT = "timeout"
 
 
 class ProtocolError(ValueError):

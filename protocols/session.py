@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from polyport.core.access import Tenant
 from polyport.protocols.connections import Connection, ConnectionTable
+from polyport.protocols.framing import InputBuffer
 
 if TYPE_CHECKING:
     from polyport.core.commands import Principal
@@ -49,6 +50,18 @@ class StreamSession(Protocol):
 
     async def connection_lost(self) -> None:
         """The connection is gone: cancel tasks, release subscriptions."""
+
+    @property
+    def input_buffer(self) -> InputBuffer | None:
+        """What its codec holds of a frame not yet complete (None: the
+        session keeps no partial input); the transport's ``frame_timeout``
+        watches it."""
+
+    async def frame_timed_out(self, message: str) -> None:
+        """A frame the peer started did not complete within ``frame_timeout``:
+        send the protocol's error form (code ``timeout``, ``message``) where
+        it has one, stop reading, and close ``Outbound``.  The transport
+        closes the connection anyway shortly after."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +132,10 @@ class ListenerStats:
     # Outbound.handshake_done) this long after it was accepted is closed;
     # None = no deadline.
     handshake_timeout: float | None = None
+    # A frame the peer has started must be complete this long after its first
+    # byte arrived (None = no bound): a peer trickling bytes does not hold a
+    # connection past it, as the idle timeout (which every byte restarts) would.
+    frame_timeout: float | None = None
     # WebSocket ping interval; a peer that does not answer with a pong is
     # closed (None = no pings).
     websocket_heartbeat: float | None = None

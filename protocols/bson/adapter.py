@@ -84,6 +84,8 @@ from polyport.protocols.bson.state import State
 from polyport.protocols.bson.subscriptions import Subscriptions, recev_document
 from polyport.protocols.bson.transactions import PendingCommit, Transactions
 from polyport.protocols.bson.wire import ENCODE_OPTIONS, is_supported_version
+from polyport.protocols.errors import TIMEOUT
+from polyport.protocols.framing import InputBuffer
 from polyport.protocols.session import Outbound, SessionContext
 from polyport.protocols.settings import settings_from
 
@@ -225,6 +227,16 @@ class BsonSession:
             # Our own bug, never the peer's fault: say so rather than blame them.
             log.error("%s: BSON adapter error: %s", self.out.peer, err)
             await self.fatal(ProtocolError(f"internal error: {err.message}", code="internal"))
+
+    @property
+    def input_buffer(self) -> InputBuffer:
+        return self.conn.input_buffer
+
+    async def frame_timed_out(self, message: str) -> None:
+        if self.closing:
+            return  # a fatal error is on its way already
+        # After the replies already due, as every fatal error.
+        await self.fatal(ProtocolError(message, code=TIMEOUT))
 
     async def connection_lost(self) -> None:
         self._lost = True

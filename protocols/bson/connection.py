@@ -66,6 +66,7 @@ from polyport.protocols.bson.state import (
 )
 from polyport.protocols.bson.wire import check_length, decode_frame, encode_frame, read_length
 from polyport.protocols.errors import BUSY, MALFORMED, TOO_LARGE, UNAUTHENTICATED
+from polyport.protocols.framing import InputBuffer
 
 _ENDED = (State.MUST_CLOSE, State.CLOSED)
 
@@ -91,7 +92,7 @@ class _Connection:
         self.flow_pause_bytes = flow_pause_bytes
         self.flow_resume_bytes = flow_resume_bytes
         self.state = State.AWAIT_CONNECT
-        self._buffer = bytearray()
+        self._buffer = InputBuffer()
         # Requests awaiting their reply, oldest first.
         self._pending: deque[Frame] = deque()
         self._subscriptions: dict[int, DeliveryWindow] = {}
@@ -126,6 +127,11 @@ class _Connection:
     def unacked_query_results(self, query_id: int) -> int:
         progress = self._queries.get(query_id)
         return progress.unacked if progress is not None else 0
+
+    @property
+    def input_buffer(self) -> InputBuffer:
+        """Received bytes not decoded yet: the start of a frame still arriving."""
+        return self._buffer
 
     @property
     def buffered_bytes(self) -> int:

@@ -37,7 +37,8 @@ from polyport.core.errors import Busy, NotFound, PolyportError, Unauthenticated
 from polyport.core.events import DEFAULT_CONTEXT, EventData, RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
-from polyport.protocols.errors import UNSUPPORTED
+from polyport.protocols.errors import TIMEOUT, UNSUPPORTED
+from polyport.protocols.framing import InputBuffer
 from polyport.protocols.micromsg2.connection import ServerConnection
 from polyport.protocols.micromsg2.errors import LocalProtocolError, RemoteProtocolError
 from polyport.protocols.micromsg2.filters import INT64_MAX, INT64_MIN, Filter
@@ -385,6 +386,13 @@ class MicroMsg2Session:
             await self._fail(exc.code, exc.message)
         except PolyportError as exc:
             await self._fail(exc.code, exc.message)
+
+    @property
+    def input_buffer(self) -> InputBuffer:
+        return self._conn.input_buffer
+
+    async def frame_timed_out(self, message: str) -> None:
+        await self._fail(TIMEOUT, message)
 
     async def connection_lost(self) -> None:
         self._closing = True

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from polyport.protocols.framing import InputBuffer
 from polyport.protocols.micromsg2.acks import AckWindow, decode_ack_payload, encode_ack_payload
 from polyport.protocols.micromsg2.errors import (
     LocalProtocolError,
@@ -89,7 +90,7 @@ class _Connection:
         self._first_outbound_seq = first_outbound_seq
         self._first_inbound_seq = first_inbound_seq
         self._version = version
-        self._buffer = bytearray()
+        self._buffer = InputBuffer()
         self._max_payload = max_payload
         # The CONTINUED payload being received, if any.
         self._partial: Partial | None = None
@@ -99,6 +100,11 @@ class _Connection:
         # Replaced by windows of the negotiated size once the handshake is done.
         self.outbound = AckWindow(None, first_seq=first_outbound_seq)
         self.inbound = AckWindow(None, first_seq=first_inbound_seq)
+
+    @property
+    def input_buffer(self) -> InputBuffer:
+        """Received bytes not decoded yet: the start of a frame still arriving."""
+        return self._buffer
 
     @property
     def state(self) -> State:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from polyport.protocols.errors import MALFORMED, TOO_LARGE
+from polyport.protocols.framing import InputBuffer
 from polyport.protocols.reactive.streams import (
     Action,
     ConnectionState,
@@ -89,7 +90,7 @@ class StreamConnection:
         self.max_message_size = max_message_size
         self.max_fragment = max_fragment
         self.state = ConnectionState.AWAITING_SETUP
-        self._buffer = bytearray()
+        self._buffer = InputBuffer()
         self._streams: dict[int, Any] = {}
 
     # --- the version's codec --------------------------------------------------------
@@ -116,6 +117,12 @@ class StreamConnection:
         raise NotImplementedError
 
     # --- introspection ----------------------------------------------------------------
+
+    @property
+    def input_buffer(self) -> InputBuffer:
+        """Received bytes not decoded yet: on TCP, the start of a frame still
+        arriving (a WebSocket message is one whole frame: always empty)."""
+        return self._buffer
 
     @property
     def closed(self) -> bool:

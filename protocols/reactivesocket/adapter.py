@@ -28,6 +28,7 @@ from polyport.core.commands import Append, Principal
 from polyport.core.errors import NotFound, PolyportError, TooLarge, Unsupported
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
+from polyport.protocols.errors import TIMEOUT
 from polyport.protocols.eventservice import StreamWork as _Work
 from polyport.protocols.eventservice import (
     append_command,
@@ -39,6 +40,7 @@ from polyport.protocols.eventservice import (
     start_from,
     subscribe_command,
 )
+from polyport.protocols.framing import InputBuffer
 from polyport.protocols.reactivesocket import payloads
 from polyport.protocols.reactivesocket.connection import ServerConnection, StreamError
 from polyport.protocols.reactivesocket.errors import (
@@ -206,6 +208,13 @@ class ReactiveSocketSession:
                 return
             self.stats.frames_in += 1
             await self._dispatch(ev)
+
+    @property
+    def input_buffer(self) -> InputBuffer:
+        return self.conn.input_buffer
+
+    async def frame_timed_out(self, message: str) -> None:
+        await self._fail_connection(TIMEOUT, message)
 
     async def connection_lost(self) -> None:
         self._closing = True

@@ -28,6 +28,7 @@ from polyport.core.access import Tenant
 from polyport.core.errors import PolyportError, TooLarge, Unauthenticated, Unsupported
 from polyport.core.groups import GroupMember
 from polyport.protocols import errors as shared_errors
+from polyport.protocols.errors import TIMEOUT
 from polyport.protocols.eventservice import (
     StreamWork,
     append_command,
@@ -37,6 +38,7 @@ from polyport.protocols.eventservice import (
     read_events,
     subscribe_command,
 )
+from polyport.protocols.framing import InputBuffer
 from polyport.protocols.rsocket import payloads
 from polyport.protocols.rsocket.connection import ServerConnection, StreamError
 from polyport.protocols.rsocket.errors import LocalProtocolError, RemoteProtocolError
@@ -191,6 +193,13 @@ class RSocketSession:
                 return
             self.stats.frames_in += 1
             await self._dispatch(ev)
+
+    @property
+    def input_buffer(self) -> InputBuffer:
+        return self.conn.input_buffer
+
+    async def frame_timed_out(self, message: str) -> None:
+        await self._fail_connection(TIMEOUT, message)
 
     async def connection_lost(self) -> None:
         self._closing = True

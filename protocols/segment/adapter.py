@@ -58,6 +58,8 @@ from polyport.core.errors import (
     WrongExpectedVersion,
 )
 from polyport.core.events import EventData
+from polyport.protocols.errors import TIMEOUT
+from polyport.protocols.framing import InputBuffer
 from polyport.protocols.segment.connection import ServerConnection
 from polyport.protocols.segment.errors import LocalProtocolError, RemoteProtocolError, error_reply
 from polyport.protocols.segment.frames import (
@@ -329,6 +331,18 @@ class SegmentSession:
             else:
                 self._ensure_append_worker()
                 await self._appends.put(item, 64)
+
+    @property
+    def input_buffer(self) -> InputBuffer:
+        return self._codec.input_buffer
+
+    async def frame_timed_out(self, message: str) -> None:
+        if self._closing:
+            return
+        # As a codec fault: the replies already due, then the error, then close.
+        self._closing = True
+        self._ensure_append_worker()
+        await self._appends.put(_Fatal(error_reply(TIMEOUT, message), TIMEOUT), 0)
 
     async def connection_lost(self) -> None:
         self._closing = True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Iterable
 
+from polyport.protocols.framing import InputBuffer
 from polyport.protocols.segment.errors import (
     LocalProtocolError,
     ProtocolError,
@@ -98,10 +99,15 @@ class FrameReader:
         accepted_types: Collection[int] | None = None,
         peer: str = "peer",
     ) -> None:
-        self._buffer = bytearray()
+        self._buffer = InputBuffer()
         self._max = max_message_size
         self._accepted = accepted_types
         self._peer = peer
+
+    @property
+    def input_buffer(self) -> InputBuffer:
+        """Received bytes not decoded yet: the start of a frame still arriving."""
+        return self._buffer
 
     @property
     def buffered(self) -> int:
@@ -169,6 +175,11 @@ class ServerConnection:
             max_message_size=max_message_size, accepted_types=REQUEST_TYPES, peer="client"
         )
         self._failed = _Failed()
+
+    @property
+    def input_buffer(self) -> InputBuffer:
+        """Received bytes not decoded yet: the start of a frame still arriving."""
+        return self._reader.input_buffer
 
     @property
     def state(self) -> BlockState:
@@ -240,6 +251,11 @@ class ClientConnection:
         self._max = max_message_size
         self._partial: bytearray | None = None
         self._failed = _Failed()
+
+    @property
+    def input_buffer(self) -> InputBuffer:
+        """Received bytes not decoded yet: the start of a frame still arriving."""
+        return self._reader.input_buffer
 
     @property
     def state(self) -> BlockState:

@@ -33,6 +33,12 @@ class _Flood:
     async def connection_lost(self) -> None:
         pass
 
+    # No codec: nothing of a frame is ever buffered.
+    input_buffer = None
+
+    async def frame_timed_out(self, message: str) -> None:
+        self.out.close()
+
 
 async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     async with asyncio.timeout(timeout):

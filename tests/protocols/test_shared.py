@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,3 +102,37 @@ def test_every_protocol_builds_on_the_shared_errors() -> None:
         assert issubclass(errors.RemoteProtocolError, shared.RemoteProtocolError), package
         assert issubclass(errors.LocalProtocolError, shared.LocalProtocolError), package
         assert not issubclass(errors.LocalProtocolError, errors.RemoteProtocolError), package
+
+
+def _server_connections() -> dict[str, object]:
+    from polyport.protocols.bson import connection as bson_conn
+    from polyport.protocols.micromsg2 import connection as mm2_conn
+    from polyport.protocols.reactivesocket import connection as rs_conn
+    from polyport.protocols.rsocket import connection as rsocket_conn
+    from polyport.protocols.segment import connection as segment_conn
+
+    return {
+        "bson": bson_conn.ServerConnection(),
+        "micromsg2": mm2_conn.ServerConnection("server"),
+        "reactivesocket": rs_conn.ServerConnection("tcp"),
+        "rsocket": rsocket_conn.ServerConnection("tcp"),
+        "segment": segment_conn.ServerConnection(),
+    }
+
+
+@pytest.mark.parametrize("name", ["bson", "micromsg2", "reactivesocket", "rsocket", "segment"])
+def test_every_codec_shows_a_partial_frame_in_its_input_buffer(name: str) -> None:
+    """The transport's frame_timeout asks every codec the same way: bytes of
+    an incomplete frame are buffered, and ``taken`` moves only when a frame
+    was decoded (the next partial one is a new frame, not the old one)."""
+    from bench.fuzz import CODECS
+
+    first = next(c for c in CODECS if c.name == name).seeds()[0][0]
+    conn: Any = _server_connections()[name]
+    buffer = conn.input_buffer
+    conn.receive_data(first[:3])
+    assert buffer.partial_frame and buffer.taken == 0
+    conn.receive_data(first[3:-1])
+    assert buffer.partial_frame and buffer.taken == 0  # still the same frame
+    assert conn.receive_data(first[-1:])
+    assert not buffer.partial_frame and buffer.taken == 1

@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import time
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -18,6 +19,7 @@ from polyport.core.limits import EventLimits
 from polyport.core.store import EventStore, StoreConfig
 from polyport.core.subscriptions import Subscription
 from polyport.core.writer import WriterLimits
+from polyport.gateway import chart_history
 from polyport.gateway.config import TLS_LISTENERS, ConfigError, GatewayConfig
 from polyport.gateway.database import database, supervise_embedded
 from polyport.gateway.fatal import naming_bind_errors
@@ -245,6 +247,9 @@ class Gateway:
             )
             await self.store.start()
             self.telemetry = Telemetry(self)
+            if self.role is None or self.role.first:  # one process keeps the charts
+                self.telemetry.keep_history(
+                    Path(self.config.data_dir) / chart_history.FILE_NAME)
             self.telemetry.start()
             self._count_per_connection()
             self.listener_defs = discover()

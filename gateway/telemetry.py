@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -46,6 +47,7 @@ from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.store import selector_from_json
 from polyport.core.writer import CommitObservation
+from polyport.gateway import chart_history
 from polyport.protocols.session import CURRENT_PEER
 
 if TYPE_CHECKING:
@@ -58,6 +60,8 @@ SAMPLES_KEPT = 900  # 15 minutes
 RATE_WINDOW = 10.0  # seconds over which /status reports rates
 CHART_BUCKET = 10  # seconds per bar of the live chart
 CHART_BUCKETS = 60  # bars: the last 10 minutes
+# Samples between two writes of the charts' history (chart_history).
+HISTORY_SAVE_EVERY = 60
 LAG_TTL = 1.0
 # Lag of a durable subscription: matching events counted among at most this
 # many positions after its checkpoint (beyond that the count is a bound).
@@ -237,11 +241,29 @@ class Telemetry:
         # child up once per (histogram, label) here instead (see _child).
         self._children: dict[tuple[int, str], Any] = {}
         self.samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
+        # The charts' points from before this process started (chart_history).
+        self.restored: list[Sample] = []
+        self._history_path: Path | None = None
         self.lag = LagSnapshot()
         self._lag_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------
+
+    def keep_history(self, path: Path) -> None:
+        """Read the charts' history from ``path`` and keep it there from now on."""
+        self._history_path = path
+        offset = time.monotonic() - time.time()
+        self.restored = [Sample(wall + offset, wall, head, 0, {}, {}, connections)
+                         for wall, head, connections in chart_history.load(path)]
+
+    def save_history(self) -> None:
+        if self._history_path is not None:
+            chart_history.save(self._history_path, (
+                (s.wall, s.head, s.connections) for s in (*self.restored, *self.samples)))
+
+    def _chart_samples(self) -> list[Sample]:
+        return [*self.restored, *self.samples]
 
     def start(self) -> None:
         store = self.gw.store
@@ -256,11 +278,16 @@ class Telemetry:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+            self.save_history()
 
     async def _sampler(self) -> None:
+        ticks = 0
         while True:
             await asyncio.sleep(SAMPLE_INTERVAL)
             self.sample()
+            ticks += 1
+            if ticks % HISTORY_SAVE_EVERY == 0:  # a crash loses at most this much
+                await asyncio.to_thread(self.save_history)
 
     # --- hooks (called by core; cheap, never raise) ---------------------------------
 
@@ -407,7 +434,7 @@ class Telemetry:
         end = int(time.time() // CHART_BUCKET) * CHART_BUCKET + CHART_BUCKET
         start = end - CHART_BUCKET * CHART_BUCKETS
         buckets: list[dict[str, int] | None] = [None] * CHART_BUCKETS
-        for s in self.samples:
+        for s in self._chart_samples():
             i = int((s.wall - start) // CHART_BUCKET)
             if 0 <= i < CHART_BUCKETS:
                 into = buckets[i] = buckets[i] or {}
@@ -424,7 +451,7 @@ class Telemetry:
         end = int(now // CHART_BUCKET) * CHART_BUCKET + CHART_BUCKET
         start = end - CHART_BUCKET * CHART_BUCKETS
         points = []
-        samples = list(self.samples)
+        samples = self._chart_samples()
         for i in range(CHART_BUCKETS):
             lo, hi = start + i * CHART_BUCKET, start + (i + 1) * CHART_BUCKET
             head_hi = _head_at(samples, hi)

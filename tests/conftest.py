@@ -189,7 +189,9 @@ async def store(db_url: str) -> AsyncIterator[EventStore]:
 
 
 @pytest.fixture
-async def gateway_factory(db_url: str) -> AsyncIterator[Callable[..., Awaitable[Gateway]]]:
+async def gateway_factory(
+    db_url: str, tmp_path: Path
+) -> AsyncIterator[Callable[..., Awaitable[Gateway]]]:
     """Start gateways on the test database with every port picked freely.
     ``await gateway_factory(bson_port="off", idle_timeout=2)`` overrides config."""
     from dataclasses import replace
@@ -200,7 +202,9 @@ async def gateway_factory(db_url: str) -> AsyncIterator[Callable[..., Awaitable[
     started: list[Gateway] = []
 
     async def start(**overrides: Any) -> Gateway:
+        # A data directory of the test's own: never the machine's default one.
         base = GatewayConfig(database_url=db_url, http_port=0, poll_interval=0.2,
+                             data_dir=str(tmp_path / "gateway-data"),
                              **{f"{n}_port": 0 for n in DEFAULT_PORTS})
         extra = overrides.pop("extra", {})
         cfg = replace(base, **overrides, extra={**base.extra, **extra})

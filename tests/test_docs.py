@@ -335,3 +335,24 @@ def test_data_block_parses(block: Block, tmp_path: Path) -> None:
     path = tmp_path / "polyport.toml"
     path.write_text(block.text)
     load_config(str(path), env={})  # ConfigError names an unknown key or a bad value
+
+
+# --- counts ------------------------------------------------------------------------
+
+_COUNT = re.compile(r"\b(two|three|four|five|six|seven|eight|nine|ten) (?:native |wire )*"
+                    r"(?:protocols|listeners)\b", re.IGNORECASE)
+_NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+            "ten")
+
+
+def test_protocol_counts_match_the_listeners() -> None:
+    """`polyport --help` and the docs once said five protocols; there is a
+    listener for each of DEFAULT_PORTS."""
+    expected = _NUMBERS[len(DEFAULT_PORTS)]
+    texts = {"polyport --help": build_parser().format_help()}
+    texts.update({str(p.relative_to(ROOT)): p.read_text() for p in DOCS})
+    said = [(where, m.group(0)) for where, text in texts.items() for m in _COUNT.finditer(text)]
+    assert "polyport --help" in {where for where, _ in said}
+    wrong = [(where, words) for where, words in said
+             if words.split()[0].lower() != expected]
+    assert not wrong, f"there are {expected} listeners: {wrong}"

@@ -356,3 +356,13 @@ def test_protocol_counts_match_the_listeners() -> None:
     wrong = [(where, words) for where, words in said
              if words.split()[0].lower() != expected]
     assert not wrong, f"there are {expected} listeners: {wrong}"
+
+
+def test_changelog_has_the_version() -> None:
+    """The upgrade steps send operators to CHANGELOG.md: it has an entry for
+    the version pyproject.toml installs, and a section for what is not
+    released yet."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    headings = re.findall(r"^## \[([^\]]+)\]", (ROOT / "CHANGELOG.md").read_text(), re.MULTILINE)
+    assert headings[:1] == ["Unreleased"] and version in headings, headings
+    assert "CHANGELOG.md" in (ROOT / "docs" / "operations.md").read_text()

@@ -14,7 +14,7 @@ from aiohttp import web
 from polyport.core import migrate
 from polyport.core.commands import Principal
 from polyport.core.groups import GroupMember
-from polyport.core.limits import EventLimits
+from polyport.core.limits import DurableLimits, EventLimits
 from polyport.core.store import EventStore, StoreConfig
 from polyport.core.subscriptions import Subscription
 from polyport.core.writer import WriterLimits
@@ -196,6 +196,10 @@ class Gateway:
                     chain=None if self.role is None or not self.role.chain else chain_connector(
                         self.role.run_dir),
                     chain_counts_commits=self.role is None or self.role.first,
+                    durable=DurableLimits(
+                        max_name_bytes=self.config.max_durable_name_bytes,
+                        max_per_context=self.config.max_durable_subscriptions,
+                    ),
                 )
             )
             await self.store.start()

@@ -15,14 +15,17 @@ from polyport.core import migrate
 from polyport.core.commands import Principal
 from polyport.core.groups import GroupMember
 from polyport.core.limits import DurableLimits, EventLimits
+from polyport.core.migrate import asyncpg_dsn
 from polyport.core.store import EventStore, StoreConfig
 from polyport.core.subscriptions import Subscription
+from polyport.core.users import UserChanges
 from polyport.core.writer import WriterLimits
 from polyport.gateway.config import TLS_LISTENERS, ConfigError, GatewayConfig
 from polyport.gateway.database import database_url
 from polyport.gateway.fatal import naming_bind_errors
 from polyport.gateway.http import build_app
 from polyport.gateway.registry import ListenerDef, RunningListener, discover
+from polyport.gateway.rights import recheck
 from polyport.gateway.telemetry import Telemetry
 from polyport.gateway.tls import ServerTls, check_material
 from polyport.gateway.websocket import TLS_USER_FROM
@@ -97,6 +100,7 @@ class Gateway:
         self.telemetry: Telemetry | None = None
         # Every transport's open connections (GET /admin/connections).
         self.connections = ConnectionTable()
+        self._user_changes: UserChanges | None = None
         self._exit = ExitStack()
         self._runner: web.AppRunner | None = None
         # Listener name -> its TLS context (the HTTP port is "http").
@@ -203,6 +207,12 @@ class Gateway:
                 )
             )
             await self.store.start()
+            # Open connections follow their users' rights (gateway/rights.py),
+            # whichever process changed them.
+            self._user_changes = UserChanges(
+                asyncpg_dsn(url), self._rights_changed, logging.getLogger("polyport.rights")
+            )
+            self._user_changes.start()
             self.telemetry = Telemetry(self)
             self.telemetry.start()
             self._count_per_connection()
@@ -251,6 +261,9 @@ class Gateway:
             await self.stop()
             raise
 
+    async def _rights_changed(self, user: str | None) -> None:
+        await recheck(self.connections, self.store.users, user)
+
     def _count_per_connection(self) -> None:
         """Store hooks that credit the connection the calling task serves
         (deliveries are counted by the telemetry's delivery hook)."""
@@ -282,6 +295,9 @@ class Gateway:
             self._worker_server = None
         for listener in self.listeners.values():
             await listener.stop_accepting()
+        if self._user_changes is not None:
+            await self._user_changes.stop()
+            self._user_changes = None
         if self.telemetry is not None:
             await self.telemetry.stop()
         if self.store is not None:

@@ -16,10 +16,13 @@ import itertools
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from polyport.core.commands import Selector
 
 log = logging.getLogger("polyport.connections")
 
@@ -29,10 +32,14 @@ IDLE = "idle"
 ADMIN_CLOSE = "admin close"
 SHUTDOWN = "shutdown"
 SERVER_CLOSED = "closed by server"
+RIGHTS_REVOKED = "rights revoked"
 INTERNAL = "internal error"
 
 
 class _Closable(Protocol):
+    # What it reads (re-checked when the user's rights change).
+    selector: Selector
+
     @property
     def closed(self) -> bool: ...
 
@@ -59,6 +66,12 @@ class Connection:
     closer: Callable[[], None] | None = field(default=None, repr=False)
     subscriptions: weakref.WeakSet[_Closable] = field(default_factory=weakref.WeakSet,
                                                       repr=False)
+    # The Tenants it logged in as (core.access): narrowed, or the connection
+    # closed, when the user's rights change (gateway/rights.py).
+    tenants: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet, repr=False)
+    # The session's way to end it in its protocol's error form (code,
+    # message) when those rights are revoked; None: the transport just closes.
+    revoker: Callable[[str, str], Awaitable[None]] | None = field(default=None, repr=False)
     started: float = field(default_factory=time.monotonic, repr=False)
 
     @property

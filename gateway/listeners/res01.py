@@ -414,6 +414,10 @@ class Res01Listener:
         tenant = Tenant(self._store, await self._users.principal_for(user))
         state = self.peers.get(peer)  # unless forgotten meanwhile
         if state is not None:
+            # Narrowed in place, or the peer forgotten, when the user's
+            # rights change (gateway/rights.py).
+            state.row.user = user
+            state.row.tenants.add(tenant)
             self.peers.set(peer, replace(state, login=(index, user, tenant, now + TENANT_TTL)))
         return tenant
 

@@ -99,7 +99,9 @@ class Gateway:
         self.started_at = time.time()
         self.telemetry: Telemetry | None = None
         # Every transport's open connections (GET /admin/connections).
-        self.connections = ConnectionTable()
+        self.connections = ConnectionTable(
+            *((role.index, role.count) if role is not None else (0, 1))
+        )
         self._user_changes: UserChanges | None = None
         self._exit = ExitStack()
         self._runner: web.AppRunner | None = None

@@ -102,8 +102,11 @@ class Connection:
 
 
 class ConnectionTable:
-    def __init__(self) -> None:
-        self._ids = itertools.count(1)
+    def __init__(self, worker: int = 0, workers: int = 1) -> None:
+        """``worker`` of ``workers`` gateway processes: ids are unique across
+        them (``id % workers`` is the worker holding it), so the admin API
+        can list and close every worker's connections by one id."""
+        self._ids = itertools.count(workers + worker, workers)
         self._open: dict[int, Connection] = {}
 
     def __len__(self) -> int:

@@ -21,6 +21,8 @@ from polyport.protocols.bson.client import BsonClient, BsonError
 from polyport.protocols.micromsg2.client import MicroMsg2Client, MicroMsg2Error
 from polyport.protocols.reactive.client import ConnectionClosed, NewEvent, RemoteError
 from polyport.protocols.reactivesocket.client import ReactiveSocketClient
+from polyport.protocols.res01.client import Res01Client, Res01ServerError, new_event
+from polyport.protocols.res01.errors import ErrorCode
 from polyport.protocols.rsocket.client import RSocketClient
 
 pytestmark = pytest.mark.timeout(90)
@@ -44,8 +46,8 @@ async def polyport(db_url: str, *args: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-async def _gateway(gateway_factory: GatewayFactory) -> Any:
-    gw = await gateway_factory(idle_timeout=300)
+async def _gateway(gateway_factory: GatewayFactory, **overrides: Any) -> Any:
+    gw = await gateway_factory(idle_timeout=300, **overrides)
     await gw.store.users.add("alice", "pw", default_context="a", contexts=["a", "b"])
     assert gw._user_changes is not None
     await asyncio.wait_for(gw._user_changes.listening.wait(), WITHIN)
@@ -160,5 +162,44 @@ async def test_a_subscription_in_a_removed_context_ends_its_connection(
         if isinstance(ended.value, RemoteError):
             assert ended.value.code == "forbidden"
         await _eventually(lambda: not gw.connections.list(user="alice"))
+    finally:
+        await client.close()
+
+
+async def test_res01_peers_of_a_removed_or_narrowed_user_follow_at_once(
+    gateway_factory: GatewayFactory, db_url: str
+) -> None:
+    """Res01 re-read a peer's rights only every 30 s; now the change applies
+    at once: narrowed in place, and a removed user's peer is disconnected
+    (its DEALER's reconnection then fails ZAP's PLAIN check)."""
+    # Without anonymous access the Res01 port takes PLAIN logins.
+    gw = await _gateway(gateway_factory, allow_anonymous=False)
+    client = await Res01Client.connect(gw.listeners["res01"].address, timeout=20,
+                                       plain_username="alice", plain_password="pw")
+    try:
+        await client.commit("b", "r", -1, [new_event("Made", "{}")])
+        await polyport(db_url, "users", "contexts", "alice", "--context", "a")
+
+        async def forbidden() -> bool:
+            try:
+                await client.commit("b", "r", -1, [new_event("Made", "{}")])
+            except Res01ServerError as exc:
+                assert exc.code == ErrorCode.FORBIDDEN
+                return True
+            return False
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WITHIN
+        while not await forbidden():
+            assert loop.time() < deadline, "context b still served to the Res01 peer"
+            await asyncio.sleep(0.1)
+        await client.commit("a", "r", -1, [new_event("Made", "{}")])
+
+        await polyport(db_url, "users", "remove", "alice")
+        await _eventually(lambda: not gw.connections.list(user="alice"))
+        client.timeout = 2
+        with pytest.raises(TimeoutError):
+            await client.commit("a", "r", -1, [new_event("Made", "{}")])
+        assert [e.context for e in await gw.store.read_all()] == ["b", "a"]
     finally:
         await client.close()

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from polyport.core.commands import Append
+from polyport.core.events import EventData
 from polyport.protocols.bson.client import BsonClient, BsonError
 from polyport.protocols.micromsg2.client import MicroMsg2Client, MicroMsg2Error
 from polyport.protocols.reactive.client import ConnectionClosed, NewEvent, RemoteError
@@ -24,6 +26,7 @@ from polyport.protocols.reactivesocket.client import ReactiveSocketClient
 from polyport.protocols.res01.client import Res01Client, Res01ServerError, new_event
 from polyport.protocols.res01.errors import ErrorCode
 from polyport.protocols.rsocket.client import RSocketClient
+from polyport.protocols.segment.client import SegmentError, SegmentReader
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -203,3 +206,22 @@ async def test_res01_peers_of_a_removed_or_narrowed_user_follow_at_once(
         assert [e.context for e in await gw.store.read_all()] == ["b", "a"]
     finally:
         await client.close()
+
+
+async def test_a_segment_reader_of_a_removed_user_is_cut_off(
+    gateway_factory: GatewayFactory, db_url: str
+) -> None:
+    """The segment session keeps a login per credentials string; it must not
+    outlive the user."""
+    gw = await _gateway(gateway_factory)
+    await gw.store.append(Append("a", "s", (EventData("t", b"x"),)))
+    reader = await SegmentReader.connect(*gw.listeners["segment"].address,
+                                         credentials="alice:pw")
+    try:
+        assert (await reader.read("a/s")).data
+        await polyport(db_url, "users", "remove", "alice")
+        await _eventually(lambda: not gw.connections.list(user="alice"))
+        with pytest.raises(SegmentError):
+            await reader.read("a/s")
+    finally:
+        await reader.close()

@@ -458,5 +458,8 @@ class UserChanges:
                     await self._on_change(name)
                 except asyncio.CancelledError:
                     raise
-                except Exception:
-                    self._log.exception("re-checking the connections of user %r failed", name)
+                except Exception as exc:  # noqa: BLE001 - the database, most likely: retry
+                    self._log.warning("re-checking the connections of user %r failed (%s); "
+                                      "retrying", name, exc)
+                    self._changed(name)
+                    await asyncio.sleep(RECONNECT_DELAY)

@@ -130,6 +130,13 @@ async def test_the_quota_stops_the_next_durable_subscription(
     assert await _micromsg2(gw, "x") == "too_large"
     assert await _bson(gw, "d1") == "ok"
     assert len(await gw.store.list_subscriptions()) == 3
+    # The quota is the context's: another tenant still has its own.
+    await gw.store.users.add("tim", "pw", default_context="tims", contexts=["tims"])
+    host, port = gw.listeners["bson"].address
+    async with await BsonClient.connect(host, port, username="tim", password="pw",
+                                        timeout=20) as tim:
+        await tim.subscribe("s", durable_id="d3")
+    assert len(await gw.store.list_subscriptions()) == 4
 
 
 async def test_concurrent_creations_cannot_pass_the_quota(

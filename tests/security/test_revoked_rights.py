@@ -15,6 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 
 from polyport.core.commands import Append
@@ -225,3 +226,22 @@ async def test_a_segment_reader_of_a_removed_user_is_cut_off(
             await reader.read("a/s")
     finally:
         await reader.close()
+
+
+async def test_removal_through_the_admin_api_ends_the_connections_too(
+    gateway_factory: GatewayFactory,
+) -> None:
+    gw = await _gateway(gateway_factory, admin_token="rights-token")
+    client = await BsonClient.connect(*gw.listeners["bson"].address, username="alice",
+                                      password="pw", timeout=20)
+    try:
+        await client.ping()
+        host, port = gw.http_address
+        async with aiohttp.ClientSession(
+            headers={"Authorization": "Bearer rights-token"}
+        ) as http, http.delete(f"http://{host}:{port}/admin/users/alice") as r:
+            assert r.status == 204, await r.text()
+        await _eventually(lambda: client.error is not None)
+        assert client.error is not None and client.error.err_code == "unauthenticated"
+    finally:
+        await client.close()

@@ -442,7 +442,10 @@ class UserChanges:
                     conn.terminate()
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure: connect again
-                self._log.warning("listening for user changes failed (%s); retrying", exc)
+                # Once per outage, not every retry.
+                level = logging.WARNING if self.listening.is_set() or first else logging.DEBUG
+                self._log.log(level, "listening for user changes failed (%s); retrying "
+                              "(changes made meanwhile are re-checked on reconnect)", exc)
             self.listening.clear()
             if conn is not None:
                 conn.terminate()

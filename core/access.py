@@ -49,7 +49,9 @@ def _who(principal: Principal) -> str:
 class Tenant:
     """The event store as one principal may use it."""
 
-    __slots__ = ("_store", "principal")
+    # Weakly referenced by the connection that logged in (re-checked when the
+    # user's rights change: see :meth:`narrow`).
+    __slots__ = ("__weakref__", "_store", "principal")
 
     def __init__(self, store: EventStore, principal: Principal) -> None:
         self._store = store
@@ -80,6 +82,25 @@ class Tenant:
                 )
             return
         self.check(selector.context)
+
+    # --- rights that changed while the connection is open -------------------
+
+    def narrow(self, principal: Principal, selectors: Iterable[Selector]) -> bool:
+        """Serve every later request as ``principal`` (the same user, with
+        the rights it has now), if the open subscriptions' ``selectors``
+        stay within them; False (and nothing changed) when one does not:
+        a live subscription cannot be narrowed, only ended with its
+        connection."""
+        if principal.user != self.principal.user:
+            return False
+        for selector in selectors:
+            if selector.context is None:
+                if principal.contexts is not None:
+                    return False
+            elif not principal.may_use(selector.context):
+                return False
+        self.principal = principal
+        return True
 
     # --- appends and reads --------------------------------------------------
 

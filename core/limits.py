@@ -18,7 +18,7 @@ from polyport.core.bodies import body_depth_exceeds
 from polyport.core.errors import Malformed, TooLarge
 
 if TYPE_CHECKING:
-    from polyport.core.commands import Append
+    from polyport.core.commands import Append, Selector
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,27 @@ class MatcherLimits:
     max_bytes: int = 64 << 10
 
 
+@dataclass(frozen=True, slots=True)
+class DurableLimits:
+    """Durable subscription and consumer-group names, checked by the store
+    wherever one is made or looked up (every protocol, the admin API too)."""
+
+    # A durable name in UTF-8 bytes.  Res01 composes its names from the
+    # subscriber id, context and filter, MicroMsg2 from the destination and
+    # filter: they need more room than a stream name.  With a context of at
+    # most max_name_bytes the (context, name) key stays far below
+    # PostgreSQL's btree entry limit (about 2.7 KB), which a longer name
+    # used to hit as an internal error.
+    max_name_bytes: int = 1024
+    # Durable subscriptions (rows) one context may hold, 0 = no limit.  The
+    # names are the clients' to choose: without a bound one principal,
+    # anonymous included, could fill the table.  Counted per context (the
+    # tenant), under a lock, so concurrent creations cannot pass it.
+    max_per_context: int = 1000
+
+
 DEFAULT_EVENT_LIMITS = EventLimits()
+DEFAULT_DURABLE_LIMITS = DurableLimits()
 DEFAULT_MATCHER_LIMITS = MatcherLimits()
 
 
@@ -101,6 +121,41 @@ def check_appends(
 
 def _name(value: str, what: str, limit: int) -> int:
     return _text_bytes(value, what, limit, "max_name_bytes")
+
+
+def check_name(value: str, what: str, limits: EventLimits) -> None:
+    """A context, stream, prefix or type a request names: the rules of
+    appended names, so a read or subscription cannot hand PostgreSQL what
+    an append could not."""
+    _text_bytes(value, what, limits.max_name_bytes, "max_name_bytes")
+
+
+def check_selector(selector: Selector, limits: EventLimits) -> None:
+    if selector.context is not None:
+        check_name(selector.context, "context", limits)
+    if selector.stream is not None:
+        check_name(selector.stream, "stream name", limits)
+    if selector.prefix is not None:
+        check_name(selector.prefix, "stream prefix", limits)
+    for t in selector.types:
+        check_name(t, "event type", limits)
+
+
+def check_durable_name(name: str, limits: DurableLimits) -> None:
+    """A durable subscription or consumer-group name, whatever protocol
+    spelled it: text, not empty, at most ``max_durable_name_bytes``."""
+    if isinstance(name, str) and not name:
+        raise Malformed("durable subscription name must not be empty")
+    _text_bytes(name, "durable subscription name", limits.max_name_bytes,
+                "max_durable_name_bytes")
+
+
+def durable_quota_exceeded(context: str, count: int, limits: DurableLimits) -> TooLarge:
+    return TooLarge(
+        f"context {context!r} already has {count} durable subscriptions, the limit "
+        f"(max_durable_subscriptions = {limits.max_per_context}); delete unused ones "
+        "('polyport subscriptions delete')"
+    )
 
 
 def _text_bytes(value: str, what: str, limit: int, setting: str) -> int:

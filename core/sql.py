@@ -190,6 +190,15 @@ ON CONFLICT (context, name) DO NOTHING
 RETURNING id, context, name, selector, checkpoint, fetched_position, fetched_time
 """
 
+# The durable quota (core.limits.DurableLimits.max_per_context): creations in
+# one context take turns on this transaction-scoped lock, so the count and the
+# insert after it cannot be raced past the quota by another process.  The
+# one-key form never meets the group locks' two-key (context, name) locks.
+DURABLE_QUOTA_LOCK = (
+    "SELECT pg_advisory_xact_lock(hashtextextended('polyport.durable-quota/' || $1, 0))"
+)
+COUNT_CONTEXT_SUBSCRIPTIONS = "SELECT count(*) FROM subscriptions WHERE context = $1"
+
 UPDATE_SUBSCRIPTION_SELECTOR = """
 UPDATE subscriptions SET selector = $2::jsonb, updated_at = now() WHERE id = $1
 """
@@ -385,6 +394,13 @@ WHERE name = $1 RETURNING name
 LIST_USERS = "SELECT name, default_context, contexts, created_at FROM users ORDER BY name"
 
 DELETE_USER = "DELETE FROM users WHERE name = $1 RETURNING name"
+
+# A user's rights changed (removed, contexts or password set): every gateway
+# process re-checks that user's open connections (core.users.UserChanges).
+# The payload is the user name; empty = every user.  Rare, so NOTIFY's
+# commit-time lock costs nothing here (unlike on the append path).
+USERS_CHANNEL = "polyport_users"
+NOTIFY_USERS = "SELECT pg_notify('polyport_users', $1)"
 
 # Res01 CURVE client keys (Z85 public keys) of users.
 ADD_CURVE_KEY = """

@@ -45,6 +45,13 @@ from polyport.core.health import (
     Health,
     HealthSnapshot,
 )
+from polyport.core.limits import (
+    DurableLimits,
+    check_durable_name,
+    check_name,
+    check_selector,
+    durable_quota_exceeded,
+)
 from polyport.core.locks import GroupLocks
 from polyport.core.matcher import event_matcher
 from polyport.core.migrate import asyncpg_dsn
@@ -90,6 +97,8 @@ class StoreConfig:
     # pg_stat_activity's name for this store's sessions (serving gateways use
     # migrate.GATEWAY_APPLICATION_NAME); None: the URL's own, if any.
     application_name: str | None = None
+    # Durable names and how many a context may hold (core.limits).
+    durable: DurableLimits = field(default_factory=DurableLimits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +367,12 @@ class EventStore:
         finally:
             self._waiting_reads -= 1
 
+    def _check_stream(self, context: str, stream: str) -> None:
+        check_name(context, "context", self.config.writer.events)
+        check_name(stream, "stream name", self.config.writer.events)
+
     async def read_stream(self, command: ReadStream) -> list[RecordedEvent]:
+        self._check_stream(command.context, command.stream)
         rows = await self._read(
             sql.READ_STREAM,
             command.context,
@@ -374,6 +388,7 @@ class EventStore:
 
     async def stream_state(self, context: str, stream: str) -> tuple[int, int] | None:
         """(last version, segment length in bytes), or None if the stream does not exist."""
+        self._check_stream(context, stream)
         rows = await self._read(sql.STREAM_STATE, context, stream)
         if not rows:
             return None
@@ -449,6 +464,7 @@ class EventStore:
         beyond what :meth:`grant` allowed.  A durable name returns a group
         member, whose acks move the persistent checkpoint."""
         if command.durable is None:
+            self._check_names(command.selector)
             cursor = await self.resolve_start(command.selector, command.start)
             sub = self.start_subscription(
                 command.selector, cursor, buffer_size=command.buffer_size, credit=credit
@@ -494,19 +510,23 @@ class EventStore:
             if group.retries:
                 self._kept_retries[key] = dict(group.retries)
 
+    def _check_names(self, selector: Selector, name: str | None = None) -> None:
+        """Every name a subscription request carries, by core.limits' rules:
+        checked here so that every protocol (and the admin API) gets them."""
+        check_selector(selector, self.config.writer.events)
+        if name is not None:
+            check_durable_name(name, self.config.durable)
+
     async def _ensure_durable(
-        self, context: str, name: str, selector: Selector, start: Start
+        self, context: str, name: str, selector: Selector, start: Start, *, quota: bool = True
     ) -> asyncpg.Record:
+        """The row of ``name`` in ``context``, created when missing; a client's
+        creation (``quota``) is refused past the context's durable quota."""
+        self._check_names(selector, name)
         row = await self._db.fetchrow(sql.GET_SUBSCRIPTION, context, name)
         if row is None:
             cursor = await self.resolve_start(selector, start)
-            row = await self._db.fetchrow(
-                sql.CREATE_SUBSCRIPTION,
-                context,
-                name,
-                json.dumps(selector_to_json(selector)),
-                cursor,
-            )
+            row = await self._create_durable(context, name, selector, cursor, quota)
             if row is None:  # created concurrently
                 row = await self._db.fetchrow(sql.GET_SUBSCRIPTION, context, name)
         elif json.loads(row["selector"]) != selector_to_json(selector):
@@ -514,6 +534,25 @@ class EventStore:
                 sql.UPDATE_SUBSCRIPTION_SELECTOR, row["id"], json.dumps(selector_to_json(selector))
             )
         return row
+
+    async def _create_durable(
+        self, context: str, name: str, selector: Selector, cursor: int, quota: bool
+    ) -> asyncpg.Record | None:
+        limit = self.config.durable.max_per_context
+        args = (context, name, json.dumps(selector_to_json(selector)), cursor)
+        if not quota or limit <= 0:
+            return await self._db.fetchrow(sql.CREATE_SUBSCRIPTION, *args)
+        async with self._db.acquire() as conn, conn.transaction():
+            # Count and insert under the context's lock: two creations (in
+            # any process) cannot both see room for one.
+            await conn.execute(sql.DURABLE_QUOTA_LOCK, context)
+            if await conn.fetchval(sql.GET_SUBSCRIPTION, context, name) is not None:
+                return None
+            count = int(await conn.fetchval(sql.COUNT_CONTEXT_SUBSCRIPTIONS, context))
+            if count >= limit:
+                raise durable_quota_exceeded(context, count, self.config.durable)
+            row: asyncpg.Record | None = await conn.fetchrow(sql.CREATE_SUBSCRIPTION, *args)
+            return row
 
     # --- persistent-subscription settings and parked events (core.parking) ---
 
@@ -526,7 +565,10 @@ class EventStore:
         context = durable_context(selector)
         if await self.subscription_id(context, name) is not None:
             return False
-        row = await self._ensure_durable(context, name, selector, start_from_json(settings.start))
+        # The operator's own creation: not held to the clients' quota.
+        row = await self._ensure_durable(
+            context, name, selector, start_from_json(settings.start), quota=False
+        )
         await self.parking.set_settings(int(row["id"]), settings)
         return True
 
@@ -685,6 +727,8 @@ class EventStore:
         return cursor
 
     async def subscription_id(self, context: str, name: str) -> int | None:
+        check_name(context, "context", self.config.writer.events)
+        check_durable_name(name, self.config.durable)
         row = await self._db.fetchrow(sql.GET_SUBSCRIPTION, context, name)
         return None if row is None else int(row["id"])
 

@@ -8,9 +8,10 @@ import base64
 import contextlib
 import hashlib
 import hmac
+import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -309,11 +310,14 @@ class UserService:
         _check_default_context(default_context, contexts)
         hashed = await asyncio.get_running_loop().run_in_executor(None, hash_password, password)
         await self._db.execute(sql.UPSERT_USER, name, hashed, default_context, contexts)
+        # Adding an existing name replaces its contexts.
+        await self._changed(name)
 
     async def set_password(self, name: str, password: str) -> None:
         hashed = await asyncio.get_running_loop().run_in_executor(None, hash_password, password)
         if await self._db.fetchval(sql.SET_USER_PASSWORD, name, hashed) is None:
             raise NotFound(f"no user {name!r}")
+        await self._changed(name)
 
     async def set_contexts(
         self, name: str, contexts: list[str] | None, default_context: str | None = None
@@ -323,6 +327,7 @@ class UserService:
         changed = await self._db.fetchval(sql.SET_USER_CONTEXTS, name, contexts, default_context)
         if changed is None:
             raise NotFound(f"no user {name!r}")
+        await self._changed(name)
 
     async def list(self) -> list[UserInfo]:
         rows = await self._db.fetch(sql.LIST_USERS)
@@ -359,3 +364,119 @@ class UserService:
     async def remove(self, name: str) -> None:
         if await self._db.fetchval(sql.DELETE_USER, name) is None:
             raise NotFound(f"no user {name!r}")
+        await self._changed(name)
+
+    async def current(self, name: str) -> Principal | None:
+        """The principal ``name`` has now, None once removed: what an open
+        connection of that user is re-checked against."""
+        row = await self._db.fetchrow(sql.GET_USER, name)
+        return None if row is None else _principal(row)
+
+    async def _changed(self, name: str) -> None:
+        """Tell every gateway process (this one, others, across hosts) that
+        ``name``'s rights changed, after the change committed; the caller
+        may be the CLI in another process than any gateway."""
+        # NOTIFY payloads stop short of 8000 bytes: a longer name asks every
+        # process to re-check every user instead.
+        payload = name if len(name.encode("utf-8")) < 7000 else ""
+        await self._db.execute(sql.NOTIFY_USERS, payload)
+
+
+# How long the watcher waits before it connects again after losing its
+# LISTEN connection.
+RECONNECT_DELAY = 2.0
+# Distinct user names waiting to be re-checked; past this the batch becomes
+# "every user" (bounded however many changes arrive at once).
+MAX_PENDING_CHANGES = 1000
+
+
+class UserChanges:
+    """``LISTEN polyport_users`` on a connection of its own: calls
+    ``on_change(name)`` for each user whose rights changed (``None``: every
+    user, after the connection was lost and notifications may have been
+    missed).  One call at a time; changes that arrive meanwhile are merged.
+
+    Open sessions keep the principal they logged in with; this is how they
+    learn that it changed without polling the users table."""
+
+    def __init__(
+        self, dsn: str, on_change: Callable[[str | None], Awaitable[None]],
+        log: logging.Logger,
+    ) -> None:
+        self._dsn = dsn
+        self._on_change = on_change
+        self._log = log
+        self._pending: set[str | None] = set()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        # Set once LISTEN is in place (tests and start-up wait for it).
+        self.listening = asyncio.Event()
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._listen(), name="polyport-user-changes"),
+            asyncio.create_task(self._apply(), name="polyport-user-changes-apply"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    def _changed(self, name: str | None) -> None:
+        if len(self._pending) >= MAX_PENDING_CHANGES:
+            self._pending = {None}
+        self._pending.add(name or None)
+        self._wake.set()
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        self._changed(payload)
+
+    async def _listen(self) -> None:
+        first = True
+        while True:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await asyncpg.connect(self._dsn, timeout=10)
+                await conn.add_listener(sql.USERS_CHANNEL, self._on_notify)
+                if not first:
+                    # Changes made while the connection was down went unheard.
+                    self._changed(None)
+                first = False
+                self.listening.set()
+                while True:
+                    # A lost connection shows on its next statement.
+                    await asyncio.sleep(RECONNECT_DELAY * 5)
+                    await conn.execute("SELECT 1")
+            except asyncio.CancelledError:
+                if conn is not None:
+                    conn.terminate()
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure: connect again
+                # Once per outage, not every retry.
+                level = logging.WARNING if self.listening.is_set() or first else logging.DEBUG
+                self._log.log(level, "listening for user changes failed (%s); retrying "
+                              "(changes made meanwhile are re-checked on reconnect)", exc)
+            self.listening.clear()
+            if conn is not None:
+                conn.terminate()
+            await asyncio.sleep(RECONNECT_DELAY)
+
+    async def _apply(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            names, self._pending = self._pending, set()
+            for name in (None,) if None in names else sorted(n for n in names if n):
+                try:
+                    await self._on_change(name)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the database, most likely: retry
+                    self._log.warning("re-checking the connections of user %r failed (%s); "
+                                      "retrying", name, exc)
+                    self._changed(name)
+                    await asyncio.sleep(RECONNECT_DELAY)

@@ -32,6 +32,11 @@ from polyport.gateway.admin_routes import (
     peer,
 )
 from polyport.gateway.admin_schema import parse_date_time
+from polyport.gateway.workers import (
+    WorkerUnreachable,
+    close_local_connection,
+    local_connections,
+)
 
 if TYPE_CHECKING:
     from polyport.core.store import EventStore
@@ -243,22 +248,29 @@ async def replay_parked(call: Call) -> web.Response:
 # --- connections ---------------------------------------------------------------------------
 
 
+# With --workers, the first worker (which serves HTTP) asks every worker: a
+# connection id names the worker that holds it (protocols/connections.py).
+
+
 async def list_connections(call: Call) -> web.Response:
-    found = call.gw.connections.list(
-        protocol=call.params.get("protocol"), user=call.params.get("user"),
-        address=call.params.get("address"),
-    )
-    return web.json_response([c.as_json() for c in found])
+    filters = {k: call.params[k] for k in ("protocol", "user", "address")
+               if call.params.get(k) is not None}
+    if call.gw.aggregator is not None:
+        return web.json_response(await call.gw.aggregator.connections(filters))
+    return web.json_response(local_connections(call.gw, filters))
 
 
 async def close_connection(call: Call) -> web.Response:
     conn_id = int(call.params["id"])
-    conn = call.gw.connections.get(conn_id)
-    if conn is None:
+    if call.gw.aggregator is not None:
+        try:
+            closed = await call.gw.aggregator.close_connection(conn_id, call.peer)
+        except WorkerUnreachable as exc:
+            raise StorageUnavailable(str(exc)) from None
+    else:
+        closed = close_local_connection(call.gw, conn_id, call.peer)
+    if closed is None:
         raise NotFound(f"no open connection {conn_id}")
-    log.info("admin: closing connection %d (%s from %s) (from %s)", conn_id, conn.protocol,
-             conn.peer, call.peer)
-    call.gw.connections.close(conn_id)
     return web.Response(status=204)
 
 
@@ -321,7 +333,7 @@ ROUTES: tuple[Route, ...] = (
           Reply(200, "connections", "Connection", many=True),
           query=("protocol", "user", "address")),
     Route("DELETE", "/connections/{id}", close_connection, "closeConnection",
-          "Close a connection (Res01: forget the peer)", Reply(204, "closed")),
+          "Close a connection (Res01: disconnect the peer)", Reply(204, "closed")),
 )
 
 # --- guard ---------------------------------------------------------------------------------

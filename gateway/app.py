@@ -15,9 +15,11 @@ from aiohttp import web
 from polyport.core import migrate
 from polyport.core.commands import Principal
 from polyport.core.groups import GroupMember
-from polyport.core.limits import EventLimits
+from polyport.core.limits import DurableLimits, EventLimits
+from polyport.core.migrate import asyncpg_dsn
 from polyport.core.store import EventStore, StoreConfig
 from polyport.core.subscriptions import Subscription
+from polyport.core.users import UserChanges
 from polyport.core.writer import WriterLimits
 from polyport.gateway import chart_history
 from polyport.gateway.config import TLS_LISTENERS, ConfigError, GatewayConfig
@@ -25,6 +27,7 @@ from polyport.gateway.database import database, supervise_embedded
 from polyport.gateway.fatal import naming_bind_errors
 from polyport.gateway.http import build_app
 from polyport.gateway.registry import ListenerDef, RunningListener, discover
+from polyport.gateway.rights import recheck
 from polyport.gateway.telemetry import Telemetry
 from polyport.gateway.tls import ServerTls, check_material
 from polyport.gateway.websocket import TLS_USER_FROM
@@ -100,7 +103,10 @@ class Gateway:
         self.started_at = time.time()
         self.telemetry: Telemetry | None = None
         # Every transport's open connections (GET /admin/connections).
-        self.connections = ConnectionTable()
+        self.connections = ConnectionTable(
+            *((role.index, role.count) if role is not None else (0, 1))
+        )
+        self._user_changes: UserChanges | None = None
         self._exit = ExitStack()
         self._embedded_watch: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
@@ -243,9 +249,19 @@ class Gateway:
                         self.role.run_dir),
                     chain_counts_commits=self.role is None or self.role.first,
                     application_name=migrate.GATEWAY_APPLICATION_NAME,
+                    durable=DurableLimits(
+                        max_name_bytes=self.config.max_durable_name_bytes,
+                        max_per_context=self.config.max_durable_subscriptions,
+                    ),
                 )
             )
             await self.store.start()
+            # Open connections follow their users' rights (gateway/rights.py),
+            # whichever process changed them.
+            self._user_changes = UserChanges(
+                asyncpg_dsn(url), self._rights_changed, logging.getLogger("polyport.rights")
+            )
+            self._user_changes.start()
             self.telemetry = Telemetry(self)
             if self.role is None or self.role.first:  # one process keeps the charts
                 self.telemetry.keep_history(
@@ -295,6 +311,9 @@ class Gateway:
             await self.stop()
             raise
 
+    async def _rights_changed(self, user: str | None) -> None:
+        await recheck(self.connections, self.store.users, user)
+
     def _count_per_connection(self) -> None:
         """Store hooks that credit the connection the calling task serves
         (deliveries are counted by the telemetry's delivery hook)."""
@@ -326,6 +345,9 @@ class Gateway:
             self._worker_server = None
         for listener in self.listeners.values():
             await listener.stop_accepting()
+        if self._user_changes is not None:
+            await self._user_changes.stop()
+            self._user_changes = None
         if self.telemetry is not None:
             await self.telemetry.stop()
         if self.store is not None:

@@ -161,6 +161,10 @@ class GatewayConfig:
     max_header_name_bytes: int = 256
     max_header_value_bytes: int = 4096
     max_body_depth: int = 64
+    # Durable subscription / consumer-group names, and how many one context
+    # may hold (core.limits.DurableLimits; 0 = no quota).
+    max_durable_name_bytes: int = 1024
+    max_durable_subscriptions: int = 1000
     # A store read (and a Res01 reader request's storage work) taking longer
     # than this fails with a reader timeout.
     read_timeout: float = 30.0
@@ -267,6 +271,8 @@ _INT_KEYS = {
     "max_header_name_bytes",
     "max_header_value_bytes",
     "max_body_depth",
+    "max_durable_name_bytes",
+    "max_durable_subscriptions",
     "bson_query_window",
     "res01_max_in_flight_writes",
     "res01_max_in_flight_reads",

@@ -38,7 +38,7 @@ def add_connections_parser(
     ls.add_argument("--user", help="only this user's")
     ls.add_argument("--address", help="only peers whose address contains this")
     ls.add_argument("--json", action="store_true", help="print JSON")
-    close = actions.add_parser("close", help="close a connection (Res01: forget the peer)")
+    close = actions.add_parser("close", help="close a connection (Res01: disconnect the peer)")
     close.add_argument("id", type=int, help="connection id, from 'connections list'")
     for leaf in (ls, close):
         common(leaf)

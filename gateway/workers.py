@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
@@ -177,6 +178,27 @@ async def local_status(gw: Gateway, names_shown: bool) -> dict[str, Any]:
     return doc
 
 
+def local_connections(gw: Gateway, filters: dict[str, str]) -> list[dict[str, Any]]:
+    """This process's open connections, as the admin API lists them."""
+    found = gw.connections.list(
+        protocol=filters.get("protocol"), user=filters.get("user"),
+        address=filters.get("address"),
+    )
+    return [c.as_json() for c in found]
+
+
+def close_local_connection(gw: Gateway, conn_id: int, closer: str) -> dict[str, Any] | None:
+    """Close this process's connection ``conn_id``; what it was, or None."""
+    conn = gw.connections.get(conn_id)
+    if conn is None:
+        return None
+    log.info("admin: closing connection %d (%s from %s) (from %s)", conn_id, conn.protocol,
+             conn.peer, closer)
+    row = conn.as_json()
+    gw.connections.close(conn_id)
+    return row
+
+
 class WorkerServer:
     """The worker's unix socket for the first worker's questions."""
 
@@ -189,6 +211,8 @@ class WorkerServer:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/status", self._status)
+        app.router.add_get("/connections", self._connections)
+        app.router.add_delete("/connections/{id}", self._close_connection)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         self.path.unlink(missing_ok=True)  # a crashed predecessor's
@@ -210,6 +234,20 @@ class WorkerServer:
             raise web.HTTPServiceUnavailable()
         names = request.query.get("names") == "1"
         return web.json_response(await local_status(self.gw, names))
+
+
+    async def _connections(self, request: web.Request) -> web.Response:
+        return web.json_response(local_connections(self.gw, dict(request.query)))
+
+    async def _close_connection(self, request: web.Request) -> web.Response:
+        try:
+            conn_id = int(request.match_info["id"])
+        except ValueError:
+            raise web.HTTPBadRequest() from None
+        closed = close_local_connection(self.gw, conn_id, request.query.get("from", "admin"))
+        if closed is None:
+            raise web.HTTPNotFound()
+        return web.json_response(closed)
 
 
 # --- the first worker: everyone's numbers ---------------------------------------------
@@ -238,17 +276,8 @@ class Aggregator:
     _carried: dict[SampleKey, float] = field(default_factory=dict)
 
     async def _fetch(self, index: int, path: str) -> Any | None:
-        connector = aiohttp.UnixConnector(path=str(socket_path(self.role.run_dir, index)))
-        try:
-            async with aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT)
-            ) as session, session.get(f"http://worker{path}") as r:
-                if r.status != 200:
-                    return None
-                return await r.json()
-        except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.debug("worker %d did not answer %s: %s", index, path, exc)
-            return None
+        answer = await self._ask(index, "GET", path)
+        return answer[1] if answer is not None else None
 
     def _others(self) -> list[int]:
         return [i for i in range(self.role.count) if i != self.role.index]
@@ -260,6 +289,52 @@ class Aggregator:
         except (OSError, ValueError):
             return {}
         return data
+
+    async def _ask(self, index: int, method: str, path: str) -> tuple[int, Any] | None:
+        """(HTTP status, JSON body or None) of worker ``index``; None when it
+        did not answer."""
+        connector = aiohttp.UnixConnector(path=str(socket_path(self.role.run_dir, index)))
+        try:
+            async with aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT)
+            ) as session, session.request(method, f"http://worker{path}") as r:
+                body = await r.json() if r.status == 200 else None
+                return r.status, body
+        except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.debug("worker %d did not answer %s %s: %s", index, method, path, exc)
+            return None
+
+    # --- the admin API's connections ------------------------------------------------
+
+    async def connections(self, filters: dict[str, str]) -> list[dict[str, Any]]:
+        """Every worker's open connections (each id names its worker);
+        a worker that does not answer is left out, and logged."""
+        query = "?" + urlencode(filters) if filters else ""
+        others = self._others()
+        answers = await asyncio.gather(*(self._ask(i, "GET", "/connections" + query)
+                                         for i in others))
+        found = local_connections(self.gw, filters)
+        for index, answer in zip(others, answers, strict=True):
+            if answer is not None and answer[0] == 200 and isinstance(answer[1], list):
+                found.extend(answer[1])
+            else:
+                log.warning("worker %d did not list its connections: left out", index)
+        found.sort(key=lambda c: (c["since"], c["id"]))
+        return found
+
+    async def close_connection(self, conn_id: int, closer: str) -> dict[str, Any] | None:
+        """Close connection ``conn_id`` in the worker that holds it (its id
+        says which); what it was, or None when there is no such connection."""
+        owner = conn_id % self.role.count
+        if owner == self.role.index:
+            return close_local_connection(self.gw, conn_id, closer)
+        answer = await self._ask(
+            owner, "DELETE", f"/connections/{conn_id}?{urlencode({'from': closer})}")
+        if answer is None:
+            raise WorkerUnreachable(f"worker {owner}, which holds connection {conn_id}, "
+                                    "did not answer; retry shortly")
+        status, body = answer
+        return body if status == 200 and isinstance(body, dict) else None
 
     # --- /metrics -----------------------------------------------------------------
 
@@ -319,6 +394,10 @@ class Aggregator:
         parts: dict[int, dict[str, Any] | None] = {self.role.index: mine}
         parts.update(zip(others, answers, strict=True))
         return merge_status(self.role.index, parts, self.supervisor_state(), self.role.count)
+
+
+class WorkerUnreachable(Exception):
+    """The worker that holds a connection did not answer."""
 
 
 class MetricsOf(Collector):

@@ -16,10 +16,13 @@ import itertools
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from polyport.core.commands import Selector
 
 log = logging.getLogger("polyport.connections")
 
@@ -31,10 +34,14 @@ FRAME_TIMEOUT = "frame timeout"
 ADMIN_CLOSE = "admin close"
 SHUTDOWN = "shutdown"
 SERVER_CLOSED = "closed by server"
+RIGHTS_REVOKED = "rights revoked"
 INTERNAL = "internal error"
 
 
 class _Closable(Protocol):
+    # What it reads (re-checked when the user's rights change).
+    selector: Selector
+
     @property
     def closed(self) -> bool: ...
 
@@ -61,6 +68,12 @@ class Connection:
     closer: Callable[[], None] | None = field(default=None, repr=False)
     subscriptions: weakref.WeakSet[_Closable] = field(default_factory=weakref.WeakSet,
                                                       repr=False)
+    # The Tenants it logged in as (core.access): narrowed, or the connection
+    # closed, when the user's rights change (gateway/rights.py).
+    tenants: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet, repr=False)
+    # The session's way to end it in its protocol's error form (code,
+    # message) when those rights are revoked; None: the transport just closes.
+    revoker: Callable[[str, str], Awaitable[None]] | None = field(default=None, repr=False)
     started: float = field(default_factory=time.monotonic, repr=False)
 
     @property
@@ -91,8 +104,11 @@ class Connection:
 
 
 class ConnectionTable:
-    def __init__(self) -> None:
-        self._ids = itertools.count(1)
+    def __init__(self, worker: int = 0, workers: int = 1) -> None:
+        """``worker`` of ``workers`` gateway processes: ids are unique across
+        them (``id % workers`` is the worker holding it), so the admin API
+        can list and close every worker's connections by one id."""
+        self._ids = itertools.count(workers + worker, workers)
         self._open: dict[int, Connection] = {}
 
     def __len__(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -278,9 +279,22 @@ class SessionContext:
         certificate, a CURVE key): no password is checked here."""
         return self._tenant(await self._store.users.principal_for(name))
 
+    def on_revoke(self, handler: Callable[[str, str], Awaitable[None]]) -> None:
+        """How the current connection ends when its user's rights are
+        revoked while it is open (gateway/rights.py): ``handler(code,
+        message)`` sends the protocol's error form, then closes.  Sessions
+        call this when they are made, in the connection's task."""
+        peer = CURRENT_PEER.get()
+        if peer is not None and peer.connection is not None:
+            peer.connection.revoker = handler
+
     def _tenant(self, principal: Principal) -> Tenant:
         # The gateway's hook: the connection table shows who logged in.
         if self._store.on_login is not None:
             self._store.on_login(principal)
-        return Tenant(self._store, principal)
+        tenant = Tenant(self._store, principal)
+        peer = CURRENT_PEER.get()
+        if peer is not None and peer.connection is not None and principal.user is not None:
+            peer.connection.tenants.add(tenant)
+        return tenant
 

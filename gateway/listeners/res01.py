@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -309,6 +311,7 @@ class Res01Listener:
         )
         login = endpoint.plain or endpoint.curve
         user: str | None = None
+        srcfd = -1
         first = True  # the next part starts a message
         # What is already queued is taken without awaiting, through a plain
         # socket on the same libzmq socket (what pyzmq itself does for a
@@ -326,6 +329,10 @@ class Res01Listener:
                         await asyncio.sleep(0)  # let replies and other peers' work run
                 except zmq.Again:
                     frame = await sock.recv(copy=False)
+                if first:
+                    # The TCP connection the message came over: how an
+                    # admin close disconnects this peer (_disconnect).
+                    srcfd = _source_fd(frame)
                 if login and first:
                     # The first part carries its connection's User-Id,
                     # which ZAP's reply gave it.
@@ -339,25 +346,27 @@ class Res01Listener:
                 await asyncio.sleep(0.01)
                 continue
             if received is not None:
-                await self._handle_message(index, endpoint, received, user)
+                await self._handle_message(index, endpoint, received, user, srcfd)
 
     async def _handle_message(
-        self, index: int, endpoint: _Endpoint, received: Received, user: str | None
+        self, index: int, endpoint: _Endpoint, received: Received, user: str | None,
+        srcfd: int = -1,
     ) -> None:
         try:
-            await self._dispatch(index, endpoint, received, user)
+            await self._dispatch(index, endpoint, received, user, srcfd)
         except Exception:  # a bug in one message must not end the loop
             log.exception("res01: dispatching a message failed")
             self.stats.error("internal")
 
     async def _dispatch(
-        self, index: int, endpoint: _Endpoint, received: Received, user: str | None
+        self, index: int, endpoint: _Endpoint, received: Received, user: str | None,
+        srcfd: int = -1,
     ) -> None:
         frames = received.frames
         # ZeroMQ hides the peer's address: the routing identity names it.  The
         # request task started below inherits this (error lines, metrics).
         identity = frames[0] if frames else b""
-        row = self._peer_connection(identity)  # the connection table's row
+        row = self._peer_connection(identity, srcfd)  # the connection table's row
         row.bytes_in += received.size
         CURRENT_PEER.set(Peer("res01", row.peer, row))
         self.stats.frames_in += 1
@@ -414,6 +423,10 @@ class Res01Listener:
         tenant = Tenant(self._store, await self._users.principal_for(user))
         state = self.peers.get(peer)  # unless forgotten meanwhile
         if state is not None:
+            # Narrowed in place, or the peer forgotten, when the user's
+            # rights change (gateway/rights.py).
+            state.row.user = user
+            state.row.tenants.add(tenant)
             self.peers.set(peer, replace(state, login=(index, user, tenant, now + TENANT_TTL)))
         return tenant
 
@@ -549,19 +562,30 @@ class Res01Listener:
                 if self.stats.connections_open == 0:
                     self._forget_all(PEER_CLOSED)
 
-    def _peer_connection(self, identity: bytes) -> Connection:
+    def _peer_connection(self, identity: bytes, srcfd: int = -1) -> Connection:
         """The peer's row in the connection table, registered on its first
         message; the peer is now the most recently seen."""
         state = self.peers.get(identity)
         if state is not None:
             self.peers.seen(identity)
+            if srcfd != state.source[0]:  # the peer came back over a new connection
+                self.peers.set(identity, replace(state, source=_source(srcfd)))
             return state.row
         row = register_connection(
             self.stats, self.name, "zmq:" + (identity.hex() or "?"),
-            lambda: self._forget(identity, ADMIN_CLOSE),
+            lambda: self._close_peer(identity, ADMIN_CLOSE),
         )
-        self.peers.set(identity, _PeerState(row))
+        self.peers.set(identity, _PeerState(row, source=_source(srcfd)))
         return row
+
+    def _close_peer(self, identity: bytes, reason: str) -> None:
+        """Disconnect the peer's TCP connection and forget the peer (an
+        admin close, or its user's rights revoked)."""
+        state = self.peers.get(identity)
+        if state is not None and not _disconnect(*state.source):
+            log.info("res01: peer %s could not be disconnected (not over TCP, or its "
+                     "connection is gone): forgotten only", state.row.peer)
+        self._forget(identity, reason)
 
     def _forgotten(self, identity: bytes, state: _PeerState | None) -> None:
         """The table dropped an idle peer (or the least recently seen, for room)."""
@@ -585,8 +609,57 @@ class _PeerState:
     """What the listener keeps per Res01 peer."""
 
     row: Connection  # its connection-table row
+    # (file descriptor, remote address) of the TCP connection its latest
+    # message came over; (-1, None) when unknown (not TCP).
+    source: tuple[int, object] = (-1, None)
     # (endpoint index, user, tenant, expires) of a logged-in peer.
     login: tuple[int, str, Tenant, float] | None = None
+
+
+def _source_fd(frame: zmq.Frame) -> int:
+    """ZMQ_SRCFD of a received part: libzmq's file descriptor of the TCP
+    connection it came over, -1 when there is none (ipc, inproc)."""
+    try:
+        fd = frame.get(zmq.SRCFD)
+    except zmq.ZMQError:
+        return -1
+    return fd if isinstance(fd, int) else -1
+
+
+def _source(fd: int) -> tuple[int, object]:
+    """(fd, its remote address now): what :func:`_disconnect` checks first."""
+    if fd < 0:
+        return -1, None
+    try:
+        with socket.socket(fileno=os.dup(fd)) as s:
+            return fd, s.getpeername()
+    except OSError:
+        return -1, None
+
+
+def _disconnect(fd: int, address: object) -> bool:
+    """Shut one peer's TCP connection down under libzmq.
+
+    A ROUTER has no call to drop one peer (libzmq issue #2319; monitor
+    events carry no routing id either), but ZMQ_SRCFD names the descriptor
+    a message came over.  ``shutdown(2)`` on a duplicate of it ends the
+    TCP connection for libzmq too: its I/O thread reads EOF, closes the
+    descriptor and drops the pipe, as when the peer goes away.  libzmq may
+    have closed and reused the descriptor since (its manual warns of
+    this), so the remote address is compared first: a reused descriptor
+    names another connection and is left alone.  Only the duplicate is
+    closed here.  A ZeroMQ client reconnects on its own; that new
+    connection is a new login (ZAP checks it again on PLAIN/CURVE ports)."""
+    if fd < 0:
+        return False
+    try:
+        with socket.socket(fileno=os.dup(fd)) as s:
+            if s.getpeername() != address:
+                return False
+            s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        return False
+    return True
 
 
 def _user_id(frame: zmq.Frame) -> str | None:

@@ -178,6 +178,7 @@ class BsonSession:
     ) -> None:
         self.ctx = ctx
         self._tenant: Tenant | None = None
+        ctx.on_revoke(self._revoked)
         self.out = out
         self.settings = settings or BsonSettings.from_settings(ctx.settings)
         s = self.settings
@@ -359,6 +360,10 @@ class BsonSession:
 
     async def _send(self, frame: Frame) -> None:
         await self.out.send(self._encode(frame))
+
+    async def _revoked(self, code: str, message: str) -> None:
+        """The user's rights were revoked while connected: the error RESPONSE, then close."""
+        await self.fatal(ProtocolError(message, code=code))
 
     async def fatal(self, err: ProtocolError) -> None:
         """Stop reading and delivering; the writer sends the replies in flight,

@@ -303,6 +303,7 @@ class MicroMsg2Session:
         self, ctx: SessionContext, out: Outbound, options: MicroMsg2Limits | None = None
     ) -> None:
         self._ctx = ctx
+        ctx.on_revoke(self._fail)
         # The store as the x-auth (or anonymous) principal may use it.
         self._tenant: Tenant | None = None
         self._stats = ctx.stats

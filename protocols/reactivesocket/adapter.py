@@ -160,6 +160,7 @@ class ReactiveSocketSession:
         limits: AdapterLimits | None = None,
     ) -> None:
         self.ctx = ctx
+        ctx.on_revoke(self._fail_connection)
         # The store as the SETUP's principal may use it; None before SETUP.
         self.tenant: Tenant | None = None
         self.stats = ctx.stats

@@ -148,6 +148,7 @@ class RSocketSession:
         self.ctx = ctx
         self.stats = ctx.stats
         self.out = out
+        ctx.on_revoke(self._fail_connection)
         self.limits = limits or AdapterLimits.from_settings(ctx.settings)
         loop = asyncio.get_running_loop()
         self._now = loop.time

@@ -283,6 +283,7 @@ class SegmentSession:
         limits: SegmentLimits | None = None,
     ) -> None:
         self._ctx = ctx
+        ctx.on_revoke(self._revoked)
         # Logins of this connection by credentials string ("" = anonymous):
         # a client sends the same credentials with every request.
         self._tenants: dict[str, Tenant] = {}
@@ -390,6 +391,10 @@ class SegmentSession:
             # connection is closed all the same.
             self._log.exception("segment: cannot send the error reply to %s", self._out.peer)
         self._out.close()
+
+    async def _revoked(self, code: str, message: str) -> None:
+        """The user's rights were revoked while connected: AUTH_FAILED, then close."""
+        await self._fail(error_reply(code, message), code)
 
     async def _tenant_for(self, credentials: str, context: str) -> Tenant:
         """The tenant of a request's credentials (anonymous when empty),

@@ -97,7 +97,10 @@ async def test_a_long_stream_name_is_refused_without_touching_its_batch(
     assert "max_name_bytes" in str(refused) and "3000 bytes" in str(refused)
     assert [type(o).__name__ for i, o in enumerate(outcomes) if i != 2] == ["AppendResult"] * 5
     assert not [r for r in caplog.records if r.name == "polyport.writer"]
-    assert await store.stream_state("default", long_name) is None
+    assert all(e.stream != long_name for e in await store.read_all())
+    # Reads check names by the same rule (issue 27, item 6).
+    with pytest.raises(TooLarge):
+        await store.stream_state("default", long_name)
 
 
 async def test_names_and_headers_have_limits(store: EventStore) -> None:

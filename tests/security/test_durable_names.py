@@ -1,0 +1,150 @@
+"""Durable subscription and group names obey core.limits on every protocol,
+and one context holds at most ``max_durable_subscriptions`` of them (issue
+27, item 6).  Real gateway, real sockets, the real database."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from polyport.protocols.bson.client import BsonClient, BsonError
+from polyport.protocols.micromsg2.client import MicroMsg2Client, MicroMsg2Error
+from polyport.protocols.reactive.client import RemoteError
+from polyport.protocols.reactivesocket.client import ReactiveSocketClient
+from polyport.protocols.rsocket.client import RSocketClient
+
+pytestmark = pytest.mark.timeout(60)
+
+GatewayFactory = Callable[..., Awaitable[Any]]
+
+# One byte past max_durable_name_bytes (1024 by default): a name an old
+# gateway stored without complaint.
+TOO_LONG = "g" * 1025
+
+
+async def _bson(gw: Any, name: str) -> str:
+    host, port = gw.listeners["bson"].address
+    client = await BsonClient.connect(host, port, timeout=20)
+    try:
+        await client.subscribe("s", durable_id=name)
+    except BsonError as exc:
+        return exc.err_code
+    finally:
+        await client.close()
+    return "ok"
+
+
+async def _reactivesocket(gw: Any, name: str) -> str:
+    host, port = gw.listeners["reactivesocket"].address
+    client = await ReactiveSocketClient.connect(host, port)
+    try:
+        events = await client.subscribe(stream="s", group=name)
+        # A refused subscription ends its stream with ERROR; an accepted one
+        # stays open with nothing to deliver.
+        await asyncio.wait_for(anext(aiter(events)), 2)
+    except RemoteError as exc:
+        return exc.code
+    except TimeoutError:
+        return "ok"
+    finally:
+        await client.close()
+    return "ok"
+
+
+async def _rsocket(gw: Any, name: str) -> str:
+    host, port = gw.listeners["rsocket"].address
+    client = await RSocketClient.connect(host, port)
+    try:
+        events = await client.subscribe(stream="s", group=name)
+        await asyncio.wait_for(anext(aiter(events)), 2)
+    except RemoteError as exc:
+        return exc.code
+    except TimeoutError:
+        return "ok"
+    finally:
+        await client.close()
+    return "ok"
+
+
+async def _micromsg2(gw: Any, name: str) -> str:
+    """MicroMsg2 names a queue's group after its destination and filter: a
+    filter long enough makes the name too long (the stream stays short)."""
+    host, port = gw.listeners["micromsg2"].address
+    client = await MicroMsg2Client.connect(host, port, required=["pubsub"])
+    try:
+        await client.subscribe("queue/s", f"p=T{name}")
+        # subscribe has no reply on success, an ERROR frame on failure.
+        await client.receive(timeout=2)
+    except MicroMsg2Error as exc:
+        return exc.code or exc.text
+    except TimeoutError:
+        return "ok"
+    finally:
+        await client.close()
+    return "ok"
+
+
+SUBSCRIBERS = {
+    "bson": _bson,
+    "reactivesocket": _reactivesocket,
+    "rsocket": _rsocket,
+    "micromsg2": _micromsg2,
+}
+
+
+@pytest.mark.parametrize("protocol", sorted(SUBSCRIBERS))
+async def test_a_durable_name_past_the_limit_is_refused(
+    gateway_factory: GatewayFactory, protocol: str
+) -> None:
+    gw = await gateway_factory()
+    subscribe = SUBSCRIBERS[protocol]
+    assert await subscribe(gw, TOO_LONG) == "too_large"
+    # Nothing was stored, and a name within the limit still works.
+    assert await gw.store.list_subscriptions() == []
+    assert await subscribe(gw, "g" * 100) == "ok"
+    assert len(await gw.store.list_subscriptions()) == 1
+
+
+@pytest.mark.parametrize("protocol", ["bson", "reactivesocket"])
+async def test_a_nul_in_a_durable_name_is_malformed(
+    gateway_factory: GatewayFactory, protocol: str
+) -> None:
+    gw = await gateway_factory()
+    assert await SUBSCRIBERS[protocol](gw, "bad\x00name") == "malformed"
+    assert await gw.store.list_subscriptions() == []
+
+
+async def test_the_quota_stops_the_next_durable_subscription(
+    gateway_factory: GatewayFactory,
+) -> None:
+    gw = await gateway_factory(max_durable_subscriptions=3)
+    for i in range(3):
+        assert await _bson(gw, f"d{i}") == "ok"
+    # The fourth name, on any protocol, is refused; the existing ones still
+    # subscribe (no new row).
+    assert await _bson(gw, "d3") == "too_large"
+    assert await _rsocket(gw, "d3") == "too_large"
+    assert await _micromsg2(gw, "x") == "too_large"
+    assert await _bson(gw, "d1") == "ok"
+    assert len(await gw.store.list_subscriptions()) == 3
+    # The quota is the context's: another tenant still has its own.
+    await gw.store.users.add("tim", "pw", default_context="tims", contexts=["tims"])
+    host, port = gw.listeners["bson"].address
+    async with await BsonClient.connect(host, port, username="tim", password="pw",
+                                        timeout=20) as tim:
+        await tim.subscribe("s", durable_id="d3")
+    assert len(await gw.store.list_subscriptions()) == 4
+
+
+async def test_concurrent_creations_cannot_pass_the_quota(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """Ten new names at once, on ten connections, against a quota of three:
+    the count and the insert are one locked step, so exactly three win."""
+    gw = await gateway_factory(max_durable_subscriptions=3)
+    results = await asyncio.gather(*(_bson(gw, f"c{i}") for i in range(10)))
+    assert sorted(results) == ["ok"] * 3 + ["too_large"] * 7
+    assert len(await gw.store.list_subscriptions()) == 3

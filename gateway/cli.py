@@ -20,7 +20,9 @@ import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 from polyport.core import migrate
 from polyport.core.commands import FromPosition, FromTime, Selector
@@ -34,7 +36,9 @@ from polyport.gateway.config import (
     LOG_FORMATS,
     LOG_LEVELS,
     TLS_LISTENERS,
+    ConfigError,
     GatewayConfig,
+    check_private_file,
     load_config,
     tls_keys,
 )
@@ -135,6 +139,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--database-url", default=s, metavar="URL",
                    help="PostgreSQL URL, postgresql://user:password@host:port/db "
                         "(default: the embedded database under --data-dir)")
+    p.add_argument("--database-url-file", default=s, metavar="FILE",
+                   help="read the PostgreSQL URL from the first line of FILE (mode 0600), "
+                        "so its password is not in argv")
     p.add_argument("--data-dir", default=s, metavar="DIR",
                    help="data directory of the embedded database and gateway.json "
                         "(default ./polyport-data)")
@@ -255,8 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--default-context", default="default",
                      help="context the user acts in when a request names none (default "
                           "'default')")
-    add.add_argument("--context", action="append", dest="contexts", metavar="CONTEXT",
-                     help="a context the user may use (repeat; none = every context)")
+    # No default scope: a forgotten --context must not grant every tenant.
+    scope = add.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--context", action="append", dest="contexts", metavar="CONTEXT",
+                       help="a context the user may use (repeat)")
+    scope.add_argument("--all-contexts", action="store_true",
+                       help="the user may use every context, present and future")
     _leaf(us, "list", "list users (never their passwords)")
     rm = _leaf(us, "remove", "remove a user")
     rm.add_argument("name", help="user name")
@@ -358,9 +369,37 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         for k, v in vars(args).items()
         if k not in _NOT_SETTINGS and v is not None
     }
+    url_file = overrides.pop("database_url_file", None)
+    if url_file is not None:
+        if "database_url" in overrides:
+            raise ConfigError("--database-url and --database-url-file: give one of them")
+        overrides["database_url"] = _read_url_file(Path(url_file))
     known = set(GatewayConfig.__dataclass_fields__) | set(tls_keys())
     return load_config(getattr(args, "config", None),
                        overrides={k: v for k, v in overrides.items() if k in known})
+
+
+def _read_url_file(path: Path) -> str:
+    try:
+        lines = path.read_text().strip().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"--database-url-file: cannot read {path}: {exc.strerror}") from None
+    url = lines[0].strip() if lines else ""
+    if not url:
+        raise ConfigError(f"--database-url-file: {path} is empty; write the URL on its first line")
+    if urlsplit(url).password:
+        check_private_file(path, "--database-url-file:")
+    return url
+
+
+def _password_in_argv(args: argparse.Namespace) -> bool:
+    """--database-url's value carries a password: every user of the machine
+    can read it in the process list."""
+    url = getattr(args, "database_url", None)
+    try:
+        return bool(url and urlsplit(url).password)
+    except ValueError:  # not a URL: load_config has said so
+        return False
 
 
 def read_password(args: argparse.Namespace) -> str:
@@ -688,6 +727,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         setup_logging(config.log_format, config.log_level)
+        if _password_in_argv(args):
+            log.warning("--database-url carries a password that every user of this machine "
+                        "can read in the process list: use --database-url-file FILE or "
+                        "POLYPORT_DATABASE_URL instead")
         if args.command == "serve":
             if config.workers > 1:
                 from polyport.gateway.supervisor import supervise

@@ -43,6 +43,7 @@ from polyport.gateway.config import (
     tls_keys,
 )
 from polyport.gateway.connections_cli import AdminError, add_connections_parser, run_connections
+from polyport.gateway.data_dir import serving
 from polyport.gateway.database import database_url
 from polyport.gateway.eventloop import LoopChoice, choose_loop
 from polyport.gateway.eventloop import run as run_on_loop
@@ -732,12 +733,14 @@ def main(argv: list[str] | None = None) -> int:
                         "can read in the process list: use --database-url-file FILE or "
                         "POLYPORT_DATABASE_URL instead")
         if args.command == "serve":
-            if config.workers > 1:
-                from polyport.gateway.supervisor import supervise
+            # Held until this process (the supervisor, with workers) exits.
+            with serving(config.data_dir):
+                if config.workers > 1:
+                    from polyport.gateway.supervisor import supervise
 
-                return supervise(config, args)
-            choice = choose_loop(config.event_loop)
-            return run_on_loop(_serve(config, args, choice), choice)
+                    return supervise(config, args)
+                choice = choose_loop(config.event_loop)
+                return run_on_loop(_serve(config, args, choice), choice)
         if args.command == "migrate":
             return _migrate(args, config)
         if args.command == "status":

@@ -43,7 +43,7 @@ from polyport.gateway.config import (
     tls_keys,
 )
 from polyport.gateway.connections_cli import AdminError, add_connections_parser, run_connections
-from polyport.gateway.data_dir import serving
+from polyport.gateway.data_dir import DataDirLock
 from polyport.gateway.database import database_url
 from polyport.gateway.eventloop import LoopChoice, choose_loop
 from polyport.gateway.eventloop import run as run_on_loop
@@ -734,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
                         "POLYPORT_DATABASE_URL instead")
         if args.command == "serve":
             # Held until this process (the supervisor, with workers) exits.
-            with serving(config.data_dir):
+            with DataDirLock(config.data_dir):
                 if config.workers > 1:
                     from polyport.gateway.supervisor import supervise
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from polyport.gateway.config import ConfigError
@@ -44,23 +42,33 @@ def write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-@contextmanager
-def serving(data_dir: str) -> Iterator[None]:
+class DataDirLock:
     """Hold the data directory for this ``serve``; DataDirInUse, naming the
-    holder's pid, when another process holds it."""
-    path = make_data_dir(Path(data_dir)) / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
+    holder's pid, when another process holds it.  A class, not
+    @contextmanager: that one writes ``__traceback__`` on the exception
+    passing through, which the gateway's frozen-dataclass errors refuse."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.data_dir = data_dir
+        self.fd: int | None = None
+
+    def __enter__(self) -> None:
+        path = make_data_dir(Path(self.data_dir)) / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
             raise DataDirInUse(
-                f"data directory {data_dir} is in use by another polyport serve (pid {holder}); "
-                "stop that one first, or give this one its own --data-dir"
+                f"data directory {self.data_dir} is in use by another polyport serve "
+                f"(pid {holder}); stop that one first, or give this one its own --data-dir"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+        self.fd = fd
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # releases the lock
+            self.fd = None

@@ -172,6 +172,16 @@ def _context_option(p: argparse.ArgumentParser) -> None:
                    help="the context the name belongs to (default: %(default)s)")
 
 
+def _scope_options(p: argparse.ArgumentParser) -> None:
+    """--context … or --all-contexts, one of them: a forgotten --context must
+    not grant every tenant."""
+    scope = p.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--context", action="append", dest="contexts", metavar="CONTEXT",
+                       help="a context the user may use (repeat)")
+    scope.add_argument("--all-contexts", action="store_true",
+                       help="the user may use every context, present and future")
+
+
 def _password_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--password", nargs="?", action=_RefusePassword, help=argparse.SUPPRESS)
     p.add_argument("--password-stdin", action="store_true",
@@ -263,12 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--default-context", default="default",
                      help="context the user acts in when a request names none (default "
                           "'default')")
-    # No default scope: a forgotten --context must not grant every tenant.
-    scope = add.add_mutually_exclusive_group(required=True)
-    scope.add_argument("--context", action="append", dest="contexts", metavar="CONTEXT",
-                       help="a context the user may use (repeat)")
-    scope.add_argument("--all-contexts", action="store_true",
-                       help="the user may use every context, present and future")
+    _scope_options(add)
     _leaf(us, "list", "list users (never their passwords)")
     rm = _leaf(us, "remove", "remove a user")
     rm.add_argument("name", help="user name")
@@ -277,8 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     _password_options(pw)
     cx = _leaf(us, "contexts", "set the contexts a user may use")
     cx.add_argument("name", help="user name")
-    cx.add_argument("--context", action="append", dest="contexts", metavar="CONTEXT",
-                    help="a context the user may use (repeat; none = every context)")
+    _scope_options(cx)
     cx.add_argument("--default-context", help="context used when a request names none")
 
     keys = sub.add_parser("keys", help="manage Res01 CURVE client keys",

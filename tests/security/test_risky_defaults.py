@@ -49,6 +49,15 @@ async def test_users_add_needs_an_explicit_scope(db_url: str, tmp_path: Path) ->
     assert users["bob"]["contexts"] == ["a"]
     assert users["root"]["contexts"] is None  # every context, because it was asked for
 
+    # Changing the default context alone must not widen bob to every context.
+    contexts = ("users", "contexts", "bob", "--database-url-file", str(url_file))
+    unscoped = await asyncio.to_thread(polyport, *contexts, "--default-context", "a")
+    assert unscoped.returncode == 2 and "--all-contexts" in unscoped.stderr
+    assert (await _users(url_file))["bob"]["contexts"] == ["a"]
+    done = await asyncio.to_thread(polyport, *contexts, "--context", "a", "--context", "b")
+    assert done.returncode == 0, done.stderr
+    assert (await _users(url_file))["bob"]["contexts"] == ["a", "b"]
+
 
 async def test_database_password_in_argv_is_warned_about(db_url: str, tmp_path: Path) -> None:
     in_argv = await asyncio.to_thread(polyport, "users", "list", "--database-url", db_url)

@@ -276,6 +276,9 @@ class EmbeddedPostgres:
             self.data_dir.chmod(mode & 0o700)
             log.info("%s: mode %04o -> %04o (it holds the database password)",
                      self.data_dir, mode, mode & 0o700)
+        # pg_ctl made the log with the umask; it names users and statements.
+        if self.log_file.is_file() and stat.S_IMODE(self.log_file.stat().st_mode) & 0o077:
+            self.log_file.chmod(0o600)
 
     def _adopt(self) -> None:
         """A cluster an older version ran as another account (the shared

@@ -68,7 +68,7 @@ async def _check_secured(pg: EmbeddedPostgres, home: Path) -> None:
     # Nothing above or at the data directory opened to other users.
     assert _mode(home) & 0o007 == 0, oct(_mode(home))
     assert _mode(pg.data_dir) & 0o077 in (0, 0o010), oct(_mode(pg.data_dir))  # 010: ACL mask
-    assert _mode(pg.password_file) == 0o600
+    assert _mode(pg.password_file) == _mode(pg.log_file) == 0o600
     assert pg.password_file.is_file() and not pg.password_file.is_symlink()
     # A password on the unix socket too, as on TCP.
     assert _hba_methods(pg) == {"scram-sha-256"}
@@ -106,6 +106,7 @@ async def test_new_cluster_and_one_an_older_version_made(home: Path) -> None:
             _give_to("postgres" if _exists("postgres") else "nobody",
                      pg.pgdata, pg.run_dir, pg.log_file)
         pg.data_dir.chmod(0o755)
+        pg.log_file.chmod(0o644)
 
         again = EmbeddedPostgres(home / "data", fast=True)
         pg = again

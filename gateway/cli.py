@@ -20,7 +20,9 @@ import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 from polyport.core import migrate
 from polyport.core.commands import FromPosition, FromTime, Selector
@@ -37,10 +39,12 @@ from polyport.gateway.config import (
     TLS_LISTENERS,
     ConfigError,
     GatewayConfig,
+    check_private_file,
     load_config,
     tls_keys,
 )
 from polyport.gateway.connections_cli import AdminError, add_connections_parser, run_connections
+from polyport.gateway.data_dir import DataDirLock
 from polyport.gateway.database import database_url
 from polyport.gateway.eventloop import LoopChoice, choose_loop
 from polyport.gateway.eventloop import run as run_on_loop
@@ -155,6 +159,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--database-url", default=s, metavar="URL",
                    help="PostgreSQL URL, postgresql://user:password@host:port/db "
                         "(default: the embedded database under --data-dir)")
+    p.add_argument("--database-url-file", default=s, metavar="FILE",
+                   help="read the PostgreSQL URL from the first line of FILE (mode 0600), "
+                        "so its password is not in argv")
     p.add_argument("--data-dir", default=s, metavar="DIR",
                    help="data directory of the embedded database and gateway.json "
                         "(default /var/lib/polyport as root, else ~/.local/share/polyport)")
@@ -186,6 +193,16 @@ def _json_option(p: argparse.ArgumentParser) -> None:
 def _context_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", default=DEFAULT_CONTEXT,
                    help="the context the name belongs to (default: %(default)s)")
+
+
+def _scope_options(p: argparse.ArgumentParser) -> None:
+    """--context … or --all-contexts, one of them: a forgotten --context must
+    not grant every tenant."""
+    scope = p.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--context", action="append", dest="contexts", metavar="CONTEXT",
+                       help="a context the user may use (repeat)")
+    scope.add_argument("--all-contexts", action="store_true",
+                       help="the user may use every context, present and future")
 
 
 def _password_options(p: argparse.ArgumentParser) -> None:
@@ -283,8 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--default-context",
                      help="context the user acts in when a request names none (one of its "
                           "contexts; default: the first --context, else 'default')")
-    add.add_argument("--context", action="append", dest="contexts", metavar="CONTEXT",
-                     help="a context the user may use (repeat; none = every context)")
+    _scope_options(add)
     _json_option(_leaf(us, "list", "list users (never their passwords)"))
     rm = _leaf(us, "remove", "remove a user")
     rm.add_argument("name", help="user name")
@@ -293,8 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     _password_options(pw)
     cx = _leaf(us, "contexts", "set the contexts a user may use")
     cx.add_argument("name", help="user name")
-    cx.add_argument("--context", action="append", dest="contexts", metavar="CONTEXT",
-                    help="a context the user may use (repeat; none = every context)")
+    _scope_options(cx)
     cx.add_argument("--default-context", help="context used when a request names none")
 
     keys = sub.add_parser("keys", help="manage Res01 CURVE client keys",
@@ -397,9 +412,37 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         for k, v in vars(args).items()
         if k not in _NOT_SETTINGS and v is not None
     }
+    url_file = overrides.pop("database_url_file", None)
+    if url_file is not None:
+        if "database_url" in overrides:
+            raise ConfigError("--database-url and --database-url-file: give one of them")
+        overrides["database_url"] = _read_url_file(Path(url_file))
     known = set(GatewayConfig.__dataclass_fields__) | set(tls_keys())
     return load_config(getattr(args, "config", None),
                        overrides={k: v for k, v in overrides.items() if k in known})
+
+
+def _read_url_file(path: Path) -> str:
+    try:
+        lines = path.read_text().strip().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"--database-url-file: cannot read {path}: {exc.strerror}") from None
+    url = lines[0].strip() if lines else ""
+    if not url:
+        raise ConfigError(f"--database-url-file: {path} is empty; write the URL on its first line")
+    if urlsplit(url).password:
+        check_private_file(path, "--database-url-file:")
+    return url
+
+
+def _password_in_argv(args: argparse.Namespace) -> bool:
+    """--database-url's value carries a password: every user of the machine
+    can read it in the process list."""
+    url = getattr(args, "database_url", None)
+    try:
+        return bool(url and urlsplit(url).password)
+    except ValueError:  # not a URL: load_config has said so
+        return False
 
 
 def read_password(args: argparse.Namespace) -> str:
@@ -832,13 +875,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         setup_logging(config.log_format, config.log_level)
+        if _password_in_argv(args):
+            log.warning("--database-url carries a password that every user of this machine "
+                        "can read in the process list: use --database-url-file FILE or "
+                        "POLYPORT_DATABASE_URL instead")
         if args.command == "serve":
-            if config.workers > 1:
-                from polyport.gateway.supervisor import supervise
+            # Held until this process (the supervisor, with workers) exits.
+            with DataDirLock(config.data_dir):
+                if config.workers > 1:
+                    from polyport.gateway.supervisor import supervise
 
-                return supervise(config, args)
-            choice = choose_loop(config.event_loop)
-            return run_on_loop(_serve(config, args, choice), choice)
+                    return supervise(config, args)
+                choice = choose_loop(config.event_loop)
+                return run_on_loop(_serve(config, args, choice), choice)
         if args.command == "migrate":
             return _migrate(args, config)
         if args.command == "status":

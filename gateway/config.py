@@ -8,6 +8,7 @@ listener and 0 picks a free one.
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -54,6 +55,18 @@ TLS_USER_FROM = ("cn", "san-email", "san-dns", "san-uri")
 
 class ConfigError(ValueError):
     pass
+
+
+def check_private_file(path: Path, what: str, instead: str = "") -> None:
+    """Refuse a file holding a secret (a key, a token) that users other than
+    its owner may read: ConfigError, one line with the fix.  ``what`` names
+    the setting, ``instead`` a way around the file."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:  # group too: nobody but the owner needs the secret
+        raise ConfigError(
+            f"{what} {path} is readable by other users (mode {mode:04o}); "
+            f"run chmod 600 {path}{instead}"
+        )
 
 
 def parse_port(value: Any, key: str) -> int | None:
@@ -445,6 +458,9 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         data = data.get("polyport", data)
+        if any(key.replace("-", "_") == "admin_token" for key in data):
+            check_private_file(path, "admin_token: config file",
+                               " or set POLYPORT_ADMIN_TOKEN instead")
         for key, value in data.items():
             k = key.replace("-", "_")
             if k == "tls" and isinstance(value, dict):

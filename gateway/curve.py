@@ -31,7 +31,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils import z85
 
-from polyport.gateway.config import ConfigError, GatewayConfig
+from polyport.gateway.config import ConfigError, GatewayConfig, check_private_file
 from polyport.gateway.zap import DOMAIN as ZAP_DOMAIN
 
 if TYPE_CHECKING:
@@ -80,10 +80,7 @@ def server_keys(config: GatewayConfig) -> CurveKeys:
             f.write(keys.secret + "\n")
         log.info("res01: generated a CURVE server key pair in %s", path)
         return keys
-    if os.stat(path).st_mode & 0o077:
-        raise ConfigError(
-            f"res01: CURVE key file {path} is readable by other users; run chmod 600 {path}"
-        )
+    check_private_file(path, "res01: CURVE key file")
     try:
         return keys_from_secret(path.read_text())
     except (ValueError, zmq.ZMQError) as exc:

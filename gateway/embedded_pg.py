@@ -2,11 +2,20 @@
 
 Used when no database URL is configured, and by the test suite for its
 throwaway cluster.  Binaries come from the system (``/usr/lib/postgresql/*/bin``
-or ``PATH``) or, failing that, from the ``pgserver`` wheel.  PostgreSQL refuses
-to run as root, so as root the cluster belongs to an unprivileged user.
+or ``PATH``) or, failing that, from the ``pgserver`` wheel.
 
-The cluster listens on 127.0.0.1 (password auth, the password kept in the data
-directory with mode 0600) and on a unix socket in the data directory.
+The cluster listens on 127.0.0.1 and on a unix socket in the data directory,
+both asking for the password (scram-sha-256), which is kept in the data
+directory with mode 0600.  The data directory is 0700.
+
+PostgreSQL refuses to run as root, so as root the cluster runs as a
+dedicated system account, ``polyport`` (created if missing), with no
+supplementary groups: not the distribution's ``postgres`` account, which
+other clusters and their administrators share.  That account needs search
+permission (x) on the data directory and on every directory above it; where
+it has none (``/root`` is 0700, and so is the data directory), polyport adds
+an ACL entry granting that one account search and nothing more, rather than
+opening the directory to every user (o+x).
 """
 
 from __future__ import annotations
@@ -24,12 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polyport.core import sql
+from polyport.gateway.data_dir import make_data_dir, write_private
+from polyport.gateway.posix_acl import grant_search, may_search
 
 log = logging.getLogger("polyport.embedded_pg")
 
 DATABASE_NAME = "polyport"
 SUPERUSER = "polyport"
-UNPRIVILEGED_USERS = ("postgres", "polyport")
+# The system account the cluster runs as when polyport runs as root.
+ACCOUNT = "polyport"
+# Client authentication for socket and TCP connections alike.
+AUTH_METHOD = "scram-sha-256"
 
 # Settings for throwaway clusters (tests): durability traded for speed.
 FAST_SETTINGS = {
@@ -84,25 +98,46 @@ def _pick_user() -> pwd.struct_passwd | None:
     """The account to run PostgreSQL as: None when we are not root."""
     if os.geteuid() != 0:
         return None
-    for name in UNPRIVILEGED_USERS:
-        try:
-            return pwd.getpwnam(name)
-        except KeyError:
-            continue
-    subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "polyport"],
-        check=True,
+    try:
+        return pwd.getpwnam(ACCOUNT)
+    except KeyError:
+        pass
+    made = subprocess.run(
+        ["useradd", "--system", "--user-group", "--no-create-home",
+         "--shell", "/usr/sbin/nologin", ACCOUNT],
+        capture_output=True, text=True,
     )
-    return pwd.getpwnam("polyport")
+    try:  # another process may have created it first
+        return pwd.getpwnam(ACCOUNT)
+    except KeyError:
+        raise EmbeddedPostgresError(
+            f"cannot create the system account {ACCOUNT!r} to run PostgreSQL as "
+            f"(useradd: {made.stderr.strip() or made.returncode}); create it, or run polyport "
+            "as an unprivileged user"
+        ) from None
 
 
-def _make_traversable(path: Path) -> None:
-    """Let the unprivileged cluster owner reach ``path`` (search bit only)."""
-    for parent in [path, *path.parents]:
-        mode = parent.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            log.info("adding o+x to %s so the PostgreSQL user can reach the data directory", parent)
-            parent.chmod(mode | stat.S_IXOTH)
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    if not root.exists():
+        return
+    os.lchown(root, uid, gid)
+    for parent, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(parent, name), uid, gid)
+
+
+def _secure_hba(text: str) -> str:
+    """pg_hba.conf with every ``trust`` method (older versions let local
+    socket connections in without a password) replaced by AUTH_METHOD."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        body, hash_, comment = line.partition("#")
+        fields = body.split()
+        if fields and fields[-1] == "trust":
+            head, _, tail = body.rpartition("trust")
+            line = head + AUTH_METHOD + tail + hash_ + comment
+        out.append(line)
+    return "".join(out)
 
 
 @dataclass
@@ -124,14 +159,22 @@ class EmbeddedPostgres:
 
     # --- subprocess helpers ------------------------------------------------
 
-    def _run(self, args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    def _run(self, args: list[str], *, password: bool = False,
+             **kw: object) -> subprocess.CompletedProcess[str]:
+        """A PostgreSQL program as the cluster's account; ``password``: it
+        connects, with the superuser's password (in its environment, which
+        only that account and root can read)."""
         bins = find_bin_dir(self.bin_dir)
         cmd = [str(bins / args[0]), *args[1:]]
         extra: dict[str, object] = {}
         if self.user is not None:
-            extra = {"user": self.user.pw_uid, "group": self.user.pw_gid}
+            # No supplementary groups: root's would let the server read what
+            # group root may read.
+            extra = {"user": self.user.pw_uid, "group": self.user.pw_gid, "extra_groups": []}
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C"
+        if password:
+            env["PGPASSWORD"] = self.password
         proc = subprocess.run(
             cmd, capture_output=True, text=True, env=env, cwd="/", **extra, **kw  # type: ignore[call-overload]
         )
@@ -140,6 +183,72 @@ class EmbeddedPostgres:
     def _chown(self, path: Path) -> None:
         if self.user is not None:
             os.chown(path, self.user.pw_uid, self.user.pw_gid)
+
+    def _reach(self) -> None:
+        """Let the cluster's account search the data directory and every
+        directory above it, each through an ACL entry for that account alone
+        where it has no such permission yet."""
+        assert self.user is not None
+        name = self.user.pw_name
+        for directory in (self.data_dir, *self.data_dir.parents):
+            if may_search(directory, self.user):
+                continue
+            try:
+                grant_search(directory, self.user)
+            except OSError as exc:
+                raise EmbeddedPostgresError(
+                    f"the account {name!r} that runs the embedded PostgreSQL cannot reach "
+                    f"{self.data_dir}: {directory} gives it no search permission and an ACL "
+                    f"entry could not be added ({exc.strerror}); run 'setfacl -m u:{name}:x "
+                    f"{directory}', or choose a --data-dir it can reach (e.g. under "
+                    "/var/lib/polyport)"
+                ) from None
+            log.info("granted the %s account search permission (x) on %s through an ACL "
+                     "entry, so it can reach %s; nobody else gains access",
+                     name, directory, self.data_dir)
+
+    def _close_data_dir(self) -> None:
+        """0700 for a data directory an older version made with the default
+        mode (0755): it holds the cluster's password.  (An ACL mask shows as
+        group x: that is :meth:`_reach`'s entry, not the group's.)"""
+        st = self.data_dir.stat()
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid == os.geteuid() and mode & 0o067:
+            self.data_dir.chmod(mode & 0o700)
+            log.info("%s: mode %04o -> %04o (it holds the database password)",
+                     self.data_dir, mode, mode & 0o700)
+        # pg_ctl made the log with the umask; it names users and statements.
+        if self.log_file.is_file() and stat.S_IMODE(self.log_file.stat().st_mode) & 0o077:
+            self.log_file.chmod(0o600)
+
+    def _adopt(self) -> None:
+        """A cluster an older version ran as another account (the shared
+        ``postgres``): hand it to the dedicated one.  Only while no server
+        runs on it."""
+        assert self.user is not None
+        owner = self.pgdata.stat().st_uid
+        if owner == self.user.pw_uid:
+            return
+        try:
+            was = pwd.getpwuid(owner).pw_name
+        except KeyError:
+            was = str(owner)
+        log.info("moving the embedded PostgreSQL in %s from account %s to %s",
+                 self.data_dir, was, self.user.pw_name)
+        for tree in (self.pgdata, self.run_dir, self.log_file):
+            _chown_tree(tree, self.user.pw_uid, self.user.pw_gid)
+
+    def _secure_hba(self) -> None:
+        """Older versions let local socket connections in without a password:
+        ask for it there too.  Only while no server runs (it reads the file
+        at start)."""
+        hba = self.pgdata / "pg_hba.conf"
+        text = hba.read_text()
+        secured = _secure_hba(text)
+        if secured != text:
+            hba.write_text(secured)  # in place: its owner and mode 0600 stay
+            log.info("%s: local connections now need the password (%s instead of trust)",
+                     hba, AUTH_METHOD)
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -154,18 +263,14 @@ class EmbeddedPostgres:
         return (self.pgdata / "PG_VERSION").exists()
 
     def init(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self.user is not None:
-            _make_traversable(self.data_dir)
         self.pgdata.mkdir(mode=0o700, exist_ok=True)
         self.run_dir.mkdir(mode=0o700, exist_ok=True)
         self._chown(self.pgdata)
         self._chown(self.run_dir)
         password = secrets.token_urlsafe(24)
-        self.password_file.write_text(password + "\n")
-        self.password_file.chmod(0o600)
+        write_private(self.password_file, password + "\n")
         pwfile = self.run_dir / "initdb-pw"
-        pwfile.write_text(password + "\n")
+        write_private(pwfile, password + "\n")
         self._chown(pwfile)
         try:
             proc = self._run(
@@ -176,8 +281,8 @@ class EmbeddedPostgres:
                     "-U",
                     SUPERUSER,
                     f"--pwfile={pwfile}",
-                    "--auth-local=trust",
-                    "--auth-host=scram-sha-256",
+                    f"--auth-local={AUTH_METHOD}",
+                    f"--auth-host={AUTH_METHOD}",
                     "-E",
                     "UTF8",
                     "--locale=C",
@@ -214,12 +319,19 @@ class EmbeddedPostgres:
         If a server already runs on this data directory (another polyport
         process), reuse it and leave it running at exit.
         """
+        make_data_dir(self.data_dir)
+        self._close_data_dir()
+        if self.user is not None:
+            self._reach()
         if not self.initialized():
             self.init()
         port = self.running_port()
         if port is not None:
             self.owned = False
             return self.url(port)
+        if self.user is not None:
+            self._adopt()
+        self._secure_hba()
         port = self.port or _free_port()
         settings = {**(FAST_SETTINGS if self.fast else DEFAULT_SETTINGS), **self.settings}
         opts = [
@@ -228,8 +340,9 @@ class EmbeddedPostgres:
             f"-c unix_socket_directories={self.run_dir}",
             *(f"-c {k}={v}" for k, v in settings.items()),
         ]
-        if self.user is not None and not self.log_file.exists():
-            self.log_file.touch()
+        if not self.log_file.exists():
+            # The server's log: its account writes it, nobody else reads it.
+            os.close(os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
             self._chown(self.log_file)
         proc = self._run(
             [
@@ -268,11 +381,11 @@ class EmbeddedPostgres:
             "postgres",
             "-tAc",
         ]
-        check = self._run([*psql, sql.database_exists(DATABASE_NAME)])
+        check = self._run([*psql, sql.database_exists(DATABASE_NAME)], password=True)
         if check.returncode != 0:
             raise EmbeddedPostgresError(f"cannot reach embedded PostgreSQL: {check.stderr}")
         if check.stdout.strip() != "1":
-            made = self._run([*psql, sql.create_database(DATABASE_NAME)])
+            made = self._run([*psql, sql.create_database(DATABASE_NAME)], password=True)
             if made.returncode != 0:
                 raise EmbeddedPostgresError(
                     f"creating database {DATABASE_NAME} failed: {made.stderr}"

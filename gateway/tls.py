@@ -48,14 +48,13 @@ import contextlib
 import logging
 import socket
 import ssl
-import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from polyport.gateway.config import ConfigError, TlsOptions
+from polyport.gateway.config import ConfigError, TlsOptions, check_private_file
 
 log = logging.getLogger("polyport.tls")
 
@@ -130,12 +129,7 @@ def check_material(listener: str, options: TlsOptions, now: datetime | None = No
     for what, path in (("certificate", cert), ("key", key)):
         if not path.is_file():
             raise ConfigError(f"{listener}: TLS {what} file {path} does not exist")
-    mode = stat.S_IMODE(key.stat().st_mode)
-    if mode & 0o077:
-        raise ConfigError(
-            f"{listener}: TLS key file {key} is readable by other users (mode {mode:04o}); "
-            f"run chmod 600 {key}"
-        )
+    check_private_file(key, f"{listener}: TLS key file")
     try:
         chain = _pem_certificates(cert)
     except (ValueError, IndexError) as exc:

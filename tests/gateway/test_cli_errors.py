@@ -50,7 +50,9 @@ def test_unreachable_database() -> None:
         port = s.getsockname()[1]  # closed again: nothing listens there
     url = f"postgresql://polyport:{SECRET}@127.0.0.1:{port}/polyport"
     for command in (["serve", "--http-port", "0", *LISTENERS_OFF], ["migrate"]):
-        err = assert_one_clean_line(polyport(*command, "--database-url", url), "--database-url")
+        # A password: the environment, never argv (argv would add a warning line).
+        done = polyport(*command, env={"POLYPORT_DATABASE_URL": url})
+        err = assert_one_clean_line(done, "--database-url")
         assert "cannot reach PostgreSQL" in err and "***" in err
 
 
@@ -75,9 +77,8 @@ async def test_port_in_use_names_the_listener_and_flag(db_url: str) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        args = ["serve", "--database-url", db_url, "--http-port", "0", *LISTENERS_OFF,
-                "--bson-port", str(port)]
-        done = await asyncio.to_thread(polyport, *args)
+        args = ["serve", "--http-port", "0", *LISTENERS_OFF, "--bson-port", str(port)]
+        done = await asyncio.to_thread(polyport, *args, env={"POLYPORT_DATABASE_URL": db_url})
     err = assert_one_clean_line(done, "--bson-port", "bson", str(port))
     assert "address already in use" in err
 
@@ -88,8 +89,8 @@ async def test_res01_port_in_use_names_the_flag(db_url: str) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         off = [*LISTENERS_OFF, "--res01-port", str(port)]  # the last flag wins
-        done = await asyncio.to_thread(polyport, "serve", "--database-url", db_url,
-                                       "--http-port", "0", *off)
+        done = await asyncio.to_thread(polyport, "serve", "--http-port", "0", *off,
+                                       env={"POLYPORT_DATABASE_URL": db_url})
     err = assert_one_clean_line(done, "--res01-port", "res01", str(port))
     assert "address already in use" in err
 
@@ -133,7 +134,8 @@ def test_common_options_after_the_subcommand_and_version() -> None:
         assert_one_clean_line(polyport(*args), "--database-url")
 
 
-@pytest.mark.parametrize("command", [["users", "add", "bob"], ["users", "passwd", "bob"]])
+@pytest.mark.parametrize("command", [["users", "add", "bob", "--all-contexts"],
+                                     ["users", "passwd", "bob"]])
 def test_password_never_on_the_command_line(command: list[str]) -> None:
     rejected = polyport(*command, "--password", SECRET)
     assert rejected.returncode == 2 and "--password" in rejected.stderr
@@ -146,7 +148,8 @@ async def test_password_from_stdin_logs_in(db_url: str) -> None:
     from polyport.core.store import EventStore, StoreConfig
 
     done = await asyncio.to_thread(polyport, "users", "add", "carol", "--password-stdin",
-                                   "--database-url", db_url, stdin=f"{SECRET}\n")
+                                   "--all-contexts", "--database-url", db_url,
+                                   stdin=f"{SECRET}\n")
     assert done.returncode == 0, done.stderr
     assert SECRET not in done.stdout + done.stderr
     store = EventStore(StoreConfig(db_url, pool_min=1, pool_max=2, run_binders=False))

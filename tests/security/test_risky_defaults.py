@@ -21,7 +21,7 @@ def _url_file(tmp_path: Path, url: str, mode: int = 0o600) -> Path:
 
 
 async def _users(url_file: Path) -> dict[str, dict[str, object]]:
-    done = await asyncio.to_thread(polyport, "users", "list", "--database-url-file",
+    done = await asyncio.to_thread(polyport, "users", "list", "--json", "--database-url-file",
                                    str(url_file))
     assert done.returncode == 0, done.stderr
     return {u["name"]: u for u in json.loads(done.stdout)}
@@ -60,7 +60,7 @@ async def test_users_add_needs_an_explicit_scope(db_url: str, tmp_path: Path) ->
 
 
 async def test_database_password_in_argv_is_warned_about(db_url: str, tmp_path: Path) -> None:
-    in_argv = await asyncio.to_thread(polyport, "users", "list", "--database-url", db_url)
+    in_argv = await asyncio.to_thread(polyport, "users", "list", "--json", "--database-url", db_url)
     assert in_argv.returncode == 0, in_argv.stderr
     [warning] = [line for line in in_argv.stderr.splitlines() if "WARNING" in line]
     assert "--database-url-file" in warning and "POLYPORT_DATABASE_URL" in warning
@@ -68,20 +68,20 @@ async def test_database_password_in_argv_is_warned_about(db_url: str, tmp_path: 
     assert password not in in_argv.stderr
 
     # From a private file or the environment: the same command, no warning.
-    from_file = await asyncio.to_thread(polyport, "users", "list", "--database-url-file",
+    from_file = await asyncio.to_thread(polyport, "users", "list", "--json", "--database-url-file",
                                         str(_url_file(tmp_path, db_url)))
-    from_env = await asyncio.to_thread(polyport, "users", "list",
+    from_env = await asyncio.to_thread(polyport, "users", "list", "--json",
                                        env={"POLYPORT_DATABASE_URL": db_url})
     for done in (from_file, from_env):
         assert done.returncode == 0, done.stderr
         assert "WARNING" not in done.stderr and json.loads(done.stdout) == []
 
     # A password file that others can read is refused like a TLS key.
-    loose = await asyncio.to_thread(polyport, "users", "list", "--database-url-file",
+    loose = await asyncio.to_thread(polyport, "users", "list", "--json", "--database-url-file",
                                     str(_url_file(tmp_path, db_url, 0o644)))
     err = assert_one_clean_line(loose, "--database-url-file", "chmod 600")
     assert password not in err
-    both = await asyncio.to_thread(polyport, "users", "list", "--database-url", db_url,
+    both = await asyncio.to_thread(polyport, "users", "list", "--json", "--database-url", db_url,
                                    "--database-url-file", str(_url_file(tmp_path, db_url)))
     assert_one_clean_line(both, "--database-url-file")
 

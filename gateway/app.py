@@ -27,6 +27,7 @@ from polyport.gateway.telemetry import Telemetry
 from polyport.gateway.tls import ServerTls, check_material
 from polyport.gateway.websocket import TLS_USER_FROM
 from polyport.gateway.workers import Aggregator, WorkerRole, WorkerServer, chain_connector
+from polyport.protocols.budgets import ByteBudget
 from polyport.protocols.connections import ConnectionTable
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, SessionContext
 
@@ -101,6 +102,15 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         # Listener name -> its TLS context (the HTTP port is "http").
         self.tls: dict[str, ServerTls] = {}
+        # Fragments of ReactiveSocket/RSocket requests being reassembled, every
+        # connection of both protocols together (gateway/reactive.py).
+        self.reassembly_budget = ByteBudget(
+            config.reassembly_budget,
+            config.reassembly_budget_per_address,
+            what="fragmented requests",
+            setting="reassembly_budget",
+            per_address_setting="reassembly_budget_per_address",
+        )
 
     async def __aenter__(self) -> Gateway:
         await self.start()

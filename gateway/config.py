@@ -141,6 +141,11 @@ class GatewayConfig:
     # Bytes (bodies, headers, names) queued for the writer before appends
     # answer busy; one append alone is always admitted.
     max_pending_bytes: int = 256 << 20
+    # Bytes of fragmented ReactiveSocket/RSocket requests held for all
+    # connections of the process together, and for those of one source
+    # address (0 = no limit); past either a fragment's stream gets ERROR busy.
+    reassembly_budget: int = 256 << 20
+    reassembly_budget_per_address: int = 64 << 20
     # Structural limits checked before an append is queued (core.limits).
     max_name_bytes: int = 256
     max_headers: int = 64
@@ -239,6 +244,8 @@ _INT_KEYS = {
     "max_event_bytes",
     "max_pending_events",
     "max_pending_bytes",
+    "reassembly_budget",
+    "reassembly_budget_per_address",
     "max_name_bytes",
     "max_headers",
     "max_header_name_bytes",

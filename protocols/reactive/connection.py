@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import MALFORMED, TOO_LARGE
 from polyport.protocols.reactive.streams import (
     Action,
@@ -91,6 +92,11 @@ class StreamConnection:
         self.state = ConnectionState.AWAITING_SETUP
         self._buffer = bytearray()
         self._streams: dict[int, Any] = {}
+        # This connection's share of a byte budget other connections draw on
+        # too (the gateway's reassembly budget): every fragment kept for
+        # reassembly is reserved in it first.  None: only this connection's
+        # own limits apply.
+        self.budget: BudgetAccount | None = None
 
     # --- the version's codec --------------------------------------------------------
 
@@ -114,6 +120,36 @@ class StreamConnection:
     def _check_message(self, message: bytes) -> None:
         """A WebSocket message (one frame) against the limit."""
         raise NotImplementedError
+
+    # --- the shared budget --------------------------------------------------------------
+
+    @property
+    def reassembly_bytes(self) -> int:
+        """Bytes of fragmented messages held now, all streams together."""
+        raise NotImplementedError
+
+    def _reserve_fragment(self, n: int) -> str | None:
+        """Reserve ``n`` more bytes of fragments in the shared budget; why
+        not when it has no room."""
+        if self.budget is None:
+            return None
+        # Messages completed or dropped earlier in this read give their
+        # bytes back first, so the account is exact when it is asked.
+        self.budget.settle(self.reassembly_bytes)
+        return self.budget.reserve(n)
+
+    def _settle_budget(self) -> None:
+        """Give back what streams no longer hold (a message joined, a stream
+        rejected, cancelled or ended; everything once the connection failed)."""
+        if self.budget is not None:
+            self.budget.settle(0 if self.closed else self.reassembly_bytes)
+
+    def release_budget(self) -> None:
+        """The transport is gone: give back everything this connection holds
+        of the shared budget, whatever state its streams are in."""
+        if self.budget is not None:
+            self.budget.close()
+            self.budget = None
 
     # --- introspection ----------------------------------------------------------------
 
@@ -164,6 +200,8 @@ class StreamConnection:
             self._buffer.clear()
             exc.frames = list(out)
             raise
+        finally:
+            self._settle_budget()
         if self.closed:
             # The peer ended the connection later in the same read: a stream
             # error before that has no one to answer (send_error would raise).
@@ -270,6 +308,8 @@ class StreamConnection:
             raise self.local_error("after a protocol error only ERROR on stream 0 may be sent")
         elif not self._send_connection_frame(frame):
             self._send_frame(frame)
+        # An ERROR or CANCEL may have ended a stream that was reassembling.
+        self._settle_budget()
         return self._add_tcp_length(message) if self.transport == "tcp" else message
 
     def _send_connection_frame(self, frame: Any) -> bool:

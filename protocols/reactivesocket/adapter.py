@@ -28,6 +28,7 @@ from polyport.core.commands import Append, Principal
 from polyport.core.errors import NotFound, PolyportError, TooLarge, Unsupported
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
+from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.eventservice import StreamWork as _Work
 from polyport.protocols.eventservice import (
     append_command,
@@ -156,7 +157,11 @@ class ReactiveSocketSession:
         out: Outbound,
         transport: str = "tcp",
         limits: AdapterLimits | None = None,
+        budget: BudgetAccount | None = None,
     ) -> None:
+        """``budget``: this connection's share of the gateway's reassembly
+        budget (fragments of every connection together), released when the
+        connection is lost."""
         self.ctx = ctx
         # The store as the SETUP's principal may use it; None before SETUP.
         self.tenant: Tenant | None = None
@@ -172,6 +177,7 @@ class ReactiveSocketSession:
             max_streams=self.limits.max_streams,
             max_reassembly_bytes=self.limits.max_reassembly_bytes,
         )
+        self.conn.budget = budget
         self.principal: Principal | None = None
         self.context: str | None = None
         self._work: dict[int, _Work] = {}
@@ -209,6 +215,9 @@ class ReactiveSocketSession:
 
     async def connection_lost(self) -> None:
         self._closing = True
+        # Fragments held for half-received requests go back to the budget now,
+        # whatever their streams' state.
+        self.conn.release_budget()
         if self._idle_task is not None:
             self._idle_task.cancel()
         for work in list(self._work.values()):

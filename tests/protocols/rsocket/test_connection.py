@@ -262,3 +262,24 @@ def test_connections_share_the_gateway_reassembly_budget() -> None:
     with pytest.raises(RemoteProtocolError):
         a2.receive_data(b"\x00\x00\x01")
     assert budget.used == 0
+
+
+def test_a_frame_not_yet_whole_counts_in_the_budget() -> None:
+    # A peer can leave a large frame half sent for as long as it likes: its
+    # bytes so far are held against the budget too; past it the connection
+    # fails busy (ERROR[CONNECTION_ERROR]) and gives everything back.
+    budget = ByteBudget(100)
+    conn = server()
+    conn.budget = budget.account("10.0.0.1")
+    wire = tcp(RequestResponse(1, None, b"x" * 150))
+    conn.receive_data(wire[:60])
+    assert budget.used == 60
+    with pytest.raises(RemoteProtocolError) as err:
+        conn.receive_data(wire[60:120])
+    assert err.value.code == "busy" and err.value.error_code == F.CONNECTION_ERROR
+    assert budget.used == 0
+    # Whole frames pass through without being held.
+    whole = server()
+    whole.budget = budget.account("10.0.0.1")
+    assert whole.receive_data(wire) == [RequestResponse(1, None, b"x" * 150)]
+    assert budget.used == 0

@@ -7,6 +7,7 @@ listener and 0 picks a free one.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -68,6 +69,17 @@ def _parse_bool(value: Any, key: str) -> bool:
     raise ConfigError(f"{key}: expected true or false, got {value!r}")
 
 
+def _parse_networks(value: Any, where: str) -> tuple[str, ...]:
+    """Networks in CIDR form (a bare address is one host), normalised."""
+    out = []
+    for item in _parse_list(value, where):
+        try:
+            out.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ConfigError(f"{where}: {item!r} is not an IP network (CIDR)") from None
+    return tuple(out)
+
+
 def _parse_list(value: Any, key: str) -> tuple[str, ...]:
     """A TOML array, or comma-separated text (environment, command line)."""
     if isinstance(value, str):
@@ -121,6 +133,11 @@ class GatewayConfig:
     # res01_port (anonymous NULL while allow_anonymous is on): ZeroMQ speaks
     # one mechanism per socket.  None (default) = no such endpoint.
     res01_login_port: int | None = None
+    # Networks (CIDR) whose peers may complete a Res01 handshake, checked by
+    # ZAP before any message is read; empty = every address.  libzmq holds
+    # every part of a multipart message until its last, without limit, so
+    # this (or CURVE/PLAIN) is what keeps unknown peers from doing that.
+    res01_allow_from: tuple[str, ...] = ()
     allow_anonymous: bool = True
     # Browser origins (scheme://host[:port]) whose pages may open the
     # WebSocket endpoints; empty = every handshake carrying an Origin (every
@@ -261,7 +278,7 @@ _FLOAT_KEYS = {
     "idle_timeout", "poll_interval", "commit_timeout", "read_timeout", "slow_commit_seconds",
     "write_timeout", "handshake_timeout", "websocket_heartbeat", "res01_fetch_wait",
 }
-_LIST_KEYS = {"websocket_allowed_origins"}
+_LIST_KEYS = {"websocket_allowed_origins", "res01_allow_from"}
 _KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"} - _TLS_FIELDS
 
 
@@ -360,6 +377,8 @@ def coerce(key: str, value: Any, where: str | None = None) -> Any:
         return parse_port(value, where)
     if key in _BOOL_KEYS:
         return _parse_bool(value, where)
+    if key == "res01_allow_from":
+        return _parse_networks(value, where)
     if key in _LIST_KEYS:
         return _parse_list(value, where)
     if key == "workers":

@@ -27,7 +27,7 @@ from polyport.gateway.telemetry import Telemetry
 from polyport.gateway.tls import ServerTls, check_material
 from polyport.gateway.websocket import TLS_USER_FROM
 from polyport.gateway.workers import Aggregator, WorkerRole, WorkerServer, chain_connector
-from polyport.protocols.budgets import ByteBudget
+from polyport.protocols.budgets import BudgetAccount, ByteBudget
 from polyport.protocols.connections import ConnectionTable
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, SessionContext
 
@@ -135,6 +135,13 @@ class Gateway:
             settings=self.settings,
             log=logging.getLogger(f"polyport.{protocol}"),
         )
+
+    def budget_account(self) -> BudgetAccount:
+        """A new connection's account in :attr:`reassembly_budget`, by its
+        source host; call it where the transport has set CURRENT_PEER (in
+        the session factory)."""
+        peer = CURRENT_PEER.get()
+        return self.reassembly_budget.account(peer.login_source if peer is not None else "-")
 
     def server_tls(self, listener: str) -> ServerTls | None:
         """The listener's TLS (built, checked and kept for :meth:`reload_tls`),

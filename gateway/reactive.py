@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from polyport.gateway.registry import ListenerDef
 from polyport.gateway.tcp import TcpListener
 from polyport.gateway.websocket import WebSocketEndpoint
-from polyport.protocols.budgets import BudgetAccount, ByteBudget
-from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, SessionContext
+from polyport.protocols.budgets import BudgetAccount
+from polyport.protocols.session import ListenerStats, Outbound, SessionContext
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -28,13 +28,6 @@ WS_MESSAGE_SLACK = 64 * 1024
 
 
 SessionType = Callable[[SessionContext, Outbound, str, Any, BudgetAccount], Any]
-
-
-def _account(budget: ByteBudget) -> BudgetAccount:
-    """The new connection's account, by its source host: the transport has
-    set CURRENT_PEER before it calls the session factory."""
-    peer = CURRENT_PEER.get()
-    return budget.account(peer.login_source if peer is not None else "-")
 
 
 def reactive_listener(
@@ -55,7 +48,7 @@ def reactive_listener(
         limits = limits_from_settings(gw.settings)
 
         def factory(out: Outbound) -> Any:
-            return session(ctx, out, "tcp", limits, _account(gw.reassembly_budget))
+            return session(ctx, out, "tcp", limits, gw.budget_account())
 
         # The session applies liveness itself (the draft's idle timeout,
         # RSocket's SETUP lifetime): a subscriber that only receives sends
@@ -74,7 +67,7 @@ def reactive_listener(
         limits = limits_from_settings(gw.settings)
 
         def factory(out: Outbound) -> Any:
-            return session(ctx, out, "websocket", limits, _account(gw.reassembly_budget))
+            return session(ctx, out, "websocket", limits, gw.budget_account())
 
         endpoint = WebSocketEndpoint(
             protocol,

@@ -83,6 +83,15 @@ class BudgetAccount:
             self.held += n
         return refused
 
+    def hold(self, holding: int) -> str | None:
+        """The holder keeps ``holding`` bytes now: reserve the growth or give
+        back the rest; why not when the growth does not fit (then the
+        account is as before)."""
+        if holding > self.held:
+            return self.reserve(holding - self.held)
+        self.settle(holding)
+        return None
+
     def settle(self, holding: int) -> None:
         """The holder keeps only ``holding`` bytes now (messages completed or
         dropped since): give back the rest.  Never takes more."""
@@ -94,3 +103,10 @@ class BudgetAccount:
     def close(self) -> None:
         """The holder is gone: everything it held goes back."""
         self.settle(0)
+
+
+def frame_refusal(size: int, refused: str) -> str:
+    """What a peer is told when the ``size`` bytes it has sent of a frame not
+    yet whole do not fit the budget (the connection ends: its byte stream
+    cannot go on without them)."""
+    return f"a frame of {size} bytes so far cannot be held: {refused}; retry later"

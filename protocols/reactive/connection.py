@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from polyport.protocols.budgets import BudgetAccount
-from polyport.protocols.errors import MALFORMED, TOO_LARGE
+from polyport.protocols.budgets import BudgetAccount, frame_refusal
+from polyport.protocols.errors import BUSY, MALFORMED, TOO_LARGE
 from polyport.protocols.reactive.streams import (
     Action,
     ConnectionState,
@@ -97,6 +97,10 @@ class StreamConnection:
         # reassembly is reserved in it first.  None: only this connection's
         # own limits apply.
         self.budget: BudgetAccount | None = None
+        # Bytes of a frame not yet whole kept in _buffer after the last read:
+        # a peer can hold them as long as it likes, so they count in the
+        # budget too (a frame being decoded in the read does not).
+        self._partial_bytes = 0
 
     # --- the version's codec --------------------------------------------------------
 
@@ -135,14 +139,18 @@ class StreamConnection:
             return None
         # Messages completed or dropped earlier in this read give their
         # bytes back first, so the account is exact when it is asked.
-        self.budget.settle(self.reassembly_bytes)
+        self.budget.settle(self._budgeted_bytes)
         return self.budget.reserve(n)
+
+    @property
+    def _budgeted_bytes(self) -> int:
+        return self.reassembly_bytes + self._partial_bytes
 
     def _settle_budget(self) -> None:
         """Give back what streams no longer hold (a message joined, a stream
         rejected, cancelled or ended; everything once the connection failed)."""
         if self.budget is not None:
-            self.budget.settle(0 if self.closed else self.reassembly_bytes)
+            self.budget.settle(0 if self.closed else self._budgeted_bytes)
 
     def release_budget(self) -> None:
         """The transport is gone: give back everything this connection holds
@@ -212,6 +220,9 @@ class StreamConnection:
         buf = self._buffer
         buf += data
         pos = 0
+        # While frames are decoded the partial frame is not counted: its
+        # bytes become a fragment (counted then) or are released.
+        self._partial_bytes = 0
         prefix = self.length_size
         try:
             while len(buf) - pos >= prefix and not self.closed:
@@ -227,6 +238,11 @@ class StreamConnection:
             del buf[:pos]
         if self.closed:
             buf.clear()
+        elif buf and self.budget is not None:
+            refused = self._reserve_fragment(len(buf))
+            if refused is not None:
+                raise self.remote_error(frame_refusal(len(buf), refused), code=BUSY)
+            self._partial_bytes = len(buf)
 
     def _receive_message(self, message: bytes, out: list[Any]) -> None:
         frame = self._decode(message)

@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
+from polyport.protocols.bson.frames import Response
+from polyport.protocols.bson.wire import decode_frame as bson_decode_frame
 from polyport.protocols.reactive.client import TcpTransport
 from polyport.protocols.reactivesocket import frames as RS
 from polyport.protocols.reactivesocket import payloads as rs_payloads
@@ -175,4 +178,45 @@ async def test_both_reactivesocket_versions_draw_on_one_budget(
 
     holder.close()
     writer.close()
+    await _until(lambda: budget.used == 0)
+
+
+async def _unfinished_bson_frame(
+    host: str, port: int
+) -> tuple[asyncio.StreamWriter, Response | None]:
+    """The first 600 KiB of a 1 MiB BSON document, and nothing more; the
+    error RESPONSE the server answered (None: it holds the bytes)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(struct.pack("<i", MIB) + b"\x00" * (600 * 1024))
+    await writer.drain()
+    try:
+        async with asyncio.timeout(3):
+            head = await reader.readexactly(4)
+            body = await reader.readexactly(struct.unpack("<i", head)[0] - 4)
+    except TimeoutError:
+        return writer, None
+    frame = bson_decode_frame(head + body)
+    assert isinstance(frame, Response)
+    return writer, frame
+
+
+async def test_unfinished_bson_frames_draw_on_the_budget(
+    gateway_factory: GatewayFactory,
+) -> None:
+    # A frame not yet whole sits in the codec's buffer as long as its peer
+    # likes (up to the 16 MiB frame limit): those bytes are held against the
+    # same budget, so eight connections cannot hold eight of them.
+    gw = await gateway_factory(reassembly_budget=BUDGET, reassembly_budget_per_address=2 * MIB)
+    budget = gw.reassembly_budget
+    host, port = gw.listeners["bson"].address
+    results = await asyncio.gather(*(_unfinished_bson_frame(host, port) for _ in range(8)))
+    refused = [answer for _, answer in results if answer is not None]
+    # At most three fit 2 MiB; the others got BSON's error RESPONSE (and are closed).
+    assert len(refused) >= 5
+    for response in refused:
+        assert not response.ok and response.err_code == "busy"
+        assert "reassembly_budget_per_address 2097152" in (response.err_msg or "")
+    assert budget.used <= 2 * MIB
+    for writer, _ in results:
+        writer.close()
     await _until(lambda: budget.used == 0)

@@ -102,12 +102,13 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         # Listener name -> its TLS context (the HTTP port is "http").
         self.tls: dict[str, ServerTls] = {}
-        # Fragments of ReactiveSocket/RSocket requests being reassembled, every
-        # connection of both protocols together (gateway/reactive.py).
+        # Requests clients have begun and not finished, every connection
+        # together: ReactiveSocket/RSocket fragments (gateway/reactive.py) and
+        # the frames not yet whole of the byte-stream protocols.
         self.reassembly_budget = ByteBudget(
             config.reassembly_budget,
             config.reassembly_budget_per_address,
-            what="fragmented requests",
+            what="unfinished requests",
             setting="reassembly_budget",
             per_address_setting="reassembly_budget_per_address",
         )

@@ -34,6 +34,8 @@ from polyport.protocols.rsocket.frames import (
 )
 from polyport.protocols.rsocket.metadata import COMPOSITE
 from polyport.protocols.rsocket.wire import decode_frame, encode_tcp_frame
+from polyport.protocols.segment.frames import SETUP_APPEND, ErrorMessage
+from polyport.protocols.segment.wire import decode_frame as segment_decode_frame
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -181,41 +183,64 @@ async def test_both_reactivesocket_versions_draw_on_one_budget(
     await _until(lambda: budget.used == 0)
 
 
-async def _unfinished_bson_frame(
-    host: str, port: int
-) -> tuple[asyncio.StreamWriter, Response | None]:
-    """The first 600 KiB of a 1 MiB BSON document, and nothing more; the
-    error RESPONSE the server answered (None: it holds the bytes)."""
+def _read_bson_reply(head: bytes, body: bytes) -> tuple[str | None, str]:
+    frame = bson_decode_frame(head + body)
+    assert isinstance(frame, Response) and not frame.ok
+    return frame.err_code, frame.err_msg or ""
+
+
+def _read_segment_reply(head: bytes, body: bytes) -> tuple[str | None, str]:
+    frame = segment_decode_frame(head + body)
+    assert isinstance(frame, ErrorMessage)
+    return frame.code, frame.message
+
+
+# Per protocol: the start of a 1 MiB frame (a BSON document; a segment-wire
+# SetupAppend), the size of its length header, how to read its length, and
+# how to read the error it answers with.
+UNFINISHED = {
+    "bson": (struct.pack("<i", MIB), 4, lambda h: struct.unpack("<i", h)[0] - 4,
+             _read_bson_reply),
+    "segment": (struct.pack(">iI", SETUP_APPEND, MIB), 8, lambda h: struct.unpack(">iI", h)[1],
+                _read_segment_reply),
+}
+
+
+async def _unfinished_frame(
+    protocol: str, host: str, port: int
+) -> tuple[asyncio.StreamWriter, tuple[str | None, str] | None]:
+    """The first 600 KiB of a 1 MiB frame, and nothing more; the error the
+    server answered (None: it holds the bytes)."""
+    start, head_size, body_size, decode = UNFINISHED[protocol]
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write(struct.pack("<i", MIB) + b"\x00" * (600 * 1024))
+    writer.write(start + b"\x00" * (600 * 1024))
     await writer.drain()
     try:
         async with asyncio.timeout(3):
-            head = await reader.readexactly(4)
-            body = await reader.readexactly(struct.unpack("<i", head)[0] - 4)
+            head = await reader.readexactly(head_size)
+            body = await reader.readexactly(body_size(head))
     except TimeoutError:
         return writer, None
-    frame = bson_decode_frame(head + body)
-    assert isinstance(frame, Response)
-    return writer, frame
+    return writer, decode(head, body)
 
 
-async def test_unfinished_bson_frames_draw_on_the_budget(
-    gateway_factory: GatewayFactory,
+@pytest.mark.parametrize("protocol", sorted(UNFINISHED))
+async def test_unfinished_frames_draw_on_the_budget(
+    gateway_factory: GatewayFactory, protocol: str,
 ) -> None:
     # A frame not yet whole sits in the codec's buffer as long as its peer
-    # likes (up to the 16 MiB frame limit): those bytes are held against the
-    # same budget, so eight connections cannot hold eight of them.
+    # likes (up to the frame limit, before any login too): those bytes are
+    # held against the same budget, so eight connections cannot hold eight.
     gw = await gateway_factory(reassembly_budget=BUDGET, reassembly_budget_per_address=2 * MIB)
     budget = gw.reassembly_budget
-    host, port = gw.listeners["bson"].address
-    results = await asyncio.gather(*(_unfinished_bson_frame(host, port) for _ in range(8)))
+    host, port = gw.listeners[protocol].address
+    results = await asyncio.gather(*(_unfinished_frame(protocol, host, port) for _ in range(8)))
     refused = [answer for _, answer in results if answer is not None]
-    # At most three fit 2 MiB; the others got BSON's error RESPONSE (and are closed).
+    # At most three fit 2 MiB; the others got the protocol's error and are closed.
     assert len(refused) >= 5
-    for response in refused:
-        assert not response.ok and response.err_code == "busy"
-        assert "reassembly_budget_per_address 2097152" in (response.err_msg or "")
+    for code, message in refused:
+        assert code == "busy", message
+        assert "reassembly_budget_per_address 2097152" in message
     assert budget.used <= 2 * MIB
     for writer, _ in results:
         writer.close()

@@ -37,6 +37,7 @@ from polyport.core.errors import Busy, NotFound, PolyportError, Unauthenticated
 from polyport.core.events import DEFAULT_CONTEXT, EventData, RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
+from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import UNSUPPORTED
 from polyport.protocols.micromsg2.connection import ServerConnection
 from polyport.protocols.micromsg2.errors import LocalProtocolError, RemoteProtocolError
@@ -299,8 +300,11 @@ class MicroMsg2Session:
     """Implements protocols.session.StreamSession for one client connection."""
 
     def __init__(
-        self, ctx: SessionContext, out: Outbound, options: MicroMsg2Limits | None = None
+        self, ctx: SessionContext, out: Outbound, options: MicroMsg2Limits | None = None,
+        input_budget: BudgetAccount | None = None,
     ) -> None:
+        """``input_budget``: this connection's account in the gateway's budget
+        for input not yet whole, released when the connection is lost."""
         self._ctx = ctx
         # The store as the x-auth (or anonymous) principal may use it.
         self._tenant: Tenant | None = None
@@ -315,6 +319,7 @@ class MicroMsg2Session:
             max_payload=self._opts.max_payload,
             first_outbound_seq=self._opts.initial_seq,
         )
+        self._conn.budget = input_budget
         self._loop = asyncio.get_running_loop()
         self._closing = False
         self.principal: Principal | None = None
@@ -388,6 +393,8 @@ class MicroMsg2Session:
 
     async def connection_lost(self) -> None:
         self._closing = True
+        if self._conn.budget is not None:
+            self._conn.budget.close()
         if self.on_close is not None:
             self.on_close(self)
         self._window_open.set()

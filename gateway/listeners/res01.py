@@ -606,6 +606,20 @@ def _user_id(frame: zmq.Frame) -> str | None:
     return user if isinstance(user, str) and user else None
 
 
+def warn_if_open_to_everyone(host: str, allow_from: tuple[str, ...]) -> None:
+    """Nothing bounds what libzmq holds of a multipart message whose last
+    part never comes; on a loopback host only local peers can try."""
+    if not allow_from and not is_loopback(host):
+        log.warning(
+            "res01 listens on %s for every address: a peer that completes the ZeroMQ "
+            "handshake can make the gateway hold one multipart message without limit "
+            "(libzmq keeps every part until the last); set res01_allow_from to the "
+            "networks of your clients, or require CURVE or PLAIN logins "
+            "(docs/operations.md, Security model)",
+            host,
+        )
+
+
 async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
     stats = ListenerStats(PROTOCOL)
     ctx = gw.context(PROTOCOL, stats)
@@ -617,15 +631,7 @@ async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
         allow_from=gw.config.res01_allow_from,
     )
     await listener.start()
-    if not gw.config.res01_allow_from and not is_loopback(host):
-        log.warning(
-            "res01 listens on %s for every address: a peer that completes the ZeroMQ "
-            "handshake can make the gateway hold one multipart message without limit "
-            "(libzmq keeps every part until the last); set res01_allow_from to the "
-            "networks of your clients, or require CURVE or PLAIN logins "
-            "(docs/operations.md, Security model)",
-            host,
-        )
+    warn_if_open_to_everyone(host, gw.config.res01_allow_from)
     if listener.login_address is not None:
         log.info("listener res01 (PLAIN login) on %s:%d", *listener.login_address)
     return listener

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import logging
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from polyport.gateway.config import ConfigError, load_config
+from polyport.gateway.listeners.res01 import warn_if_open_to_everyone
 from polyport.protocols.res01.client import Res01Client, new_event
 
 pytestmark = pytest.mark.timeout(120)
@@ -110,3 +112,16 @@ def test_res01_allow_from_is_read_as_networks() -> None:
     assert load_config(env={}).res01_allow_from == ()
     with pytest.raises(ConfigError, match="'10.0.0.0/33' is not an IP network"):
         load_config(env={"POLYPORT_RES01_ALLOW_FROM": "10.0.0.0/33"})
+
+
+def test_a_res01_listener_open_to_every_address_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="polyport.res01"):
+        warn_if_open_to_everyone("127.0.0.1", ())
+        warn_if_open_to_everyone("0.0.0.0", ("10.0.0.0/8",))
+        assert caplog.records == []
+        warn_if_open_to_everyone("0.0.0.0", ())
+    [record] = caplog.records
+    assert "res01_allow_from" in record.getMessage()
+    assert "without limit" in record.getMessage()

@@ -149,7 +149,9 @@ class StreamConnection:
     def _settle_budget(self) -> None:
         """Give back what streams no longer hold (a message joined, a stream
         rejected, cancelled or ended; everything once the connection failed)."""
-        if self.budget is not None:
+        # Only an account that holds something has anything to give back:
+        # every send comes here, and the sum runs over all streams.
+        if self.budget is not None and self.budget.held:
             self.budget.settle(0 if self.closed else self._budgeted_bytes)
 
     def release_budget(self) -> None:

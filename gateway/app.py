@@ -32,6 +32,7 @@ from polyport.gateway.telemetry import Telemetry
 from polyport.gateway.tls import ServerTls, check_material
 from polyport.gateway.websocket import TLS_USER_FROM
 from polyport.gateway.workers import Aggregator, WorkerRole, WorkerServer, chain_connector
+from polyport.protocols.budgets import BudgetAccount, ByteBudget
 from polyport.protocols.connections import ConnectionTable
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, SessionContext
 
@@ -112,6 +113,16 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         # Listener name -> its TLS context (the HTTP port is "http").
         self.tls: dict[str, ServerTls] = {}
+        # Requests clients have begun and not finished, every connection
+        # together: ReactiveSocket/RSocket fragments (gateway/reactive.py) and
+        # the frames not yet whole of the byte-stream protocols.
+        self.reassembly_budget = ByteBudget(
+            config.reassembly_budget,
+            config.reassembly_budget_per_address,
+            what="unfinished requests",
+            setting="reassembly_budget",
+            per_address_setting="reassembly_budget_per_address",
+        )
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -173,6 +184,13 @@ class Gateway:
             settings=self.settings,
             log=logging.getLogger(f"polyport.{protocol}"),
         )
+
+    def budget_account(self) -> BudgetAccount:
+        """A new connection's account in :attr:`reassembly_budget`, by its
+        source host; call it where the transport has set CURRENT_PEER (in
+        the session factory)."""
+        peer = CURRENT_PEER.get()
+        return self.reassembly_budget.account(peer.login_source if peer is not None else "-")
 
     def server_tls(self, listener: str) -> ServerTls | None:
         """The listener's TLS (built, checked and kept for :meth:`reload_tls`),

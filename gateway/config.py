@@ -7,6 +7,7 @@ listener and 0 picks a free one.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import stat
 import tomllib
@@ -95,6 +96,17 @@ def _parse_bool(value: Any, key: str) -> bool:
     raise ConfigError(f"{key}: expected true or false, got {value!r}")
 
 
+def _parse_networks(value: Any, where: str) -> tuple[str, ...]:
+    """Networks in CIDR form (a bare address is one host), normalised."""
+    out = []
+    for item in _parse_list(value, where):
+        try:
+            out.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ConfigError(f"{where}: {item!r} is not an IP network (CIDR)") from None
+    return tuple(out)
+
+
 def _parse_list(value: Any, key: str) -> tuple[str, ...]:
     """A TOML array, or comma-separated text (environment, command line)."""
     if isinstance(value, str):
@@ -148,6 +160,11 @@ class GatewayConfig:
     # res01_port (anonymous NULL while allow_anonymous is on): ZeroMQ speaks
     # one mechanism per socket.  None (default) = no such endpoint.
     res01_login_port: int | None = None
+    # Networks (CIDR) whose peers may complete a Res01 handshake, checked by
+    # ZAP before any message is read; empty = every address.  libzmq holds
+    # every part of a multipart message until its last, without limit, so
+    # this (or CURVE/PLAIN) is what keeps unknown peers from doing that.
+    res01_allow_from: tuple[str, ...] = ()
     allow_anonymous: bool = True
     # Browser origins (scheme://host[:port]) whose pages may open the
     # WebSocket endpoints; empty = every handshake carrying an Origin (every
@@ -168,6 +185,11 @@ class GatewayConfig:
     # Bytes (bodies, headers, names) queued for the writer before appends
     # answer busy; one append alone is always admitted.
     max_pending_bytes: int = 256 << 20
+    # Bytes of fragmented ReactiveSocket/RSocket requests held for all
+    # connections of the process together, and for those of one source
+    # address (0 = no limit); past either a fragment's stream gets ERROR busy.
+    reassembly_budget: int = 256 << 20
+    reassembly_budget_per_address: int = 64 << 20
     # Structural limits checked before an append is queued (core.limits).
     max_name_bytes: int = 256
     max_headers: int = 64
@@ -279,6 +301,8 @@ _INT_KEYS = {
     "max_event_bytes",
     "max_pending_events",
     "max_pending_bytes",
+    "reassembly_budget",
+    "reassembly_budget_per_address",
     "max_name_bytes",
     "max_headers",
     "max_header_name_bytes",
@@ -304,7 +328,7 @@ _FLOAT_KEYS = {
     "write_timeout", "handshake_timeout", "frame_timeout", "websocket_heartbeat",
     "res01_fetch_wait", "shutdown_grace",
 }
-_LIST_KEYS = {"websocket_allowed_origins"}
+_LIST_KEYS = {"websocket_allowed_origins", "res01_allow_from"}
 _KNOWN = {f.name for f in fields(GatewayConfig)} - {"extra"} - _TLS_FIELDS
 
 
@@ -419,6 +443,8 @@ def coerce(key: str, value: Any, where: str | None = None) -> Any:
         return parse_port(value, where)
     if key in _BOOL_KEYS:
         return _parse_bool(value, where)
+    if key == "res01_allow_from":
+        return _parse_networks(value, where)
     if key in _LIST_KEYS:
         return _parse_list(value, where)
     if key == "workers":

@@ -1,7 +1,9 @@
 """The listeners of both ReactiveSocket versions (the draft and RSocket 1.0):
 TCP on the protocol's port and WebSocket at its path on the HTTP port.  Both
 feed the same adapter and count in the same :class:`ListenerStats`; the two
-versions differ only in protocol name, port, path and session class."""
+versions differ only in protocol name, port, path and session class.  Every
+connection of both draws its fragments from the gateway's one
+``reassembly_budget``, by the host it comes from."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from polyport.gateway.registry import ListenerDef
 from polyport.gateway.tcp import TcpListener
 from polyport.gateway.websocket import WebSocketEndpoint
+from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.session import ListenerStats, Outbound, SessionContext
 
 if TYPE_CHECKING:
@@ -24,7 +27,7 @@ if TYPE_CHECKING:
 WS_MESSAGE_SLACK = 64 * 1024
 
 
-SessionType = Callable[[SessionContext, Outbound, str, Any], Any]
+SessionType = Callable[[SessionContext, Outbound, str, Any, BudgetAccount], Any]
 
 
 def reactive_listener(
@@ -35,8 +38,9 @@ def reactive_listener(
     limits_from_settings: Callable[[Any], Any],
 ) -> ListenerDef:
     """``LISTENER`` of a ReactiveSocket version: ``session(ctx, out,
-    transport, limits)`` makes one connection's session, with the limits
-    (which have ``max_frame_size``) from the gateway's settings."""
+    transport, limits, budget)`` makes one connection's session, with the
+    limits (which have ``max_frame_size``) from the gateway's settings and
+    its account in the gateway's reassembly budget."""
 
     async def start(gw: Gateway, host: str, p: int) -> TcpListener:
         stats = ListenerStats(protocol)
@@ -44,7 +48,7 @@ def reactive_listener(
         limits = limits_from_settings(gw.settings)
 
         def factory(out: Outbound) -> Any:
-            return session(ctx, out, "tcp", limits)
+            return session(ctx, out, "tcp", limits, gw.budget_account())
 
         # The session applies liveness itself (the draft's idle timeout,
         # RSocket's SETUP lifetime): a subscriber that only receives sends
@@ -63,7 +67,7 @@ def reactive_listener(
         limits = limits_from_settings(gw.settings)
 
         def factory(out: Outbound) -> Any:
-            return session(ctx, out, "websocket", limits)
+            return session(ctx, out, "websocket", limits, gw.budget_account())
 
         endpoint = WebSocketEndpoint(
             protocol,

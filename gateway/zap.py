@@ -17,17 +17,20 @@ connection its own pipe to the handler, and each request names its pipe), so
 one slow or throttled login never holds up another.
 
 NULL connections only reach a ZAP handler when their socket has a ZAP domain;
-the Res01 listener sets none on its NULL endpoint, whose connections are
-anonymous.  CURVE is answered by an optional ``curve`` check (a public key to
-a user name), which the CURVE support plugs in; without one CURVE is refused.
+the Res01 listener sets one on its NULL endpoint only when ``allow_from``
+(``res01_allow_from``) is set: then every mechanism's handshake is refused
+to a peer outside those networks before libzmq reads a message from it.
+CURVE is answered by an optional ``curve`` check (a public key to a user
+name), which the CURVE support plugs in; without one CURVE is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import zmq
@@ -51,6 +54,7 @@ MAX_PENDING = 1024
 # A CURVE client's public key (32 bytes) and address → the user it is, or
 # None when the key is unknown.
 CurveCheck = Callable[[bytes, str], Awaitable[str | None]]
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +91,16 @@ class ZapDecision:
     user_id: str = ""
 
 
+def _address_in(address: str, networks: Sequence[IPNetwork]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:  # not an IP peer (ipc://, inproc://): not from a network
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # an IPv4 peer on a dual-stack socket
+    return any(ip in net for net in networks)
+
+
 def _allow(user: str) -> ZapDecision:
     return ZapDecision(b"200", "OK", user)
 
@@ -108,8 +122,12 @@ class ZapHandler:
         *,
         protocol: str,
         curve: CurveCheck | None = None,
+        allow_from: Sequence[IPNetwork] = (),
     ) -> None:
+        """``allow_from``: the networks whose peers may connect at all
+        (empty: every address)."""
         self._zctx = zctx
+        self.allow_from = tuple(allow_from)
         self._users = users
         self._stats = stats
         self._protocol = protocol
@@ -178,6 +196,10 @@ class ZapHandler:
 
     async def decide(self, request: ZapRequest) -> ZapDecision:
         """Whether the connection may proceed, and as whom."""
+        if self.allow_from and not _address_in(request.address, self.allow_from):
+            # Before any credential is looked at: an unknown peer costs no
+            # password check, and gets no chance to send a message.
+            return _deny(f"{request.address} is not in res01_allow_from")
         mechanism = request.mechanism
         if mechanism == b"PLAIN":
             if len(request.credentials) != 2:
@@ -200,8 +222,8 @@ class ZapHandler:
             found = await self.curve(request.credentials[0], request.address)
             return _allow(found) if found else _deny("unknown CURVE key")
         if mechanism == b"NULL":
-            # Only a socket with a ZAP domain asks about NULL; ours do not,
-            # but if one did, NULL is anonymous access.
+            # Only a socket with a ZAP domain asks about NULL (ours, with
+            # allow_from): NULL is anonymous access.
             if self._users.allow_anonymous:
                 return _allow("")
             return _deny("anonymous access is disabled: log in with PLAIN")

@@ -20,7 +20,7 @@ async def start(gw: Gateway, host: str, port: int) -> TcpListener:
     idle = gw.settings.get("idle_timeout")
     listener = TcpListener(
         PROTOCOL,
-        session_factory(ctx),
+        session_factory(ctx, gw.budget_account),
         host,
         port,
         stats,

@@ -30,7 +30,7 @@ async def start(gw: Gateway, host: str, port: int) -> MicroMsg2Listener:
     listener: MicroMsg2Listener
 
     def factory(out: Outbound) -> MicroMsg2Session:
-        session = MicroMsg2Session(ctx, out, options)
+        session = MicroMsg2Session(ctx, out, options, gw.budget_account())
         listener.sessions.add(session)
         session.on_close = listener.sessions.discard
         return session

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import socket
@@ -40,6 +41,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from polyport.core.access import Tenant
 from polyport.core.errors import Unauthenticated
+from polyport.gateway.app import is_loopback
 from polyport.gateway.curve import CurveServer, curve_server
 from polyport.gateway.registry import ListenerDef
 from polyport.gateway.tcp import register_connection, unregister_connection
@@ -125,6 +127,7 @@ class Res01Listener:
         *,
         store: EventStore,
         login_port: int | None = None,
+        allow_from: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         # ZeroMQ CURVE (gateway/curve.py): set up before the socket binds.
@@ -151,7 +154,9 @@ class Res01Listener:
         self._zctx = zmq.asyncio.Context()
         # One ZAP handler per ZeroMQ context answers PLAIN and CURVE alike.
         self.zap = ZapHandler(self._zctx, self._users, ctx.stats, protocol=name,
-                              curve=curve.user_for_key if curve is not None else None)
+                              curve=curve.user_for_key if curve is not None else None,
+                              allow_from=[ipaddress.ip_network(n, strict=False)
+                                          for n in allow_from])
         self._zap_started = False
         # Per peer (routing identity): its connection-table row, and the
         # principal of a logged-in peer, looked up once a while rather than
@@ -201,7 +206,7 @@ class Res01Listener:
         return self._writes, self._reads
 
     async def start(self) -> None:
-        if any(e.plain or e.curve for e in self._endpoints):
+        if self.zap.allow_from or any(e.plain or e.curve for e in self._endpoints):
             # Bound before any PLAIN socket: libzmq lets PLAIN connections in
             # unchecked when no ZAP handler is there.
             self.zap.start()
@@ -230,6 +235,9 @@ class Res01Listener:
         sock.setsockopt(zmq.LINGER, LINGER_MS)
         if endpoint.plain:
             sock.setsockopt(zmq.PLAIN_SERVER, 1)
+        if endpoint.plain or self.zap.allow_from:
+            # With a domain libzmq asks ZAP about NULL handshakes too: the
+            # only way to refuse a peer before it can send a message.
             sock.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
         if ":" in self.host:
             sock.setsockopt(zmq.IPV6, 1)
@@ -671,6 +679,20 @@ def _user_id(frame: zmq.Frame) -> str | None:
     return user if isinstance(user, str) and user else None
 
 
+def warn_if_open_to_everyone(host: str, allow_from: tuple[str, ...]) -> None:
+    """Nothing bounds what libzmq holds of a multipart message whose last
+    part never comes; on a loopback host only local peers can try."""
+    if not allow_from and not is_loopback(host):
+        log.warning(
+            "res01 listens on %s for every address: a peer that completes the ZeroMQ "
+            "handshake can make the gateway hold one multipart message without limit "
+            "(libzmq keeps every part until the last); set res01_allow_from to the "
+            "networks of your clients, or require CURVE or PLAIN logins "
+            "(docs/operations.md, Security model)",
+            host,
+        )
+
+
 async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
     stats = ListenerStats(PROTOCOL)
     ctx = gw.context(PROTOCOL, stats)
@@ -679,8 +701,10 @@ async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
         curve=curve_server(gw.config, gw.store.users),
         store=gw.store,  # a gateway listener: it makes each request's Tenant
         login_port=gw.config.res01_login_port,
+        allow_from=gw.config.res01_allow_from,
     )
     await listener.start()
+    warn_if_open_to_everyone(host, gw.config.res01_allow_from)
     if listener.login_address is not None:
         log.info("listener res01 (PLAIN login) on %s:%d", *listener.login_address)
     return listener

@@ -23,7 +23,7 @@ async def start(gw: Gateway, host: str, port: int) -> TcpListener:
     registry = AppenderRegistry()
 
     def factory(out: Outbound) -> SegmentSession:
-        return SegmentSession(ctx, out, registry, limits)
+        return SegmentSession(ctx, out, registry, limits, gw.budget_account())
 
     listener = TcpListener(PROTOCOL, factory, host, port, stats, idle_timeout=limits.idle_timeout,
                            tls=gw.server_tls(PROTOCOL))

@@ -84,6 +84,7 @@ from polyport.protocols.bson.state import State
 from polyport.protocols.bson.subscriptions import Subscriptions, recev_document
 from polyport.protocols.bson.transactions import PendingCommit, Transactions
 from polyport.protocols.bson.wire import ENCODE_OPTIONS, is_supported_version
+from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT
 from polyport.protocols.framing import InputBuffer
 from polyport.protocols.session import Outbound, SessionContext
@@ -174,8 +175,11 @@ class BsonSession:
     """Server side of one BSON frames connection (implements StreamSession)."""
 
     def __init__(
-        self, ctx: SessionContext, out: Outbound, settings: BsonSettings | None = None
+        self, ctx: SessionContext, out: Outbound, settings: BsonSettings | None = None,
+        input_budget: BudgetAccount | None = None,
     ) -> None:
+        """``input_budget``: this connection's account in the gateway's budget
+        for input not yet whole, released when the connection is lost."""
         self.ctx = ctx
         self._tenant: Tenant | None = None
         ctx.on_revoke(self._revoked)
@@ -188,6 +192,7 @@ class BsonSession:
             flow_resume_bytes=s.flow_resume_bytes,
             max_unacked_query_results=s.query_window,
         )
+        self.conn.budget = input_budget
         self.principal: Principal | None = None
         self.context = ""
         self.budget = Budget(s.max_inflight_requests, s.max_inflight_bytes)
@@ -241,6 +246,8 @@ class BsonSession:
 
     async def connection_lost(self) -> None:
         self._lost = True
+        if self.conn.budget is not None:
+            self.conn.budget.close()
         self.closing = True
         self._stop_streams()
         tasks = list(self._tasks)
@@ -482,9 +489,13 @@ class BsonSession:
         return OK
 
 
-def session_factory(ctx: SessionContext) -> Callable[[Outbound], BsonSession]:
+def session_factory(
+    ctx: SessionContext, budget: Callable[[], BudgetAccount] | None = None
+) -> Callable[[Outbound], BsonSession]:
+    """``budget``: makes each new connection's account in the gateway's
+    input budget (called where the transport has set CURRENT_PEER)."""
     settings = BsonSettings.from_settings(ctx.settings)
-    return lambda out: BsonSession(ctx, out, settings)
+    return lambda out: BsonSession(ctx, out, settings, budget() if budget else None)
 
 
 __all__ = [

@@ -65,6 +65,7 @@ from polyport.protocols.bson.state import (
     TransactionTable,
 )
 from polyport.protocols.bson.wire import check_length, decode_frame, encode_frame, read_length
+from polyport.protocols.budgets import BudgetAccount, frame_refusal
 from polyport.protocols.errors import BUSY, MALFORMED, TOO_LARGE, UNAUTHENTICATED
 from polyport.protocols.framing import InputBuffer
 
@@ -80,6 +81,11 @@ class _Connection:
     _peer_types: frozenset[str]
     _own_types: frozenset[str]
     _peer_name: str
+    # This connection's share of a budget other connections draw on too (the
+    # gateway's): the bytes of a frame not yet whole are held against it, as
+    # a peer can leave them there as long as it likes.  None: only
+    # max_frame_size bounds them.
+    budget: BudgetAccount | None = None
 
     def __init__(
         self,
@@ -167,6 +173,7 @@ class _Connection:
                 offset += length
                 frames.append((frame, length))
             self._check_paused_buffer(len(self._buffer) - offset)
+            self._hold_unfinished(len(self._buffer) - offset)
         except RemoteProtocolError:
             del self._buffer[:offset]
             if frames:
@@ -184,6 +191,12 @@ class _Connection:
 
     def _paused(self) -> bool:
         return False
+
+    def _hold_unfinished(self, size: int) -> None:
+        if self.budget is not None:
+            refused = self.budget.hold(size)
+            if refused is not None:
+                raise RemoteProtocolError(frame_refusal(size, refused), code=BUSY)
 
     def _check_paused_buffer(self, size: int) -> None:
         pass

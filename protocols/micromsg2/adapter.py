@@ -37,6 +37,7 @@ from polyport.core.errors import Busy, NotFound, PolyportError, Unauthenticated
 from polyport.core.events import DEFAULT_CONTEXT, EventData, RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
+from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT, UNSUPPORTED
 from polyport.protocols.framing import InputBuffer
 from polyport.protocols.micromsg2.connection import ServerConnection
@@ -300,8 +301,11 @@ class MicroMsg2Session:
     """Implements protocols.session.StreamSession for one client connection."""
 
     def __init__(
-        self, ctx: SessionContext, out: Outbound, options: MicroMsg2Limits | None = None
+        self, ctx: SessionContext, out: Outbound, options: MicroMsg2Limits | None = None,
+        input_budget: BudgetAccount | None = None,
     ) -> None:
+        """``input_budget``: this connection's account in the gateway's budget
+        for input not yet whole, released when the connection is lost."""
         self._ctx = ctx
         ctx.on_revoke(self._fail)
         # The store as the x-auth (or anonymous) principal may use it.
@@ -317,6 +321,7 @@ class MicroMsg2Session:
             max_payload=self._opts.max_payload,
             first_outbound_seq=self._opts.initial_seq,
         )
+        self._conn.budget = input_budget
         self._loop = asyncio.get_running_loop()
         self._closing = False
         self.principal: Principal | None = None
@@ -397,6 +402,8 @@ class MicroMsg2Session:
 
     async def connection_lost(self) -> None:
         self._closing = True
+        if self._conn.budget is not None:
+            self._conn.budget.close()
         if self.on_close is not None:
             self.on_close(self)
         self._window_open.set()

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from polyport.protocols.budgets import BudgetAccount, frame_refusal
+from polyport.protocols.errors import BUSY
 from polyport.protocols.framing import InputBuffer
 from polyport.protocols.micromsg2.acks import AckWindow, decode_ack_payload, encode_ack_payload
 from polyport.protocols.micromsg2.errors import (
@@ -94,6 +96,11 @@ class _Connection:
         self._max_payload = max_payload
         # The CONTINUED payload being received, if any.
         self._partial: Partial | None = None
+        # This connection's share of a budget other connections draw on too
+        # (the gateway's): a frame not yet whole and a CONTINUED payload not
+        # yet complete are held against it, as the peer can leave them
+        # unfinished as long as it likes.  None: only max_payload bounds them.
+        self.budget: BudgetAccount | None = None
         self._fragment_size = fragment_size
         self._negotiated_version: tuple[int, int] | None = None
         self.negotiated: Negotiated | None = None
@@ -138,12 +145,21 @@ class _Connection:
                 pos += used
                 if frame is not None:
                     frames.append(self._on_receive(frame))
+            self._hold_unfinished(len(self._buffer) - pos)
         except RemoteProtocolError:
             self._state = State.CLOSED
             self._buffer.clear()
             raise
         del self._buffer[:pos]
         return frames
+
+    def _hold_unfinished(self, buffered: int) -> None:
+        if self.budget is None:
+            return
+        held = buffered + (self._partial.size if self._partial is not None else 0)
+        refused = self.budget.hold(held)
+        if refused is not None:
+            raise RemoteProtocolError(frame_refusal(held, refused), code=BUSY)
 
     def _decode_one(self, pos: int) -> tuple[Frame | None, int] | None:
         if (

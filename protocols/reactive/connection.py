@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from polyport.protocols.errors import MALFORMED, TOO_LARGE
+from polyport.protocols.budgets import BudgetAccount, frame_refusal
+from polyport.protocols.errors import BUSY, MALFORMED, TOO_LARGE
 from polyport.protocols.framing import InputBuffer
 from polyport.protocols.reactive.streams import (
     Action,
@@ -92,6 +93,15 @@ class StreamConnection:
         self.state = ConnectionState.AWAITING_SETUP
         self._buffer = InputBuffer()
         self._streams: dict[int, Any] = {}
+        # This connection's share of a byte budget other connections draw on
+        # too (the gateway's reassembly budget): every fragment kept for
+        # reassembly is reserved in it first.  None: only this connection's
+        # own limits apply.
+        self.budget: BudgetAccount | None = None
+        # Bytes of a frame not yet whole kept in _buffer after the last read:
+        # a peer can hold them as long as it likes, so they count in the
+        # budget too (a frame being decoded in the read does not).
+        self._partial_bytes = 0
 
     # --- the version's codec --------------------------------------------------------
 
@@ -115,6 +125,42 @@ class StreamConnection:
     def _check_message(self, message: bytes) -> None:
         """A WebSocket message (one frame) against the limit."""
         raise NotImplementedError
+
+    # --- the shared budget --------------------------------------------------------------
+
+    @property
+    def reassembly_bytes(self) -> int:
+        """Bytes of fragmented messages held now, all streams together."""
+        raise NotImplementedError
+
+    def _reserve_fragment(self, n: int) -> str | None:
+        """Reserve ``n`` more bytes of fragments in the shared budget; why
+        not when it has no room."""
+        if self.budget is None:
+            return None
+        # Messages completed or dropped earlier in this read give their
+        # bytes back first, so the account is exact when it is asked.
+        self.budget.settle(self._budgeted_bytes)
+        return self.budget.reserve(n)
+
+    @property
+    def _budgeted_bytes(self) -> int:
+        return self.reassembly_bytes + self._partial_bytes
+
+    def _settle_budget(self) -> None:
+        """Give back what streams no longer hold (a message joined, a stream
+        rejected, cancelled or ended; everything once the connection failed)."""
+        # Only an account that holds something has anything to give back:
+        # every send comes here, and the sum runs over all streams.
+        if self.budget is not None and self.budget.held:
+            self.budget.settle(0 if self.closed else self._budgeted_bytes)
+
+    def release_budget(self) -> None:
+        """The transport is gone: give back everything this connection holds
+        of the shared budget, whatever state its streams are in."""
+        if self.budget is not None:
+            self.budget.close()
+            self.budget = None
 
     # --- introspection ----------------------------------------------------------------
 
@@ -171,6 +217,8 @@ class StreamConnection:
             self._buffer.clear()
             exc.frames = list(out)
             raise
+        finally:
+            self._settle_budget()
         if self.closed:
             # The peer ended the connection later in the same read: a stream
             # error before that has no one to answer (send_error would raise).
@@ -181,6 +229,9 @@ class StreamConnection:
         buf = self._buffer
         buf += data
         pos = 0
+        # While frames are decoded the partial frame is not counted: its
+        # bytes become a fragment (counted then) or are released.
+        self._partial_bytes = 0
         prefix = self.length_size
         try:
             while len(buf) - pos >= prefix and not self.closed:
@@ -196,6 +247,11 @@ class StreamConnection:
             del buf[:pos]
         if self.closed:
             buf.clear()
+        elif buf and self.budget is not None:
+            refused = self._reserve_fragment(len(buf))
+            if refused is not None:
+                raise self.remote_error(frame_refusal(len(buf), refused), code=BUSY)
+            self._partial_bytes = len(buf)
 
     def _receive_message(self, message: bytes, out: list[Any]) -> None:
         frame = self._decode(message)
@@ -277,6 +333,8 @@ class StreamConnection:
             raise self.local_error("after a protocol error only ERROR on stream 0 may be sent")
         elif not self._send_connection_frame(frame):
             self._send_frame(frame)
+        # An ERROR or CANCEL may have ended a stream that was reassembling.
+        self._settle_budget()
         return self._add_tcp_length(message) if self.transport == "tcp" else message
 
     def _send_connection_frame(self, frame: Any) -> bool:

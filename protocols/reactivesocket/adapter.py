@@ -28,6 +28,7 @@ from polyport.core.commands import Append, Principal
 from polyport.core.errors import NotFound, PolyportError, TooLarge, Unsupported
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
+from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT
 from polyport.protocols.eventservice import StreamWork as _Work
 from polyport.protocols.eventservice import (
@@ -158,7 +159,11 @@ class ReactiveSocketSession:
         out: Outbound,
         transport: str = "tcp",
         limits: AdapterLimits | None = None,
+        budget: BudgetAccount | None = None,
     ) -> None:
+        """``budget``: this connection's share of the gateway's reassembly
+        budget (fragments of every connection together), released when the
+        connection is lost."""
         self.ctx = ctx
         ctx.on_revoke(self._fail_connection)
         # The store as the SETUP's principal may use it; None before SETUP.
@@ -175,6 +180,7 @@ class ReactiveSocketSession:
             max_streams=self.limits.max_streams,
             max_reassembly_bytes=self.limits.max_reassembly_bytes,
         )
+        self.conn.budget = budget
         self.principal: Principal | None = None
         self.context: str | None = None
         self._work: dict[int, _Work] = {}
@@ -219,6 +225,9 @@ class ReactiveSocketSession:
 
     async def connection_lost(self) -> None:
         self._closing = True
+        # Fragments held for half-received requests go back to the budget now,
+        # whatever their streams' state.
+        self.conn.release_budget()
         if self._idle_task is not None:
             self._idle_task.cancel()
         for work in list(self._work.values()):

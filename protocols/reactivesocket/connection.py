@@ -20,6 +20,7 @@ from dataclasses import replace
 from polyport.protocols.reactive.connection import RequesterConveniences
 from polyport.protocols.reactivesocket.base import BaseConnection, Event, StreamError, error_frame
 from polyport.protocols.reactivesocket.errors import (
+    BUSY,
     MALFORMED,
     TOO_LARGE,
     LocalProtocolError,
@@ -272,6 +273,14 @@ class ServerConnection(BaseConnection):
                         "fragmented requests on this connection exceed "
                         f"max_reassembly_bytes {budget}",
                         out,
+                    )
+            if ev is not Ev.RECV_REQUEST_END:
+                # The budget shared with other connections: busy, not
+                # too_large, as the same request may fit later.
+                refused = self._reserve_fragment(len(frame.data))
+                if refused is not None:
+                    return self._violation(
+                        rec, kind, sid, more, BUSY, f"{refused}; retry later", out
                     )
 
         # Hold on to the fragments received before _apply() may drop the record.

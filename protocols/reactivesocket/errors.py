@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from polyport.protocols import errors as shared
-from polyport.protocols.errors import MALFORMED, TOO_LARGE, UNSUPPORTED
+from polyport.protocols.errors import BUSY, MALFORMED, TOO_LARGE, UNSUPPORTED
 
 __all__ = [
+    "BUSY",
     "MALFORMED",
     "TOO_LARGE",
     "UNSUPPORTED",

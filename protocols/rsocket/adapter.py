@@ -28,6 +28,7 @@ from polyport.core.access import Tenant
 from polyport.core.errors import PolyportError, TooLarge, Unauthenticated, Unsupported
 from polyport.core.groups import GroupMember
 from polyport.protocols import errors as shared_errors
+from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT
 from polyport.protocols.eventservice import (
     StreamWork,
@@ -144,7 +145,11 @@ class RSocketSession:
         out: Outbound,
         transport: str = "tcp",
         limits: AdapterLimits | None = None,
+        budget: BudgetAccount | None = None,
     ) -> None:
+        """``budget``: this connection's share of the gateway's reassembly
+        budget (fragments of every connection together), released when the
+        connection is lost."""
         self.ctx = ctx
         self.stats = ctx.stats
         self.out = out
@@ -161,6 +166,7 @@ class RSocketSession:
             max_reassembly_bytes=self.limits.max_reassembly_bytes,
             clock=loop.time,
         )
+        self.conn.budget = budget
         # The store as the SETUP's principal may use it; None before SETUP.
         self.tenant: Tenant | None = None
         self.data_format = "json"
@@ -204,6 +210,9 @@ class RSocketSession:
 
     async def connection_lost(self) -> None:
         self._closing = True
+        # Fragments held for half-received requests go back to the budget now,
+        # whatever their streams' state.
+        self.conn.release_budget()
         self._watch_task.cancel()
         for work in list(self._work.values()):
             work.stop()

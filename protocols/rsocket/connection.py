@@ -218,23 +218,30 @@ class _Connection(StreamConnection):
     def _collect(
         self, rec: StreamRecord, metadata: bytes | None, data: bytes, what: str,
         *, last: bool = False,
-    ) -> str | None:
-        """Add a fragment of ``what`` to ``rec``; why not, when the whole
-        exceeds max_message_size or all messages being reassembled on the
-        connection exceed max_reassembly_bytes.  The ``last`` fragment is not
-        held against the latter: its message is joined and released at once."""
-        size = rec.size + len(metadata or b"") + len(data)
+    ) -> tuple[str, str] | None:
+        """Add a fragment of ``what`` to ``rec``; (code, why) not, when the
+        whole exceeds max_message_size, all messages being reassembled on the
+        connection exceed max_reassembly_bytes (too_large), or the budget
+        shared with other connections has no room (busy).  The ``last``
+        fragment is not held against the latter two: its message is joined
+        and released at once."""
+        added = len(metadata or b"") + len(data)
+        size = rec.size + added
         if size > self.max_message_size:
-            return f"{what} exceeds max_message_size {self.max_message_size}"
+            return TOO_LARGE, f"{what} exceeds max_message_size {self.max_message_size}"
         budget = self.max_reassembly_bytes
         if budget is not None and not last:
             # One message alone always fits (within max_message_size).
             others = self.reassembly_bytes - rec.size
             if others and others + size > budget:
-                return (
+                return TOO_LARGE, (
                     "fragmented messages on this connection exceed "
                     f"max_reassembly_bytes {budget}"
                 )
+        if not last:
+            refused = self._reserve_fragment(added)
+            if refused is not None:
+                return BUSY, f"{refused}; retry later"
         if metadata is not None:
             rec.metadata = [*(rec.metadata or []), metadata]
         rec.data.append(data)
@@ -421,7 +428,7 @@ class ServerConnection(_Connection):
             rec.first = frame
             refused = self._collect(rec, frame.metadata, frame.data, "request")
             if refused is not None:
-                return self._violation(sid, rec, kind, TOO_LARGE, refused, out)
+                return self._violation(sid, rec, kind, *refused, out)
             return
         if rec is not None and isinstance(frame, (RequestStream, RequestChannel)):
             rec.credits = add_credits(0, frame.initial_n)
@@ -443,7 +450,7 @@ class ServerConnection(_Connection):
                 rec, frame.metadata, frame.data, "request", last=not frame.follows
             )
             if refused is not None:
-                return self._violation(sid, rec, rec.kind, TOO_LARGE, refused, out)
+                return self._violation(sid, rec, rec.kind, *refused, out)
         whole: Request | None = None
         if ev is Ev.RECV_REQUEST_END and rec.phase is Phase.RECEIVING_REQUEST:
             first = rec.first
@@ -648,7 +655,7 @@ class ClientConnection(_Connection, RequesterConveniences):
                 rec, frame.metadata, frame.data, "PAYLOAD", last=not frame.follows
             )
             if refused is not None:
-                return self._violation(sid, rec, rec.kind, TOO_LARGE, refused, out)
+                return self._violation(sid, rec, rec.kind, *refused, out)
             if ev in (Ev.RECV_END, Ev.RECV_END_COMPLETE):
                 metadata, data = self._joined(rec)
                 whole = Payload(sid, metadata, data, complete=frame.complete, next=True)

@@ -58,6 +58,7 @@ from polyport.core.errors import (
     WrongExpectedVersion,
 )
 from polyport.core.events import EventData
+from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT
 from polyport.protocols.framing import InputBuffer
 from polyport.protocols.segment.connection import ServerConnection
@@ -281,7 +282,10 @@ class SegmentSession:
         out: Outbound,
         registry: AppenderRegistry,
         limits: SegmentLimits | None = None,
+        input_budget: BudgetAccount | None = None,
     ) -> None:
+        """``input_budget``: this connection's account in the gateway's budget
+        for input not yet whole, released when the connection is lost."""
         self._ctx = ctx
         ctx.on_revoke(self._revoked)
         # Logins of this connection by credentials string ("" = anonymous):
@@ -295,6 +299,7 @@ class SegmentSession:
         self._codec = ServerConnection(
             self._limits.max_message_size, max_block_size=self._limits.max_block_size
         )
+        self._codec.budget = input_budget
         self._appends = _AppendQueue(limit=MAX_QUEUED_APPEND_BYTES)
         self._reads: asyncio.Queue[ReadSegment] = asyncio.Queue(maxsize=MAX_QUEUED_READS)
         self._appenders: dict[uuid.UUID, _Appender] = {}
@@ -347,6 +352,8 @@ class SegmentSession:
 
     async def connection_lost(self) -> None:
         self._closing = True
+        if self._codec.budget is not None:
+            self._codec.budget.close()
         for task in (self._append_task, self._read_task):
             if task is not None and not task.done():
                 task.cancel()

@@ -16,6 +16,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Iterable
 
+from polyport.protocols.budgets import BudgetAccount, frame_refusal
+from polyport.protocols.errors import BUSY
 from polyport.protocols.framing import InputBuffer
 from polyport.protocols.segment.errors import (
     LocalProtocolError,
@@ -175,6 +177,11 @@ class ServerConnection:
             max_message_size=max_message_size, accepted_types=REQUEST_TYPES, peer="client"
         )
         self._failed = _Failed()
+        # This connection's share of a budget other connections draw on too
+        # (the gateway's): a message not yet whole, and a block or split
+        # event being assembled, are held against it, as the peer can leave
+        # them unfinished as long as it likes.  None: only the size limits.
+        self.budget: BudgetAccount | None = None
 
     @property
     def input_buffer(self) -> InputBuffer:
@@ -208,6 +215,11 @@ class ServerConnection:
                     out.append(block)
                 elif isinstance(frame, (SetupAppend, ReadSegment, KeepAlive)):
                     out.append(frame)
+            if self.budget is not None:
+                held = self._reader.buffered + self._tracker.held_bytes
+                refused = self.budget.hold(held)
+                if refused is not None:
+                    raise RemoteProtocolError(frame_refusal(held, refused), code=BUSY)
         except RemoteProtocolError as exc:
             self._failed.error = exc
             raise

@@ -205,6 +205,12 @@ class AppendTracker:
         # Total size of the split event, known once its header arrived.
         self._partial_total: int | None = None
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of a block and of a split event still being assembled."""
+        block = self._block
+        return len(self._partial) + (block.event_bytes if block is not None else 0)
+
     # --- appender table ------------------------------------------------------
 
     def segment_of(self, connection_id: uuid.UUID) -> str | None:

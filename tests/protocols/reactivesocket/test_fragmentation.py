@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from polyport.protocols.budgets import ByteBudget
 from polyport.protocols.reactivesocket import (
     Cancel,
     LocalProtocolError,
@@ -314,3 +315,34 @@ def test_one_request_alone_always_fits_the_reassembly_budget():
         tcp(RequestFnf(1, b"ab", begin=True)) + tcp(RequestFnf(1, b"cd", end=True))
     )
     assert events == [RequestFnf(1, b"abcd")]
+
+
+def test_connections_share_the_gateway_reassembly_budget():
+    # Every connection's fragments draw on one budget, with a share per
+    # source address; past it the stream is rejected busy (its remaining
+    # fragments are dropped) and what was held goes back as requests
+    # complete or are cancelled and when a connection closes.
+    budget = ByteBudget(8, per_address=5, what="fragmented requests",
+                        setting="reassembly_budget",
+                        per_address_setting="reassembly_budget_per_address")
+    one, two, other = open_server(), open_server(), open_server()
+    one.budget, two.budget = budget.account("10.0.0.1"), budget.account("10.0.0.1")
+    other.budget = budget.account("10.0.0.2")
+    assert one.receive_data(tcp(RequestResponse(1, b"abc", begin=True))) == []
+    events = two.receive_data(tcp(RequestResponse(1, b"def", begin=True)))
+    assert events == [StreamError(1, "busy", events[0].message)]
+    assert "reassembly_budget_per_address 5; retry later" in events[0].message
+    assert two.receive_data(tcp(RequestResponse(1, b"g", end=True))) == []
+    assert other.receive_data(tcp(RequestStream(1, 1, b"hijk", begin=True))) == []
+    events = other.receive_data(tcp(RequestStream(3, 1, b"lm", begin=True)))
+    assert "exceed reassembly_budget 8" in events[0].message
+    assert budget.used == 7
+    assert one.receive_data(tcp(RequestResponse(1, b"d", end=True))) == [
+        RequestResponse(1, b"abcd")
+    ]
+    other.receive_data(tcp(Cancel(1)))
+    assert budget.used == 0
+    assert two.receive_data(tcp(RequestFnf(3, b"ab", begin=True))) == []
+    assert budget.used == 2
+    two.release_budget()
+    assert budget.used == 0 and not budget.by_address

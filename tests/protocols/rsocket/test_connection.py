@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from polyport.protocols.budgets import ByteBudget
 from polyport.protocols.rsocket import frames as F
 from polyport.protocols.rsocket.connection import ClientConnection, ServerConnection, StreamError
 from polyport.protocols.rsocket.errors import LocalProtocolError, RemoteProtocolError
@@ -220,3 +221,65 @@ def test_client_tables() -> None:
     assert client.credits(sid) == 5
     client.cancel(sid)
     assert client.streams == {}
+
+
+def test_connections_share_the_gateway_reassembly_budget() -> None:
+    # Fragments of every connection draw on one budget with a share per
+    # source address: past either, the fragment's stream is rejected (busy:
+    # ERROR[REJECTED]) and holds nothing; the rest goes back as messages
+    # complete, streams end and connections close.
+    budget = ByteBudget(10, per_address=6, what="fragmented requests",
+                        setting="reassembly_budget",
+                        per_address_setting="reassembly_budget_per_address")
+    a1, a2, b = server(), server(), server()
+    a1.budget, a2.budget, b.budget = (budget.account("10.0.0.1"), budget.account("10.0.0.1"),
+                                      budget.account("10.0.0.2"))
+    assert a1.receive_data(tcp(RequestResponse(1, None, b"abcd", follows=True))) == []
+    refused = a2.receive_data(tcp(RequestResponse(1, None, b"efg", follows=True)))
+    assert refused == [StreamError(
+        1, "busy", "fragmented requests from 10.0.0.1 exceed "
+        "reassembly_budget_per_address 6; retry later")]
+    assert a2.send_error(1, "busy", "no")[3 + 6 : 3 + 10] == F.REJECTED.to_bytes(4, "big")
+    assert b.receive_data(tcp(RequestResponse(1, None, b"hijkl", follows=True))) == []
+    assert budget.used == 9
+    # The whole budget is full before another address's share is.
+    assert b.receive_data(tcp(RequestResponse(3, None, b"mn", follows=True)))[0].message == (
+        "fragmented requests of all clients exceed reassembly_budget 10; retry later")
+    assert budget.used == 9
+    # Completion releases (the last fragment is never held).
+    assert a1.receive_data(tcp(Payload(1, None, b"z", next=True))) == [
+        RequestResponse(1, None, b"abcdz")]
+    assert budget.used == 5 and budget.by_address == {"10.0.0.2": 5}
+    # So does the stream's end by CANCEL, and a closed connection.
+    assert a1.receive_data(tcp(RequestStream(3, 1, None, b"ab", follows=True))) == []
+    a1.receive_data(tcp(Cancel(3)))
+    assert budget.used == 5
+    b.release_budget()
+    assert budget.used == 0 and not budget.by_address
+    # A connection error gives back what its streams held.
+    assert a2.receive_data(tcp(RequestResponse(3, None, b"abc", follows=True))) == []
+    assert budget.used == 3
+    with pytest.raises(RemoteProtocolError):
+        a2.receive_data(b"\x00\x00\x01")
+    assert budget.used == 0
+
+
+def test_a_frame_not_yet_whole_counts_in_the_budget() -> None:
+    # A peer can leave a large frame half sent for as long as it likes: its
+    # bytes so far are held against the budget too; past it the connection
+    # fails busy (ERROR[CONNECTION_ERROR]) and gives everything back.
+    budget = ByteBudget(100)
+    conn = server()
+    conn.budget = budget.account("10.0.0.1")
+    wire = tcp(RequestResponse(1, None, b"x" * 150))
+    conn.receive_data(wire[:60])
+    assert budget.used == 60
+    with pytest.raises(RemoteProtocolError) as err:
+        conn.receive_data(wire[60:120])
+    assert err.value.code == "busy" and err.value.error_code == F.CONNECTION_ERROR
+    assert budget.used == 0
+    # Whole frames pass through without being held.
+    whole = server()
+    whole.budget = budget.account("10.0.0.1")
+    assert whole.receive_data(wire) == [RequestResponse(1, None, b"x" * 150)]
+    assert budget.used == 0

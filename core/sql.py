@@ -107,6 +107,8 @@ RECORDED_AT_MANY = "SELECT position, recorded_at FROM events WHERE position = AN
 # of them is a prefix: commits take the head row's lock in position order).
 # So a read of n rows names its n keys as a closed range, and whatever plan
 # PostgreSQL picks, statistics or none, it reads those rows and no others.
+# (A client's version may be near the top of bigint: READ_STREAM's end is
+# cut so that it never overflows; $3 >= 1.)
 READ_ALL_AFTER = f"""
 SELECT {_COLS} FROM events WHERE position > $1 AND position <= $1 + $2
 ORDER BY position LIMIT $2
@@ -114,7 +116,8 @@ ORDER BY position LIMIT $2
 
 READ_STREAM = f"""
 SELECT {_COLS} FROM events
-WHERE context = $1 AND stream = $2 AND version >= $3 AND version < $3 + $4
+WHERE context = $1 AND stream = $2 AND version >= $3
+  AND version < $3 + least($4, 9223372036854775807 - $3)
 ORDER BY version LIMIT $4
 """
 

@@ -189,3 +189,16 @@ async def test_bisected_starts_match_the_scans_they_replace(db_url: str) -> None
     finally:
         await conn.close()
 
+
+
+async def test_a_read_from_the_top_of_the_key_space_is_empty(store: Any) -> None:
+    """A stream read names its versions as a closed range: a client's
+    from_version near the top of bigint reads nothing, not an overflow."""
+    from polyport.core.commands import Append, ReadStream
+    from polyport.core.events import EventData
+
+    await store.append(Append("default", "a", (EventData("t", b"x"),)))
+    top = (1 << 63) - 1
+    for version, count in ((top, 1000), (top - 5, 1000), (2, top)):
+        assert await store.read_stream(ReadStream("default", "a", version, count)) == []
+    assert len(await store.read_stream(ReadStream("default", "a", 1, top))) == 1

@@ -56,6 +56,16 @@ ORDER BY i
 """
 
 
+# A persistent subscription (id 1) with three events parked, two to replay.
+PARKED = """
+INSERT INTO subscriptions (id, context, name, selector, checkpoint, created_at, updated_at)
+VALUES (1, 'default', 'p', '{}'::jsonb, 95000, now(), now());
+INSERT INTO parked_events (subscription_id, position, retries, reason, parked_at, replay)
+VALUES (1, 20000, 3, 'x', now(), true), (1, 60000, 3, 'x', now(), true),
+       (1, 94000, 3, 'x', now(), false);
+"""
+
+
 def _literal(value: Any) -> str:
     if value is None:
         return "NULL"
@@ -109,6 +119,9 @@ def _cases() -> dict[str, tuple[str, tuple[Any, ...]]]:
             (["default", "rare"], [uuid.UUID(_md5(5)), uuid.UUID(_md5(7000))]),
         ),
         "times of positions": (sql.RECORDED_AT_MANY, ([5, 50_000, 99_999],)),
+        "parked events": (sql.LIST_PARKED, (1, 100)),
+        "parked events to replay": (sql.REPLAY_DUE, (1, 100)),
+        "parked events to replay, fetch-style": (sql.FETCH_REPLAY_DUE, (1, 90_000, 100)),
     }
 
 
@@ -138,6 +151,7 @@ async def test_every_read_plan_is_bounded_without_statistics(db_url: str) -> Non
         await conn.execute(
             "UPDATE log_head SET last_position = $1, last_recorded_at = $2 WHERE id = 1",
             ROWS, START + timedelta(milliseconds=ROWS))
+        await conn.execute(PARKED)
         analyzed = await conn.fetchval(
             "SELECT last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL "
             "FROM pg_stat_user_tables WHERE relname = 'events'")

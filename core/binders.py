@@ -322,17 +322,15 @@ class BinderService:
             spec = spec_from_row(row)
             head = await conn.fetchval(sql.HEAD_POSITION)
             sel = spec.selector
-            rows = await conn.fetch(
-                sql.READ_SELECTED,
-                spec.position,
-                head,
-                *sql.selected_params(sel.context, None, sel.prefix or None, sel.types),
-                PROJECT_BATCH,
+            read = sql.selected_read(
+                spec.position, head, PROJECT_BATCH, sel.context, None, sel.prefix or None,
+                sel.types,
             )
+            rows = await conn.fetch(read.statement, *read.args)
             if not rows:
-                if head > spec.position:
-                    await conn.execute(sql.SET_BINDER_POSITION, name, head)
-                return False
+                if read.upper > spec.position:
+                    await conn.execute(sql.SET_BINDER_POSITION, name, read.upper)
+                return read.upper < head
             events = [record_from_row(r) for r in rows]
             keys = sorted({e.stream for e in events})
             current = {
@@ -365,7 +363,8 @@ class BinderService:
                 )
             if failures:
                 await conn.executemany(sql.RECORD_BINDER_ERROR, failures)
-            more = len(rows) == PROJECT_BATCH
-            new_position = events[-1].position if more else head
+            full = len(rows) == PROJECT_BATCH
+            new_position = events[-1].position if full else read.upper
+            more = full or read.upper < head
             await conn.execute(sql.SET_BINDER_POSITION, name, new_position)
             return more

@@ -54,11 +54,12 @@ events = Table(
     Column("recorded_at", DateTime(timezone=True), nullable=False),
     Column("origin", Text, nullable=False),
     Column("segment_offset", BigInteger, nullable=False),
+    # What each index serves: docs/architecture.md, "Indexes on events".
     UniqueConstraint("context", "stream", "version", name="events_stream_version_key"),
     # Idempotency keys are each tenant's own (migration 0008).
     UniqueConstraint("context", "event_id", name="events_context_event_id_key"),
-    Index("events_stream_offset_idx", "context", "stream", "segment_offset"),
-    Index("events_recorded_at_idx", "recorded_at"),
+    # Segment offsets and times have no index of their own (migration 0009):
+    # reads bisect the version key and the primary key for them.
 )
 
 streams = Table(

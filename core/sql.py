@@ -11,6 +11,7 @@ cluster's bootstrap statements are at the end of this module.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 
 from polyport.core.events import SEGMENT_EVENT_HEADER_SIZE
 
@@ -107,11 +108,21 @@ HEAD_POSITION = "SELECT last_position FROM log_head WHERE id = 1"
 RECORDED_AT = "SELECT recorded_at FROM events WHERE position = $1"
 RECORDED_AT_MANY = "SELECT position, recorded_at FROM events WHERE position = ANY($1::bigint[])"
 
-READ_ALL_AFTER = f"SELECT {_COLS} FROM events WHERE position > $1 ORDER BY position LIMIT $2"
+# Positions and, within a stream, versions have no gaps (and what is visible
+# of them is a prefix: commits take the head row's lock in position order).
+# So a read of n rows names its n keys as a closed range, and whatever plan
+# PostgreSQL picks, statistics or none, it reads those rows and no others.
+# (A client's version may be near the top of bigint: READ_STREAM's end is
+# cut so that it never overflows; $3 >= 1.)
+READ_ALL_AFTER = f"""
+SELECT {_COLS} FROM events WHERE position > $1 AND position <= $1 + $2
+ORDER BY position LIMIT $2
+"""
 
 READ_STREAM = f"""
 SELECT {_COLS} FROM events
 WHERE context = $1 AND stream = $2 AND version >= $3
+  AND version < $3 + least($4, 9223372036854775807 - $3)
 ORDER BY version LIMIT $4
 """
 
@@ -121,31 +132,94 @@ FROM (SELECT $1::text AS context, $2::text AS stream) k
 CROSS JOIN LATERAL ({_LAST_EVENT_STATE}) st
 """
 
-# The event whose framed bytes contain ``offset``, and those after it.
+
+def _bisect(upper: str, hit: str) -> str:
+    """The least key in [1, ``upper``] for which ``hit`` (a scalar subquery
+    on the row of the key ``b.m``) says true, or ``upper`` + 1: a binary
+    search over a gapless key whose predicate is false, then true.  About 20
+    probes at a million rows, each an equality lookup on a unique index (a
+    correlated subquery, which the planner cannot turn into a join over all
+    of a stream's rows; OFFSET 0 keeps it from being copied into both CASEs,
+    which would probe twice): no plan, cached or not, reads more, where a range
+    scan for the same answer reads every row before or after it."""
+    return f"""(WITH RECURSIVE bisect(lo, hi) AS (
+    SELECT 0::bigint, coalesce(({upper}), 0) + 1
+  UNION ALL
+    SELECT CASE WHEN b.hit THEN b.lo ELSE b.m END, CASE WHEN b.hit THEN b.m ELSE b.hi END
+    FROM (SELECT lo, hi, m, ({hit}) AS hit
+          FROM (SELECT lo, hi, (lo + hi) / 2 AS m FROM bisect WHERE hi - lo > 1) b
+          OFFSET 0) b
+)
+SELECT min(hi) FROM bisect)"""
+
+
+# Versions count 1, 2, ... without gaps and events are never deleted; along
+# the versions positions and segment offsets rise.
+_LAST_VERSION = (
+    "SELECT version FROM events WHERE context = {c} AND stream = {s} "
+    "ORDER BY version DESC LIMIT 1"
+)
+
+
+def _first_version_where(context: str, stream: str, hit: str) -> str:
+    """The first version of a stream whose event meets ``hit``."""
+    return _bisect(
+        _LAST_VERSION.format(c=context, s=stream),
+        f"SELECT {hit} FROM events e "
+        f"WHERE e.context = {context} AND e.stream = {stream} AND e.version = b.m",
+    )
+
+
+# The event whose framed bytes contain ``offset``, and those after it
+# (the last event when the offset is past the end).
 READ_SEGMENT_FROM = f"""
+WITH s AS MATERIALIZED (
+    SELECT greatest({_first_version_where("$1", "$2", "e.segment_offset > $3")} - 1, 1) AS first
+)
 SELECT {_COLS} FROM events
 WHERE context = $1 AND stream = $2
-  AND segment_offset >= (
-      SELECT coalesce(max(segment_offset), 0) FROM events
-      WHERE context = $1 AND stream = $2 AND segment_offset <= $3)
-ORDER BY segment_offset LIMIT $4
+  AND version >= (SELECT first FROM s) AND version < (SELECT first FROM s) + $4
+ORDER BY version LIMIT $4
 """
 
 # The events in positions ($1, $2] that a selector's indexable parts pick,
 # at most $7 of them; the matcher runs in Python.  $3..$6 (selected_params)
-# are NULL when the selector does not constrain them.
+# are NULL when the selector does not constrain them.  The range is read
+# through the primary key and the filters apply to what it yields: OFFSET 0
+# keeps them out of the scan, so that no plan (a generic one included, which
+# cannot tell a rare context from the whole log) trades the key for an index
+# on context that leads to a sort of every row of that context.  Callers cut
+# the range to the batch's size (at least SCAN_WINDOW positions): each
+# statement reads that many rows whatever plan reads them, and a filter that
+# picks few rows costs one window per statement, not a scan to the head.
 _SELECTED = """
-FROM events
-WHERE position > $1 AND position <= $2
-  AND ($3::text IS NULL OR context = $3)
+FROM (SELECT * FROM events WHERE position > $1 AND position <= $2
+      ORDER BY position OFFSET 0) e
+WHERE ($3::text IS NULL OR context = $3)
   AND ($4::text IS NULL OR stream = $4)
   AND ($5::text IS NULL OR starts_with(stream, $5))
   AND ($6::text[] IS NULL OR type = ANY($6))
 ORDER BY position LIMIT $7
 """
 
-# Catch-up reads for subscriptions and binders.
+SCAN_WINDOW = 100
+
+# Catch-up reads for subscriptions and binders: the log, a context, a prefix.
 READ_SELECTED = f"SELECT {_COLS} {_SELECTED}"
+
+# One stream's events in positions ($1, $2], at most $5: through the stream's
+# (context, stream, version) key from the first version past $1 (found by
+# bisection), whatever else the log holds.  Types and matchers apply in Python.
+READ_STREAM_SELECTED = f"""
+WITH s AS MATERIALIZED (
+    SELECT {_first_version_where("$3", "$4", "e.position > $1")} AS first
+)
+SELECT {_COLS} FROM events
+WHERE context = $3 AND stream = $4
+  AND version >= (SELECT first FROM s) AND version < (SELECT first FROM s) + $5
+  AND position <= $2
+ORDER BY version LIMIT $5
+"""
 
 # Subscription lag: how many of those events there are, and the oldest one's time.
 COUNT_SELECTED = f"""
@@ -160,9 +234,42 @@ def selected_params(
     return context, stream, prefix, sorted(types) if types else None
 
 
-POSITION_BEFORE_TIME = """
-SELECT coalesce(max(position), 0) FROM events WHERE recorded_at < $1
-"""
+@dataclass(frozen=True, slots=True)
+class SelectedRead:
+    """A catch-up read: the statement, its arguments, and the end of the
+    range it covers (``upper``, or less where the log is scanned)."""
+
+    statement: str
+    args: tuple[object, ...]
+    upper: int
+
+
+def selected_read(
+    after: int,
+    upper: int,
+    limit: int,
+    context: str | None,
+    stream: str | None,
+    prefix: str | None,
+    types: Collection[str],
+) -> SelectedRead:
+    """The statement shape for a selector: one stream through its key,
+    anything else through the log's (see _SELECTED)."""
+    if context is not None and stream is not None:
+        return SelectedRead(READ_STREAM_SELECTED, (after, upper, context, stream, limit), upper)
+    cut = min(upper, after + max(limit, SCAN_WINDOW))
+    return SelectedRead(
+        READ_SELECTED,
+        (after, cut, *selected_params(context, stream, prefix, types), limit),
+        cut,
+    )
+
+
+# The last position recorded before $1 (recorded_at rises with the position).
+POSITION_BEFORE_TIME = "SELECT " + _bisect(
+    "SELECT last_position FROM log_head WHERE id = 1",
+    "SELECT e.recorded_at >= $1 FROM events e WHERE e.position = b.m",
+) + " - 1"
 
 POSITION_BEFORE_VERSION = """
 SELECT position - 1 FROM events

@@ -349,21 +349,18 @@ class Tailer:
     ) -> tuple[list[RecordedEvent], int, bool]:
         """Events in (after, upper] matching ``selector``: (events, position of
         the last row read, whether the range was exhausted)."""
+        read = sql.selected_read(
+            after, upper, limit, selector.context, selector.stream, selector.prefix,
+            selector.types,
+        )
         try:
-            rows = await self._pool.fetch(
-                sql.READ_SELECTED,
-                after,
-                upper,
-                *sql.selected_params(
-                    selector.context, selector.stream, selector.prefix, selector.types
-                ),
-                limit,
-            )
+            rows = await self._pool.fetch(read.statement, *read.args)
         except asyncpg.TooManyConnectionsError as exc:
             raise StorageUnavailable(str(exc)) from exc
         events = [e for e in map(record_from_row, rows) if _safe_match(selector, e)]
-        last = rows[-1]["position"] if rows else upper
-        return events, last, len(rows) < limit
+        if len(rows) >= limit:
+            return events, rows[-1]["position"], False
+        return events, read.upper, read.upper >= upper
 
     async def _run(self) -> None:
         """Never ends but by cancellation: a failed round is retried with

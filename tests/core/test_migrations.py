@@ -246,3 +246,56 @@ async def test_event_ids_per_context_come_and_go_with_0008(empty_db_url: str) ->
             await conn.execute(insert, 4, shared, "c", 1)
     finally:
         await conn.close()
+
+
+async def _event_indexes(url: str) -> set[str]:
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        rows = await conn.fetch("SELECT indexname FROM pg_indexes WHERE tablename = 'events'")
+        return {r["indexname"] for r in rows}
+    finally:
+        await conn.close()
+
+
+async def test_leaner_event_indexes_come_and_go_with_0009(empty_db_url: str) -> None:
+    """0009 drops the segment-offset and recorded-at indexes and analyzes the
+    table; downgrading to 0008 builds both again over the events there are,
+    and the store reads the same segment and time starts on either side."""
+    kept = {"events_pkey", "events_stream_version_key", "events_context_event_id_key"}
+    dropped = {"events_stream_offset_idx", "events_recorded_at_idx"}
+    await asyncio.to_thread(migrate.upgrade, empty_db_url, "0008")
+    assert await _event_indexes(empty_db_url) == kept | dropped
+
+    await asyncio.to_thread(migrate.upgrade, empty_db_url, "head")
+    assert await _event_indexes(empty_db_url) == kept
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        assert await conn.fetchval(
+            "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'events'")
+    finally:
+        await conn.close()
+    store = EventStore(StoreConfig(empty_db_url, run_binders=False))
+    await store.start()
+    try:
+        for body in (b"12345", b"xy", b"", b"z" * 40):
+            await store.append(Append("default", "a", (EventData("t", body),)))
+        events = await store.read_all(0, 10)
+    finally:
+        await store.close()
+
+    await asyncio.to_thread(migrate.downgrade, empty_db_url, "0008")
+    assert await _event_indexes(empty_db_url) == kept | dropped
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        # The rebuilt indexes answer what the bisections did.
+        assert await conn.fetchval(
+            "SELECT max(position) FROM events WHERE recorded_at < $1",
+            events[2].recorded_at) == events[1].position
+        assert await conn.fetchval(
+            "SELECT version FROM events WHERE context = 'default' AND stream = 'a' "
+            "AND segment_offset <= $1 ORDER BY segment_offset DESC LIMIT 1",
+            events[2].segment_offset + 3) == 3
+    finally:
+        await conn.close()
+    await asyncio.to_thread(migrate.upgrade, empty_db_url, "head")
+    assert await _event_indexes(empty_db_url) == kept

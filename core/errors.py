@@ -45,6 +45,12 @@ class Malformed(PolyportError):
     code = "malformed"
 
 
+class Unprocessable(Malformed):
+    """Well-formed, but the values contradict each other (a user's default
+    context that is not one of its contexts): the wire's "malformed", and
+    HTTP 422 on the admin API."""
+
+
 class Unsupported(PolyportError):
     code = "unsupported"
 

@@ -21,7 +21,7 @@ import asyncpg
 from polyport.core import sql
 from polyport.core.commands import Principal
 from polyport.core.db import Db
-from polyport.core.errors import Busy, Malformed, NotFound, Unauthenticated
+from polyport.core.errors import Busy, Malformed, NotFound, Unauthenticated, Unprocessable
 from polyport.core.events import DEFAULT_CONTEXT
 
 # Interactive-login strength (about 50 ms); parameters are stored with each hash.
@@ -110,7 +110,7 @@ def _check_default_context(default: str, contexts: list[str] | None) -> None:
     """A user whose default context is not one of theirs could not make a
     single call that names no context: refuse it when it is set."""
     if contexts is not None and default not in contexts:
-        raise Malformed(f"default context {default!r} is not one of the user's contexts "
+        raise Unprocessable(f"default context {default!r} is not one of the user's contexts "
                         f"({', '.join(contexts) or 'none'}); add it with --context {default}")
 
 

@@ -20,7 +20,14 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from polyport.core.commands import FromPosition, FromTime, Selector
-from polyport.core.errors import Busy, Malformed, NotFound, PolyportError, StorageUnavailable
+from polyport.core.errors import (
+    Busy,
+    Malformed,
+    NotFound,
+    PolyportError,
+    StorageUnavailable,
+    Unprocessable,
+)
 from polyport.core.parking import SubscriptionSettings
 from polyport.gateway.admin_routes import (
     OPENAPI_PATH,
@@ -280,7 +287,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/users", list_users, "listUsers", "List users",
           Reply(200, "users", "User", many=True)),
     Route("POST", "/users", add_user, "addUser", "Add a user",
-          Reply(201, "added", "User"), body="UserCreate", conflict=True),
+          Reply(201, "added", "User"), body="UserCreate", conflict=True, unprocessable=True),
     Route("GET", "/users/{name}", get_user, "getUser", "One user",
           Reply(200, "the user", "User")),
     Route("DELETE", "/users/{name}", remove_user, "removeUser", "Remove a user",
@@ -289,7 +296,7 @@ ROUTES: tuple[Route, ...] = (
           "Set a user's password", Reply(204, "changed"), body="UserPassword"),
     Route("PUT", "/users/{name}/contexts", set_contexts, "setContexts",
           "Set the contexts a user may use (and the default one)",
-          Reply(200, "changed", "User"), body="UserContexts"),
+          Reply(200, "changed", "User"), body="UserContexts", unprocessable=True),
     Route("GET", "/binders", list_binders, "listBinders", "List binders",
           Reply(200, "binders", "Binder", many=True)),
     Route("POST", "/binders", create_binder, "createBinder", "Create a binder",
@@ -400,6 +407,8 @@ def middleware(gw: Gateway) -> Middleware:
             headers = {k: v for k, v in exc.headers.items() if k in ("Allow",)}
             return _error(exc.status, exc.reason, "not_found" if exc.status == 404 else
                           "malformed", **headers)
+        except Unprocessable as exc:
+            return _error(422, exc.message, exc.code)
         except Malformed as exc:
             return _error(400, exc.message, exc.code)
         except NotFound as exc:

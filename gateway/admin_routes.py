@@ -48,7 +48,7 @@ QUERY_PARAMETERS: Mapping[str, tuple[Mapping[str, Any], str]] = {
 # What each error status means, as the document describes it.
 ERROR_DESCRIPTIONS: Mapping[int, str] = {
     400: "invalid request", 401: "missing or wrong admin token", 404: "not found",
-    409: "already exists",
+    409: "already exists", 422: "the values contradict each other (see the message)",
 }
 
 _PARAMETER = re.compile(r"\{([^}]*)\}")
@@ -112,6 +112,9 @@ class Route:
     reply: Reply
     body: str | None = None  # the JSON body's schema, a key of COMPONENTS
     conflict: bool = False  # it creates something that may already exist (409)
+    # Its body's values may contradict each other in ways a schema cannot say
+    # (a default context that is not among the contexts): 422.
+    unprocessable: bool = False
     query: tuple[str, ...] = ()  # optional query parameters, keys of QUERY_PARAMETERS
 
     def __post_init__(self) -> None:
@@ -142,6 +145,8 @@ class Route:
             codes.append(404)
         if self.conflict:
             codes.append(409)
+        if self.unprocessable:
+            codes.append(422)
         return tuple(codes)
 
 

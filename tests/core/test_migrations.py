@@ -50,8 +50,8 @@ async def test_migrate_round_trip_and_stale_serve(empty_db_url: str) -> None:
                                       empty_db_url)
     assert "up to date" in current.stdout
 
-    down = await asyncio.to_thread(polyport, "migrate", "downgrade", "base", "--database-url",
-                                   empty_db_url)
+    down = await asyncio.to_thread(polyport, "migrate", "downgrade", "base", "--yes",
+                                   "--database-url", empty_db_url)
     assert down.returncode == 0, down.stderr
     assert await tables(empty_db_url) == {"alembic_version"}
     assert await migrate.current_revision(empty_db_url) is None

@@ -34,6 +34,7 @@ from polyport.core.commands import (
 )
 from polyport.core.errors import Forbidden
 from polyport.core.events import RecordedEvent
+from polyport.core.limits import durable_owner
 
 if TYPE_CHECKING:
     from polyport.core.binders import BinderQuery
@@ -135,13 +136,15 @@ class Tenant:
         self, command: Subscribe, *, credit: bool = False
     ) -> Subscription | GroupMember:
         self._check_selector(command.selector)
-        return await self._store.subscribe(command, credit=credit)
+        return await self._store.subscribe(command, credit=credit,
+                                           owner=durable_owner(self.principal.user))
 
     async def register_fetch_subscription(
         self, name: str, selector: Selector, start: Start
     ) -> FetchSubscription:
         self._check_selector(selector)
-        return await self._store.register_fetch_subscription(name, selector, start)
+        return await self._store.register_fetch_subscription(
+            name, selector, start, owner=durable_owner(self.principal.user))
 
     async def _own(self, sub_id: int) -> FetchSubscription:
         # A durable id is a small integer anyone can guess: it must belong to

@@ -62,6 +62,10 @@ class DurableLimits:
     # anonymous included, could fill the table.  Counted per context (the
     # tenant), under a lock, so concurrent creations cannot pass it.
     max_per_context: int = 1000
+    # And those one principal may create, over every context it may use (0 =
+    # no limit): a user allowed every context, or many, is bounded too.  The
+    # anonymous principal is one principal.  Rows record who created them.
+    max_per_principal: int = 1000
 
 
 DEFAULT_EVENT_LIMITS = EventLimits()
@@ -148,6 +152,26 @@ def check_durable_name(name: str, limits: DurableLimits) -> None:
         raise Malformed("durable subscription name must not be empty")
     _text_bytes(name, "durable subscription name", limits.max_name_bytes,
                 "max_durable_name_bytes")
+
+
+def durable_principal_quota_exceeded(owner: str, count: int,
+                                     limits: DurableLimits) -> TooLarge:
+    who = f"user {owner!r}" if owner != ANONYMOUS_OWNER else "the anonymous user"
+    return TooLarge(
+        f"{who} already created {count} durable subscriptions, the limit "
+        f"(max_durable_subscriptions_per_principal = {limits.max_per_principal}); delete "
+        "unused ones ('polyport subscriptions delete')"
+    )
+
+
+# The creator recorded for the anonymous principal (a user's name is never
+# empty: core.users refuses it).
+ANONYMOUS_OWNER = ""
+
+
+def durable_owner(user: str | None) -> str:
+    """The key a principal's durable subscriptions are counted under."""
+    return user if user is not None else ANONYMOUS_OWNER
 
 
 def durable_quota_exceeded(context: str, count: int, limits: DurableLimits) -> TooLarge:

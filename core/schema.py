@@ -102,7 +102,12 @@ subscriptions = Table(
     # Persistent-subscription settings and fetch retries (revision 0006).
     Column("settings", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("fetch_attempts", Integer, nullable=False, server_default="0"),
+    # Who created it (revision 0010): the per-principal quota's count; "" the
+    # anonymous user, NULL the operator (or a row from before 0010).
+    Column("created_by", Text),
     UniqueConstraint("context", "name", name="subscriptions_context_name_key"),
+    Index("subscriptions_created_by_idx", "created_by",
+          postgresql_where=text("created_by IS NOT NULL")),
 )
 
 # Events a persistent subscription gave up on (revision 0006; core.parking).

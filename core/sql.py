@@ -291,8 +291,9 @@ FROM subscriptions WHERE id = $1
 """
 
 CREATE_SUBSCRIPTION = """
-INSERT INTO subscriptions (context, name, selector, checkpoint, created_at, updated_at)
-VALUES ($1, $2, $3::jsonb, $4, now(), now())
+INSERT INTO subscriptions (context, name, selector, checkpoint, created_by, created_at,
+                           updated_at)
+VALUES ($1, $2, $3::jsonb, $4, $5, now(), now())
 ON CONFLICT (context, name) DO NOTHING
 RETURNING id, context, name, selector, checkpoint, fetched_position, fetched_time
 """
@@ -305,6 +306,14 @@ DURABLE_QUOTA_LOCK = (
     "SELECT pg_advisory_xact_lock(hashtextextended('polyport.durable-quota/' || $1, 0))"
 )
 COUNT_CONTEXT_SUBSCRIPTIONS = "SELECT count(*) FROM subscriptions WHERE context = $1"
+
+# The per-principal quota (DurableLimits.max_per_principal): the rows a
+# principal created, counted under its own lock (taken after the context's,
+# always in that order, so two creations never wait on each other in a cycle).
+DURABLE_PRINCIPAL_LOCK = (
+    "SELECT pg_advisory_xact_lock(hashtextextended('polyport.durable-owner/' || $1, 0))"
+)
+COUNT_PRINCIPAL_SUBSCRIPTIONS = "SELECT count(*) FROM subscriptions WHERE created_by = $1"
 
 UPDATE_SUBSCRIPTION_SELECTOR = """
 UPDATE subscriptions SET selector = $2::jsonb, updated_at = now() WHERE id = $1

@@ -50,6 +50,7 @@ from polyport.core.limits import (
     check_durable_name,
     check_name,
     check_selector,
+    durable_principal_quota_exceeded,
     durable_quota_exceeded,
 )
 from polyport.core.locks import GroupLocks
@@ -458,11 +459,13 @@ class EventStore:
         return sub
 
     async def subscribe(
-        self, command: Subscribe, *, credit: bool = False
+        self, command: Subscribe, *, credit: bool = False, owner: str | None = None
     ) -> Subscription | GroupMember:
         """Catch-up then live.  With ``credit=True`` nothing is handed out
         beyond what :meth:`grant` allowed.  A durable name returns a group
-        member, whose acks move the persistent checkpoint."""
+        member, whose acks move the persistent checkpoint.  ``owner``
+        (core.limits.durable_owner) is who creates a missing durable row, held
+        to the per-principal quota; None: the operator's or core's own."""
         if command.durable is None:
             self._check_names(command.selector)
             cursor = await self.resolve_start(command.selector, command.start)
@@ -475,7 +478,8 @@ class EventStore:
                 self.on_subscribe(sub)
             return sub
         context = durable_context(command.selector)
-        await self._ensure_durable(context, command.durable, command.selector, command.start)
+        await self._ensure_durable(context, command.durable, command.selector, command.start,
+                                   owner=owner)
         key = (context, command.durable)
         group = self._groups.get(key)
         if group is None:
@@ -518,7 +522,8 @@ class EventStore:
             check_durable_name(name, self.config.durable)
 
     async def _ensure_durable(
-        self, context: str, name: str, selector: Selector, start: Start, *, quota: bool = True
+        self, context: str, name: str, selector: Selector, start: Start, *, quota: bool = True,
+        owner: str | None = None,
     ) -> asyncpg.Record:
         """The row of ``name`` in ``context``, created when missing; a client's
         creation (``quota``) is refused past the context's durable quota."""
@@ -526,7 +531,7 @@ class EventStore:
         row = await self._db.fetchrow(sql.GET_SUBSCRIPTION, context, name)
         if row is None:
             cursor = await self.resolve_start(selector, start)
-            row = await self._create_durable(context, name, selector, cursor, quota)
+            row = await self._create_durable(context, name, selector, cursor, quota, owner)
             if row is None:  # created concurrently
                 row = await self._db.fetchrow(sql.GET_SUBSCRIPTION, context, name)
         elif json.loads(row["selector"]) != selector_to_json(selector):
@@ -536,21 +541,32 @@ class EventStore:
         return row
 
     async def _create_durable(
-        self, context: str, name: str, selector: Selector, cursor: int, quota: bool
+        self, context: str, name: str, selector: Selector, cursor: int, quota: bool,
+        owner: str | None,
     ) -> asyncpg.Record | None:
-        limit = self.config.durable.max_per_context
-        args = (context, name, json.dumps(selector_to_json(selector)), cursor)
-        if not quota or limit <= 0:
+        limits = self.config.durable
+        per_context = limits.max_per_context if quota else 0
+        per_owner = limits.max_per_principal if quota and owner is not None else 0
+        args = (context, name, json.dumps(selector_to_json(selector)), cursor, owner)
+        if per_context <= 0 and per_owner <= 0:
             return await self._db.fetchrow(sql.CREATE_SUBSCRIPTION, *args)
         async with self._db.acquire() as conn, conn.transaction():
-            # Count and insert under the context's lock: two creations (in
-            # any process) cannot both see room for one.
+            # Count and insert under the context's lock, then the creator's:
+            # two creations (in any process) cannot both see room for one.
             await conn.execute(sql.DURABLE_QUOTA_LOCK, context)
+            if per_owner > 0:
+                await conn.execute(sql.DURABLE_PRINCIPAL_LOCK, owner)
             if await conn.fetchval(sql.GET_SUBSCRIPTION, context, name) is not None:
                 return None
-            count = int(await conn.fetchval(sql.COUNT_CONTEXT_SUBSCRIPTIONS, context))
-            if count >= limit:
-                raise durable_quota_exceeded(context, count, self.config.durable)
+            if per_context > 0:
+                count = int(await conn.fetchval(sql.COUNT_CONTEXT_SUBSCRIPTIONS, context))
+                if count >= per_context:
+                    raise durable_quota_exceeded(context, count, limits)
+            if per_owner > 0:
+                assert owner is not None
+                mine = int(await conn.fetchval(sql.COUNT_PRINCIPAL_SUBSCRIPTIONS, owner))
+                if mine >= per_owner:
+                    raise durable_principal_quota_exceeded(owner, mine, limits)
             row: asyncpg.Record | None = await conn.fetchrow(sql.CREATE_SUBSCRIPTION, *args)
             return row
 
@@ -613,11 +629,12 @@ class EventStore:
     # --- fetch-style durable subscriptions (pull) ---------------------------
 
     async def register_fetch_subscription(
-        self, name: str, selector: Selector, start: Start
+        self, name: str, selector: Selector, start: Start, *, owner: str | None = None
     ) -> FetchSubscription:
         """Idempotent: the same name in the selector's context returns the
-        existing subscription."""
-        row = await self._ensure_durable(durable_context(selector), name, selector, start)
+        existing subscription.  ``owner``: as for :meth:`subscribe`."""
+        row = await self._ensure_durable(durable_context(selector), name, selector, start,
+                                         owner=owner)
         return FetchSubscription(
             row["id"], row["context"], row["name"], selector, row["checkpoint"]
         )

@@ -270,6 +270,7 @@ class Gateway:
                     durable=DurableLimits(
                         max_name_bytes=self.config.max_durable_name_bytes,
                         max_per_context=self.config.max_durable_subscriptions,
+                        max_per_principal=self.config.max_durable_subscriptions_per_principal,
                     ),
                 )
             )

@@ -200,6 +200,8 @@ class GatewayConfig:
     # may hold (core.limits.DurableLimits; 0 = no quota).
     max_durable_name_bytes: int = 1024
     max_durable_subscriptions: int = 1000
+    # And per principal (user, or the anonymous user), over all its contexts.
+    max_durable_subscriptions_per_principal: int = 1000
     # A store read (and a Res01 reader request's storage work) taking longer
     # than this fails with a reader timeout.
     read_timeout: float = 30.0
@@ -310,6 +312,7 @@ _INT_KEYS = {
     "max_body_depth",
     "max_durable_name_bytes",
     "max_durable_subscriptions",
+    "max_durable_subscriptions_per_principal",
     "bson_query_window",
     "res01_max_in_flight_writes",
     "res01_max_in_flight_reads",
@@ -322,6 +325,8 @@ _INT_KEYS = {
 _ZERO_ALLOWED = {
     "max_connections", "max_connections_per_address", "websocket_heartbeat", "write_timeout",
     "handshake_timeout", "frame_timeout", "res01_fetch_wait", "shutdown_grace",
+    "reassembly_budget", "reassembly_budget_per_address", "max_durable_subscriptions",
+    "max_durable_subscriptions_per_principal",
 }
 _FLOAT_KEYS = {
     "idle_timeout", "poll_interval", "commit_timeout", "read_timeout", "slow_commit_seconds",

@@ -299,3 +299,43 @@ async def test_leaner_event_indexes_come_and_go_with_0009(empty_db_url: str) -> 
         await conn.close()
     await asyncio.to_thread(migrate.upgrade, empty_db_url, "head")
     assert await _event_indexes(empty_db_url) == kept
+
+
+async def test_subscription_creators_come_and_go_with_0010(empty_db_url: str) -> None:
+    """0010 adds subscriptions.created_by (rows from before count against
+    nobody) and its partial index; downgrading to 0009 drops both and keeps
+    the rows."""
+
+    async def columns() -> set[str]:
+        conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+        try:
+            rows = await conn.fetch("SELECT column_name FROM information_schema.columns "
+                                    "WHERE table_name = 'subscriptions'")
+            indexes = await conn.fetch("SELECT indexname FROM pg_indexes "
+                                       "WHERE tablename = 'subscriptions'")
+        finally:
+            await conn.close()
+        return {r["column_name"] for r in rows} | {r["indexname"] for r in indexes}
+
+    await asyncio.to_thread(migrate.upgrade, empty_db_url, "0009")
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        await conn.execute("INSERT INTO subscriptions (context, name, selector, checkpoint, "
+                           "created_at, updated_at) VALUES ('a', 'old', '{}', 0, now(), now())")
+    finally:
+        await conn.close()
+    assert not {"created_by", "subscriptions_created_by_idx"} & await columns()
+    await asyncio.to_thread(migrate.upgrade, empty_db_url, "head")
+    assert {"created_by", "subscriptions_created_by_idx"} <= await columns()
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        assert await conn.fetchval("SELECT created_by FROM subscriptions") is None
+    finally:
+        await conn.close()
+    await asyncio.to_thread(migrate.downgrade, empty_db_url, "0009")
+    assert not {"created_by", "subscriptions_created_by_idx"} & await columns()
+    conn = await asyncpg.connect(asyncpg_dsn(empty_db_url))
+    try:
+        assert await conn.fetchval("SELECT name FROM subscriptions") == "old"
+    finally:
+        await conn.close()

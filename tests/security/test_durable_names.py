@@ -148,3 +148,46 @@ async def test_concurrent_creations_cannot_pass_the_quota(
     results = await asyncio.gather(*(_bson(gw, f"c{i}") for i in range(10)))
     assert sorted(results) == ["ok"] * 3 + ["too_large"] * 7
     assert len(await gw.store.list_subscriptions()) == 3
+
+
+async def _rsocket_as(gw: Any, user: str | None, context: str, name: str) -> str:
+    host, port = gw.listeners["rsocket"].address
+    login = {"user": user, "password": "pw"} if user is not None else {}
+    client = await RSocketClient.connect(host, port, **login)
+    try:
+        events = await client.subscribe(stream="s", group=name, context=context)
+        await asyncio.wait_for(anext(aiter(events)), 2)
+    except RemoteError as exc:
+        return exc.code
+    except TimeoutError:
+        return "ok"
+    finally:
+        await client.close()
+    return "ok"
+
+
+async def test_a_principal_is_held_to_its_own_quota_over_every_context(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """The per-principal quota: a user allowed many contexts (or every one)
+    cannot create more than its share by spreading them over contexts; the
+    anonymous user is one principal; another user keeps its own share."""
+    gw = await gateway_factory(max_durable_subscriptions_per_principal=2,
+                               anonymous_contexts=("default", "spare"))
+    await gw.store.users.add("ann", "pw", contexts=None)  # every context
+    await gw.store.users.add("bob", "pw", contexts=["a"])
+    assert await _rsocket_as(gw, "ann", "a", "g1") == "ok"
+    assert await _rsocket_as(gw, "ann", "b", "g2") == "ok"
+    assert await _rsocket_as(gw, "ann", "c", "g3") == "too_large"
+    assert await _rsocket_as(gw, "ann", "a", "g1") == "ok"  # an existing one still joins
+    assert await _rsocket_as(gw, "bob", "a", "g4") == "ok"   # bob has his own share
+    assert await _rsocket_as(gw, None, "default", "g5") == "ok"
+    assert await _rsocket_as(gw, None, "spare", "g6") == "ok"
+    assert await _rsocket_as(gw, None, "spare", "g7") == "too_large"
+    owners = sorted((s["context"], s["name"]) for s in await gw.store.list_subscriptions())
+    assert owners == [("a", "g1"), ("a", "g4"), ("b", "g2"), ("default", "g5"),
+                      ("spare", "g6")]
+    # Each row records its creator ("" the anonymous user).
+    rows = await gw.store.pool.fetch("SELECT name, created_by FROM subscriptions ORDER BY name")
+    assert {r["name"]: r["created_by"] for r in rows} == {
+        "g1": "ann", "g2": "ann", "g4": "bob", "g5": "", "g6": ""}

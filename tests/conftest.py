@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 TEMPLATE_DB = "polyport_template"
 _counter = itertools.count()
 
+# Every polyport process the suite starts without --data-dir finds its data
+# directory here, never the machine's default (/var/lib/polyport as root):
+# one per test process, so parallel test processes never share serve's lock
+# or gateway.json, and the suite leaves nothing in the machine's places.
+os.environ["POLYPORT_DATA_DIR"] = tempfile.mkdtemp(prefix="polyport-test-data-")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # The in-process tests run on uvloop, the gateway's loop in production

@@ -21,7 +21,10 @@ LISTENERS_OFF = port_flags("off", but=("http",))
 
 def polyport(*args: str, env: dict[str, str] | None = None,
              stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
+    # The test process's own settings stay out, but for its data directory
+    # (tests/conftest.py): never the machine's default one.
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("POLYPORT_") or k == "POLYPORT_DATA_DIR"}
     return subprocess.run([sys.executable, "-m", "polyport.gateway.cli", *args],
                           capture_output=True, text=True, timeout=120, input=stdin,
                           env={**base, **(env or {})})

@@ -15,7 +15,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
@@ -409,7 +408,7 @@ def middleware(gw: Gateway) -> Middleware:
         except PolyportError as exc:
             log.error("admin API: %s %s failed: %s", request.method, path, exc.message)
             return _error(500, exc.message, exc.code)
-        except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as exc:
+        except OSError as exc:  # the store's own errors arrive as StorageUnavailable
             return _error(503, f"database unavailable: {exc}", "storage_unavailable")
 
     return admin

@@ -10,7 +10,6 @@ Every error answers JSON ``{"error": message, "code": canonical code}``.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,7 @@ from polyport.gateway.admin_routes import (
     peer,
 )
 from polyport.gateway.admin_schema import parse_date_time
+from polyport.gateway.admin_token import bearer_matches
 from polyport.gateway.workers import (
     WorkerUnreachable,
     close_local_connection,
@@ -340,19 +340,6 @@ ROUTES: tuple[Route, ...] = (
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _authorized(request: web.Request, token: str) -> bool:
-    header = request.headers.get("Authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        return False
-    return hmac.compare_digest(given.strip().encode(), token.encode())
-
-
-def is_admin(request: web.Request, token: str | None) -> bool:
-    """Whether the request carries the admin token (never, when none is set)."""
-    return bool(token) and _authorized(request, token or "")
-
-
 async def _check_token(gw: Gateway, request: web.Request,
                        token: str) -> web.StreamResponse | None:
     """None when the request carries the admin token; else the refusal.
@@ -364,7 +351,7 @@ async def _check_token(gw: Gateway, request: web.Request,
     try:
         async with throttle.attempt(host):
             await throttle.wait_turn(host)
-            if _authorized(request, token):
+            if bearer_matches(request, token):
                 return None
             throttle.failed(host)
     except Busy as exc:

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# Where SQL and the driver belong (core/, and the schema's revisions), and the
-# folders that are no part of the installed package (bench/ measures against
-# raw asyncpg on purpose).  Every other folder of Python code is an outer layer.
+# Where SQL and the driver belong: core/, and the schema's revisions.  Every
+# other installed folder (pyproject.toml's package-dir: a new one is checked
+# without an edit here) is an outer layer; bench/ and tests/ are not
+# installed (bench/ measures against raw asyncpg on purpose).
 DATABASE_LAYERS = ("core", "migrations")
-NOT_INSTALLED = ("bench", "tests")
 DRIVER = "asyncpg"
 
 # SQL keywords as statements start (upper case, as every statement in
@@ -45,13 +46,10 @@ def layer_violations(source: str) -> list[str]:
 
 
 def outer_layers() -> list[str]:
-    """Top-level folders holding Python code, less the database layers and
-    the folders not installed."""
-    return sorted(
-        d.name for d in REPO.iterdir()
-        if d.is_dir() and not d.name.startswith(".") and d.name not in DATABASE_LAYERS
-        and d.name not in NOT_INSTALLED and any(d.rglob("*.py"))
-    )
+    """The installed source folders, less the database layers."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    folders = config["tool"]["setuptools"]["package-dir"].values()
+    return sorted(f for f in folders if f.split("/")[0] not in DATABASE_LAYERS)
 
 
 def _modules() -> list[Path]:

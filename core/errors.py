@@ -84,6 +84,17 @@ class StorageUnavailable(PolyportError):
     code = "storage_unavailable"
 
 
+class StatementRefused(StorageUnavailable):
+    """The database refused a statement on a healthy connection (core.db's
+    translation of the driver's error, its ``__cause__``); ``sqlstate`` says
+    why.  The same canonical code as a lost connection, but no outage: a
+    retry of the same statement gets the same answer."""
+
+    def __init__(self, message: str, *, sqlstate: str) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
 class Internal(PolyportError):
     code = "internal"
 

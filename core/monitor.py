@@ -19,6 +19,7 @@ import asyncpg
 
 from polyport.core import sql
 from polyport.core.commands import Selector
+from polyport.core.db import Db
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,8 @@ class RecentVolume:
 class Monitor:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
+        # Reads through Db: the gateway's handlers see core's errors.
+        self._db = Db(pool)
 
     def pool_stats(self) -> PoolStats:
         p = self._pool
@@ -77,26 +80,27 @@ class Monitor:
 
     async def ping(self) -> None:
         """One round trip to the database; raises if it is unreachable."""
-        await self._pool.fetchval(sql.PING)
+        await self._db.fetchval(sql.PING)
 
     async def log_head(self) -> LogHead:
-        row = await self._pool.fetchrow(sql.LOG_HEAD)
+        row = await self._db.fetchrow(sql.LOG_HEAD)
+        assert row is not None  # the one head row, made by the first migration
         return LogHead(int(row["last_position"]), row["last_recorded_at"])
 
     async def streams_estimate(self) -> int:
-        return int(await self._pool.fetchval(sql.STREAMS_ESTIMATE) or 0)
+        return int(await self._db.fetchval(sql.STREAMS_ESTIMATE) or 0)
 
     async def streams_count(self, exact_up_to: int = 100_000) -> tuple[int, bool]:
         """(number of streams, whether exact): counted up to ``exact_up_to``,
         PostgreSQL's estimate beyond."""
-        n = int(await self._pool.fetchval(sql.STREAMS_COUNT_UP_TO, exact_up_to + 1))
+        n = int(await self._db.fetchval(sql.STREAMS_COUNT_UP_TO, exact_up_to + 1))
         if n <= exact_up_to:
             return n, True
         return max(n, await self.streams_estimate()), False
 
     async def durable_checkpoints(self) -> list[DurableCheckpoint]:
         """Every durable subscription, by name."""
-        rows = await self._pool.fetch(sql.DURABLE_CHECKPOINTS)
+        rows = await self._db.fetch(sql.DURABLE_CHECKPOINTS)
         return [
             DurableCheckpoint(
                 r["name"], json.loads(r["selector"]), int(r["checkpoint"]), int(r["last_position"])
@@ -106,12 +110,12 @@ class Monitor:
 
     async def recorded_at(self, position: int) -> datetime | None:
         """The time of the event at ``position``; None if there is none."""
-        found: datetime | None = await self._pool.fetchval(sql.RECORDED_AT, position)
+        found: datetime | None = await self._db.fetchval(sql.RECORDED_AT, position)
         return found
 
     async def recorded_at_many(self, positions: Collection[int]) -> dict[int, datetime]:
         """Times of the events at ``positions`` (positions without one are left out)."""
-        rows = await self._pool.fetch(sql.RECORDED_AT_MANY, list(positions))
+        rows = await self._db.fetch(sql.RECORDED_AT_MANY, list(positions))
         return {r["position"]: r["recorded_at"] for r in rows}
 
     async def count_selected(
@@ -119,7 +123,7 @@ class Monitor:
     ) -> SelectedCount:
         """Events in positions (``after``, ``upto``] that the selector's
         indexable parts pick (its matcher is not applied), at most ``limit``."""
-        row = await self._pool.fetchrow(
+        row = await self._db.fetchrow(
             sql.COUNT_SELECTED,
             after,
             upto,
@@ -133,13 +137,14 @@ class Monitor:
 
     async def has_event_stats(self) -> bool:
         """Whether the pipeline's ``event_stats`` table exists."""
-        return bool(await self._pool.fetchval(sql.EVENT_STATS_EXISTS))
+        return bool(await self._db.fetchval(sql.EVENT_STATS_EXISTS))
 
     async def event_stats_hourly(self) -> list[HourlyVolume]:
         """Events and bytes per hour over the last 48 hours that have statistics."""
-        rows = await self._pool.fetch(sql.EVENT_STATS_HOURLY)
+        rows = await self._db.fetch(sql.EVENT_STATS_HOURLY)
         return [HourlyVolume(r["hour"], int(r["events"]), int(r["bytes"])) for r in rows]
 
     async def event_stats_24h(self) -> RecentVolume:
-        row = await self._pool.fetchrow(sql.EVENT_STATS_24H)
+        row = await self._db.fetchrow(sql.EVENT_STATS_24H)
+        assert row is not None  # an aggregate: always one row
         return RecentVolume(int(row["events"]), int(row["bytes"]), row["last_hour"])

@@ -25,7 +25,7 @@ from tenacity import (
     wait_random,
 )
 
-from polyport.core.errors import StorageUnavailable
+from polyport.core.errors import StatementRefused, StorageUnavailable
 from polyport.core.health import Health
 from polyport.core.logs import RateLimitedLog
 
@@ -54,8 +54,10 @@ CONNECTION_LOST: tuple[type[BaseException], ...] = (
 def connection_lost(exc: BaseException) -> bool:
     """Whether ``exc`` says the connection or the server is gone (rather than
     that the server refused a statement on a healthy connection); request
-    paths raise it already translated (core.db) as StorageUnavailable."""
-    return isinstance(exc, (*CONNECTION_LOST, StorageUnavailable))
+    paths raise it already translated (core.db) as StorageUnavailable, and a
+    refused statement as its StatementRefused subclass, which is no outage."""
+    return (isinstance(exc, (*CONNECTION_LOST, StorageUnavailable))
+            and not isinstance(exc, StatementRefused))
 
 
 class Outage:

@@ -328,7 +328,8 @@ class EventStore:
             self.schema_head = await asyncio.to_thread(migrate.head_revision)
         head = self.schema_head
         try:
-            current = await asyncio.wait_for(self._db.fetchval(sql.SCHEMA_REVISION), 5.0)
+            # On the pool itself: core.db would translate the missing table.
+            current = await asyncio.wait_for(self._pool.fetchval(sql.SCHEMA_REVISION), 5.0)
         except asyncpg.UndefinedTableError:
             self.schema_revision = None
             self._health.ok()
@@ -363,8 +364,6 @@ class EventStore:
                     raise Timeout(
                         f"read took longer than {self.config.read_timeout:.0f}s", reader=True
                     ) from None
-                except asyncpg.PostgresError as exc:  # a lost connection: Db raised it already
-                    raise StorageUnavailable(f"read failed: {exc}") from exc
         finally:
             self._waiting_reads -= 1
 

@@ -27,6 +27,7 @@ import asyncpg
 from polyport.core import sql
 from polyport.core.aio import wait_event
 from polyport.core.commands import Selector
+from polyport.core.db import driver_errors
 from polyport.core.errors import StorageUnavailable
 from polyport.core.events import RecordedEvent
 from polyport.core.health import Health
@@ -353,10 +354,11 @@ class Tailer:
             after, upper, limit, selector.context, selector.stream, selector.prefix,
             selector.types,
         )
-        try:
-            rows = await self._pool.fetch(read.statement, *read.args)
-        except asyncpg.TooManyConnectionsError as exc:
-            raise StorageUnavailable(str(exc)) from exc
+        with driver_errors():  # a subscriber's read: core's errors only
+            try:
+                rows = await self._pool.fetch(read.statement, *read.args)
+            except asyncpg.TooManyConnectionsError as exc:
+                raise StorageUnavailable(str(exc)) from exc
         events = [e for e in map(record_from_row, rows) if _safe_match(selector, e)]
         if len(rows) >= limit:
             return events, rows[-1]["position"], False

@@ -10,12 +10,10 @@ Every error answers JSON ``{"error": message, "code": canonical code}``.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
@@ -39,6 +37,7 @@ from polyport.gateway.admin_routes import (
     peer,
 )
 from polyport.gateway.admin_schema import parse_date_time
+from polyport.gateway.admin_token import bearer_matches
 from polyport.gateway.workers import (
     WorkerUnreachable,
     close_local_connection,
@@ -348,19 +347,6 @@ ROUTES: tuple[Route, ...] = (
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _authorized(request: web.Request, token: str) -> bool:
-    header = request.headers.get("Authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        return False
-    return hmac.compare_digest(given.strip().encode(), token.encode())
-
-
-def is_admin(request: web.Request, token: str | None) -> bool:
-    """Whether the request carries the admin token (never, when none is set)."""
-    return bool(token) and _authorized(request, token or "")
-
-
 async def _check_token(gw: Gateway, request: web.Request,
                        token: str) -> web.StreamResponse | None:
     """None when the request carries the admin token; else the refusal.
@@ -372,7 +358,7 @@ async def _check_token(gw: Gateway, request: web.Request,
     try:
         async with throttle.attempt(host):
             await throttle.wait_turn(host)
-            if _authorized(request, token):
+            if bearer_matches(request, token):
                 return None
             throttle.failed(host)
     except Busy as exc:
@@ -418,7 +404,7 @@ def middleware(gw: Gateway) -> Middleware:
         except PolyportError as exc:
             log.error("admin API: %s %s failed: %s", request.method, path, exc.message)
             return _error(500, exc.message, exc.code)
-        except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as exc:
+        except OSError as exc:  # the store's own errors arrive as StorageUnavailable
             return _error(503, f"database unavailable: {exc}", "storage_unavailable")
 
     return admin

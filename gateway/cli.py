@@ -20,7 +20,6 @@ import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -39,8 +38,7 @@ from polyport.gateway.config import (
     TLS_LISTENERS,
     ConfigError,
     GatewayConfig,
-    check_private_file,
-    load_config,
+    config_from_args,
     tls_keys,
 )
 from polyport.gateway.connections_cli import AdminError, add_connections_parser, run_connections
@@ -49,6 +47,8 @@ from polyport.gateway.database import database_url
 from polyport.gateway.eventloop import LoopChoice, choose_loop
 from polyport.gateway.eventloop import run as run_on_loop
 from polyport.gateway.fatal import describe
+from polyport.gateway.logging_setup import JsonFormatter as JsonFormatter  # tests name it here
+from polyport.gateway.logging_setup import setup_logging
 from polyport.gateway.ports_file import remove_ports_file, write_ports_file
 from polyport.gateway.status_cli import add_status_parser, run_status
 from polyport.gateway.tables import Column, cell, table
@@ -56,78 +56,6 @@ from polyport.pipeline.cli import add_pipeline_parser
 from polyport.pipeline.cli import run as run_pipeline
 
 log = logging.getLogger("polyport")
-
-
-LOG_FIELDS = ("protocol", "peer", "code", "worker")
-# Set in a worker process (gateway/worker.py): every line names its worker.
-_log_worker: int | str | None = None
-
-
-class _WorkerTag(logging.Filter):
-    def __init__(self, worker: int | str) -> None:
-        super().__init__()
-        self.worker = worker
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.worker = self.worker
-        return True
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key in LOG_FIELDS:  # structured extras, e.g. on protocol error lines
-            value = getattr(record, key, None)
-            if value is not None:
-                out[key] = value
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out)
-
-
-class _OneLineLibraries(logging.Filter):
-    """A library's record with a traceback (asyncpg's pool, every few seconds
-    of a database outage, ~25 lines each) becomes one line; polyport's own
-    lines already say what is down.  ``--debug`` keeps the tracebacks."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and not record.name.startswith("polyport"):
-            exc = record.exc_info[1]
-            record.msg = f"{record.getMessage()} ({type(exc).__name__}: {exc})"
-            record.args = None
-            record.exc_info = None
-            record.exc_text = None
-        return True
-
-
-def setup_logging(fmt: str = "text", level: str = "info", worker: int | str | None = None) -> None:
-    """``worker``: this process is that worker (kept for later calls)."""
-    global _log_worker
-    if worker is not None:
-        _log_worker = worker
-    handler = logging.StreamHandler(sys.stderr)
-    tag = ""
-    if _log_worker is not None:
-        handler.addFilter(_WorkerTag(_log_worker))
-        tag = "[worker %(worker)s] "
-    if level != "debug":
-        handler.addFilter(_OneLineLibraries())
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(
-            logging.Formatter(f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    # Alembic narrates every run at INFO ("Context impl PostgresqlImpl.", …);
-    # operators want that only when they debug.
-    logging.getLogger("alembic").setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
 
 
 class Parser(argparse.ArgumentParser):
@@ -401,38 +329,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_pipeline_parser(sub, _common)
     return parser
-
-
-_NOT_SETTINGS = ("command", "action", "config", "revision", "debug", "new_password")
-
-
-def config_from_args(args: argparse.Namespace) -> GatewayConfig:
-    overrides = {
-        k: v
-        for k, v in vars(args).items()
-        if k not in _NOT_SETTINGS and v is not None
-    }
-    url_file = overrides.pop("database_url_file", None)
-    if url_file is not None:
-        if "database_url" in overrides:
-            raise ConfigError("--database-url and --database-url-file: give one of them")
-        overrides["database_url"] = _read_url_file(Path(url_file))
-    known = set(GatewayConfig.__dataclass_fields__) | set(tls_keys())
-    return load_config(getattr(args, "config", None),
-                       overrides={k: v for k, v in overrides.items() if k in known})
-
-
-def _read_url_file(path: Path) -> str:
-    try:
-        lines = path.read_text().strip().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"--database-url-file: cannot read {path}: {exc.strerror}") from None
-    url = lines[0].strip() if lines else ""
-    if not url:
-        raise ConfigError(f"--database-url-file: {path} is empty; write the URL on its first line")
-    if urlsplit(url).password:
-        check_private_file(path, "--database-url-file:")
-    return url
 
 
 def _password_in_argv(args: argparse.Namespace) -> bool:

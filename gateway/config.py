@@ -7,6 +7,7 @@ listener and 0 picks a free one.
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import os
 import stat
@@ -14,6 +15,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 DEFAULT_HTTP_PORT = 8080
 DEFAULT_PORTS: dict[str, int] = {
@@ -542,3 +544,39 @@ def _tls_table(table: dict[str, Any], out: dict[str, dict[str, str | None]], pat
             out.setdefault("tls", {})[k] = _tls_option(k, value, f"{path}: tls.{key}")
         else:
             raise ConfigError(f"config file {path}: unknown key tls.{key}")
+
+
+# --- from the command line ---------------------------------------------------------
+# Here rather than in gateway/cli.py: the supervisor rereads the configuration
+# on SIGHUP, and cli.py imports the supervisor.
+
+_NOT_SETTINGS = ("command", "action", "config", "revision", "debug", "new_password")
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    overrides = {
+        k: v
+        for k, v in vars(args).items()
+        if k not in _NOT_SETTINGS and v is not None
+    }
+    url_file = overrides.pop("database_url_file", None)
+    if url_file is not None:
+        if "database_url" in overrides:
+            raise ConfigError("--database-url and --database-url-file: give one of them")
+        overrides["database_url"] = _read_url_file(Path(url_file))
+    known = set(GatewayConfig.__dataclass_fields__) | set(tls_keys())
+    return load_config(getattr(args, "config", None),
+                       overrides={k: v for k, v in overrides.items() if k in known})
+
+
+def _read_url_file(path: Path) -> str:
+    try:
+        lines = path.read_text().strip().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"--database-url-file: cannot read {path}: {exc.strerror}") from None
+    url = lines[0].strip() if lines else ""
+    if not url:
+        raise ConfigError(f"--database-url-file: {path} is empty; write the URL on its first line")
+    if urlsplit(url).password:
+        check_private_file(path, "--database-url-file:")
+    return url

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import asyncpg
-
+from polyport.core import db
+from polyport.core.db import sqlstate
 from polyport.core.errors import PolyportError
 from polyport.core.migrate import SchemaBehind
 from polyport.gateway.config import ConfigError
@@ -84,15 +84,17 @@ _DB_HINT = "check --database-url (or POLYPORT_DATABASE_URL)"
 def _database(exc: BaseException, url: str | None) -> str | None:
     where = f" at {redact(url)}" if url else ""
     for e in _chain(exc):
-        if isinstance(e, asyncpg.InvalidPasswordError):
+        # The server's refusals by SQLSTATE (core.db knows the driver's types).
+        state = sqlstate(e)
+        if state == db.INVALID_PASSWORD:
             return f"PostgreSQL{where} refused the password: {e}; {_DB_HINT}"
-        if isinstance(e, asyncpg.InvalidAuthorizationSpecificationError):
+        if state is not None and state.startswith(db.INVALID_AUTHORIZATION_CLASS):
             return f"PostgreSQL{where} refused the login: {e}; {_DB_HINT}"
-        if isinstance(e, asyncpg.InvalidCatalogNameError):
+        if state == db.INVALID_CATALOG_NAME:
             return f"PostgreSQL{where}: {e}; create it or {_DB_HINT}"
-        if isinstance(e, asyncpg.InsufficientPrivilegeError):
+        if state == db.INSUFFICIENT_PRIVILEGE:
             return f"PostgreSQL{where}: {e}; grant the role the rights or {_DB_HINT}"
-        if isinstance(e, asyncpg.PostgresError):
+        if state is not None:
             return f"PostgreSQL{where} failed: {e}; {_DB_HINT}"
         if isinstance(e, ConnectionRefusedError) or (
             isinstance(e, OSError) and e.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH,

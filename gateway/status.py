@@ -19,7 +19,7 @@ from aiohttp import web
 
 from polyport.core.errors import new_error_id
 from polyport.core.monitor import HourlyVolume
-from polyport.gateway.admin import is_admin
+from polyport.gateway.admin_token import is_admin
 from polyport.gateway.telemetry import (
     CHART_BUCKET,
     DB_TIMEOUT,

@@ -456,7 +456,8 @@ class Supervisor:
         self._signal_workers(signal.SIGTERM)
 
     def _hup(self) -> None:
-        from polyport.gateway.cli import config_from_args, setup_logging
+        from polyport.gateway.config import config_from_args
+        from polyport.gateway.logging_setup import setup_logging
 
         try:  # the supervisor's own log lines follow the new settings
             new = config_from_args(self.args)

@@ -129,10 +129,11 @@ def run_child(control_fd: int, tag: int | str, name: str,
     """A process the supervisor started (a worker, the commit chain): read
     the configuration from the control pipe, log as ``tag``, run ``main`` on
     the configured event loop; a failure is one line naming ``name``."""
-    from polyport.gateway.cli import _say_fatal, setup_logging
+    from polyport.gateway.cli import _say_fatal
     from polyport.gateway.eventloop import choose_loop
     from polyport.gateway.eventloop import run as run_on_loop
     from polyport.gateway.fatal import describe
+    from polyport.gateway.logging_setup import setup_logging
 
     payload = read_payload(control_fd)
     config = payload["config"]

@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,11 +43,11 @@ from urllib.parse import urlencode
 import aiohttp
 from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from polyport.core.chain import MAX_MESSAGE_BYTES as READ_LIMIT
 from polyport.core.chain import Connect
+from polyport.gateway.collectors import WithoutCreated
 from polyport.gateway.config import PORT_KEYS, GatewayConfig
 
 if TYPE_CHECKING:
@@ -152,8 +152,6 @@ class WorkerRole:
 async def local_families(gw: Gateway) -> list[dict[str, Any]]:
     """This worker's metric families, every series included (the first
     worker hides per-subscription series from requests without the token)."""
-    from polyport.gateway.metrics import WithoutCreated
-
     telemetry = gw.telemetry
     assert telemetry is not None
     await telemetry.subscription_lag()
@@ -398,16 +396,6 @@ class Aggregator:
 
 class WorkerUnreachable(Exception):
     """The worker that holds a connection did not answer."""
-
-
-class MetricsOf(Collector):
-    """Metric objects as a collector, for ``generate_latest``."""
-
-    def __init__(self, metrics: Iterable[Metric]) -> None:
-        self._metrics = list(metrics)
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self._metrics)
 
 
 def merge_families(

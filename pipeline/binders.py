@@ -19,19 +19,24 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import asyncpg
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from polyport.core import sql
-from polyport.core.binders import BinderSpec, fold_document, spec_from_row, to_jsonable
+from polyport.core.binders import fold_document, to_jsonable
 from polyport.core.bodies import body_document
-from polyport.pipeline.db import Pg, PipelineError, jdbc_target, sql_text, sql_text_array
+from polyport.core.pipeline_db import (
+    BINDER_COLUMNS,
+    BINDER_STAGING_TABLE,
+    Pg,
+    PipelineError,
+    binder_where,
+    swap_binder,
+)
+from polyport.pipeline.db import jdbc_target
 from polyport.pipeline.progress import Progress
 from polyport.pipeline.source import default_partitions, read_events
 
-COLUMNS = "position, stream, content_type, body"
 STAGING_SCHEMA = StructType(
     [
         StructField("binder", StringType(), False),
@@ -43,28 +48,6 @@ STAGING_SCHEMA = StructType(
     ]
 )
 WRITE_PARTITIONS = 4
-
-CLEAR_STAGING = "DELETE FROM pipeline_binder_staging WHERE binder = $1"
-LOCK_BINDER = """
-SELECT name, context, stream_prefix, types, fold, position FROM binders
-WHERE name = $1 FOR UPDATE
-"""
-STAGED = "SELECT count(*) FROM pipeline_binder_staging WHERE binder = $1"
-SWAP_IN = """
-INSERT INTO binder_documents (binder, key, document, position)
-SELECT binder, key, document::jsonb, position FROM pipeline_binder_staging WHERE binder = $1
-"""
-
-
-def binder_where(binder: BinderSpec) -> str:
-    """The binder's selector as SQL over the events table."""
-    parts = [f"context = {sql_text(binder.context)}"]
-    if binder.stream_prefix:
-        parts.append(f"starts_with(stream, {sql_text(binder.stream_prefix)})")
-    if binder.types:  # an empty list selects every type, as in the projector
-        parts.append(f"type = ANY({sql_text_array(binder.types)})")
-    return " AND ".join(parts)
-
 
 @dataclass(frozen=True, slots=True)
 class RebuildResult:
@@ -94,22 +77,6 @@ def fold_streams(fold: str, binder: str, rows: Iterable[Any]) -> Iterator[tuple[
         yield (binder, key, json.dumps(doc), last, events)
 
 
-async def _swap(conn: asyncpg.Connection, binder: BinderSpec, head: int) -> int:
-    async with conn.transaction():
-        row = await conn.fetchrow(LOCK_BINDER, binder.name)
-        if row is None or spec_from_row(row).definition != binder.definition:
-            raise PipelineError(
-                f"binder {binder.name!r} was dropped or redefined during the rebuild; "
-                "nothing was changed"
-            )
-        staged: int = await conn.fetchval(STAGED, binder.name)
-        await conn.execute(sql.CLEAR_BINDER_DOCUMENTS, binder.name)
-        await conn.execute(SWAP_IN, binder.name)
-        await conn.execute(sql.SET_BINDER_POSITION, binder.name, head)
-        await conn.execute(CLEAR_STAGING, binder.name)
-        return staged
-
-
 def rebuild_binder(
     spark: SparkSession,
     database_url: str,
@@ -120,17 +87,14 @@ def rebuild_binder(
     target = jdbc_target(database_url)
     with Pg(database_url) as pg, Progress(spark, f"rebuild-binder {name}") as progress:
         pg.lock_job(f"binder:{name}")
-        row = pg.fetchrow(sql.GET_BINDER, name)
-        if row is None:
+        binder = pg.binder(name)
+        if binder is None:
             raise PipelineError(f"no binder named {name!r}")
-        binder = spec_from_row(row)
-        pg.execute(CLEAR_STAGING, name)
+        pg.clear_binder_staging(name)
         head = pg.head()
         n = partitions or default_partitions(spark, head)
         # The rows Spark will read: the progress display's total.
-        expected: int = pg.fetchval(
-            f"SELECT count(*) FROM events WHERE position <= $1 AND {binder_where(binder)}", head
-        )
+        expected = pg.count_binder_events(binder, head)
         progress.phase(
             "fold",
             f"positions 1..{head} of context {binder.context!r} ({expected:,} events), streams "
@@ -139,7 +103,7 @@ def rebuild_binder(
             total=expected,
         )
         events = read_events(
-            spark, target, columns=COLUMNS, after=0, through=head, partitions=n,
+            spark, target, columns=BINDER_COLUMNS, after=0, through=head, partitions=n,
             where=binder_where(binder),
         )
         ordered = events.repartition("stream").sortWithinPartitions("stream", "position")
@@ -154,14 +118,14 @@ def rebuild_binder(
             .coalesce(WRITE_PARTITIONS)
             .write.format("jdbc")
             .options(**target.options())
-            .option("dbtable", "pipeline_binder_staging")
+            .option("dbtable", BINDER_STAGING_TABLE)
             .option("batchsize", 5000)
             .mode("append")
             .save()
         )
         rows_read = int(read.get["rows"])
         progress.phase("swap", "the staged documents replace the binder's")
-        staged = pg.call(_swap, binder, head)
+        staged = pg.call(swap_binder, binder, head)
         seconds = progress.elapsed()
         progress.phase(
             "done",

@@ -29,7 +29,8 @@ from typing import Any
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
-from polyport.pipeline.db import COUNT_RANGE, Pg, PipelineError, export_job, jdbc_target
+from polyport.core.pipeline_db import EXPORT_COLUMNS, Pg, PipelineError, export_job
+from polyport.pipeline.db import jdbc_target
 from polyport.pipeline.progress import Progress
 from polyport.pipeline.source import default_partitions, read_events
 
@@ -40,13 +41,6 @@ FILE_NAME = re.compile(r"^events-(\d+)-(\d+)-(\d+)\.parquet$")
 # everything as a crash there would.
 FAULT_ENV = "POLYPORT_PIPELINE_FAULT"
 FAULT_POINTS = ("after-staging", "mid-publish", "before-checkpoint")
-
-COLUMNS = (
-    "position, event_id::text AS event_id, context, stream, version, type, "
-    "headers::text AS headers, body, content_type, client_time, recorded_at, origin, "
-    "segment_offset, to_char(recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS date"
-)
-
 
 class InjectedFault(PipelineError):
     pass
@@ -193,7 +187,7 @@ def export_events(
             progress.say(f"nothing new: {out.uri} holds every event up to position {checkpoint}")
             return ExportResult(job, 0, checkpoint, 0, 0, progress.elapsed(), removed)
 
-        expected: int = pg.fetchval(COUNT_RANGE, checkpoint, head)
+        expected = pg.count_range(checkpoint, head)
         n = partitions or default_partitions(spark, expected)
         progress.phase(
             "export to staging",
@@ -203,7 +197,7 @@ def export_events(
         )
         read = Observation("export-read")
         events = read_events(
-            spark, target, columns=COLUMNS, after=checkpoint, through=head, partitions=n
+            spark, target, columns=EXPORT_COLUMNS, after=checkpoint, through=head, partitions=n
         ).observe(read, F.count(F.lit(1)).alias("rows"))
         (
             events.sortWithinPartitions("context", "date", "position")

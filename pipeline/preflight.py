@@ -12,14 +12,7 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-from polyport.core import sql
-from polyport.pipeline.db import (
-    CLEAR_STATS_STAGING,
-    STATS_JOB,
-    Pg,
-    PipelineError,
-    export_job,
-)
+from polyport.core.pipeline_db import STATS_JOB, Pg, PipelineError, export_job
 
 
 def local_export_uri(out_dir: str) -> str | None:
@@ -59,13 +52,13 @@ def nothing_to_do(
         if action == "rebuild-binder":
             assert binder is not None
             pg.lock_job(f"binder:{binder}")
-            if pg.fetchrow(sql.GET_BINDER, binder) is None:
+            if pg.binder(binder) is None:
                 raise PipelineError(f"no binder named {binder!r}")
             return None  # a rebuild always reads the whole log
         if action == "stats":
             pg.lock_job(STATS_JOB)
             # What the Spark job does first, also on its own "nothing new" path.
-            pg.execute(CLEAR_STATS_STAGING)
+            pg.clear_stats_staging()
             checkpoint, _pending = pg.checkpoint(STATS_JOB)
             start = 0 if full else checkpoint
             if pg.head() <= start:

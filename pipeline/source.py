@@ -7,6 +7,7 @@ import math
 
 from pyspark.sql import DataFrame, SparkSession
 
+from polyport.core.pipeline_db import events_query
 from polyport.pipeline.db import JdbcTarget
 
 # Rows each JDBC partition aims for, and rows per round trip inside one.
@@ -36,13 +37,10 @@ def read_events(
     Positions are gapless, so equal position strides are equal row counts:
     each of the ``partitions`` tasks reads one contiguous range over the
     primary key."""
-    condition = f"position > {int(after)} AND position <= {int(through)}"
-    if where:
-        condition += f" AND ({where})"
     reader = (
         spark.read.format("jdbc")
         .options(**target.options())
-        .option("dbtable", f"(SELECT {columns} FROM events WHERE {condition}) AS e")
+        .option("dbtable", events_query(columns, after, through, where))
         .option("fetchsize", FETCH_SIZE)
     )
     if partitions > 1 and through - after > 1:

@@ -12,36 +12,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import asyncpg
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
-from polyport.pipeline.db import (
-    CLEAR_STATS_STAGING,
-    COUNT_RANGE,
-    LOCK_CHECKPOINT,
+from polyport.core.pipeline_db import (
+    STATS_COLUMNS,
     STATS_JOB,
+    STATS_STAGING_TABLE,
     Pg,
-    PipelineError,
-    advance_in,
-    jdbc_target,
+    merge_stats,
 )
+from polyport.pipeline.db import jdbc_target
 from polyport.pipeline.progress import Progress
 from polyport.pipeline.source import default_partitions, read_events
 
 JOB = STATS_JOB
-COLUMNS = "position, context, stream, type, recorded_at, octet_length(body)::bigint AS bytes"
 WRITE_PARTITIONS = 4
-
-CLEAR_STAGING = CLEAR_STATS_STAGING
-STAGED_EVENTS = "SELECT coalesce(sum(events), 0)::bigint FROM pipeline_stats_staging"
-MERGE = """
-INSERT INTO event_stats (context, category, type, hour, events, bytes)
-SELECT context, category, type, hour, sum(events), sum(bytes)
-FROM pipeline_stats_staging GROUP BY context, category, type, hour
-ON CONFLICT (context, category, type, hour) DO UPDATE
-SET events = event_stats.events + EXCLUDED.events, bytes = event_stats.bytes + EXCLUDED.bytes
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,26 +37,6 @@ class StatsResult:
     events: int
     rows: int  # (context, category, type, hour) rows written to staging
     seconds: float
-
-
-async def _merge(
-    conn: asyncpg.Connection, checkpoint: int, start: int, head: int, full: bool
-) -> None:
-    async with conn.transaction():
-        await conn.fetchval(LOCK_CHECKPOINT, JOB)
-        staged = await conn.fetchval(STAGED_EVENTS)
-        expected = await conn.fetchval(COUNT_RANGE, start, head)
-        if staged != expected:
-            # e.g. a JDBC write task that committed and was then retried
-            raise PipelineError(
-                f"staged statistics count {staged} events where ({start}, {head}] has "
-                f"{expected}; nothing was changed, run stats again"
-            )
-        if full:
-            await conn.execute("DELETE FROM event_stats")
-        await conn.execute(MERGE)
-        await advance_in(conn, JOB, checkpoint, head)
-        await conn.execute(CLEAR_STAGING)
 
 
 def compute_stats(
@@ -83,7 +49,7 @@ def compute_stats(
     target = jdbc_target(database_url)
     with Pg(database_url) as pg, Progress(spark, "stats") as progress:
         pg.lock_job(JOB)
-        pg.execute(CLEAR_STAGING)
+        pg.clear_stats_staging()
         checkpoint, _pending = pg.checkpoint(JOB)
         start = 0 if full else checkpoint
         head = pg.head()
@@ -91,7 +57,7 @@ def compute_stats(
             progress.say(f"nothing new: event_stats counts every event up to position {start}")
             return StatsResult(0, checkpoint, 0, 0, progress.elapsed())
         n = partitions or default_partitions(spark, head - start)
-        expected: int = pg.fetchval(COUNT_RANGE, start, head)
+        expected = pg.count_range(start, head)
         progress.phase(
             "aggregate",
             f"positions {start + 1}..{head} ({expected:,} events) in {n} JDBC partitions, "
@@ -100,7 +66,7 @@ def compute_stats(
         )
         read = Observation("stats-read")
         events = read_events(
-            spark, target, columns=COLUMNS, after=start, through=head, partitions=n
+            spark, target, columns=STATS_COLUMNS, after=start, through=head, partitions=n
         ).observe(read, F.count(F.lit(1)).alias("rows"))
         hourly = events.groupBy(
             "context",
@@ -114,7 +80,7 @@ def compute_stats(
             .coalesce(WRITE_PARTITIONS)
             .write.format("jdbc")
             .options(**target.options())
-            .option("dbtable", "pipeline_stats_staging")
+            .option("dbtable", STATS_STAGING_TABLE)
             .option("batchsize", 5000)
             .mode("append")
             .save()
@@ -122,7 +88,7 @@ def compute_stats(
         rows_read = int(read.get["rows"])
         rows = int(written.get["rows"])
         progress.phase("merge", f"{rows:,} hourly rows into event_stats")
-        pg.call(_merge, checkpoint, start, head, full)
+        pg.call(merge_stats, checkpoint, start, head, full)
         seconds = progress.elapsed()
         progress.phase(
             "done",

@@ -1,23 +1,32 @@
-"""The layering rule: core/ owns the database.  Gateway and protocol modules
-ask the store (and its monitor) for plain data; they hold no SQL text and
-never reach for the connection pool."""
+"""The layering rule: core/ owns the database.  Gateway, protocol and
+pipeline modules ask the store (and its monitor, or the pipeline's
+connection in core.pipeline_db) for plain data; they hold no SQL text, never
+reach for the connection pool and never import the driver, whose errors core
+translates (core.db)."""
 
 from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-OUTER_LAYERS = ("gateway", "protocols")
+# Where SQL and the driver belong: core/, and the schema's revisions.  Every
+# other installed folder (pyproject.toml's package-dir: a new one is checked
+# without an edit here) is an outer layer; bench/ and tests/ are not
+# installed (bench/ measures against raw asyncpg on purpose).
+DATABASE_LAYERS = ("core", "migrations")
+DRIVER = "asyncpg"
 
 # SQL keywords as statements start (upper case, as every statement in
 # core/sql.py is written), not the English words.
 SQL = re.compile(
     r"\b(SELECT|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|"
-    r"CREATE\s+(TABLE|DATABASE|INDEX)|DROP\s+(TABLE|DATABASE)|ALTER\s+TABLE|TRUNCATE)\b"
+    r"CREATE\s+(TABLE|DATABASE|INDEX)|DROP\s+(TABLE|DATABASE)|ALTER\s+TABLE|TRUNCATE|"
+    r"ON\s+CONFLICT|FOR\s+UPDATE|RETURNING|WHERE)\b"
 )
 POOL_ATTRIBUTES = {"pool", "_pool"}
 
@@ -36,8 +45,20 @@ def layer_violations(source: str) -> list[str]:
     return [f"{line}: {what}" for line, what in sorted(found)]
 
 
+def outer_layers() -> list[str]:
+    """The installed source folders, less the database layers."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    folders = config["tool"]["setuptools"]["package-dir"].values()
+    return sorted(f for f in folders if f.split("/")[0] not in DATABASE_LAYERS)
+
+
 def _modules() -> list[Path]:
-    return sorted(p for layer in OUTER_LAYERS for p in (REPO / layer).rglob("*.py"))
+    return sorted(p for layer in outer_layers() for p in (REPO / layer).rglob("*.py"))
+
+
+def test_every_package_folder_is_checked() -> None:
+    # A new folder of code is checked without an edit here; these three must be.
+    assert {"gateway", "protocols", "pipeline"} <= set(outer_layers())
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(REPO)))
@@ -55,6 +76,9 @@ def ready(store, name):
     store._pool.execute(f"DELETE FROM subscriptions WHERE name = '{name}'")
     run(f"CREATE DATABASE {name}")
     return "UPDATE users SET contexts = $2"
+PARTS = "position, body"
+UPSERT = f"VALUES ($1) ON CONFLICT (job) DO NOTHING"
+LOCK = "SELECT 1 FOR UPDATE"
 '''
     assert layer_violations(source) == [
         "2: SQL 'SELECT' in a string",
@@ -64,6 +88,43 @@ def ready(store, name):
         "7: attribute ._pool",
         "8: SQL 'CREATE DATABASE' in a string",
         "9: SQL 'UPDATE users SET' in a string",
+        "11: SQL 'ON CONFLICT' in a string",
+        "12: SQL 'SELECT' in a string",
+    ]
+
+
+def driver_imports(source: str) -> list[str]:
+    """Imports of the database driver, as ``line: what`` strings."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {a.name}") for a in node.names
+                      if a.name.split(".")[0] == DRIVER]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == DRIVER:
+            found.append((node.lineno, f"import from {node.module}"))
+    return [f"{line}: {what}" for line, what in sorted(found)]
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(REPO)))
+def test_outer_layers_import_no_driver(path: Path) -> None:
+    # core.db turns every driver error into core's; nothing above handles asyncpg's.
+    assert driver_imports(path.read_text()) == []
+
+
+def test_the_driver_rule_sees_every_form() -> None:
+    source = '''
+import asyncpg
+import asyncpg.exceptions as e
+from asyncpg import PostgresError
+def f():
+    from asyncpg.pool import Pool
+import asyncpgx
+'''
+    assert driver_imports(source) == [
+        "2: import asyncpg",
+        "3: import asyncpg.exceptions",
+        "4: import from asyncpg",
+        "6: import from asyncpg.pool",
     ]
 
 

@@ -19,8 +19,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import asyncpg
-
 from polyport.core import bodies
 from polyport.core.access import Tenant
 from polyport.core.commands import (
@@ -421,12 +419,6 @@ class Res01Handler:
         except PolyportError as exc:
             self.stats.error(exc.code, exc.message)
             yield error_reply(request, error_code(exc, write=write), exc.message)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-            self.stats.error(StorageUnavailable.code)
-            eid = new_error_id()
-            self.log.warning("res01: storage error (error id %s): %s", eid, exc)
-            yield error_reply(request, ErrorCode.EVENT_STORAGE,
-                              f"event storage error (error id {eid}); retry shortly")
         except Exception:  # one request fails, never the listener
             self.stats.error("internal")
             eid = new_error_id()

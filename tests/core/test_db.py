@@ -4,12 +4,14 @@ core's error model), not an asyncpg exception that ends a protocol task."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 
 import asyncpg
 import pytest
 
 from polyport.core.db import Db
-from polyport.core.errors import StorageUnavailable
+from polyport.core.errors import Malformed, StatementRefused, StorageUnavailable
 from polyport.core.migrate import asyncpg_dsn
 
 
@@ -43,10 +45,28 @@ async def test_unreachable_server() -> None:
         pool.terminate()
 
 
-async def test_statement_errors_are_not_translated(db_url: str) -> None:
+async def test_statement_errors_are_translated(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 28: no asyncpg exception leaves core.  A refused statement is
+    # StatementRefused (storage_unavailable on every protocol), the driver's
+    # error its cause; the client's message has an error id, not the server's
+    # text, and the log line with that id has the text.
     pool = await asyncpg.create_pool(asyncpg_dsn(db_url), min_size=1, max_size=1)
     try:
-        with pytest.raises(asyncpg.UndefinedTableError):
+        with caplog.at_level(logging.WARNING), pytest.raises(StatementRefused) as refused:
             await Db(pool).fetch("SELECT * FROM no_such_table")
+        assert isinstance(refused.value.__cause__, asyncpg.UndefinedTableError)
+        assert refused.value.sqlstate == "42P01"
+        assert refused.value.code == "storage_unavailable"
+        assert "no_such_table" not in refused.value.message
+        found = re.search(r"error id ([0-9a-f]{8})", refused.value.message)
+        assert found, refused.value.message
+        assert any(found.group(1) in r.getMessage() and "no_such_table" in r.getMessage()
+                   for r in caplog.records)
+        # Inside a transaction too, and a data exception is the caller's: malformed.
+        with pytest.raises(Malformed, match="error id"):
+            async with Db(pool).acquire() as conn:
+                await conn.fetchval("SELECT 'not a number'::int")
     finally:
         pool.terminate()

@@ -1,6 +1,6 @@
 """What the ReactiveSocket draft (``protocols/reactivesocket``) and RSocket 1.0
 (``protocols/rsocket``) share below the store-facing adapters
-(``protocols/eventservice.py``): the per-stream lifecycle tables
+(``protocols/reactive/eventservice.py``): the per-stream lifecycle tables
 (:mod:`.streams`), the sans-IO connection core (:mod:`.connection`) and the
 asyncio client core (:mod:`.client`).
 

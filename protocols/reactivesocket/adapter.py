@@ -30,8 +30,9 @@ from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT
-from polyport.protocols.eventservice import StreamWork as _Work
-from polyport.protocols.eventservice import (
+from polyport.protocols.framing import InputBuffer
+from polyport.protocols.reactive.eventservice import StreamWork as _Work
+from polyport.protocols.reactive.eventservice import (
     append_command,
     event_map,
     expected_from,
@@ -41,7 +42,6 @@ from polyport.protocols.eventservice import (
     start_from,
     subscribe_command,
 )
-from polyport.protocols.framing import InputBuffer
 from polyport.protocols.reactivesocket import payloads
 from polyport.protocols.reactivesocket.connection import ServerConnection, StreamError
 from polyport.protocols.reactivesocket.errors import (
@@ -68,7 +68,7 @@ from polyport.protocols.reactivesocket.frames import (
 from polyport.protocols.session import Outbound, SessionContext
 from polyport.protocols.settings import settings_from
 
-# Shared with RSocket 1.0 (protocols/eventservice.py); still importable here.
+# Shared with RSocket 1.0 (protocols/reactive/eventservice.py); still importable here.
 __all__ = [
     "AdapterLimits",
     "ReactiveSocketSession",

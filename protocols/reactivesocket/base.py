@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from polyport.protocols.reactive.connection import StreamConnection, StreamError
-from polyport.protocols.reactivesocket import payloads
 from polyport.protocols.reactivesocket.errors import (
     MALFORMED,
     UNSUPPORTED,
     LocalProtocolError,
     RemoteProtocolError,
+    error_frame,
 )
 from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
@@ -55,10 +55,7 @@ from polyport.protocols.reactivesocket.wire import (
 
 Event = Frame | StreamError
 
-
-def error_frame(stream_id: int, code: str, message: str) -> ErrorFrame:
-    """ERROR with the service's ``{code, message}`` data."""
-    return ErrorFrame(stream_id, payloads.encode_error_data(code, message))
+__all__ = ["BaseConnection", "Event", "StreamError", "error_frame"]
 
 
 class BaseConnection(StreamConnection):

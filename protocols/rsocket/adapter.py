@@ -1,5 +1,5 @@
 """RSocket 1.0 adapter: frames from the sans-IO :class:`ServerConnection`
-become the event service's commands on the store (``protocols/eventservice.py``,
+become the event service's commands on the store (``protocols/reactive/eventservice.py``,
 shared with the ReactiveSocket draft); answers go back as PAYLOAD / ERROR.
 
 One :class:`RSocketSession` per connection, for TCP or WebSocket.  The
@@ -30,7 +30,8 @@ from polyport.core.groups import GroupMember
 from polyport.protocols import errors as shared_errors
 from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT
-from polyport.protocols.eventservice import (
+from polyport.protocols.framing import InputBuffer
+from polyport.protocols.reactive.eventservice import (
     StreamWork,
     append_command,
     event_map,
@@ -39,7 +40,6 @@ from polyport.protocols.eventservice import (
     read_events,
     subscribe_command,
 )
-from polyport.protocols.framing import InputBuffer
 from polyport.protocols.rsocket import payloads
 from polyport.protocols.rsocket.connection import ServerConnection, StreamError
 from polyport.protocols.rsocket.errors import LocalProtocolError, RemoteProtocolError

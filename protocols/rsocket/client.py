@@ -38,7 +38,7 @@ from polyport.protocols.reactive.client import (
     Transport,
     open_websocket,
 )
-from polyport.protocols.reactivesocket.payloads import (
+from polyport.protocols.reactive.payloads import (
     AppendEvent,
     AppendRequest,
     AppendResponse,

@@ -10,21 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypedDict, TypeVar
+from typing import Any, ClassVar, TypeVar
 
+from polyport.protocols.reactive.connection import ConnectionLimits
 from polyport.protocols.settings import settings_from
 
 L = TypeVar("L", bound="StreamLimits")
-
-
-class ConnectionLimits(TypedDict):
-    """The limits the sans-IO server connection enforces itself."""
-
-    max_frame_size: int
-    max_message_size: int
-    max_fragment: int
-    max_streams: int
-    max_reassembly_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +74,7 @@ class StreamLimits:
         return settings_from(cls, settings, prefix=cls.protocol, shared=cls.shared_settings)
 
     def connection_args(self) -> ConnectionLimits:
+        """The limits the sans-IO server connection enforces itself."""
         return {
             "max_frame_size": self.max_frame_size,
             "max_message_size": self.max_message_size,

@@ -14,10 +14,9 @@ and every ``bytes`` from ``send`` is one message to send).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import replace
 
-from polyport.protocols.reactive.connection import RequesterConveniences
+from polyport.protocols.reactive.connection import DEFAULT_MAX_STREAMS, RequesterConveniences
 from polyport.protocols.reactivesocket.base import BaseConnection, Event, StreamError, error_frame
 from polyport.protocols.reactivesocket.errors import (
     BUSY,
@@ -29,11 +28,7 @@ from polyport.protocols.reactivesocket.errors import (
 from polyport.protocols.reactivesocket.fragments import fragment
 from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
-    DEFAULT_MAX_FRAGMENT,
-    DEFAULT_MAX_FRAME_SIZE,
-    DEFAULT_MAX_MESSAGE_SIZE,
     FRAME_TYPE_OF,
-    MAX_STREAM_ID,
     Cancel,
     ErrorFrame,
     Frame,
@@ -47,10 +42,6 @@ from polyport.protocols.reactivesocket.frames import (
     Setup,
 )
 from polyport.protocols.reactivesocket.state import (
-    REQUESTER_LIVE,
-    REQUESTER_TABLE,
-    RESPONDER_LIVE,
-    RESPONDER_TABLE,
     Action,
     ConnectionState,
     Ev,
@@ -71,12 +62,10 @@ __all__ = [
     "error_frame",
 ]
 
-DEFAULT_MAX_STREAMS = 1024
-
 _REQUEST_CLASSES = (RequestResponse, RequestFnf, RequestStream, RequestSub)
 
 
-class ServerConnection(BaseConnection):
+class ServerConnection(BaseConnection, role="server"):
     """The responder side (polyport's server).
 
     Requests come out of ``receive_data`` whole, in the spec's frame classes;
@@ -85,34 +74,6 @@ class ServerConnection(BaseConnection):
     every NEXT uses one credit (``credits(stream_id)``); REQUEST_N frames add
     credits and are returned so the application can resume sending.
     """
-
-    role = "server"
-    table = RESPONDER_TABLE
-    live_phases = RESPONDER_LIVE
-
-    def __init__(
-        self,
-        transport: str = "tcp",
-        *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        max_fragment: int = DEFAULT_MAX_FRAGMENT,
-        max_streams: int = DEFAULT_MAX_STREAMS,
-        max_reassembly_bytes: int | None = None,
-        extensions: Iterable[int] = (),
-    ) -> None:
-        super().__init__(
-            transport,
-            max_frame_size=max_frame_size,
-            max_message_size=max_message_size,
-            max_fragment=max_fragment,
-            extensions=extensions,
-        )
-        self.max_streams = max_streams
-        # Bytes of fragmented requests held for all streams together (None:
-        # no limit beyond max_streams x max_message_size).  One request alone
-        # is always within it up to max_message_size.
-        self.max_reassembly_bytes = max_reassembly_bytes
 
     # --- receiving -------------------------------------------------------------
 
@@ -422,44 +383,10 @@ class ServerConnection(BaseConnection):
         return self.send(Response(stream_id, b"", complete=True))
 
 
-class ClientConnection(BaseConnection, RequesterConveniences):
+class ClientConnection(BaseConnection, RequesterConveniences, role="client"):
     """The requester side.  Send SETUP first (:meth:`setup`), then requests on
     ids from :meth:`next_stream_id` (odd: 1, 3, 5, ...; never reused).
     RESPONSEs come out of ``receive_data`` reassembled."""
-
-    role = "client"
-    table = REQUESTER_TABLE
-    live_phases = REQUESTER_LIVE
-    request_n_type = RequestN
-    cancel_type = Cancel
-    setup_type = Setup
-
-    def __init__(
-        self,
-        transport: str = "tcp",
-        *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        max_fragment: int = DEFAULT_MAX_FRAGMENT,
-        extensions: Iterable[int] = (),
-    ) -> None:
-        super().__init__(
-            transport,
-            max_frame_size=max_frame_size,
-            max_message_size=max_message_size,
-            max_fragment=max_fragment,
-            extensions=extensions,
-        )
-        self._next_id = 1
-        # The spec: a client takes SETUP as accepted once it sees a response.
-        self.setup_accepted = False
-
-    def next_stream_id(self) -> int:
-        sid = self._next_id
-        if sid > MAX_STREAM_ID:
-            raise LocalProtocolError("stream ids are exhausted on this connection")
-        self._next_id += 2
-        return sid
 
     # --- receiving -------------------------------------------------------------
 

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Unpack
 
 from polyport.protocols.reactive.connection import (
+    ConnectionLimits,
     RequesterConveniences,
     StreamConnection,
     StreamError,
 )
+from polyport.protocols.rsocket import errors, frames, state, wire
 from polyport.protocols.rsocket.errors import (
     BUSY,
     MALFORMED,
@@ -37,16 +40,11 @@ from polyport.protocols.rsocket.errors import (
 from polyport.protocols.rsocket.frames import (
     CONNECTION_ERROR,
     CONNECTION_STREAM_ID,
-    DEFAULT_MAX_FRAGMENT,
-    DEFAULT_MAX_FRAME_SIZE,
-    DEFAULT_MAX_MESSAGE_SIZE,
     FRAME_TYPE_OF,
     HEADER_SIZE,
     INVALID_SETUP,
-    LENGTH_SIZE,
     MAJOR_VERSION,
     MAX_FRAME_LENGTH,
-    MAX_STREAM_ID,
     MAX_U63,
     REJECTED_RESUME,
     REJECTED_SETUP,
@@ -73,10 +71,6 @@ from polyport.protocols.rsocket.frames import (
 )
 from polyport.protocols.rsocket.state import (
     CONNECTION_TABLE,
-    REQUESTER_LIVE,
-    REQUESTER_TABLE,
-    RESPONDER_LIVE,
-    RESPONDER_TABLE,
     Action,
     ConnectionState,
     Ev,
@@ -86,14 +80,9 @@ from polyport.protocols.rsocket.state import (
     add_credits,
 )
 from polyport.protocols.rsocket.wire import (
-    TRANSPORTS,
-    add_tcp_length,
-    decode_frame,
-    encode_frame,
     fragment,
 )
 
-DEFAULT_MAX_STREAMS = 1024
 _REQUEST_CLASSES = (RequestResponse, RequestFnf, RequestStream, RequestChannel)
 # ERROR codes on stream 0 a server ignores (the spec: they only answer SETUP).
 _SETUP_ERROR_CODES = frozenset({INVALID_SETUP, UNSUPPORTED_SETUP, REJECTED_SETUP, REJECTED_RESUME})
@@ -112,7 +101,7 @@ def error_frame(
     return ErrorFrame(stream_id, rsocket_code, error_text(code, message))
 
 
-class _Connection(StreamConnection):
+class _Connection(StreamConnection, frames=frames, wire=wire, state=state, errors=errors):
     """RSocket's codec on the core the draft shares
     (``protocols/reactive/connection.py``), plus what is RSocket's alone: a
     24-bit TCP length that does not count itself, frames without the I flag
@@ -120,58 +109,23 @@ class _Connection(StreamConnection):
     KEEPALIVE / METADATA_PUSH, and stream faults that are ignored where the
     table has no row ("Handling the Unexpected")."""
 
-    connection_table = CONNECTION_TABLE
-    transports = TRANSPORTS
-    length_size = LENGTH_SIZE
     length_counts_itself = False
     credit_cap = MAX_U63
-    record_type = StreamRecord
-    error_frame_type = ErrorFrame
-    remote_error = RemoteProtocolError
-    local_error = LocalProtocolError
 
-    def __init__(
-        self,
-        transport: str = "tcp",
-        *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        max_fragment: int = DEFAULT_MAX_FRAGMENT,
-    ) -> None:
-        super().__init__(
-            transport,
-            max_frame_size=max_frame_size,
-            max_message_size=max_message_size,
-            # A fragment's metadata + data, leaving room for the largest header.
-            max_fragment=min(max_fragment, max_frame_size - HEADER_SIZE - 7),
-        )
-        if not HEADER_SIZE <= max_frame_size <= MAX_FRAME_LENGTH:
+
+    def _check_limits(self) -> None:
+        if not HEADER_SIZE <= self.max_frame_size <= MAX_FRAME_LENGTH:
             raise ValueError(f"max_frame_size must be {HEADER_SIZE}..{MAX_FRAME_LENGTH}")
-        if max_fragment < 1 or max_message_size < 0:
+        if self.max_fragment < 1 or self.max_message_size < 0:
             raise ValueError("max_fragment >= 1, max_message_size >= 0")
-        # Bytes of fragmented messages held for all streams together (None:
-        # no limit beyond the number of streams x max_message_size).
-        self.max_reassembly_bytes: int | None = None
+        # A fragment's metadata + data, leaving room for the largest header.
+        self.max_fragment = min(self.max_fragment, self.max_frame_size - HEADER_SIZE - 7)
 
     @property
     def reassembly_bytes(self) -> int:
         """Bytes of fragmented messages held now, all streams together."""
         # A sum over at most max_streams records, taken per fragment.
         return sum(rec.size for rec in self._streams.values())
-
-    # --- the codec -------------------------------------------------------------------
-
-    def _decode(self, message: bytes) -> Frame:
-        return decode_frame(message)
-
-    def _encode(self, frame: Frame) -> bytes:
-        return encode_frame(frame)
-
-    def _add_tcp_length(self, message: bytes) -> bytes:
-        return add_tcp_length(message)
-
-    def _describe(self, frame: Frame) -> str:
-        return describe(frame)
 
     def _check_length(self, length: int) -> None:
         if length < HEADER_SIZE:
@@ -277,7 +231,7 @@ class _Connection(StreamConnection):
         return self.send(error_frame(stream_id, code, message, rsocket_code))
 
 
-class ServerConnection(_Connection):
+class ServerConnection(_Connection, role="server"):
     """The responder side (polyport's server).
 
     The first frame must be SETUP (checked: version 1.x, positive keepalive
@@ -293,29 +247,14 @@ class ServerConnection(_Connection):
     are returned so the application can resume sending.
     """
 
-    role = "server"
-    table = RESPONDER_TABLE
-    live_phases = RESPONDER_LIVE
-
     def __init__(
         self,
         transport: str = "tcp",
         *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        max_fragment: int = DEFAULT_MAX_FRAGMENT,
-        max_streams: int = DEFAULT_MAX_STREAMS,
-        max_reassembly_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        **limits: Unpack[ConnectionLimits],
     ) -> None:
-        super().__init__(
-            transport,
-            max_frame_size=max_frame_size,
-            max_message_size=max_message_size,
-            max_fragment=max_fragment,
-        )
-        self.max_streams = max_streams
-        self.max_reassembly_bytes = max_reassembly_bytes
+        super().__init__(transport, **limits)
         self.clock = clock
         self.setup: Setup | None = None
         # LEASE book-keeping when the SETUP asked for it.
@@ -559,47 +498,18 @@ def _rebuild(first: Request, metadata: bytes | None, data: bytes) -> Request:
     return RequestResponse(first.stream_id, metadata, data)
 
 
-class ClientConnection(_Connection, RequesterConveniences):
+class ClientConnection(_Connection, RequesterConveniences, role="client"):
     """The requester side.  Send SETUP first (:meth:`setup`), then requests on
     ids from :meth:`next_stream_id` (odd: 1, 3, 5, ...; never reused).
     PAYLOADs come out of ``receive_data`` reassembled; LEASE, KEEPALIVE and
-    ERROR on stream 0 come out as they are."""
+    ERROR on stream 0 come out as they are.  "A client assumes a SETUP is
+    accepted if it receives a response to a request, a LEASE frame, or if it
+    sees a REQUEST type" (``setup_accepted``)."""
 
-    role = "client"
-    table = REQUESTER_TABLE
-    live_phases = REQUESTER_LIVE
-    request_n_type = RequestN
-    cancel_type = Cancel
-    setup_type = Setup
-
-    def __init__(
-        self,
-        transport: str = "tcp",
-        *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        max_fragment: int = DEFAULT_MAX_FRAGMENT,
-    ) -> None:
-        super().__init__(
-            transport,
-            max_frame_size=max_frame_size,
-            max_message_size=max_message_size,
-            max_fragment=max_fragment,
-        )
-        self._next_id = 1
-        # "A client assumes a SETUP is accepted if it receives a response to a
-        # request, a LEASE frame, or if it sees a REQUEST type."
-        self.setup_accepted = False
-
-    def next_stream_id(self) -> int:
+    def _check_can_request(self) -> None:
         if self.state is not ConnectionState.OPEN:
             # Checked here so that a refused request does not use up an id.
             raise LocalProtocolError("requests need an open connection: send SETUP first")
-        sid = self._next_id
-        if sid > MAX_STREAM_ID:
-            raise LocalProtocolError("stream ids are exhausted on this connection")
-        self._next_id += 2
-        return sid
 
     def _ignore_connection_error(self, frame: ErrorFrame) -> bool:
         # SETUP errors count only before the SETUP is known to be accepted.

@@ -29,6 +29,7 @@ from polyport.core.errors import PolyportError, TooLarge
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
+from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT, LocalProtocolError, RemoteProtocolError
 from polyport.protocols.framing import InputBuffer
 from polyport.protocols.reactive.connection import CONNECTION_STREAM_ID, StreamError
@@ -64,11 +65,9 @@ class EventServiceSession:
 
     # Task names start with this.
     task_prefix: ClassVar[str] = ""
-    # The version's frame classes the shared dispatch handles.
-    fnf_type: ClassVar[type[Any]] = type(None)
-    request_n_type: ClassVar[type[Any]] = type(None)
-    cancel_type: ClassVar[type[Any]] = type(None)
-    error_frame_type: ClassVar[type[Any]] = type(None)
+    # The version's limits and sans-IO server connection classes.
+    limits_type: ClassVar[type[StreamLimits]] = StreamLimits
+    connection_type: ClassVar[type[Any]] = type(None)
     # Errors a request ends with that its stream is answered with (ERROR
     # ``{code, message}``); anything else is a bug, answered ``internal``.
     request_errors: ClassVar[tuple[type[Exception], ...]] = (PolyportError,)
@@ -77,20 +76,29 @@ class EventServiceSession:
         self,
         ctx: SessionContext,
         out: Outbound,
-        limits: StreamLimits,
-        conn: Any,
+        transport: str = "tcp",
+        limits: StreamLimits | None = None,
+        budget: BudgetAccount | None = None,
     ) -> None:
-        """``conn``: the version's sans-IO server connection, whose ``budget``
-        the adapter has set (this connection's share of the gateway's
-        reassembly budget, released when the connection is lost)."""
+        """``budget``: this connection's share of the gateway's reassembly
+        budget (fragments of every connection together), released when the
+        connection is lost."""
         self.ctx = ctx
         ctx.on_revoke(self._fail_connection)
         self.stats = ctx.stats
         self.out = out
-        self.limits = limits
-        self.conn = conn
+        self.transport = transport
+        self.limits = limits or self.limits_type.from_settings(ctx.settings)
+        self.conn = self.connection_type(
+            transport, **self.limits.connection_args(), **self._connection_options()
+        )
+        self.conn.budget = budget
+        # The version's frame classes.
+        self.frames = self.conn.frames
+        # The store as the SETUP's principal may use it; None before SETUP.
+        self.tenant: Tenant | None = None
         self._work: dict[int, StreamWork] = {}
-        self._fnf_slots = asyncio.Semaphore(limits.max_fnf_inflight)
+        self._fnf_slots = asyncio.Semaphore(self.limits.max_fnf_inflight)
         self._fnf_tasks: set[asyncio.Task[None]] = set()
         # Every stream task, also those already told to stop, so that
         # connection_lost can wait for their cleanup.
@@ -100,6 +108,7 @@ class EventServiceSession:
         # The version's watchdog (idle connections, SETUP and KEEPALIVE
         # deadlines), ended with the connection.
         self._watchdog: asyncio.Task[None] | None = None
+        self._open()
 
     # --- transport callbacks --------------------------------------------------------
 
@@ -142,6 +151,13 @@ class EventServiceSession:
 
     # --- the version's part ------------------------------------------------------------
 
+    def _connection_options(self) -> dict[str, Any]:
+        """Arguments of the version's connection beyond the limits."""
+        return {}
+
+    def _open(self) -> None:
+        """The version's own state of a new connection."""
+
     def _wire_code(self, exc: RemoteProtocolError) -> int | None:
         """The version's own error code for a connection fault, if it has one."""
         return None
@@ -175,7 +191,8 @@ class EventServiceSession:
     # --- dispatch --------------------------------------------------------------------
 
     async def _dispatch(self, ev: Any) -> None:
-        if isinstance(ev, self.fnf_type):
+        frames = self.frames
+        if isinstance(ev, frames.RequestFnf):
             # Waiting for a slot stops the transport reading: backpressure.
             await self._fnf_slots.acquire()
             task = asyncio.create_task(
@@ -183,18 +200,18 @@ class EventServiceSession:
             )
             self._fnf_tasks.add(task)
             task.add_done_callback(self._fnf_done)
-        elif isinstance(ev, self.request_n_type):
+        elif isinstance(ev, frames.RequestN):
             work = self._work.get(ev.stream_id)
             if work is not None:
                 if work.sub is not None:
                     work.sub.grant(ev.n)
                 work.wake.set()
-        elif isinstance(ev, self.cancel_type):
+        elif isinstance(ev, frames.Cancel):
             self._stop_work(ev.stream_id)
         elif isinstance(ev, StreamError):
             self._stop_work(ev.stream_id)
             await self._send_error(ev.stream_id, ev.code, ev.message)
-        elif isinstance(ev, self.error_frame_type):
+        elif isinstance(ev, frames.ErrorFrame):
             if ev.stream_id == CONNECTION_STREAM_ID:
                 # The client ended the connection with an error.
                 self._peer_closed(ev)

@@ -24,7 +24,6 @@ from polyport.core.errors import NotFound, PolyportError, Unsupported
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
-from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.reactive.eventservice import (
     StreamWork,
     event_map,
@@ -42,16 +41,13 @@ from polyport.protocols.reactivesocket.frames import (
     DEFAULT_MAX_MESSAGE_SIZE,
     HEADER_SIZE,
     PROTOCOL,
-    Cancel,
     ErrorFrame,
     RequestFnf,
-    RequestN,
     RequestResponse,
     RequestStream,
     RequestSub,
     Setup,
 )
-from polyport.protocols.session import Outbound, SessionContext
 
 # Shared with RSocket 1.0 (protocols/reactive/eventservice.py); still importable here.
 __all__ = [
@@ -107,32 +103,13 @@ class ReactiveSocketSession(EventServiceSession):
     """Server side of one ReactiveSocket connection (a StreamSession)."""
 
     task_prefix = "rs"
-    fnf_type = RequestFnf
-    request_n_type = RequestN
-    cancel_type = Cancel
-    error_frame_type = ErrorFrame
+    limits_type = AdapterLimits
+    connection_type = ServerConnection
     request_errors = (PolyportError, PayloadError)
     limits: AdapterLimits
     conn: ServerConnection
 
-    def __init__(
-        self,
-        ctx: SessionContext,
-        out: Outbound,
-        transport: str = "tcp",
-        limits: AdapterLimits | None = None,
-        budget: BudgetAccount | None = None,
-    ) -> None:
-        """``budget``: this connection's share of the gateway's reassembly
-        budget (fragments of every connection together), released when the
-        connection is lost."""
-        limits = limits or AdapterLimits.from_settings(ctx.settings)
-        conn = ServerConnection(transport, **limits.connection_args())
-        conn.budget = budget
-        super().__init__(ctx, out, limits, conn)
-        self.transport = transport
-        # The store as the SETUP's principal may use it; None before SETUP.
-        self.tenant: Tenant | None = None
+    def _open(self) -> None:
         self.principal: Principal | None = None
         self.context: str | None = None
         # REQUEST_SUB streams whose group events the client settles itself.

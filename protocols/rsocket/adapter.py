@@ -28,7 +28,6 @@ from polyport.core.access import Tenant
 from polyport.core.errors import PolyportError, Unauthenticated, Unsupported
 from polyport.core.events import RecordedEvent
 from polyport.protocols import errors as shared_errors
-from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.reactive.eventservice import StreamWork, event_map
 from polyport.protocols.reactive.limits import StreamLimits
 from polyport.protocols.reactive.session import EventServiceSession
@@ -44,7 +43,6 @@ from polyport.protocols.rsocket.frames import (
     PROTOCOL,
     REJECTED_SETUP,
     UNSUPPORTED_SETUP,
-    Cancel,
     ErrorFrame,
     Keepalive,
     Lease,
@@ -52,7 +50,6 @@ from polyport.protocols.rsocket.frames import (
     Request,
     RequestChannel,
     RequestFnf,
-    RequestN,
     RequestResponse,
     RequestStream,
     Setup,
@@ -65,7 +62,6 @@ from polyport.protocols.rsocket.metadata import (
     MetadataError,
     read_metadata,
 )
-from polyport.protocols.session import Outbound, SessionContext
 
 ORIGIN = PROTOCOL
 
@@ -113,33 +109,18 @@ class RSocketSession(EventServiceSession):
     """Server side of one RSocket connection (a StreamSession)."""
 
     task_prefix = "rsocket"
-    fnf_type = RequestFnf
-    request_n_type = RequestN
-    cancel_type = Cancel
-    error_frame_type = ErrorFrame
+    limits_type = AdapterLimits
+    connection_type = ServerConnection
     request_errors = (PolyportError, payloads.PayloadError, MetadataError)
     limits: AdapterLimits
     conn: ServerConnection
 
-    def __init__(
-        self,
-        ctx: SessionContext,
-        out: Outbound,
-        transport: str = "tcp",
-        limits: AdapterLimits | None = None,
-        budget: BudgetAccount | None = None,
-    ) -> None:
-        """``budget``: this connection's share of the gateway's reassembly
-        budget (fragments of every connection together), released when the
-        connection is lost."""
-        limits = limits or AdapterLimits.from_settings(ctx.settings)
-        loop = asyncio.get_running_loop()
-        conn = ServerConnection(transport, **limits.connection_args(), clock=loop.time)
-        conn.budget = budget
-        super().__init__(ctx, out, limits, conn)
-        self._now = loop.time
-        # The store as the SETUP's principal may use it; None before SETUP.
-        self.tenant: Tenant | None = None
+    def _connection_options(self) -> dict[str, Any]:
+        # LEASEs expire by the loop's clock.
+        return {"clock": asyncio.get_running_loop().time}
+
+    def _open(self) -> None:
+        self._now = asyncio.get_running_loop().time
         self.data_format = "json"
         self.metadata_mime = COMPOSITE
         # Per-request credentials already checked on this connection.

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, TypedDict, Unpack
 from polyport.protocols.budgets import BudgetAccount, frame_refusal
 from polyport.protocols.errors import BUSY, MALFORMED, TOO_LARGE
 from polyport.protocols.framing import InputBuffer
+from polyport.protocols.reactive.frames import CONNECTION_STREAM_ID
 from polyport.protocols.reactive.streams import (
     Action,
     ConnectionState,
@@ -32,7 +33,6 @@ from polyport.protocols.reactive.streams import (
     add_credits,
 )
 
-CONNECTION_STREAM_ID = 0
 # Live streams a peer may open, unless the owner says otherwise.
 DEFAULT_MAX_STREAMS = 1024
 
@@ -429,6 +429,28 @@ class StreamConnection:
                 self._streams[stream_id] = rec
             raise
         return sent
+
+    def _send_answer_or_error(
+        self, frame: Any, answer_type: type[Any], send_answer: Callable[[Any], None],
+        default_kind: Any, sends: str,
+    ) -> None:
+        """The responder's stream frames: its answers (RESPONSE / PAYLOAD)
+        and ERROR; ``sends`` names all it may send, for the refusal."""
+        if isinstance(frame, answer_type):
+            send_answer(frame)
+        elif isinstance(frame, self.error_frame_type):
+            self._send_error_frame(frame, default_kind)
+        else:
+            raise self.local_error(f"the server sends {sends}, not {self._describe(frame)}")
+
+    def _answered(self, stream_id: int, what: str) -> Any:
+        """The record of a stream an answer goes on (LocalProtocolError
+        unless the stream is being answered)."""
+        rec = self._streams.get(stream_id)
+        if rec is None or rec.phase not in (Phase.RESPONDING, Phase.SENDING_FRAGMENTS):
+            state = "it is not live" if rec is None else f"it is {rec.phase.value}"
+            raise self.local_error(f"cannot send {what} on stream {stream_id}: {state}")
+        return rec
 
     def _send_error_frame(self, frame: Any, default_kind: Any) -> None:
         """The responder's ERROR on a stream (a stream it never saw counts as

@@ -32,7 +32,7 @@ from polyport.core.subscriptions import Subscription
 from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT, LocalProtocolError, RemoteProtocolError
 from polyport.protocols.framing import InputBuffer
-from polyport.protocols.reactive.connection import CONNECTION_STREAM_ID, StreamError
+from polyport.protocols.reactive.connection import StreamError
 from polyport.protocols.reactive.eventservice import (
     StreamWork,
     append_command,
@@ -41,6 +41,7 @@ from polyport.protocols.reactive.eventservice import (
     read_events,
     subscribe_command,
 )
+from polyport.protocols.reactive.frames import CONNECTION_STREAM_ID
 from polyport.protocols.reactive.limits import StreamLimits
 from polyport.protocols.reactive.payloads import (
     AppendRequest,

@@ -299,21 +299,14 @@ class ServerConnection(BaseConnection, role="server"):
     # --- sending ---------------------------------------------------------------
 
     def _send_frame(self, frame: Frame) -> None:
-        if isinstance(frame, Response):
-            self._send_response_frame(frame)
-        elif isinstance(frame, ErrorFrame):
-            self._send_error_frame(frame, Kind.REQUEST_RESPONSE)
-        else:
-            raise LocalProtocolError(
-                f"the server sends RESPONSE, ERROR and EXT only, not {describe(frame)}"
-            )
+        self._send_answer_or_error(
+            frame, Response, self._send_response_frame, Kind.REQUEST_RESPONSE,
+            "RESPONSE, ERROR and EXT only",
+        )
 
     def _send_response_frame(self, frame: Response) -> None:
         sid = frame.stream_id
-        rec = self._streams.get(sid)
-        if rec is None or rec.phase not in (Phase.RESPONDING, Phase.SENDING_FRAGMENTS):
-            state = "it is not live" if rec is None else f"it is {rec.phase.value}"
-            raise LocalProtocolError(f"cannot send RESPONSE on stream {sid}: {state}")
+        rec: StreamRecord = self._answered(sid, "RESPONSE")
         hint = ""
         item = False
         if rec.phase is Phase.SENDING_FRAGMENTS:

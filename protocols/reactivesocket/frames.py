@@ -16,6 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polyport.protocols.reactive.frames import CONNECTION_STREAM_ID as CONNECTION_STREAM_ID
+from polyport.protocols.reactive.frames import Cancel as Cancel
+from polyport.protocols.reactive.frames import ConnectionFrame
+from polyport.protocols.reactive.frames import RequestN as RequestN
+
 # The listener's name, its settings' prefix (``reactivesocket_<name>``) and
 # the origin of the events it appends.
 PROTOCOL = "reactivesocket"
@@ -58,7 +63,6 @@ MAX_STREAM_ID = 0xFFFF_FFFF_FFFF_FFFF
 MAX_EXT_TYPE = 0xFFFF_FFFF
 MIN_I64 = -(1 << 63)
 MAX_I64 = (1 << 63) - 1
-CONNECTION_STREAM_ID = 0
 
 # Defaults of the connection objects (all configurable).
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024  # header + body, without the TCP length
@@ -67,14 +71,10 @@ DEFAULT_MAX_FRAGMENT = 64 * 1024  # data bytes per fragment we send
 
 
 @dataclass(frozen=True, slots=True)
-class Setup:
+class Setup(ConnectionFrame):
     """Capabilities of the client; always on stream 0."""
 
     data: bytes = b""
-
-    @property
-    def stream_id(self) -> int:
-        return CONNECTION_STREAM_ID
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,17 +110,6 @@ class RequestSub:
     data: bytes = b""
     begin: bool = False
     end: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class RequestN:
-    stream_id: int
-    n: int
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    stream_id: int
 
 
 @dataclass(frozen=True, slots=True)

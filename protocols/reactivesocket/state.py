@@ -19,7 +19,6 @@ adds the draft's own rows, each group saying why it differs.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from polyport.protocols.reactive import streams
@@ -54,40 +53,23 @@ from polyport.protocols.reactivesocket.frames import (
 )
 
 __all__ = [
-    "CONNECTION_TABLE",
-    "REQUESTER_LIVE",
-    "REQUESTER_TABLE",
-    "RESPONDER_LIVE",
-    "RESPONDER_TABLE",
-    "Action",
-    "ConnectionState",
-    "Ev",
-    "Kind",
-    "Phase",
-    "StreamInfo",
-    "StreamRecord",
-    "Table",
-    "Transition",
-    "add_credits",
-    "use_credit",
+    "CONNECTION_TABLE", "REQUESTER_LIVE", "REQUESTER_TABLE", "RESPONDER_LIVE",
+    "RESPONDER_TABLE", "Action", "ConnectionState", "Ev", "Kind", "Phase", "StreamInfo",
+    "StreamRecord", "Table", "Transition", "add_credits", "use_credit",
 ]
 
 # The draft has no connection frames beyond SETUP and ERROR on stream 0.
 CONNECTION_TABLE = CONNECTION_ROWS
 
 
-class Kind(enum.Enum):
+class Kind(streams.StreamKind):
     REQUEST_RESPONSE = TYPE_REQUEST_RESPONSE
     REQUEST_FNF = TYPE_REQUEST_FNF
     REQUEST_STREAM = TYPE_REQUEST_STREAM
     REQUEST_SUB = TYPE_REQUEST_SUB
 
-    @property
-    def has_credits(self) -> bool:
-        return self in (Kind.REQUEST_STREAM, Kind.REQUEST_SUB)
 
-
-Table = dict[tuple[Kind, Phase, Ev], Transition]
+Table = streams.Table[Kind]
 StreamInfo = streams.StreamInfo
 
 P, E = Phase, Ev
@@ -190,12 +172,9 @@ def use_credit(current: int) -> int:
 
 
 @dataclass(slots=True)
-class StreamRecord:
-    """Mutable book-keeping of one stream (internal)."""
+class StreamRecord(streams.StreamRecord[Kind]):
+    """A stream's book-keeping, with the draft's reassembly."""
 
-    kind: Kind
-    phase: Phase
-    credits: int = 0
     # A fragmented message arriving (request on the responder, RESPONSE on
     # the requester).
     reassembly: Reassembly = field(default_factory=Reassembly)

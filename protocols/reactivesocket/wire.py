@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
+from polyport.protocols.reactive.wire import encode_by_type, for_transport
 from polyport.protocols.reactivesocket.errors import (
     MALFORMED,
     TOO_LARGE,
@@ -167,11 +168,7 @@ _ENCODERS: dict[type, Callable[..., bytes]] = {
 
 def encode_frame(frame: Frame) -> bytes:
     """One frame without the TCP length: a WebSocket binary message."""
-    try:
-        encoder = _ENCODERS[type(frame)]
-    except KeyError:
-        raise LocalProtocolError(f"not a ReactiveSocket frame: {frame!r}") from None
-    return encoder(frame)
+    return encode_by_type(_ENCODERS, frame, "a ReactiveSocket frame", LocalProtocolError)
 
 
 def add_tcp_length(message: bytes) -> bytes:
@@ -181,14 +178,7 @@ def add_tcp_length(message: bytes) -> bytes:
     return _LENGTH.pack(length) + message
 
 
-def encode_tcp_frame(frame: Frame) -> bytes:
-    """One frame with its TCP length prefix."""
-    return add_tcp_length(encode_frame(frame))
-
-
-def encode_for(transport: str, frame: Frame) -> bytes:
-    message = encode_frame(frame)
-    return add_tcp_length(message) if transport == "tcp" else message
+encode_tcp_frame, encode_for = for_transport(encode_frame, add_tcp_length)
 
 
 # --- decoding ------------------------------------------------------------------

@@ -36,17 +36,16 @@ from polyport.protocols.reactive.client import (
     StreamClient,
     TcpTransport,
     Transport,
+    append_request,
     open_websocket,
+    subscribe_request,
 )
 from polyport.protocols.reactive.payloads import (
-    AppendEvent,
-    AppendRequest,
     AppendResponse,
     EventMap,
     QueryRequest,
     ReadRequest,
     StartAt,
-    SubscribeRequest,
 )
 from polyport.protocols.rsocket import metadata, payloads
 from polyport.protocols.rsocket.connection import ClientConnection
@@ -249,23 +248,11 @@ class RSocketClient(StreamClient):
         return payloads.encode_request(route, request, self.data_format, context)
 
     async def append(
-        self,
-        stream: str,
-        events: Sequence[NewEvent],
-        *,
-        expected_version: int | None = None,
-        context: str | None = None,
+        self, stream: str, events: Sequence[NewEvent],
+        *, expected_version: int | None = None, context: str | None = None,
     ) -> AppendResponse:
-        """``expected_version``: the stream's current last version (0 = the
-        stream must not exist; None = no check)."""
-        request = AppendRequest(
-            stream,
-            tuple(
-                AppendEvent(e.type, e.body, e.id, dict(e.headers or {}), e.content_type)
-                for e in events
-            ),
-            expected_version,
-        )
+        """``expected_version``: as in :func:`append_request`."""
+        request = append_request(stream, events, expected_version)
         route = payloads.ROUTE_APPEND
         data = await self.request_response(route, self._data(route, request, context))
         return payloads.decode_append_response(data, self.data_format)
@@ -297,21 +284,13 @@ class RSocketClient(StreamClient):
         return EventStream(raw, self.data_format)
 
     async def subscribe(
-        self,
-        *,
-        stream: str | None = None,
-        prefix: str | None = None,
-        types: Iterable[str] = (),
-        start: StartAt | str | None = None,
-        group: str | None = None,
-        initial_n: int = UNBOUNDED,
-        context: str | None = None,
+        self, *, stream: str | None = None, prefix: str | None = None,
+        types: Iterable[str] = (), start: StartAt | str | None = None,
+        group: str | None = None, initial_n: int = UNBOUNDED, context: str | None = None,
     ) -> EventStream:
-        """events.subscribe: catch-up then live.  ``start``: "beginning",
-        "end", or ``StartAt("position" | "version" | "time", n)``; None = the
-        end (a group: its checkpoint)."""
-        at = StartAt(start) if isinstance(start, str) else start
+        """events.subscribe: catch-up then live (``start``: see
+        :func:`subscribe_request`)."""
         route = payloads.ROUTE_SUBSCRIBE
-        request = SubscribeRequest(stream, prefix, tuple(types), at, group)
+        request = subscribe_request(stream, prefix, types, start, group)
         raw = await self.request_stream(route, self._data(route, request, context), initial_n)
         return EventStream(raw, self.data_format)

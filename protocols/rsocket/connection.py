@@ -429,22 +429,14 @@ class ServerConnection(_Connection, role="server"):
     def _send_frame(self, frame: Frame) -> None:
         if self.state is not ConnectionState.OPEN:
             raise LocalProtocolError(f"{describe(frame)} before the SETUP is accepted")
-        if isinstance(frame, Payload):
-            self._send_payload_frame(frame)
-        elif isinstance(frame, ErrorFrame):
-            self._send_error_frame(frame, Kind.REQUEST_RESPONSE)
-        else:
-            raise LocalProtocolError(
-                f"the server sends PAYLOAD, ERROR, LEASE, KEEPALIVE and METADATA_PUSH, "
-                f"not {describe(frame)}"
-            )
+        self._send_answer_or_error(
+            frame, Payload, self._send_payload_frame, Kind.REQUEST_RESPONSE,
+            "PAYLOAD, ERROR, LEASE, KEEPALIVE and METADATA_PUSH",
+        )
 
     def _send_payload_frame(self, frame: Payload) -> None:
         sid = frame.stream_id
-        rec = self._streams.get(sid)
-        if rec is None or rec.phase not in (Phase.RESPONDING, Phase.SENDING_FRAGMENTS):
-            state = "it is not live" if rec is None else f"it is {rec.phase.value}"
-            raise LocalProtocolError(f"cannot send PAYLOAD on stream {sid}: {state}")
+        rec: StreamRecord = self._answered(sid, "PAYLOAD")
         item = False
         if rec.phase is Phase.SENDING_FRAGMENTS:
             if frame.follows:

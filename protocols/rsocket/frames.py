@@ -15,6 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polyport.protocols.reactive.frames import CONNECTION_STREAM_ID as CONNECTION_STREAM_ID
+from polyport.protocols.reactive.frames import Cancel as Cancel
+from polyport.protocols.reactive.frames import ConnectionFrame
+from polyport.protocols.reactive.frames import RequestN as RequestN
+
 PROTOCOL = "rsocket"
 DEFAULT_PORT = 7878
 WEBSOCKET_PATH = "/rsocket"
@@ -92,7 +97,6 @@ MAX_U31 = 0x7FFF_FFFF
 MAX_U63 = 0x7FFF_FFFF_FFFF_FFFF
 # Request N of 2^31-1 is "unbounded" (rsocket-java, rsocket-js, rsocket-py).
 MAX_REQUEST_N = MAX_U31
-CONNECTION_STREAM_ID = 0
 
 # Defaults of the connection objects (all configurable).
 DEFAULT_MAX_FRAME_SIZE = MAX_FRAME_LENGTH  # header + body, without the TCP length
@@ -101,7 +105,7 @@ DEFAULT_MAX_FRAGMENT = 64 * 1024  # metadata + data bytes per fragment we send
 
 
 @dataclass(frozen=True, slots=True)
-class Setup:
+class Setup(ConnectionFrame):
     """The client's first frame: versions, keepalive interval and max lifetime
     (milliseconds), MIME types of metadata and data, and the setup payload."""
 
@@ -117,33 +121,21 @@ class Setup:
     # Present (R flag) when the client asks for resumption.
     resume_token: bytes | None = None
 
-    @property
-    def stream_id(self) -> int:
-        return CONNECTION_STREAM_ID
-
 
 @dataclass(frozen=True, slots=True)
-class Lease:
+class Lease(ConnectionFrame):
     """The responder's grant: ``requests`` requests within ``ttl`` ms."""
 
     ttl: int
     requests: int
     metadata: bytes | None = None
 
-    @property
-    def stream_id(self) -> int:
-        return CONNECTION_STREAM_ID
-
 
 @dataclass(frozen=True, slots=True)
-class Keepalive:
+class Keepalive(ConnectionFrame):
     respond: bool = False
     last_position: int = 0
     data: bytes = b""
-
-    @property
-    def stream_id(self) -> int:
-        return CONNECTION_STREAM_ID
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,17 +174,6 @@ class RequestChannel:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestN:
-    stream_id: int
-    n: int
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    stream_id: int
-
-
-@dataclass(frozen=True, slots=True)
 class Payload:
     """NEXT (``next``), COMPLETE (``complete``) or both; ``follows`` marks a
     fragment that more fragments follow."""
@@ -226,25 +207,17 @@ class MetadataPush:
 
 
 @dataclass(frozen=True, slots=True)
-class Resume:
+class Resume(ConnectionFrame):
     token: bytes
     last_server_position: int
     first_client_position: int
     major: int = MAJOR_VERSION
     minor: int = MINOR_VERSION
 
-    @property
-    def stream_id(self) -> int:
-        return CONNECTION_STREAM_ID
-
 
 @dataclass(frozen=True, slots=True)
-class ResumeOk:
+class ResumeOk(ConnectionFrame):
     last_client_position: int
-
-    @property
-    def stream_id(self) -> int:
-        return CONNECTION_STREAM_ID
 
 
 @dataclass(frozen=True, slots=True)

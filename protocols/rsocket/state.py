@@ -17,7 +17,6 @@ its own rows, each group saying why it differs.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from polyport.protocols.reactive import streams
@@ -50,36 +49,20 @@ from polyport.protocols.rsocket.frames import (
 )
 
 __all__ = [
-    "CONNECTION_TABLE",
-    "REQUESTER_LIVE",
-    "REQUESTER_TABLE",
-    "RESPONDER_LIVE",
-    "RESPONDER_TABLE",
-    "Action",
-    "ConnectionState",
-    "Ev",
-    "Kind",
-    "Phase",
-    "StreamInfo",
-    "StreamRecord",
-    "Table",
-    "Transition",
-    "add_credits",
+    "CONNECTION_TABLE", "REQUESTER_LIVE", "REQUESTER_TABLE", "RESPONDER_LIVE",
+    "RESPONDER_TABLE", "Action", "ConnectionState", "Ev", "Kind", "Phase", "StreamInfo",
+    "StreamRecord", "Table", "Transition", "add_credits",
 ]
 
 
-class Kind(enum.Enum):
+class Kind(streams.StreamKind):
     REQUEST_RESPONSE = TYPE_REQUEST_RESPONSE
     REQUEST_FNF = TYPE_REQUEST_FNF
     REQUEST_STREAM = TYPE_REQUEST_STREAM
     REQUEST_CHANNEL = TYPE_REQUEST_CHANNEL
 
-    @property
-    def has_credits(self) -> bool:
-        return self in (Kind.REQUEST_STREAM, Kind.REQUEST_CHANNEL)
 
-
-Table = dict[tuple[Kind, Phase, Ev], Transition]
+Table = streams.Table[Kind]
 StreamInfo = streams.StreamInfo
 
 P, E = Phase, Ev
@@ -137,12 +120,9 @@ def add_credits(current: int, n: int) -> int:
 
 
 @dataclass(slots=True)
-class StreamRecord:
-    """Mutable book-keeping of one stream (internal)."""
+class StreamRecord(streams.StreamRecord[Kind]):
+    """A stream's book-keeping, with RSocket's reassembly."""
 
-    kind: Kind
-    phase: Phase
-    credits: int = 0
     # Reassembly of a fragmented frame (request on the responder, PAYLOAD on
     # the requester): the first frame, metadata and data parts.
     first: object = None

@@ -15,6 +15,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import replace
 
+from polyport.protocols.reactive.wire import encode_by_type, for_transport
 from polyport.protocols.rsocket.errors import (
     MALFORMED,
     TOO_LARGE,
@@ -249,11 +250,7 @@ _ENCODERS: dict[type, Callable[..., bytes]] = {
 
 def encode_frame(frame: Frame) -> bytes:
     """One frame without the TCP length: a WebSocket binary message."""
-    try:
-        encoder = _ENCODERS[type(frame)]
-    except KeyError:
-        raise LocalProtocolError(f"not an RSocket frame: {frame!r}") from None
-    message = encoder(frame)
+    message = encode_by_type(_ENCODERS, frame, "an RSocket frame", LocalProtocolError)
     if len(message) > MAX_FRAME_LENGTH:
         raise LocalProtocolError(
             f"{describe(frame)} of {len(message)} bytes exceeds the 2**24-1 frame limit; "
@@ -269,13 +266,7 @@ def add_tcp_length(message: bytes) -> bytes:
     return len(message).to_bytes(LENGTH_SIZE, "big") + message
 
 
-def encode_tcp_frame(frame: Frame) -> bytes:
-    return add_tcp_length(encode_frame(frame))
-
-
-def encode_for(transport: str, frame: Frame) -> bytes:
-    message = encode_frame(frame)
-    return add_tcp_length(message) if transport == "tcp" else message
+encode_tcp_frame, encode_for = for_transport(encode_frame, add_tcp_length)
 
 
 # --- decoding -----------------------------------------------------------------------

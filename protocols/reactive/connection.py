@@ -507,6 +507,18 @@ class StreamConnection:
             )
         return t
 
+    def _take_request_n(
+        self, rec: Any, frame: Any, t: Transition, counting: bool, out: list[Any]
+    ) -> None:
+        """A REQUEST_N the responder's table takes: its credits (where the
+        stream counts them), the stream's next phase, and delivery."""
+        if counting:
+            rec.credits = self._add_credits(rec.credits, frame.n)
+        to, action = t
+        rec.phase = to
+        if action is Action.DELIVER:
+            out.append(frame)
+
     def _add_credits(self, current: int, n: int) -> int:
         return add_credits(current, n, self.credit_cap)
 
@@ -546,6 +558,17 @@ class RequesterConveniences(StreamConnection):
         self._next_id = 1
         # The client takes SETUP as accepted once the server answers anything.
         self.setup_accepted = False
+
+    def _send_control(self, frame: Any, default_kind: Any) -> bool:
+        """REQUEST_N or CANCEL on a stream of ours (``default_kind`` for an
+        id we never used, whose table refuses it); False for other frames."""
+        if isinstance(frame, self.request_n_type):
+            self._send_request_n_frame(frame, default_kind)
+        elif isinstance(frame, self.cancel_type):
+            self._send_cancel_frame(frame, default_kind)
+        else:
+            return False
+        return True
 
     def _check_can_request(self) -> None:
         """Refuse a request before it uses up an id (LocalProtocolError)."""

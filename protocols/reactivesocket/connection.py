@@ -289,12 +289,7 @@ class ServerConnection(BaseConnection, role="server"):
                 f"REQUEST_N of {frame.n} on stream {sid}: Request N must be positive",
                 out,
             )
-        if counting:
-            rec.credits = add_credits(rec.credits, frame.n)
-        to, action = t
-        rec.phase = to
-        if action is Action.DELIVER:
-            out.append(frame)
+        self._take_request_n(rec, frame, t, counting, out)
 
     # --- sending ---------------------------------------------------------------
 
@@ -489,13 +484,9 @@ class ClientConnection(BaseConnection, RequesterConveniences, role="client"):
             return
         if isinstance(frame, _REQUEST_CLASSES):
             self._send_request_frame(frame)
-        elif isinstance(frame, RequestN):
-            if frame.n <= 0:
-                raise LocalProtocolError(f"Request N must be positive, not {frame.n}")
-            self._send_request_n_frame(frame, Kind.REQUEST_STREAM)
-        elif isinstance(frame, Cancel):
-            self._send_cancel_frame(frame, Kind.REQUEST_STREAM)
-        else:
+        elif isinstance(frame, RequestN) and frame.n <= 0:
+            raise LocalProtocolError(f"Request N must be positive, not {frame.n}")
+        elif not self._send_control(frame, Kind.REQUEST_STREAM):
             raise LocalProtocolError(
                 f"the client sends SETUP, requests, REQUEST_N, CANCEL and EXT, "
                 f"not {describe(frame)} on a stream"

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from polyport.protocols.reactive import streams
 from polyport.protocols.reactive.streams import (
     CONNECTION_ROWS,
+    DROP,
+    REJECT,
     REQUESTER_ABANDONED,
     REQUESTER_ANSWERED,
     REQUESTER_CREDITED,
@@ -37,9 +39,12 @@ from polyport.protocols.reactive.streams import (
     RESPONDER_SINGLE,
     Action,
     ConnectionState,
+    E,
     Ev,
+    P,
     Phase,
     Rows,
+    StreamInfo,
     Transition,
     build_table,
 )
@@ -70,10 +75,6 @@ class Kind(streams.StreamKind):
 
 
 Table = streams.Table[Kind]
-StreamInfo = streams.StreamInfo
-
-P, E = Phase, Ev
-DROP, REJECT = Action.DROP, Action.REJECT
 
 # The draft's own rows: a request's continuation fragments are request frames
 # (B/E flags), so once a fragmented request is rejected its remaining

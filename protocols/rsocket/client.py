@@ -26,18 +26,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from ssl import SSLContext
 from typing import Any
 
+from polyport.protocols.reactive import client as core
 from polyport.protocols.reactive.client import (
-    Answer,
     ConnectionClosed,
-    DecodedStream,
     NewEvent,
     RemoteError,
     ResponseStream,
-    StreamClient,
-    TcpTransport,
-    Transport,
     append_request,
-    open_websocket,
     subscribe_request,
 )
 from polyport.protocols.reactive.payloads import (
@@ -92,17 +87,17 @@ def _error_from(frame: ErrorFrame) -> RSocketError:
     return RSocketError(code, message, frame.stream_id, frame.code)
 
 
-class EventStream(DecodedStream[EventMap]):
+class EventStream(core.DecodedStream[EventMap]):
     """A ResponseStream whose items are event maps."""
 
     def __init__(self, stream: ResponseStream, fmt: str) -> None:
         super().__init__(stream, lambda data: payloads.decode_event(data, fmt))
 
 
-class RSocketClient(StreamClient):
+class RSocketClient(core.StreamClient):
     _conn: ClientConnection
 
-    def __init__(self, transport: Transport, conn: ClientConnection, fmt: str) -> None:
+    def __init__(self, transport: core.Transport, conn: ClientConnection, fmt: str) -> None:
         super().__init__(transport, conn)
         self.data_format = fmt
         self._keepalive: asyncio.Task[None] | None = None
@@ -119,7 +114,7 @@ class RSocketClient(StreamClient):
         """Connect over TCP (TLS with ``ssl``) and send SETUP.  Keywords as
         :meth:`connect_websocket`."""
         reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
-        return await cls._open(TcpTransport(reader, writer), "tcp", **kw)
+        return await cls._open(core.TcpTransport(reader, writer), "tcp", **kw)
 
     @classmethod
     async def connect_websocket(
@@ -127,13 +122,13 @@ class RSocketClient(StreamClient):
     ) -> RSocketClient:
         """Connect to ``ws://host:port/rsocket`` (or ``wss://`` with ``ssl``)
         (aiohttp) and send SETUP."""
-        transport = await open_websocket(url, DEFAULT_MAX_FRAME_SIZE + 1024, ssl=ssl or True)
+        transport = await core.open_websocket(url, DEFAULT_MAX_FRAME_SIZE + 1024, ssl=ssl or True)
         return await cls._open(transport, "websocket", **kw)
 
     @classmethod
     async def _open(
         cls,
-        transport: Transport,
+        transport: core.Transport,
         kind: str,
         *,
         user: str | None = None,
@@ -190,10 +185,10 @@ class RSocketClient(StreamClient):
     def _protocol_error_frame(self, exc: RemoteProtocolError) -> bytes:
         return self._conn.send_error(CONNECTION_STREAM_ID, exc.code, exc.message, exc.error_code)
 
-    def _answer(self, ev: object) -> Answer | None:
+    def _answer(self, ev: object) -> core.Answer | None:
         if not isinstance(ev, Payload):
             return None
-        return Answer(ev.stream_id, ev.data, ev.next, ev.complete)
+        return core.Answer(ev.stream_id, ev.data, ev.next, ev.complete)
 
     async def _deliver_other(self, ev: object) -> None:
         if isinstance(ev, Lease):

@@ -26,6 +26,7 @@ from polyport.protocols.reactive.connection import (
     StreamConnection,
     StreamError,
 )
+from polyport.protocols.reactive.streams import Action, ConnectionState, Ev, Phase
 from polyport.protocols.rsocket import errors, frames, state, wire
 from polyport.protocols.rsocket.errors import (
     BUSY,
@@ -69,16 +70,7 @@ from polyport.protocols.rsocket.frames import (
     UnknownFrame,
     describe,
 )
-from polyport.protocols.rsocket.state import (
-    CONNECTION_TABLE,
-    Action,
-    ConnectionState,
-    Ev,
-    Kind,
-    Phase,
-    StreamRecord,
-    add_credits,
-)
+from polyport.protocols.rsocket.state import CONNECTION_TABLE, Kind, StreamRecord, add_credits
 from polyport.protocols.rsocket.wire import (
     fragment,
 )
@@ -412,12 +404,7 @@ class ServerConnection(_Connection, role="server"):
         if frame.n <= 0:
             return self._violation(frame.stream_id, rec, rec.kind, MALFORMED,
                                    "Request N must be > 0", out)
-        if rec.kind.has_credits:
-            rec.credits = add_credits(rec.credits, frame.n)
-        to, action = t
-        rec.phase = to
-        if action is Action.DELIVER:
-            out.append(frame)
+        self._take_request_n(rec, frame, t, rec.kind.has_credits, out)
 
     # --- sending -------------------------------------------------------------------
 
@@ -587,11 +574,7 @@ class ClientConnection(_Connection, RequesterConveniences, role="client"):
             ev = Ev.SEND_REQUEST_MORE if frame.follows else Ev.SEND_REQUEST_END
             to, _ = self._send_transition(rec, kind, ev, sid)
             self._apply(sid, rec, kind, to)
-        elif isinstance(frame, RequestN):
-            self._send_request_n_frame(frame, Kind.REQUEST_STREAM)
-        elif isinstance(frame, Cancel):
-            self._send_cancel_frame(frame, Kind.REQUEST_STREAM)
-        else:
+        elif not self._send_control(frame, Kind.REQUEST_STREAM):
             raise LocalProtocolError(
                 f"the client sends SETUP, KEEPALIVE, METADATA_PUSH, REQUEST_RESPONSE, "
                 f"REQUEST_FNF, REQUEST_STREAM, REQUEST_N and CANCEL, not {describe(frame)}"

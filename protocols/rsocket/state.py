@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from polyport.protocols.reactive import streams
 from polyport.protocols.reactive.streams import (
     CONNECTION_ROWS,
+    DROP,
     REQUESTER_ANSWERED,
     REQUESTER_CREDITED,
     REQUESTER_FNF,
@@ -35,8 +36,11 @@ from polyport.protocols.reactive.streams import (
     RESPONDER_SINGLE,
     Action,
     ConnectionState,
+    E,
     Ev,
+    P,
     Phase,
+    StreamInfo,
     Transition,
     build_table,
 )
@@ -63,10 +67,6 @@ class Kind(streams.StreamKind):
 
 
 Table = streams.Table[Kind]
-StreamInfo = streams.StreamInfo
-
-P, E = Phase, Ev
-DROP = Action.DROP
 
 # RSocket's own rows: the rest of a rejected fragmented request (PAYLOADs
 # with or without F) is dropped while our ERROR is pending; once it is out the

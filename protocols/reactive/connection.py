@@ -32,6 +32,7 @@ from polyport.protocols.reactive.streams import (
     Transition,
     add_credits,
 )
+from polyport.protocols.reactive.wire import TRANSPORTS
 
 # Live streams a peer may open, unless the owner says otherwise.
 DEFAULT_MAX_STREAMS = 1024
@@ -81,7 +82,7 @@ class StreamConnection:
     live_phases: ClassVar[frozenset[Phase]] = frozenset()
     connection_table: ClassVar[Mapping[tuple[str, ConnectionState, str], ConnectionState]] = {}
     # The version's codec and rules.
-    transports: ClassVar[tuple[str, ...]] = ("tcp", "websocket")
+    transports: ClassVar[tuple[str, ...]] = TRANSPORTS
     length_size: ClassVar[int] = 0
     # The draft's TCP length counts its own bytes; RSocket's does not.
     length_counts_itself: ClassVar[bool] = False
@@ -123,7 +124,6 @@ class StreamConnection:
             cls.default_max_fragment = frames.DEFAULT_MAX_FRAGMENT
             cls.frames = frames
         if wire is not None:
-            cls.transports = wire.TRANSPORTS
             cls._decode = staticmethod(wire.decode_frame)
             cls._encode = staticmethod(wire.encode_frame)
             cls._add_tcp_length = staticmethod(wire.add_tcp_length)
@@ -431,26 +431,26 @@ class StreamConnection:
         return sent
 
     def _send_answer_or_error(
-        self, frame: Any, answer_type: type[Any], send_answer: Callable[[Any], None],
-        default_kind: Any, sends: str,
+        self, frame: Any, answer_type: type[Any], send_answer: Callable[[Any], None], sends: str
     ) -> None:
         """The responder's stream frames: its answers (RESPONSE / PAYLOAD)
-        and ERROR; ``sends`` names all it may send, for the refusal."""
+        and ERROR (a stream it never saw counts as a request-response, whose
+        table refuses it); ``sends`` names all it may send, for the refusal."""
         if isinstance(frame, answer_type):
             send_answer(frame)
         elif isinstance(frame, self.error_frame_type):
-            self._send_error_frame(frame, default_kind)
+            self._send_error_frame(frame, self.state_module.Kind.REQUEST_RESPONSE)
         else:
             raise self.local_error(f"the server sends {sends}, not {self._describe(frame)}")
 
-    def _answered(self, stream_id: int, what: str) -> Any:
-        """The record of a stream an answer goes on (LocalProtocolError
+    def _answered(self, frame: Any, what: str) -> tuple[int, Any]:
+        """The stream id and record an answer goes on (LocalProtocolError
         unless the stream is being answered)."""
-        rec = self._streams.get(stream_id)
+        rec = self._streams.get(frame.stream_id)
         if rec is None or rec.phase not in (Phase.RESPONDING, Phase.SENDING_FRAGMENTS):
             state = "it is not live" if rec is None else f"it is {rec.phase.value}"
-            raise self.local_error(f"cannot send {what} on stream {stream_id}: {state}")
-        return rec
+            raise self.local_error(f"cannot send {what} on stream {frame.stream_id}: {state}")
+        return frame.stream_id, rec
 
     def _send_error_frame(self, frame: Any, default_kind: Any) -> None:
         """The responder's ERROR on a stream (a stream it never saw counts as
@@ -506,6 +506,17 @@ class StreamConnection:
                 + (f" ({hint})" if hint else "")
             )
         return t
+
+    def _deliver(
+        self, stream_id: int, rec: Any, kind: Any, to: Phase, action: Action,
+        whole: Any, out: list[Any],
+    ) -> Any:
+        """Move a stream to its next phase, then hand a whole message (if
+        any) to the application where the table says DELIVER."""
+        kept = self._apply(stream_id, rec, kind, to)
+        if whole is not None and action is Action.DELIVER:
+            out.append(whole)
+        return kept
 
     def _take_request_n(
         self, rec: Any, frame: Any, t: Transition, counting: bool, out: list[Any]

@@ -7,6 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+# Both versions run over a TCP byte stream and over WebSocket binary messages.
+TRANSPORTS = ("tcp", "websocket")
+
 
 def encode_by_type(
     encoders: Mapping[type[Any], Callable[[Any], bytes]],

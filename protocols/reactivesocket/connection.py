@@ -295,13 +295,11 @@ class ServerConnection(BaseConnection, role="server"):
 
     def _send_frame(self, frame: Frame) -> None:
         self._send_answer_or_error(
-            frame, Response, self._send_response_frame, Kind.REQUEST_RESPONSE,
-            "RESPONSE, ERROR and EXT only",
+            frame, Response, self._send_response_frame, "RESPONSE, ERROR and EXT only"
         )
 
     def _send_response_frame(self, frame: Response) -> None:
-        sid = frame.stream_id
-        rec: StreamRecord = self._answered(sid, "RESPONSE")
+        sid, rec = self._answered(frame, "RESPONSE")
         hint = ""
         item = False
         if rec.phase is Phase.SENDING_FRAGMENTS:
@@ -473,9 +471,7 @@ class ClientConnection(BaseConnection, RequesterConveniences, role="client"):
             rec.reassembly.add(frame.data)
         elif ev in (Ev.RECV_END, Ev.RECV_END_COMPLETE):
             whole = Response(sid, rec.reassembly.finish(frame.data), frame.complete)
-        self._apply(sid, rec, rec.kind, to)
-        if whole is not None and action is Action.DELIVER:
-            out.append(whole)
+        self._deliver(sid, rec, rec.kind, to, action, whole, out)
 
     # --- sending ---------------------------------------------------------------
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polyport.protocols.reactive import frames as reactive
 from polyport.protocols.reactive.frames import CONNECTION_STREAM_ID as CONNECTION_STREAM_ID
 from polyport.protocols.reactive.frames import Cancel as Cancel
-from polyport.protocols.reactive.frames import ConnectionFrame
+from polyport.protocols.reactive.frames import ConnectionFrame, frame_names
 from polyport.protocols.reactive.frames import RequestN as RequestN
 
 # The listener's name, its settings' prefix (``reactivesocket_<name>``) and
@@ -143,60 +144,24 @@ class Ext:
 
 
 @dataclass(frozen=True, slots=True)
-class UnknownFrame:
-    """A frame type this codec does not know.  Connections drop it when
-    ``ignore`` is set and fail the connection otherwise."""
-
-    frame_type: int
-    flags: int
-    stream_id: int
+class UnknownFrame(reactive.UnknownFrame):
+    ignore_flag = FLAG_IGNORE
     data: bytes = b""
-
-    @property
-    def ignore(self) -> bool:
-        return bool(self.flags & FLAG_IGNORE)
 
 
 Request = RequestResponse | RequestFnf | RequestStream | RequestSub
 Frame = (
-    Setup
-    | RequestResponse
-    | RequestFnf
-    | RequestStream
-    | RequestSub
-    | RequestN
-    | Cancel
-    | Response
-    | ErrorFrame
-    | Ext
-    | UnknownFrame
+    Setup | RequestResponse | RequestFnf | RequestStream | RequestSub | RequestN | Cancel
+    | Response | ErrorFrame | Ext | UnknownFrame
 )
 
 FRAME_TYPE_OF: dict[type, int] = {
-    Setup: TYPE_SETUP,
-    RequestResponse: TYPE_REQUEST_RESPONSE,
-    RequestFnf: TYPE_REQUEST_FNF,
-    RequestStream: TYPE_REQUEST_STREAM,
-    RequestSub: TYPE_REQUEST_SUB,
-    RequestN: TYPE_REQUEST_N,
-    Cancel: TYPE_CANCEL,
-    Response: TYPE_RESPONSE,
-    ErrorFrame: TYPE_ERROR,
-    Ext: TYPE_EXT,
+    Setup: TYPE_SETUP, RequestResponse: TYPE_REQUEST_RESPONSE, RequestFnf: TYPE_REQUEST_FNF,
+    RequestStream: TYPE_REQUEST_STREAM, RequestSub: TYPE_REQUEST_SUB, RequestN: TYPE_REQUEST_N,
+    Cancel: TYPE_CANCEL, Response: TYPE_RESPONSE, ErrorFrame: TYPE_ERROR, Ext: TYPE_EXT,
 }
 
-FRAME_NAMES: dict[int, str] = {
-    TYPE_SETUP: "SETUP",
-    TYPE_REQUEST_RESPONSE: "REQUEST_RESPONSE",
-    TYPE_REQUEST_FNF: "REQUEST_FNF",
-    TYPE_REQUEST_STREAM: "REQUEST_STREAM",
-    TYPE_REQUEST_SUB: "REQUEST_SUB",
-    TYPE_REQUEST_N: "REQUEST_N",
-    TYPE_CANCEL: "CANCEL",
-    TYPE_RESPONSE: "RESPONSE",
-    TYPE_ERROR: "ERROR",
-    TYPE_EXT: "EXT",
-}
+FRAME_NAMES: dict[int, str] = frame_names(globals())
 
 
 def frame_name(frame_type: int) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
+from polyport.protocols.reactive.wire import TRANSPORTS as TRANSPORTS
 from polyport.protocols.reactive.wire import encode_by_type, for_transport
 from polyport.protocols.reactivesocket.errors import (
     MALFORMED,
@@ -66,7 +67,6 @@ _LENGTH = struct.Struct(">I")
 _I64 = struct.Struct(">q")
 _U32 = struct.Struct(">I")
 
-TRANSPORTS = ("tcp", "websocket")
 
 
 # --- encoding ------------------------------------------------------------------
@@ -152,16 +152,10 @@ def encode_unknown(frame: UnknownFrame) -> bytes:
 
 
 _ENCODERS: dict[type, Callable[..., bytes]] = {
-    Setup: encode_setup,
-    RequestResponse: encode_request_response,
-    RequestFnf: encode_request_fnf,
-    RequestStream: encode_request_stream,
-    RequestSub: encode_request_sub,
-    RequestN: encode_request_n,
-    Cancel: encode_cancel,
-    Response: encode_response,
-    ErrorFrame: encode_error,
-    Ext: encode_ext,
+    Setup: encode_setup, RequestResponse: encode_request_response,
+    RequestFnf: encode_request_fnf, RequestStream: encode_request_stream,
+    RequestSub: encode_request_sub, RequestN: encode_request_n, Cancel: encode_cancel,
+    Response: encode_response, ErrorFrame: encode_error, Ext: encode_ext,
     UnknownFrame: encode_unknown,
 }
 

@@ -4,6 +4,7 @@ See docs/protocols/rsocket.md for routes, metadata, data, limits and how the
 ReactiveSocket draft and RSocket 1.0 share the store.
 """
 
+from polyport.protocols.reactive.frames import Cancel, RequestN
 from polyport.protocols.rsocket.connection import (
     ClientConnection,
     Event,
@@ -20,7 +21,6 @@ from polyport.protocols.rsocket.frames import (
     DEFAULT_PORT,
     PROTOCOL,
     WEBSOCKET_PATH,
-    Cancel,
     ErrorFrame,
     Ext,
     Frame,
@@ -31,7 +31,6 @@ from polyport.protocols.rsocket.frames import (
     Request,
     RequestChannel,
     RequestFnf,
-    RequestN,
     RequestResponse,
     RequestStream,
     Resume,

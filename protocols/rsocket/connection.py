@@ -417,13 +417,12 @@ class ServerConnection(_Connection, role="server"):
         if self.state is not ConnectionState.OPEN:
             raise LocalProtocolError(f"{describe(frame)} before the SETUP is accepted")
         self._send_answer_or_error(
-            frame, Payload, self._send_payload_frame, Kind.REQUEST_RESPONSE,
+            frame, Payload, self._send_payload_frame,
             "PAYLOAD, ERROR, LEASE, KEEPALIVE and METADATA_PUSH",
         )
 
     def _send_payload_frame(self, frame: Payload) -> None:
-        sid = frame.stream_id
-        rec: StreamRecord = self._answered(sid, "PAYLOAD")
+        sid, rec = self._answered(frame, "PAYLOAD")
         item = False
         if rec.phase is Phase.SENDING_FRAGMENTS:
             if frame.follows:
@@ -548,9 +547,7 @@ class ClientConnection(_Connection, RequesterConveniences, role="client"):
             if ev in (Ev.RECV_END, Ev.RECV_END_COMPLETE):
                 metadata, data = self._joined(rec)
                 whole = Payload(sid, metadata, data, complete=frame.complete, next=True)
-        self._apply(sid, rec, rec.kind, to)
-        if whole is not None and action is Action.DELIVER:
-            out.append(whole)
+        self._deliver(sid, rec, rec.kind, to, action, whole, out)
 
     # --- sending -------------------------------------------------------------------
 

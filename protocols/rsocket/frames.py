@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polyport.protocols.reactive import frames as reactive
 from polyport.protocols.reactive.frames import CONNECTION_STREAM_ID as CONNECTION_STREAM_ID
 from polyport.protocols.reactive.frames import Cancel as Cancel
-from polyport.protocols.reactive.frames import ConnectionFrame
+from polyport.protocols.reactive.frames import ConnectionFrame, frame_names
 from polyport.protocols.reactive.frames import RequestN as RequestN
 
 PROTOCOL = "rsocket"
@@ -221,6 +222,14 @@ class ResumeOk(ConnectionFrame):
 
 
 @dataclass(frozen=True, slots=True)
+class UnknownFrame(reactive.UnknownFrame):
+    """(Its body kept whole.)"""
+
+    ignore_flag = FLAG_IGNORE
+    body: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
 class Ext:
     stream_id: int
     extended_type: int
@@ -229,76 +238,23 @@ class Ext:
     ignore: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class UnknownFrame:
-    """A frame type this codec does not know (its body kept whole).
-    Connections drop it when ``ignore`` is set and fail otherwise."""
-
-    frame_type: int
-    flags: int
-    stream_id: int
-    body: bytes = b""
-
-    @property
-    def ignore(self) -> bool:
-        return bool(self.flags & FLAG_IGNORE)
-
-
 Request = RequestResponse | RequestFnf | RequestStream | RequestChannel
 Frame = (
-    Setup
-    | Lease
-    | Keepalive
-    | RequestResponse
-    | RequestFnf
-    | RequestStream
-    | RequestChannel
-    | RequestN
-    | Cancel
-    | Payload
-    | ErrorFrame
-    | MetadataPush
-    | Resume
-    | ResumeOk
-    | Ext
-    | UnknownFrame
+    Setup | Lease | Keepalive | RequestResponse | RequestFnf | RequestStream
+    | RequestChannel | RequestN | Cancel | Payload | ErrorFrame | MetadataPush | Resume
+    | ResumeOk | Ext | UnknownFrame
 )
 
 FRAME_TYPE_OF: dict[type, int] = {
-    Setup: TYPE_SETUP,
-    Lease: TYPE_LEASE,
-    Keepalive: TYPE_KEEPALIVE,
-    RequestResponse: TYPE_REQUEST_RESPONSE,
-    RequestFnf: TYPE_REQUEST_FNF,
-    RequestStream: TYPE_REQUEST_STREAM,
-    RequestChannel: TYPE_REQUEST_CHANNEL,
-    RequestN: TYPE_REQUEST_N,
-    Cancel: TYPE_CANCEL,
-    Payload: TYPE_PAYLOAD,
-    ErrorFrame: TYPE_ERROR,
-    MetadataPush: TYPE_METADATA_PUSH,
-    Resume: TYPE_RESUME,
-    ResumeOk: TYPE_RESUME_OK,
-    Ext: TYPE_EXT,
+    Setup: TYPE_SETUP, Lease: TYPE_LEASE, Keepalive: TYPE_KEEPALIVE,
+    RequestResponse: TYPE_REQUEST_RESPONSE, RequestFnf: TYPE_REQUEST_FNF,
+    RequestStream: TYPE_REQUEST_STREAM, RequestChannel: TYPE_REQUEST_CHANNEL,
+    RequestN: TYPE_REQUEST_N, Cancel: TYPE_CANCEL, Payload: TYPE_PAYLOAD,
+    ErrorFrame: TYPE_ERROR, MetadataPush: TYPE_METADATA_PUSH, Resume: TYPE_RESUME,
+    ResumeOk: TYPE_RESUME_OK, Ext: TYPE_EXT,
 }
 
-FRAME_NAMES: dict[int, str] = {
-    TYPE_SETUP: "SETUP",
-    TYPE_LEASE: "LEASE",
-    TYPE_KEEPALIVE: "KEEPALIVE",
-    TYPE_REQUEST_RESPONSE: "REQUEST_RESPONSE",
-    TYPE_REQUEST_FNF: "REQUEST_FNF",
-    TYPE_REQUEST_STREAM: "REQUEST_STREAM",
-    TYPE_REQUEST_CHANNEL: "REQUEST_CHANNEL",
-    TYPE_REQUEST_N: "REQUEST_N",
-    TYPE_CANCEL: "CANCEL",
-    TYPE_PAYLOAD: "PAYLOAD",
-    TYPE_ERROR: "ERROR",
-    TYPE_METADATA_PUSH: "METADATA_PUSH",
-    TYPE_RESUME: "RESUME",
-    TYPE_RESUME_OK: "RESUME_OK",
-    TYPE_EXT: "EXT",
-}
+FRAME_NAMES: dict[int, str] = frame_names(globals())
 
 
 def frame_name(frame_type: int) -> str:

@@ -21,19 +21,9 @@ from dataclasses import dataclass, field
 
 from polyport.protocols.reactive import streams
 from polyport.protocols.reactive.streams import (
-    CONNECTION_ROWS,
     DROP,
-    REQUESTER_ANSWERED,
-    REQUESTER_CREDITED,
-    REQUESTER_FNF,
     REQUESTER_LIVE,
-    REQUESTER_SINGLE,
-    RESPONDER_ANSWERED,
-    RESPONDER_COMPLETES,
-    RESPONDER_CREDITED,
-    RESPONDER_FNF,
     RESPONDER_LIVE,
-    RESPONDER_SINGLE,
     Action,
     ConnectionState,
     E,
@@ -73,20 +63,25 @@ Table = streams.Table[Kind]
 # stream is closed, where PAYLOADs are ignored.  (The draft instead follows
 # the fragments to the end: see its REJECTED_MID_REQUEST rows.)
 _RESPONDER_ANSWERED = {
-    **RESPONDER_ANSWERED,
+    **streams.RESPONDER_ANSWERED,
     (P.REJECTED, E.RECV_REQUEST_MORE): (P.REJECTED, DROP),
     (P.REJECTED, E.RECV_REQUEST_END): (P.REJECTED, DROP),
 }
 
 # A channel's responder completes like a stream's.
-_RESPONDER_STREAMED = {**_RESPONDER_ANSWERED, **RESPONDER_CREDITED, **RESPONDER_COMPLETES}
+_RESPONDER_STREAMED = {
+    **_RESPONDER_ANSWERED, **streams.RESPONDER_CREDITED, **streams.RESPONDER_COMPLETES
+}
 
 RESPONDER_TABLE: Table = build_table(
     [
-        (Kind.REQUEST_RESPONSE, {**_RESPONDER_ANSWERED, **RESPONDER_SINGLE, **RESPONDER_COMPLETES}),
+        (
+            Kind.REQUEST_RESPONSE,
+            {**_RESPONDER_ANSWERED, **streams.RESPONDER_SINGLE, **streams.RESPONDER_COMPLETES},
+        ),
         (Kind.REQUEST_STREAM, _RESPONDER_STREAMED),
         (Kind.REQUEST_CHANNEL, _RESPONDER_STREAMED),
-        (Kind.REQUEST_FNF, RESPONDER_FNF),
+        (Kind.REQUEST_FNF, streams.RESPONDER_FNF),
     ]
 )
 
@@ -94,15 +89,15 @@ RESPONDER_TABLE: Table = build_table(
 # while our request is still going out is ignored ("Handling the Unexpected").
 REQUESTER_TABLE: Table = build_table(
     [
-        (Kind.REQUEST_RESPONSE, {**REQUESTER_ANSWERED, **REQUESTER_SINGLE}),
-        (Kind.REQUEST_STREAM, {**REQUESTER_ANSWERED, **REQUESTER_CREDITED}),
-        (Kind.REQUEST_FNF, REQUESTER_FNF),
+        (Kind.REQUEST_RESPONSE, {**streams.REQUESTER_ANSWERED, **streams.REQUESTER_SINGLE}),
+        (Kind.REQUEST_STREAM, {**streams.REQUESTER_ANSWERED, **streams.REQUESTER_CREDITED}),
+        (Kind.REQUEST_FNF, streams.REQUESTER_FNF),
     ]
 )
 
 S = ConnectionState
 CONNECTION_TABLE: dict[tuple[str, ConnectionState, str], ConnectionState] = {
-    **CONNECTION_ROWS,
+    **streams.CONNECTION_ROWS,
     # RSocket's connection frames (the draft has none of them): the server
     # grants LEASEs, both sides send KEEPALIVE and METADATA_PUSH once open.
     ("server", S.OPEN, "send LEASE"): S.OPEN,

@@ -15,6 +15,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import replace
 
+from polyport.protocols.reactive.wire import TRANSPORTS as TRANSPORTS
 from polyport.protocols.reactive.wire import encode_by_type, for_transport
 from polyport.protocols.rsocket.errors import (
     MALFORMED,
@@ -81,7 +82,6 @@ _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
-TRANSPORTS = ("tcp", "websocket")
 
 
 # --- encoding -----------------------------------------------------------------------
@@ -229,22 +229,12 @@ def encode_unknown(f: UnknownFrame) -> bytes:
 
 
 _ENCODERS: dict[type, Callable[..., bytes]] = {
-    Setup: encode_setup,
-    Lease: encode_lease,
-    Keepalive: encode_keepalive,
-    RequestResponse: encode_request_response,
-    RequestFnf: encode_request_fnf,
-    RequestStream: encode_request_stream,
-    RequestChannel: encode_request_channel,
-    RequestN: encode_request_n,
-    Cancel: encode_cancel,
-    Payload: encode_payload,
-    ErrorFrame: encode_error,
-    MetadataPush: encode_metadata_push,
-    Resume: encode_resume,
-    ResumeOk: encode_resume_ok,
-    Ext: encode_ext,
-    UnknownFrame: encode_unknown,
+    Setup: encode_setup, Lease: encode_lease, Keepalive: encode_keepalive,
+    RequestResponse: encode_request_response, RequestFnf: encode_request_fnf,
+    RequestStream: encode_request_stream, RequestChannel: encode_request_channel,
+    RequestN: encode_request_n, Cancel: encode_cancel, Payload: encode_payload,
+    ErrorFrame: encode_error, MetadataPush: encode_metadata_push, Resume: encode_resume,
+    ResumeOk: encode_resume_ok, Ext: encode_ext, UnknownFrame: encode_unknown,
 }
 
 

@@ -399,10 +399,9 @@ class ClientConnection(BaseConnection, RequesterConveniences, role="client"):
 
     def _receive_response(self, frame: Response, out: list[Event]) -> None:
         sid = frame.stream_id
-        rec = self._streams.get(sid)
+        rec: StreamRecord | None = self._answer_record(frame)
         if rec is None:
-            return  # after our CANCEL the responder may still be talking
-        self.setup_accepted = True
+            return
         if rec.phase is Phase.RECEIVING_FRAGMENTS:
             if frame.begin:
                 return self._abandon(

@@ -4,12 +4,12 @@ See docs/protocols/rsocket.md for routes, metadata, data, limits and how the
 ReactiveSocket draft and RSocket 1.0 share the store.
 """
 
+from polyport.protocols.reactive.connection import StreamError
 from polyport.protocols.reactive.frames import Cancel, RequestN
 from polyport.protocols.rsocket.connection import (
     ClientConnection,
     Event,
     ServerConnection,
-    StreamError,
     error_frame,
 )
 from polyport.protocols.rsocket.errors import (

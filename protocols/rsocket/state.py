@@ -42,6 +42,7 @@ from polyport.protocols.rsocket.frames import (
     TYPE_REQUEST_STREAM,
 )
 
+# The shared names this module's users take from here, with its own.
 __all__ = [
     "CONNECTION_TABLE", "REQUESTER_LIVE", "REQUESTER_TABLE", "RESPONDER_LIVE",
     "RESPONDER_TABLE", "Action", "ConnectionState", "Ev", "Kind", "Phase", "StreamInfo",

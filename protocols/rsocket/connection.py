@@ -35,11 +35,9 @@ from polyport.protocols.rsocket.errors import (
     UNSUPPORTED,
     LocalProtocolError,
     RemoteProtocolError,
-    error_text,
-    stream_error_code,
+    error_frame,
 )
 from polyport.protocols.rsocket.frames import (
-    CONNECTION_ERROR,
     CONNECTION_STREAM_ID,
     FRAME_TYPE_OF,
     HEADER_SIZE,
@@ -81,16 +79,6 @@ _SETUP_ERROR_CODES = frozenset({INVALID_SETUP, UNSUPPORTED_SETUP, REJECTED_SETUP
 
 
 Event = Frame | StreamError
-
-
-def error_frame(
-    stream_id: int, code: str, message: str, rsocket_code: int | None = None
-) -> ErrorFrame:
-    """ERROR with ``<code>: <message>`` data; the RSocket code follows the
-    canonical one unless given."""
-    if rsocket_code is None:
-        rsocket_code = CONNECTION_ERROR if stream_id == 0 else stream_error_code(code)
-    return ErrorFrame(stream_id, rsocket_code, error_text(code, message))
 
 
 class _Connection(StreamConnection, frames=frames, wire=wire, state=state, errors=errors):

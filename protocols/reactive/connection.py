@@ -570,14 +570,14 @@ class RequesterConveniences(StreamConnection):
         # The client takes SETUP as accepted once the server answers anything.
         self.setup_accepted = False
 
-    def _answer_record(self, frame: Any) -> Any:
-        """The record of our stream an answer came on; None when there is
-        none (after our CANCEL the responder may still be talking).  An
-        answer also tells the client its SETUP was accepted."""
+    def _answer_record(self, frame: Any) -> tuple[int, Any]:
+        """The stream id an answer came on and our record of it; None when
+        there is none (after our CANCEL the responder may still be talking).
+        An answer also tells the client its SETUP was accepted."""
         rec = self._streams.get(frame.stream_id)
         if rec is not None:
             self.setup_accepted = True
-        return rec
+        return frame.stream_id, rec
 
     def _send_control(self, frame: Any, default_kind: Any) -> bool:
         """REQUEST_N or CANCEL on a stream of ours (``default_kind`` for an

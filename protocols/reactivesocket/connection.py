@@ -398,8 +398,7 @@ class ClientConnection(BaseConnection, RequesterConveniences, role="client"):
         self._reject(sid, rec, rec.kind, Ev.VIOLATION, code, message, out)
 
     def _receive_response(self, frame: Response, out: list[Event]) -> None:
-        sid = frame.stream_id
-        rec: StreamRecord | None = self._answer_record(frame)
+        sid, rec = self._answer_record(frame)
         if rec is None:
             return
         if rec.phase is Phase.RECEIVING_FRAGMENTS:

@@ -48,19 +48,16 @@ from polyport.protocols.reactive.streams import (
     Transition,
     build_table,
 )
+from polyport.protocols.reactivesocket import frames
 from polyport.protocols.reactivesocket.fragments import Reassembly
-from polyport.protocols.reactivesocket.frames import (
-    MAX_I64,
-    TYPE_REQUEST_FNF,
-    TYPE_REQUEST_RESPONSE,
-    TYPE_REQUEST_STREAM,
-    TYPE_REQUEST_SUB,
-)
 
 __all__ = [
-    "CONNECTION_TABLE", "REQUESTER_LIVE", "REQUESTER_TABLE", "RESPONDER_LIVE",
-    "RESPONDER_TABLE", "Action", "ConnectionState", "Ev", "Kind", "Phase", "StreamInfo",
-    "StreamRecord", "Table", "Transition", "add_credits", "use_credit",
+    # this module's own
+    "CONNECTION_TABLE", "Kind", "REQUESTER_TABLE", "RESPONDER_LIVE", "RESPONDER_TABLE",
+    "StreamRecord", "Table", "add_credits", "use_credit",
+    # passed on from protocols/reactive/streams.py
+    "REQUESTER_LIVE", "Action", "ConnectionState", "Ev", "Phase", "StreamInfo",
+    "Transition",
 ]
 
 # The draft has no connection frames beyond SETUP and ERROR on stream 0.
@@ -68,10 +65,10 @@ CONNECTION_TABLE = CONNECTION_ROWS
 
 
 class Kind(streams.StreamKind):
-    REQUEST_RESPONSE = TYPE_REQUEST_RESPONSE
-    REQUEST_FNF = TYPE_REQUEST_FNF
-    REQUEST_STREAM = TYPE_REQUEST_STREAM
-    REQUEST_SUB = TYPE_REQUEST_SUB
+    REQUEST_RESPONSE = frames.TYPE_REQUEST_RESPONSE
+    REQUEST_FNF = frames.TYPE_REQUEST_FNF
+    REQUEST_STREAM = frames.TYPE_REQUEST_STREAM
+    REQUEST_SUB = frames.TYPE_REQUEST_SUB
 
 
 Table = streams.Table[Kind]
@@ -165,11 +162,11 @@ RESPONDER_LIVE = streams.RESPONDER_LIVE | {P.REJECTED_MID_REQUEST}
 def add_credits(current: int, n: int) -> int:
     """Credits saturate at 2**63-1, which (as in Reactive Streams) means
     unbounded: it is never used up."""
-    return streams.add_credits(current, n, MAX_I64)
+    return streams.add_credits(current, n, frames.MAX_I64)
 
 
 def use_credit(current: int) -> int:
-    return current if current >= MAX_I64 else current - 1
+    return current if current >= frames.MAX_I64 else current - 1
 
 
 @dataclass(slots=True)

@@ -498,8 +498,7 @@ class ClientConnection(_Connection, RequesterConveniences, role="client"):
             self.setup_accepted = True
 
     def _receive_payload(self, frame: Payload, out: list[Event]) -> None:
-        sid = frame.stream_id
-        rec: StreamRecord | None = self._answer_record(frame)
+        sid, rec = self._answer_record(frame)
         if rec is None:
             return
         if rec.phase is Phase.RECEIVING_FRAGMENTS:

@@ -34,27 +34,23 @@ from polyport.protocols.reactive.streams import (
     Transition,
     build_table,
 )
-from polyport.protocols.rsocket.frames import (
-    MAX_U63,
-    TYPE_REQUEST_CHANNEL,
-    TYPE_REQUEST_FNF,
-    TYPE_REQUEST_RESPONSE,
-    TYPE_REQUEST_STREAM,
-)
+from polyport.protocols.rsocket import frames
 
-# The shared names this module's users take from here, with its own.
 __all__ = [
-    "CONNECTION_TABLE", "REQUESTER_LIVE", "REQUESTER_TABLE", "RESPONDER_LIVE",
-    "RESPONDER_TABLE", "Action", "ConnectionState", "Ev", "Kind", "Phase", "StreamInfo",
-    "StreamRecord", "Table", "Transition", "add_credits",
+    # this module's own
+    "CONNECTION_TABLE", "Kind", "REQUESTER_TABLE", "RESPONDER_TABLE", "StreamRecord",
+    "Table", "add_credits",
+    # passed on from protocols/reactive/streams.py
+    "REQUESTER_LIVE", "RESPONDER_LIVE", "Action", "ConnectionState", "Ev", "Phase",
+    "StreamInfo", "Transition",
 ]
 
 
 class Kind(streams.StreamKind):
-    REQUEST_RESPONSE = TYPE_REQUEST_RESPONSE
-    REQUEST_FNF = TYPE_REQUEST_FNF
-    REQUEST_STREAM = TYPE_REQUEST_STREAM
-    REQUEST_CHANNEL = TYPE_REQUEST_CHANNEL
+    REQUEST_RESPONSE = frames.TYPE_REQUEST_RESPONSE
+    REQUEST_FNF = frames.TYPE_REQUEST_FNF
+    REQUEST_STREAM = frames.TYPE_REQUEST_STREAM
+    REQUEST_CHANNEL = frames.TYPE_REQUEST_CHANNEL
 
 
 Table = streams.Table[Kind]
@@ -112,7 +108,7 @@ CONNECTION_TABLE: dict[tuple[str, ConnectionState, str], ConnectionState] = {
 def add_credits(current: int, n: int) -> int:
     """Credits add up (the spec: "credits are cumulative"), saturating far
     above anything a connection can use."""
-    return streams.add_credits(current, n, MAX_U63)
+    return streams.add_credits(current, n, frames.MAX_U63)
 
 
 @dataclass(slots=True)

@@ -77,10 +77,8 @@ from polyport.protocols.rsocket.frames import (
     frame_name,
 )
 
-_HEADER = struct.Struct(">IH")
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
+# The frame header (stream id, type and flags) and the big-endian integers.
+_HEADER, _U16, _U32, _U64 = map(struct.Struct, (">IH", ">H", ">I", ">Q"))
 
 
 

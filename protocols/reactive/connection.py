@@ -518,6 +518,17 @@ class StreamConnection:
             out.append(whole)
         return kept
 
+    def _receive_request_n(self, frame: Any, out: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _receive_credit_or_cancel(self, frame: Any, out: list[Any]) -> None:
+        """A responder's REQUEST_N or CANCEL on a stream (a CANCEL on an
+        unknown stream id is ignored: ``_follow`` does)."""
+        if isinstance(frame, self.frames.RequestN):
+            self._receive_request_n(frame, out)
+        elif isinstance(frame, self.frames.Cancel):
+            self._follow(frame, Ev.RECV_CANCEL, out)
+
     def _take_request_n(
         self, rec: Any, frame: Any, t: Transition, counting: bool, out: list[Any]
     ) -> None:

@@ -29,7 +29,6 @@ from polyport.protocols.reactivesocket.fragments import fragment
 from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
     FRAME_TYPE_OF,
-    Cancel,
     ErrorFrame,
     Frame,
     Request,
@@ -99,10 +98,8 @@ class ServerConnection(BaseConnection, role="server"):
         self._check_stream_zero(frame)
         if isinstance(frame, _REQUEST_CLASSES):
             self._receive_request(frame, out)
-        elif isinstance(frame, RequestN):
-            self._receive_request_n(frame, out)
-        elif isinstance(frame, Cancel):
-            self._follow(frame, Ev.RECV_CANCEL, out)
+        else:
+            self._receive_credit_or_cancel(frame, out)
 
     def _violation(
         self,

@@ -65,6 +65,8 @@ CONNECTION_TABLE = CONNECTION_ROWS
 
 
 class Kind(streams.StreamKind):
+    """The draft's streams, by the frame type of their request."""
+
     REQUEST_RESPONSE = frames.TYPE_REQUEST_RESPONSE
     REQUEST_FNF = frames.TYPE_REQUEST_FNF
     REQUEST_STREAM = frames.TYPE_REQUEST_STREAM

@@ -48,7 +48,6 @@ from polyport.protocols.rsocket.frames import (
     REJECTED_RESUME,
     REJECTED_SETUP,
     UNSUPPORTED_SETUP,
-    Cancel,
     ErrorFrame,
     Ext,
     Frame,
@@ -275,11 +274,9 @@ class ServerConnection(_Connection, role="server"):
             self._receive_request(frame, out)
         elif isinstance(frame, Payload):
             self._receive_fragment(frame, out)
-        elif isinstance(frame, RequestN):
-            self._receive_request_n(frame, out)
-        elif isinstance(frame, Cancel):
+        else:
             # "a CANCEL on an unknown Stream ID MUST be ignored": _follow does.
-            self._follow(frame, Ev.RECV_CANCEL, out)
+            self._receive_credit_or_cancel(frame, out)
 
     def _receive_first(self, frame: Frame, out: list[Event]) -> None:
         if isinstance(frame, Resume):

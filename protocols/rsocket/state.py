@@ -47,6 +47,9 @@ __all__ = [
 
 
 class Kind(streams.StreamKind):
+    """RSocket's interactions, by the frame type of their request (a
+    channel is refused by the server, but its frames are still followed)."""
+
     REQUEST_RESPONSE = frames.TYPE_REQUEST_RESPONSE
     REQUEST_FNF = frames.TYPE_REQUEST_FNF
     REQUEST_STREAM = frames.TYPE_REQUEST_STREAM

@@ -36,6 +36,21 @@ class ConnectionFrame:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamFrame:
+    """A frame of one stream (ERROR also of the connection, on stream 0)."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreditedRequest(StreamFrame):
+    """A request whose stream answers with up to ``initial_n`` items before
+    REQUEST_N grants more."""
+
+    initial_n: int
+
+
+@dataclass(frozen=True, slots=True)
 class UnknownFrame:
     """A frame type the codec does not know.  Connections drop it when
     ``ignore`` is set and fail the connection otherwise; each version adds
@@ -53,11 +68,10 @@ class UnknownFrame:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestN:
-    stream_id: int
+class RequestN(StreamFrame):
     n: int
 
 
 @dataclass(frozen=True, slots=True)
-class Cancel:
-    stream_id: int
+class Cancel(StreamFrame):
+    """Ends a stream from the requester's side."""

@@ -79,8 +79,7 @@ class Setup(ConnectionFrame):
 
 
 @dataclass(frozen=True, slots=True)
-class RequestResponse:
-    stream_id: int
+class RequestResponse(reactive.StreamFrame):
     data: bytes = b""
     # A whole request has neither bit (as in the spec) or both; see fragmentation.
     begin: bool = False
@@ -88,38 +87,32 @@ class RequestResponse:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestFnf:
-    stream_id: int
+class RequestFnf(reactive.StreamFrame):
     data: bytes = b""
     begin: bool = False
     end: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class RequestStream:
-    stream_id: int
-    initial_n: int
+class RequestStream(reactive.CreditedRequest):
     data: bytes = b""
     begin: bool = False
     end: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class RequestSub:
-    stream_id: int
-    initial_n: int
+class RequestSub(reactive.CreditedRequest):
     data: bytes = b""
     begin: bool = False
     end: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class Response:
+class Response(reactive.StreamFrame):
     """NEXT (``complete`` False) or COMPLETE.  ``begin`` and ``end`` both set
     (the default) is a whole response; B alone begins a fragmented one, neither
     continues it, E alone ends it."""
 
-    stream_id: int
     data: bytes = b""
     complete: bool = False
     begin: bool = True
@@ -127,17 +120,15 @@ class Response:
 
 
 @dataclass(frozen=True, slots=True)
-class ErrorFrame:
+class ErrorFrame(reactive.StreamFrame):
     """Stream error from a responder, or (stream 0) a rejected SETUP /
     connection error followed by close."""
 
-    stream_id: int
     data: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
-class Ext:
-    stream_id: int
+class Ext(reactive.StreamFrame):
     extended_type: int
     data: bytes = b""
     ignore: bool = False

@@ -499,10 +499,8 @@ class ClientConnection(_Connection, RequesterConveniences, role="client"):
         if rec is None:
             return
         if rec.phase is Phase.RECEIVING_FRAGMENTS:
-            if frame.follows:
-                ev = Ev.RECV_MORE
-            else:
-                ev = Ev.RECV_END_COMPLETE if frame.complete else Ev.RECV_END
+            last = Ev.RECV_END_COMPLETE if frame.complete else Ev.RECV_END
+            ev = Ev.RECV_MORE if frame.follows else last
         elif frame.follows:
             ev = Ev.RECV_BEGIN
         elif frame.complete:

@@ -140,34 +140,28 @@ class Keepalive(ConnectionFrame):
 
 
 @dataclass(frozen=True, slots=True)
-class RequestResponse:
-    stream_id: int
+class RequestResponse(reactive.StreamFrame):
     metadata: bytes | None = None
     data: bytes = b""
     follows: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class RequestFnf:
-    stream_id: int
+class RequestFnf(reactive.StreamFrame):
     metadata: bytes | None = None
     data: bytes = b""
     follows: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class RequestStream:
-    stream_id: int
-    initial_n: int
+class RequestStream(reactive.CreditedRequest):
     metadata: bytes | None = None
     data: bytes = b""
     follows: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class RequestChannel:
-    stream_id: int
-    initial_n: int
+class RequestChannel(reactive.CreditedRequest):
     metadata: bytes | None = None
     data: bytes = b""
     follows: bool = False
@@ -175,29 +169,27 @@ class RequestChannel:
 
 
 @dataclass(frozen=True, slots=True)
-class Payload:
-    """NEXT (``next``), COMPLETE (``complete``) or both; ``follows`` marks a
-    fragment that more fragments follow."""
-
-    stream_id: int
-    metadata: bytes | None = None
-    data: bytes = b""
-    follows: bool = False
-    complete: bool = False
-    next: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorFrame:
+class ErrorFrame(reactive.StreamFrame):
     """``code`` is one of the error codes above; ``data`` is UTF-8 text."""
 
-    stream_id: int
     code: int
     data: bytes = b""
 
     @property
     def text(self) -> str:
         return self.data.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class Payload(reactive.StreamFrame):
+    """NEXT (``next``), COMPLETE (``complete``) or both; ``follows`` marks a
+    fragment that more fragments follow."""
+
+    metadata: bytes | None = None
+    data: bytes = b""
+    follows: bool = False
+    complete: bool = False
+    next: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +222,7 @@ class UnknownFrame(reactive.UnknownFrame):
 
 
 @dataclass(frozen=True, slots=True)
-class Ext:
-    stream_id: int
+class Ext(reactive.StreamFrame):
     extended_type: int
     metadata: bytes | None = None
     data: bytes = b""

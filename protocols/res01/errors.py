@@ -17,19 +17,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from polyport.core.errors import (
-    Busy,
-    Forbidden,
-    Malformed,
-    NotFound,
-    PolyportError,
-    StorageUnavailable,
-    Timeout,
-    TooLarge,
-    Unauthenticated,
-    Unsupported,
-    WrongExpectedVersion,
-)
+from polyport.core import errors as core
 from polyport.protocols import errors as shared
 from polyport.protocols.errors import MALFORMED, UNSUPPORTED
 from polyport.protocols.res01.frames import Error, Request
@@ -121,26 +109,26 @@ class Res01Error(RemoteProtocolError):
 # --- canonical error -> ER reply -------------------------------------------------
 
 
-def error_code(exc: PolyportError, *, write: bool) -> int:
+def error_code(exc: core.PolyportError, *, write: bool) -> int:
     """Canonical error → ER code.  Busy and timeout take the writer's or the
     reader's code from the request's kind (AC is the writer's)."""
-    if isinstance(exc, WrongExpectedVersion):
+    if isinstance(exc, core.WrongExpectedVersion):
         return ErrorCode.CONCURRENCY
-    if isinstance(exc, NotFound):
+    if isinstance(exc, core.NotFound):
         return ErrorCode.EVENT_NOT_FOUND
-    if isinstance(exc, Malformed | TooLarge):
+    if isinstance(exc, core.Malformed | core.TooLarge):
         return ErrorCode.MALFORMED
-    if isinstance(exc, Unsupported):
+    if isinstance(exc, core.Unsupported):
         return ErrorCode.UNSUPPORTED_COMMAND
-    if isinstance(exc, Busy):
+    if isinstance(exc, core.Busy):
         return ErrorCode.STORAGE_WRITER_BUSY if write else ErrorCode.STORAGE_READER_BUSY
-    if isinstance(exc, Timeout):
+    if isinstance(exc, core.Timeout):
         return ErrorCode.STORAGE_WRITER_TIMEOUT if write else ErrorCode.STORAGE_READER_TIMEOUT
-    if isinstance(exc, StorageUnavailable):
+    if isinstance(exc, core.StorageUnavailable):
         return ErrorCode.EVENT_STORAGE
-    if isinstance(exc, Unauthenticated):
+    if isinstance(exc, core.Unauthenticated):
         return ErrorCode.UNAUTHENTICATED
-    if isinstance(exc, Forbidden):
+    if isinstance(exc, core.Forbidden):
         return ErrorCode.FORBIDDEN
     return ErrorCode.UNEXPECTED
 

@@ -42,16 +42,10 @@ from polyport.protocols.reactive.payloads import (
     SubscribeRequest,
 )
 
+# The schema's names, for the adapter and the client.
 __all__ = [
-    "AppendRequest",
-    "AppendResponse",
-    "EventMap",
-    "PayloadError",
-    "QueryRequest",
-    "QueryResponse",
-    "ReadRequest",
-    "ReadResponse",
-    "SubscribeRequest",
+    "AppendRequest", "AppendResponse", "EventMap", "PayloadError", "QueryRequest",
+    "QueryResponse", "ReadRequest", "ReadResponse", "SubscribeRequest",
 ]
 
 JSON_MIME = "application/json"

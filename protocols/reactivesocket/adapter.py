@@ -58,8 +58,6 @@ __all__ = [
     "start_from",
 ]
 
-ORIGIN = PROTOCOL
-
 log = logging.getLogger("polyport.reactivesocket")
 
 

@@ -63,8 +63,6 @@ from polyport.protocols.rsocket.metadata import (
     read_metadata,
 )
 
-ORIGIN = PROTOCOL
-
 log = logging.getLogger("polyport.rsocket")
 
 

@@ -51,15 +51,6 @@ from polyport.protocols.reactive.streams import (
 from polyport.protocols.reactivesocket import frames
 from polyport.protocols.reactivesocket.fragments import Reassembly
 
-__all__ = [
-    # this module's own
-    "CONNECTION_TABLE", "Kind", "REQUESTER_TABLE", "RESPONDER_LIVE", "RESPONDER_TABLE",
-    "StreamRecord", "Table", "add_credits", "use_credit",
-    # passed on from protocols/reactive/streams.py
-    "REQUESTER_LIVE", "Action", "ConnectionState", "Ev", "Phase", "StreamInfo",
-    "Transition",
-]
-
 # The draft has no connection frames beyond SETUP and ERROR on stream 0.
 CONNECTION_TABLE = CONNECTION_ROWS
 
@@ -178,3 +169,13 @@ class StreamRecord(streams.StreamRecord[Kind]):
     # A fragmented message arriving (request on the responder, RESPONSE on
     # the requester).
     reassembly: Reassembly = field(default_factory=Reassembly)
+
+
+__all__ = [
+    # this module's own
+    "CONNECTION_TABLE", "Kind", "REQUESTER_TABLE", "RESPONDER_LIVE", "RESPONDER_TABLE",
+    "StreamRecord", "Table", "add_credits", "use_credit",
+    # passed on from protocols/reactive/streams.py
+    "REQUESTER_LIVE", "Action", "ConnectionState", "Ev", "Phase", "StreamInfo",
+    "Transition",
+]

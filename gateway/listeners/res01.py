@@ -52,7 +52,6 @@ from polyport.protocols.res01 import DEFAULT_PORT, PROTOCOL, Error, Res01Error, 
 from polyport.protocols.res01.adapter import (
     Res01Handler,
     Res01Limits,
-    error_reply,
     is_write,
     limits_from,
 )
@@ -62,7 +61,7 @@ from polyport.protocols.res01.connection import (
     Received,
     ServerConnection,
 )
-from polyport.protocols.res01.errors import ErrorCode, LocalProtocolError
+from polyport.protocols.res01.errors import ErrorCode, LocalProtocolError, error_reply
 from polyport.protocols.res01.peers import PeerTable
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Peer, SessionContext
 

@@ -47,7 +47,13 @@ from polyport.core.commands import Append, AppendBatch, Principal
 from polyport.core.errors import Malformed, PolyportError, TooLarge, Unauthenticated, Unsupported
 from polyport.core.events import EventData
 from polyport.protocols.bson.connection import ServerConnection
-from polyport.protocols.bson.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from polyport.protocols.bson.errors import (
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    error_response,
+    log,
+)
 from polyport.protocols.bson.frames import (
     DEFAULT_FLOW_PAUSE_BYTES,
     DEFAULT_FLOW_RESUME_BYTES,
@@ -76,8 +82,6 @@ from polyport.protocols.bson.replies import (
     Budget,
     Reply,
     done,
-    error_response,
-    log,
     reply_frame,
 )
 from polyport.protocols.bson.state import State

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from polyport.core.binders import BinderQuery
 from polyport.core.errors import Busy, Malformed, PolyportError
-from polyport.protocols.bson.errors import ProtocolError
+from polyport.protocols.bson.errors import ProtocolError, error_response, log
 from polyport.protocols.bson.frames import Frame, Query, QueryAck, QueryResponse, QueryResult
-from polyport.protocols.bson.replies import done, error_response, log
+from polyport.protocols.bson.replies import done
 
 if TYPE_CHECKING:
     from polyport.protocols.bson.adapter import BsonSession

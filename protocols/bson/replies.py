@@ -4,42 +4,20 @@ RESPONSE carries no request id, so the session sends replies strictly in
 request order.  Every request becomes a :class:`Reply` whose outcome is a
 future (already done for an instant answer, a task for work in the core); the
 session's writer sends them in order and :class:`Budget` bounds how many (and
-how many event bytes) are in flight.  The helpers here turn exceptions into
-the reply frames the protocol has for them.
+how many event bytes) are in flight.  Exceptions become reply frames by
+``errors.py``'s mapping.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from polyport.core.errors import PolyportError
-from polyport.protocols.bson.errors import ProtocolError, RemoteProtocolError
-from polyport.protocols.bson.frames import Frame, Response, SubResponse
-
-log = logging.getLogger("polyport.bson")
+from polyport.protocols.bson.errors import ProtocolError, error_response
+from polyport.protocols.bson.frames import Frame, Response
 
 OK = Response(ok=True)
-
-
-def error_response(exc: BaseException) -> Response:
-    """The RESPONSE ok=false for a failed request.  Only core errors and the
-    peer's faults carry their own code; anything else (our own
-    LocalProtocolError included) is logged and answered as ``internal``."""
-    if isinstance(exc, PolyportError):
-        return Response(ok=False, err_code=exc.code, err_msg=exc.message)
-    if isinstance(exc, RemoteProtocolError):
-        return exc.to_response()
-    log.error("unexpected error in the BSON adapter", exc_info=exc)
-    return Response(ok=False, err_code="internal", err_msg=f"internal error: {exc}")
-
-
-def sub_error(exc: BaseException) -> SubResponse:
-    """A failed SUBSCRIBE is answered by SUBRESPONSE ok=false."""
-    r = error_response(exc)
-    return SubResponse(ok=False, err_code=r.err_code, err_msg=r.err_msg)
 
 
 def reply_frame(fut: asyncio.Future[Frame]) -> Frame:

@@ -27,9 +27,14 @@ from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.matcher import compile_matcher
 from polyport.core.subscriptions import Subscription
-from polyport.protocols.bson.errors import LocalProtocolError, ProtocolError
+from polyport.protocols.bson.errors import (
+    LocalProtocolError,
+    ProtocolError,
+    error_response,
+    sub_error,
+)
 from polyport.protocols.bson.frames import AckEv, Frame, Recev, Response, SubResponse, Subscribe
-from polyport.protocols.bson.replies import OK, done, error_response, sub_error
+from polyport.protocols.bson.replies import OK, done
 from polyport.protocols.bson.state import State
 from polyport.protocols.bson.wire import DECODE_OPTIONS
 from polyport.protocols.errors import TOO_LARGE

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from polyport.core.commands import Append, AppendBatch
 from polyport.core.errors import Busy, Malformed, PolyportError, TooLarge
-from polyport.protocols.bson.errors import RequestError
+from polyport.protocols.bson.errors import RequestError, error_response
 from polyport.protocols.bson.frames import PROTOCOL, Response
-from polyport.protocols.bson.replies import OK, error_response
+from polyport.protocols.bson.replies import OK
 from polyport.protocols.bson.state import TransactionTable
 
 

@@ -1,11 +1,12 @@
 """MicroMsg2: sans-IO codec (frames, handshake negotiation, acks, filters)."""
 
 from polyport.protocols.micromsg2.acks import AckWindow, decode_ack_payload, encode_ack_payload
-from polyport.protocols.micromsg2.connection import ClientConnection, ServerConnection, error_frame
+from polyport.protocols.micromsg2.connection import ClientConnection, ServerConnection
 from polyport.protocols.micromsg2.errors import (
     LocalProtocolError,
     ProtocolError,
     RemoteProtocolError,
+    error_frame,
 )
 from polyport.protocols.micromsg2.filters import (
     Condition,

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping
 from ssl import SSLContext
 from types import TracebackType
 
-from polyport.protocols.micromsg2.connection import ClientConnection, error_frame
-from polyport.protocols.micromsg2.errors import RemoteProtocolError, as_local
+from polyport.protocols.micromsg2.connection import ClientConnection
+from polyport.protocols.micromsg2.errors import RemoteProtocolError, as_local, error_frame
 from polyport.protocols.micromsg2.filters import Filter, parse_filter
 from polyport.protocols.micromsg2.frames import (
     AUTH_PASSWORD,

@@ -20,7 +20,6 @@ from polyport.protocols.framing import InputBuffer
 from polyport.protocols.micromsg2.acks import AckWindow, decode_ack_payload, encode_ack_payload
 from polyport.protocols.micromsg2.errors import (
     LocalProtocolError,
-    ProtocolError,
     RemoteProtocolError,
     as_local,
 )
@@ -31,7 +30,6 @@ from polyport.protocols.micromsg2.frames import (
     SEQ_FIRST,
     SERVER_EXTENSIONS,
     Ack,
-    Error,
     Extension,
     ExtensionSpec,
     Frame,
@@ -69,11 +67,6 @@ from polyport.protocols.micromsg2.wire import (
     remaining,
     starts_error_frame,
 )
-
-
-def error_frame(exc: ProtocolError) -> Error:
-    """The ERROR frame that reports ``exc`` to the peer."""
-    return Error.from_code(exc.code, exc.message)
 
 
 class _Connection:

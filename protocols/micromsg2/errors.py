@@ -19,6 +19,7 @@ from __future__ import annotations
 from types import TracebackType
 
 from polyport.protocols import errors as shared
+from polyport.protocols.micromsg2.frames import Error
 
 
 class ProtocolError(shared.ProtocolError):
@@ -58,3 +59,9 @@ class _AsLocal:
 
 
 as_local = _AsLocal()
+
+
+def error_frame(exc: shared.ProtocolError) -> Error:
+    """The ERROR frame that reports ``exc`` to the peer: the canonical code
+    in front of the message (``<code>: <text>``, :meth:`Error.from_code`)."""
+    return Error.from_code(exc.code, exc.message)

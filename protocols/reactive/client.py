@@ -13,16 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from polyport.core.aio import IterateUntilNone
 from polyport.protocols.errors import LocalProtocolError, RemoteProtocolError
 from polyport.protocols.reactive.connection import StreamError
+from polyport.protocols.reactive.frames import CONNECTION_STREAM_ID
+from polyport.protocols.reactive.payloads import (
+    AppendEvent,
+    AppendRequest,
+    StartAt,
+    SubscribeRequest,
+)
 
 READ_CHUNK = 64 * 1024
-CONNECTION_STREAM_ID = 0
 
 
 class RemoteError(Exception):
@@ -50,6 +56,35 @@ class NewEvent:
     headers: Mapping[str, str] | None = None
     content_type: str | None = None
     id: Any = None  # uuid.UUID
+
+
+def append_request(
+    stream: str, events: Sequence[NewEvent], expected_version: int | None
+) -> AppendRequest:
+    """``expected_version``: the stream's current last version (0 = the
+    stream must not exist; None = no check)."""
+    return AppendRequest(
+        stream,
+        tuple(
+            AppendEvent(e.type, e.body, e.id, dict(e.headers or {}), e.content_type)
+            for e in events
+        ),
+        expected_version,
+    )
+
+
+def subscribe_request(
+    stream: str | None,
+    prefix: str | None,
+    types: Iterable[str],
+    start: StartAt | str | None,
+    group: str | None,
+    manual_ack: bool = False,
+) -> SubscribeRequest:
+    """``start``: "beginning", "end", or ``StartAt("position" | "version" |
+    "time", n)``; None = the end (a group: its checkpoint)."""
+    at = StartAt(start) if isinstance(start, str) else start
+    return SubscribeRequest(stream, prefix, tuple(types), at, group, manual_ack)
 
 
 # --- transports -------------------------------------------------------------------

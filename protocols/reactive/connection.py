@@ -14,13 +14,15 @@ extensions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from types import ModuleType
+from typing import Any, ClassVar, TypedDict, Unpack
 
 from polyport.protocols.budgets import BudgetAccount, frame_refusal
 from polyport.protocols.errors import BUSY, MALFORMED, TOO_LARGE
 from polyport.protocols.framing import InputBuffer
+from polyport.protocols.reactive.frames import CONNECTION_STREAM_ID
 from polyport.protocols.reactive.streams import (
     Action,
     ConnectionState,
@@ -30,8 +32,25 @@ from polyport.protocols.reactive.streams import (
     Transition,
     add_credits,
 )
+from polyport.protocols.reactive.wire import TRANSPORTS
 
-CONNECTION_STREAM_ID = 0
+# Live streams a peer may open, unless the owner says otherwise.
+DEFAULT_MAX_STREAMS = 1024
+
+
+class ConnectionLimits(TypedDict, total=False):
+    """The limits a connection object enforces itself; those left out take
+    the version's defaults."""
+
+    max_frame_size: int
+    max_message_size: int
+    max_fragment: int
+    # Live streams the peer may open (a responder's limit).
+    max_streams: int
+    # Bytes of fragmented messages held for all streams together (None: no
+    # limit beyond max_streams x max_message_size).  One message alone is
+    # always within it up to max_message_size.
+    max_reassembly_bytes: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +82,7 @@ class StreamConnection:
     live_phases: ClassVar[frozenset[Phase]] = frozenset()
     connection_table: ClassVar[Mapping[tuple[str, ConnectionState, str], ConnectionState]] = {}
     # The version's codec and rules.
-    transports: ClassVar[tuple[str, ...]] = ("tcp", "websocket")
+    transports: ClassVar[tuple[str, ...]] = TRANSPORTS
     length_size: ClassVar[int] = 0
     # The draft's TCP length counts its own bytes; RSocket's does not.
     length_counts_itself: ClassVar[bool] = False
@@ -75,21 +94,72 @@ class StreamConnection:
     error_frame_type: ClassVar[Any] = None
     remote_error: ClassVar[Any] = None
     local_error: ClassVar[Any] = None
+    # The version's limits when the owner gives none.
+    default_max_frame_size: ClassVar[int] = 0
+    default_max_message_size: ClassVar[int] = 0
+    default_max_fragment: ClassVar[int] = 1
+    # The version's frames.py and state.py (``__init_subclass__``).
+    frames: ClassVar[ModuleType]
+    state_module: ClassVar[ModuleType]
+
+    def __init_subclass__(
+        cls,
+        *,
+        frames: ModuleType | None = None,
+        wire: ModuleType | None = None,
+        state: ModuleType | None = None,
+        errors: ModuleType | None = None,
+        role: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """A version's connection names its modules, and a role's its role;
+        the attributes above are taken from them by their conventional names,
+        so each version says once which codec it is."""
+        super().__init_subclass__(**kwargs)
+        if frames is not None:
+            cls.length_size = frames.LENGTH_SIZE
+            cls.error_frame_type = frames.ErrorFrame
+            cls.default_max_frame_size = frames.DEFAULT_MAX_FRAME_SIZE
+            cls.default_max_message_size = frames.DEFAULT_MAX_MESSAGE_SIZE
+            cls.default_max_fragment = frames.DEFAULT_MAX_FRAGMENT
+            cls.frames = frames
+        if wire is not None:
+            cls._decode = staticmethod(wire.decode_frame)
+            cls._encode = staticmethod(wire.encode_frame)
+            cls._add_tcp_length = staticmethod(wire.add_tcp_length)
+            cls._describe = staticmethod(wire.describe)
+        if state is not None:
+            cls.connection_table = state.CONNECTION_TABLE
+            cls.record_type = state.StreamRecord
+            cls.state_module = state
+        if errors is not None:
+            cls.remote_error = errors.RemoteProtocolError
+            cls.local_error = errors.LocalProtocolError
+        if role is not None:
+            cls.role = role
+            side = "RESPONDER" if role == "server" else "REQUESTER"
+            cls.table = getattr(cls.state_module, f"{side}_TABLE")
+            cls.live_phases = getattr(cls.state_module, f"{side}_LIVE")
 
     def __init__(
         self,
-        transport: str,
+        transport: str = "tcp",
         *,
-        max_frame_size: int,
-        max_message_size: int,
-        max_fragment: int,
+        max_frame_size: int | None = None,
+        max_message_size: int | None = None,
+        max_fragment: int | None = None,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        max_reassembly_bytes: int | None = None,
     ) -> None:
         if transport not in self.transports:
             raise ValueError(f"transport must be one of {self.transports}, not {transport!r}")
         self.transport = transport
-        self.max_frame_size = max_frame_size
-        self.max_message_size = max_message_size
-        self.max_fragment = max_fragment
+        self.max_frame_size = _given(max_frame_size, self.default_max_frame_size)
+        self.max_message_size = _given(max_message_size, self.default_max_message_size)
+        self.max_fragment = _given(max_fragment, self.default_max_fragment)
+        self.max_streams = max_streams
+        self.max_reassembly_bytes = max_reassembly_bytes
+        self._check_limits()
         self.state = ConnectionState.AWAITING_SETUP
         self._buffer = InputBuffer()
         self._streams: dict[int, Any] = {}
@@ -105,17 +175,14 @@ class StreamConnection:
 
     # --- the version's codec --------------------------------------------------------
 
-    def _decode(self, message: bytes) -> Any:
-        raise NotImplementedError
+    # The version's wire.py functions, as class attributes (staticmethod).
+    _decode: Callable[[bytes], Any]
+    _encode: Callable[[Any], bytes]
+    _add_tcp_length: Callable[[bytes], bytes]
+    _describe: Callable[[Any], str]
 
-    def _encode(self, frame: Any) -> bytes:
-        raise NotImplementedError
-
-    def _add_tcp_length(self, message: bytes) -> bytes:
-        raise NotImplementedError
-
-    def _describe(self, frame: Any) -> str:
-        raise NotImplementedError
+    def _check_limits(self) -> None:
+        """Refuse limits the version cannot work with (ValueError)."""
 
     def _check_tcp_length(self, length: int) -> None:
         """Checked as soon as the length is in: we never wait for (or
@@ -363,6 +430,28 @@ class StreamConnection:
             raise
         return sent
 
+    def _send_answer_or_error(
+        self, frame: Any, answer_type: type[Any], send_answer: Callable[[Any], None], sends: str
+    ) -> None:
+        """The responder's stream frames: its answers (RESPONSE / PAYLOAD)
+        and ERROR (a stream it never saw counts as a request-response, whose
+        table refuses it); ``sends`` names all it may send, for the refusal."""
+        if isinstance(frame, answer_type):
+            send_answer(frame)
+        elif isinstance(frame, self.error_frame_type):
+            self._send_error_frame(frame, self.state_module.Kind.REQUEST_RESPONSE)
+        else:
+            raise self.local_error(f"the server sends {sends}, not {self._describe(frame)}")
+
+    def _answered(self, frame: Any, what: str) -> tuple[int, Any]:
+        """The stream id and record an answer goes on (LocalProtocolError
+        unless the stream is being answered)."""
+        rec = self._streams.get(frame.stream_id)
+        if rec is None or rec.phase not in (Phase.RESPONDING, Phase.SENDING_FRAGMENTS):
+            state = "it is not live" if rec is None else f"it is {rec.phase.value}"
+            raise self.local_error(f"cannot send {what} on stream {frame.stream_id}: {state}")
+        return frame.stream_id, rec
+
     def _send_error_frame(self, frame: Any, default_kind: Any) -> None:
         """The responder's ERROR on a stream (a stream it never saw counts as
         ``default_kind``, whose table refuses it)."""
@@ -418,6 +507,40 @@ class StreamConnection:
             )
         return t
 
+    def _deliver(
+        self, stream_id: int, rec: Any, kind: Any, to: Phase, action: Action,
+        whole: Any, out: list[Any],
+    ) -> Any:
+        """Move a stream to its next phase, then hand a whole message (if
+        any) to the application where the table says DELIVER."""
+        kept = self._apply(stream_id, rec, kind, to)
+        if whole is not None and action is Action.DELIVER:
+            out.append(whole)
+        return kept
+
+    def _receive_request_n(self, frame: Any, out: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _receive_credit_or_cancel(self, frame: Any, out: list[Any]) -> None:
+        """A responder's REQUEST_N or CANCEL on a stream (a CANCEL on an
+        unknown stream id is ignored: ``_follow`` does)."""
+        if isinstance(frame, self.frames.RequestN):
+            self._receive_request_n(frame, out)
+        elif isinstance(frame, self.frames.Cancel):
+            self._follow(frame, Ev.RECV_CANCEL, out)
+
+    def _take_request_n(
+        self, rec: Any, frame: Any, t: Transition, counting: bool, out: list[Any]
+    ) -> None:
+        """A REQUEST_N the responder's table takes: its credits (where the
+        stream counts them), the stream's next phase, and delivery."""
+        if counting:
+            rec.credits = self._add_credits(rec.credits, frame.n)
+        to, action = t
+        rec.phase = to
+        if action is Action.DELIVER:
+            out.append(frame)
+
     def _add_credits(self, current: int, n: int) -> int:
         return add_credits(current, n, self.credit_cap)
 
@@ -435,13 +558,59 @@ class StreamConnection:
 
 class RequesterConveniences(StreamConnection):
     """The requester's calls both versions offer, on top of their frames'
-    ``request_n_type`` / ``cancel_type`` and the version's ``fragment``."""
+    ``request_n_type`` / ``cancel_type`` and the version's ``fragment``.
+    Requests go on ids from :meth:`next_stream_id` (odd: 1, 3, 5, ...; never
+    reused)."""
 
     request_n_type: ClassVar[Any] = None
     cancel_type: ClassVar[Any] = None
     setup_type: ClassVar[Any] = None
-    # The client takes SETUP as accepted once the server answers anything.
-    setup_accepted: bool
+    max_stream_id: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if kwargs.get("role") is not None:
+            cls.request_n_type = cls.frames.RequestN
+            cls.cancel_type = cls.frames.Cancel
+            cls.setup_type = cls.frames.Setup
+            cls.max_stream_id = cls.frames.MAX_STREAM_ID
+
+    def __init__(self, transport: str = "tcp", **limits: Unpack[ConnectionLimits]) -> None:
+        super().__init__(transport, **limits)
+        self._next_id = 1
+        # The client takes SETUP as accepted once the server answers anything.
+        self.setup_accepted = False
+
+    def _answer_record(self, frame: Any) -> tuple[int, Any]:
+        """The stream id an answer came on and our record of it; None when
+        there is none (after our CANCEL the responder may still be talking).
+        An answer also tells the client its SETUP was accepted."""
+        rec = self._streams.get(frame.stream_id)
+        if rec is not None:
+            self.setup_accepted = True
+        return frame.stream_id, rec
+
+    def _send_control(self, frame: Any, default_kind: Any) -> bool:
+        """REQUEST_N or CANCEL on a stream of ours (``default_kind`` for an
+        id we never used, whose table refuses it); False for other frames."""
+        if isinstance(frame, self.request_n_type):
+            self._send_request_n_frame(frame, default_kind)
+        elif isinstance(frame, self.cancel_type):
+            self._send_cancel_frame(frame, default_kind)
+        else:
+            return False
+        return True
+
+    def _check_can_request(self) -> None:
+        """Refuse a request before it uses up an id (LocalProtocolError)."""
+
+    def next_stream_id(self) -> int:
+        self._check_can_request()
+        sid = self._next_id
+        if sid > self.max_stream_id:
+            raise self.local_error("stream ids are exhausted on this connection")
+        self._next_id += 2
+        return sid
 
     def _receive_error(self, frame: Any, out: list[Any]) -> None:
         """ERROR on a stream: an unknown id is ignored (it crossed our CANCEL)."""
@@ -482,3 +651,7 @@ class RequesterConveniences(StreamConnection):
         if not self.is_live(stream_id):
             return b""
         return self.send(self.cancel_type(stream_id))
+
+
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value

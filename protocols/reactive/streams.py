@@ -100,6 +100,20 @@ class Action(enum.Enum):
 Transition = tuple[Phase, Action]
 Rows = dict[tuple[Phase, Ev], Transition]
 K = TypeVar("K", bound=enum.Enum)
+# A version's table: ``streams.Table[Kind]``.
+Table = dict[tuple[K, Phase, Ev], Transition]
+
+# The kinds whose answers use credits: a stream, the draft's subscription and
+# RSocket's channel.
+CREDITED_KINDS = frozenset({"REQUEST_STREAM", "REQUEST_SUB", "REQUEST_CHANNEL"})
+
+
+class StreamKind(enum.Enum):
+    """Base of a version's kinds of stream (valued by its request frame types)."""
+
+    @property
+    def has_credits(self) -> bool:
+        return self.name in CREDITED_KINDS
 
 P, E = Phase, Ev
 DELIVER, DROP, REJECT = Action.DELIVER, Action.DROP, Action.REJECT
@@ -291,3 +305,13 @@ class StreamInfo(Generic[K]):
     # Responder: answers it may still send.  Requester: answers it has asked
     # for and not yet received.
     credits: int
+
+
+@dataclass(slots=True)
+class StreamRecord(Generic[K]):
+    """Mutable book-keeping of one stream (internal); each version's
+    ``state.py`` adds how it holds a fragmented message."""
+
+    kind: K
+    phase: Phase
+    credits: int = 0

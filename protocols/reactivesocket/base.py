@@ -13,29 +13,29 @@ objects' interface and are exported from there too.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Unpack
 
-from polyport.protocols.reactive.connection import StreamConnection, StreamError
-from polyport.protocols.reactivesocket import payloads
+from polyport.protocols.reactive.connection import (
+    ConnectionLimits,
+    StreamConnection,
+    StreamError,
+)
+from polyport.protocols.reactivesocket import errors, frames, state, wire
 from polyport.protocols.reactivesocket.errors import (
     MALFORMED,
     UNSUPPORTED,
     LocalProtocolError,
     RemoteProtocolError,
+    error_frame,
 )
 from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
-    DEFAULT_MAX_FRAGMENT,
-    DEFAULT_MAX_FRAME_SIZE,
-    DEFAULT_MAX_MESSAGE_SIZE,
-    LENGTH_SIZE,
     MAX_I64,
-    ErrorFrame,
     Ext,
     Frame,
     UnknownFrame,
 )
 from polyport.protocols.reactivesocket.state import (
-    CONNECTION_TABLE,
     Action,
     ConnectionState,
     Ev,
@@ -44,68 +44,41 @@ from polyport.protocols.reactivesocket.state import (
     StreamRecord,
 )
 from polyport.protocols.reactivesocket.wire import (
-    TRANSPORTS,
-    add_tcp_length,
     check_message_size,
     check_tcp_length,
-    decode_frame,
     describe,
-    encode_frame,
 )
 
 Event = Frame | StreamError
 
-
-def error_frame(stream_id: int, code: str, message: str) -> ErrorFrame:
-    """ERROR with the service's ``{code, message}`` data."""
-    return ErrorFrame(stream_id, payloads.encode_error_data(code, message))
+__all__ = ["BaseConnection", "Event", "StreamError", "error_frame"]
 
 
-class BaseConnection(StreamConnection):
+class BaseConnection(
+    StreamConnection, frames=frames, wire=wire, state=state, errors=errors
+):
     """The draft's codec on the shared core; subclasses receive and send
     stream frames by their role's table."""
 
-    connection_table = CONNECTION_TABLE
-    transports = TRANSPORTS
-    length_size = LENGTH_SIZE
     # The draft's Frame Length includes its own 4 bytes.
     length_counts_itself = True
     credit_cap = MAX_I64
     unbounded_credits = MAX_I64
-    record_type = StreamRecord
-    error_frame_type = ErrorFrame
-    remote_error = RemoteProtocolError
-    local_error = LocalProtocolError
+
 
     def __init__(
         self,
         transport: str = "tcp",
         *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        max_fragment: int = DEFAULT_MAX_FRAGMENT,
         extensions: Iterable[int] = (),
+        **limits: Unpack[ConnectionLimits],
     ) -> None:
-        super().__init__(
-            transport,
-            max_frame_size=max_frame_size,
-            max_message_size=max_message_size,
-            max_fragment=max_fragment,
-        )
-        if max_frame_size < 12 or max_fragment < 1 or max_message_size < 0:
-            raise ValueError("max_frame_size >= 12, max_fragment >= 1, max_message_size >= 0")
+        super().__init__(transport, **limits)
         self.extensions = frozenset(extensions)
 
-    # --- the codec -------------------------------------------------------------------
-
-    def _decode(self, message: bytes) -> Frame:
-        return decode_frame(message)
-
-    def _encode(self, frame: Frame) -> bytes:
-        return encode_frame(frame)
-
-    def _add_tcp_length(self, message: bytes) -> bytes:
-        return add_tcp_length(message)
+    def _check_limits(self) -> None:
+        if self.max_frame_size < 12 or self.max_fragment < 1 or self.max_message_size < 0:
+            raise ValueError("max_frame_size >= 12, max_fragment >= 1, max_message_size >= 0")
 
     @property
     def reassembly_bytes(self) -> int:
@@ -113,9 +86,6 @@ class BaseConnection(StreamConnection):
         RESPONSEs on the client), all streams together."""
         # A sum over at most max_streams records, taken per request fragment.
         return sum(rec.reassembly.size for rec in self._streams.values())
-
-    def _describe(self, frame: Frame) -> str:
-        return describe(frame)
 
     def _check_tcp_length(self, length: int) -> None:
         check_tcp_length(length, self.max_frame_size)

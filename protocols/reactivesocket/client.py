@@ -40,7 +40,9 @@ from polyport.protocols.reactive.client import (
     ResponseStream,
     StreamClient,
     TcpTransport,
+    append_request,
     open_websocket,
+    subscribe_request,
 )
 from polyport.protocols.reactivesocket import payloads
 from polyport.protocols.reactivesocket.connection import ClientConnection
@@ -55,14 +57,11 @@ from polyport.protocols.reactivesocket.frames import (
 )
 from polyport.protocols.reactivesocket.payloads import (
     AckRequest,
-    AppendEvent,
-    AppendRequest,
     AppendResponse,
     EventMap,
     QueryRequest,
     ReadRequest,
     StartAt,
-    SubscribeRequest,
 )
 
 UNBOUNDED = MAX_I64
@@ -189,8 +188,7 @@ class ReactiveSocketClient(StreamClient):
         *,
         expected_version: int | None = None,
     ) -> AppendResponse:
-        """``expected_version``: the stream's current last version (0 = the
-        stream must not exist; None = no check)."""
+        """``expected_version``: as in :func:`append_request`."""
         data = await self.request_response(_append_payload(stream, events, expected_version))
         return payloads.decode_append_response(data)
 
@@ -239,12 +237,10 @@ class ReactiveSocketClient(StreamClient):
         initial_n: int = UNBOUNDED,
         manual_ack: bool = False,
     ) -> EventStream:
-        """REQUEST_SUB: catch-up then live.  ``start``: "beginning", "end",
-        or ``StartAt("position" | "version" | "time", n)``; None = the end (a
-        group: its checkpoint).  ``manual_ack`` (a group only): settle events
-        with :meth:`ack` / :meth:`nack` instead of on delivery."""
-        at = StartAt(start) if isinstance(start, str) else start
-        request = SubscribeRequest(stream, prefix, tuple(types), at, group, manual_ack)
+        """REQUEST_SUB: catch-up then live (``start``: see
+        :func:`subscribe_request`).  ``manual_ack`` (a group only): settle
+        events with :meth:`ack` / :meth:`nack` instead of on delivery."""
+        request = subscribe_request(stream, prefix, types, start, group, manual_ack)
         raw = await self.request_subscription(payloads.encode_subscribe_request(request), initial_n)
         return EventStream(raw)
 
@@ -261,16 +257,7 @@ class ReactiveSocketClient(StreamClient):
 
 
 def _append_payload(stream: str, events: Sequence[NewEvent], expected_version: int | None) -> bytes:
-    return payloads.encode_request(
-        AppendRequest(
-            stream,
-            tuple(
-                AppendEvent(e.type, e.body, e.id, dict(e.headers or {}), e.content_type)
-                for e in events
-            ),
-            expected_version,
-        )
-    )
+    return payloads.encode_request(append_request(stream, events, expected_version))
 
 
 __all__ = [

@@ -14,10 +14,9 @@ and every ``bytes`` from ``send`` is one message to send).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import replace
 
-from polyport.protocols.reactive.connection import RequesterConveniences
+from polyport.protocols.reactive.connection import DEFAULT_MAX_STREAMS, RequesterConveniences
 from polyport.protocols.reactivesocket.base import BaseConnection, Event, StreamError, error_frame
 from polyport.protocols.reactivesocket.errors import (
     BUSY,
@@ -29,12 +28,7 @@ from polyport.protocols.reactivesocket.errors import (
 from polyport.protocols.reactivesocket.fragments import fragment
 from polyport.protocols.reactivesocket.frames import (
     CONNECTION_STREAM_ID,
-    DEFAULT_MAX_FRAGMENT,
-    DEFAULT_MAX_FRAME_SIZE,
-    DEFAULT_MAX_MESSAGE_SIZE,
     FRAME_TYPE_OF,
-    MAX_STREAM_ID,
-    Cancel,
     ErrorFrame,
     Frame,
     Request,
@@ -47,10 +41,6 @@ from polyport.protocols.reactivesocket.frames import (
     Setup,
 )
 from polyport.protocols.reactivesocket.state import (
-    REQUESTER_LIVE,
-    REQUESTER_TABLE,
-    RESPONDER_LIVE,
-    RESPONDER_TABLE,
     Action,
     ConnectionState,
     Ev,
@@ -71,12 +61,10 @@ __all__ = [
     "error_frame",
 ]
 
-DEFAULT_MAX_STREAMS = 1024
-
 _REQUEST_CLASSES = (RequestResponse, RequestFnf, RequestStream, RequestSub)
 
 
-class ServerConnection(BaseConnection):
+class ServerConnection(BaseConnection, role="server"):
     """The responder side (polyport's server).
 
     Requests come out of ``receive_data`` whole, in the spec's frame classes;
@@ -85,34 +73,6 @@ class ServerConnection(BaseConnection):
     every NEXT uses one credit (``credits(stream_id)``); REQUEST_N frames add
     credits and are returned so the application can resume sending.
     """
-
-    role = "server"
-    table = RESPONDER_TABLE
-    live_phases = RESPONDER_LIVE
-
-    def __init__(
-        self,
-        transport: str = "tcp",
-        *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        max_fragment: int = DEFAULT_MAX_FRAGMENT,
-        max_streams: int = DEFAULT_MAX_STREAMS,
-        max_reassembly_bytes: int | None = None,
-        extensions: Iterable[int] = (),
-    ) -> None:
-        super().__init__(
-            transport,
-            max_frame_size=max_frame_size,
-            max_message_size=max_message_size,
-            max_fragment=max_fragment,
-            extensions=extensions,
-        )
-        self.max_streams = max_streams
-        # Bytes of fragmented requests held for all streams together (None:
-        # no limit beyond max_streams x max_message_size).  One request alone
-        # is always within it up to max_message_size.
-        self.max_reassembly_bytes = max_reassembly_bytes
 
     # --- receiving -------------------------------------------------------------
 
@@ -138,10 +98,8 @@ class ServerConnection(BaseConnection):
         self._check_stream_zero(frame)
         if isinstance(frame, _REQUEST_CLASSES):
             self._receive_request(frame, out)
-        elif isinstance(frame, RequestN):
-            self._receive_request_n(frame, out)
-        elif isinstance(frame, Cancel):
-            self._follow(frame, Ev.RECV_CANCEL, out)
+        else:
+            self._receive_credit_or_cancel(frame, out)
 
     def _violation(
         self,
@@ -328,31 +286,17 @@ class ServerConnection(BaseConnection):
                 f"REQUEST_N of {frame.n} on stream {sid}: Request N must be positive",
                 out,
             )
-        if counting:
-            rec.credits = add_credits(rec.credits, frame.n)
-        to, action = t
-        rec.phase = to
-        if action is Action.DELIVER:
-            out.append(frame)
+        self._take_request_n(rec, frame, t, counting, out)
 
     # --- sending ---------------------------------------------------------------
 
     def _send_frame(self, frame: Frame) -> None:
-        if isinstance(frame, Response):
-            self._send_response_frame(frame)
-        elif isinstance(frame, ErrorFrame):
-            self._send_error_frame(frame, Kind.REQUEST_RESPONSE)
-        else:
-            raise LocalProtocolError(
-                f"the server sends RESPONSE, ERROR and EXT only, not {describe(frame)}"
-            )
+        self._send_answer_or_error(
+            frame, Response, self._send_response_frame, "RESPONSE, ERROR and EXT only"
+        )
 
     def _send_response_frame(self, frame: Response) -> None:
-        sid = frame.stream_id
-        rec = self._streams.get(sid)
-        if rec is None or rec.phase not in (Phase.RESPONDING, Phase.SENDING_FRAGMENTS):
-            state = "it is not live" if rec is None else f"it is {rec.phase.value}"
-            raise LocalProtocolError(f"cannot send RESPONSE on stream {sid}: {state}")
+        sid, rec = self._answered(frame, "RESPONSE")
         hint = ""
         item = False
         if rec.phase is Phase.SENDING_FRAGMENTS:
@@ -422,44 +366,10 @@ class ServerConnection(BaseConnection):
         return self.send(Response(stream_id, b"", complete=True))
 
 
-class ClientConnection(BaseConnection, RequesterConveniences):
+class ClientConnection(BaseConnection, RequesterConveniences, role="client"):
     """The requester side.  Send SETUP first (:meth:`setup`), then requests on
     ids from :meth:`next_stream_id` (odd: 1, 3, 5, ...; never reused).
     RESPONSEs come out of ``receive_data`` reassembled."""
-
-    role = "client"
-    table = REQUESTER_TABLE
-    live_phases = REQUESTER_LIVE
-    request_n_type = RequestN
-    cancel_type = Cancel
-    setup_type = Setup
-
-    def __init__(
-        self,
-        transport: str = "tcp",
-        *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        max_fragment: int = DEFAULT_MAX_FRAGMENT,
-        extensions: Iterable[int] = (),
-    ) -> None:
-        super().__init__(
-            transport,
-            max_frame_size=max_frame_size,
-            max_message_size=max_message_size,
-            max_fragment=max_fragment,
-            extensions=extensions,
-        )
-        self._next_id = 1
-        # The spec: a client takes SETUP as accepted once it sees a response.
-        self.setup_accepted = False
-
-    def next_stream_id(self) -> int:
-        sid = self._next_id
-        if sid > MAX_STREAM_ID:
-            raise LocalProtocolError("stream ids are exhausted on this connection")
-        self._next_id += 2
-        return sid
 
     # --- receiving -------------------------------------------------------------
 
@@ -485,11 +395,9 @@ class ClientConnection(BaseConnection, RequesterConveniences):
         self._reject(sid, rec, rec.kind, Ev.VIOLATION, code, message, out)
 
     def _receive_response(self, frame: Response, out: list[Event]) -> None:
-        sid = frame.stream_id
-        rec = self._streams.get(sid)
+        sid, rec = self._answer_record(frame)
         if rec is None:
-            return  # after our CANCEL the responder may still be talking
-        self.setup_accepted = True
+            return
         if rec.phase is Phase.RECEIVING_FRAGMENTS:
             if frame.begin:
                 return self._abandon(
@@ -558,9 +466,7 @@ class ClientConnection(BaseConnection, RequesterConveniences):
             rec.reassembly.add(frame.data)
         elif ev in (Ev.RECV_END, Ev.RECV_END_COMPLETE):
             whole = Response(sid, rec.reassembly.finish(frame.data), frame.complete)
-        self._apply(sid, rec, rec.kind, to)
-        if whole is not None and action is Action.DELIVER:
-            out.append(whole)
+        self._deliver(sid, rec, rec.kind, to, action, whole, out)
 
     # --- sending ---------------------------------------------------------------
 
@@ -569,13 +475,9 @@ class ClientConnection(BaseConnection, RequesterConveniences):
             return
         if isinstance(frame, _REQUEST_CLASSES):
             self._send_request_frame(frame)
-        elif isinstance(frame, RequestN):
-            if frame.n <= 0:
-                raise LocalProtocolError(f"Request N must be positive, not {frame.n}")
-            self._send_request_n_frame(frame, Kind.REQUEST_STREAM)
-        elif isinstance(frame, Cancel):
-            self._send_cancel_frame(frame, Kind.REQUEST_STREAM)
-        else:
+        elif isinstance(frame, RequestN) and frame.n <= 0:
+            raise LocalProtocolError(f"Request N must be positive, not {frame.n}")
+        elif not self._send_control(frame, Kind.REQUEST_STREAM):
             raise LocalProtocolError(
                 f"the client sends SETUP, requests, REQUEST_N, CANCEL and EXT, "
                 f"not {describe(frame)} on a stream"

@@ -1,64 +1,85 @@
-"""Errors of the ReactiveSocket package, on the shared ``protocols/errors.py``.
+"""Errors of the ReactiveSocket package and its canonical-code <-> wire mapping.
 
-``code`` is a canonical error name (see ``core/errors.py``) so the adapter can
-put it straight into ERROR data ``{code, message}``.  Catch
-:class:`RemoteProtocolError` for the peer's faults: our own
+The error classes are written once in ``protocols/reactive/errors.py`` (the
+event service's schema, which RSocket 1.0 serves too, raises
+:class:`PayloadError`); the draft carries every error as ERROR data
+``{code, message}`` in MessagePack, ``code`` being a canonical error name
+(see ``core/errors.py``), so the mapping is the identity on the names and
+the wire form is :func:`encode_error_data` / :func:`decode_error_data`.
+Catch :class:`RemoteProtocolError` for the peer's faults: our own
 :class:`LocalProtocolError` bugs must not be answered as if the peer erred.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
-from polyport.protocols import errors as shared
 from polyport.protocols.errors import BUSY, MALFORMED, TOO_LARGE, UNSUPPORTED
+from polyport.protocols.reactive.errors import (
+    LocalProtocolError,
+    PayloadError,
+    ProtocolError,
+    RemoteProtocolError,
+)
+from polyport.protocols.reactive.payloads import pack, read_map, required_str
+from polyport.protocols.reactivesocket.frames import ErrorFrame
 
 __all__ = [
     "BUSY",
+    "CANONICAL_ERROR_CODES",
     "MALFORMED",
     "TOO_LARGE",
     "UNSUPPORTED",
+    "ErrorData",
     "LocalProtocolError",
     "PayloadError",
     "ProtocolError",
     "RemoteProtocolError",
+    "decode_error_data",
+    "encode_error_data",
+    "error_frame",
 ]
 
-
-class ProtocolError(shared.ProtocolError):
-    """Base of the package's errors.  ``stream_id`` is where the fault
-    belongs (0: the connection); ``frames`` holds the frames ``receive_data``
-    decoded, in the same call, before a connection fault."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        code: str = MALFORMED,
-        stream_id: int = 0,
-        frames: list[Any] | None = None,
-    ) -> None:
-        super().__init__(message, code=code)
-        self.stream_id = stream_id
-        self.frames: list[Any] = frames if frames is not None else []
-
-
-class RemoteProtocolError(ProtocolError, shared.RemoteProtocolError):
-    """The peer broke the protocol.
-
-    Raised by ``receive_data`` (and the wire decoder) for connection-level
-    faults: the adapter sends ERROR on ``stream_id`` 0
-    (``conn.send_error(0, e.code, e.message)``) and closes.  Payload validation
-    (``payloads.py``) raises the subclass :class:`PayloadError`, which concerns
-    one request only.
-    """
+# The codes ERROR data may carry: the canonical names, as they are.
+CANONICAL_ERROR_CODES = frozenset(
+    {
+        "wrong_expected_version",
+        "not_found",
+        "unauthenticated",
+        "forbidden",
+        "malformed",
+        "unsupported",
+        "too_large",
+        "busy",
+        "timeout",
+        "storage_unavailable",
+        "internal",
+    }
+)
 
 
-class LocalProtocolError(ProtocolError, shared.LocalProtocolError):
-    """We (the caller of ``send``) tried something the protocol forbids, e.g. a
-    RESPONSE beyond the requester's credits.  A bug in the caller, not the peer."""
+@dataclass(frozen=True, slots=True)
+class ErrorData:
+    code: str
+    message: str
 
 
-class PayloadError(RemoteProtocolError):
-    """A MessagePack payload from the peer does not match the schema.  The
-    adapter answers with ERROR on the request's stream; the connection stays up."""
+def encode_error_data(code: str, message: str) -> bytes:
+    if code not in CANONICAL_ERROR_CODES:
+        raise ValueError(f"not a canonical error code: {code!r}")
+    return pack({"code": code, "message": message})
+
+
+def decode_error_data(data: bytes) -> ErrorData:
+    """Unknown codes are kept as they are (a newer server may add some)."""
+    what = "ERROR data"
+    obj = read_map(data, what)
+    return ErrorData(
+        code=required_str(obj, "code", what),
+        message=required_str(obj, "message", what, empty_ok=True),
+    )
+
+
+def error_frame(stream_id: int, code: str, message: str) -> ErrorFrame:
+    """ERROR with the service's ``{code, message}`` data."""
+    return ErrorFrame(stream_id, encode_error_data(code, message))

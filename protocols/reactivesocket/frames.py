@@ -16,6 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polyport.protocols.reactive import frames as reactive
+from polyport.protocols.reactive.frames import CONNECTION_STREAM_ID as CONNECTION_STREAM_ID
+from polyport.protocols.reactive.frames import Cancel as Cancel
+from polyport.protocols.reactive.frames import ConnectionFrame, frame_names
+from polyport.protocols.reactive.frames import RequestN as RequestN
+
 # The listener's name, its settings' prefix (``reactivesocket_<name>``) and
 # the origin of the events it appends.
 PROTOCOL = "reactivesocket"
@@ -58,7 +64,6 @@ MAX_STREAM_ID = 0xFFFF_FFFF_FFFF_FFFF
 MAX_EXT_TYPE = 0xFFFF_FFFF
 MIN_I64 = -(1 << 63)
 MAX_I64 = (1 << 63) - 1
-CONNECTION_STREAM_ID = 0
 
 # Defaults of the connection objects (all configurable).
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024  # header + body, without the TCP length
@@ -67,19 +72,14 @@ DEFAULT_MAX_FRAGMENT = 64 * 1024  # data bytes per fragment we send
 
 
 @dataclass(frozen=True, slots=True)
-class Setup:
+class Setup(ConnectionFrame):
     """Capabilities of the client; always on stream 0."""
 
     data: bytes = b""
 
-    @property
-    def stream_id(self) -> int:
-        return CONNECTION_STREAM_ID
-
 
 @dataclass(frozen=True, slots=True)
-class RequestResponse:
-    stream_id: int
+class RequestResponse(reactive.StreamFrame):
     data: bytes = b""
     # A whole request has neither bit (as in the spec) or both; see fragmentation.
     begin: bool = False
@@ -87,49 +87,32 @@ class RequestResponse:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestFnf:
-    stream_id: int
+class RequestFnf(reactive.StreamFrame):
     data: bytes = b""
     begin: bool = False
     end: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class RequestStream:
-    stream_id: int
-    initial_n: int
+class RequestStream(reactive.CreditedRequest):
     data: bytes = b""
     begin: bool = False
     end: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class RequestSub:
-    stream_id: int
-    initial_n: int
+class RequestSub(reactive.CreditedRequest):
     data: bytes = b""
     begin: bool = False
     end: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class RequestN:
-    stream_id: int
-    n: int
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    stream_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Response:
+class Response(reactive.StreamFrame):
     """NEXT (``complete`` False) or COMPLETE.  ``begin`` and ``end`` both set
     (the default) is a whole response; B alone begins a fragmented one, neither
     continues it, E alone ends it."""
 
-    stream_id: int
     data: bytes = b""
     complete: bool = False
     begin: bool = True
@@ -137,77 +120,39 @@ class Response:
 
 
 @dataclass(frozen=True, slots=True)
-class ErrorFrame:
+class ErrorFrame(reactive.StreamFrame):
     """Stream error from a responder, or (stream 0) a rejected SETUP /
     connection error followed by close."""
 
-    stream_id: int
     data: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
-class Ext:
-    stream_id: int
+class Ext(reactive.StreamFrame):
     extended_type: int
     data: bytes = b""
     ignore: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class UnknownFrame:
-    """A frame type this codec does not know.  Connections drop it when
-    ``ignore`` is set and fail the connection otherwise."""
-
-    frame_type: int
-    flags: int
-    stream_id: int
+class UnknownFrame(reactive.UnknownFrame):
+    ignore_flag = FLAG_IGNORE
     data: bytes = b""
-
-    @property
-    def ignore(self) -> bool:
-        return bool(self.flags & FLAG_IGNORE)
 
 
 Request = RequestResponse | RequestFnf | RequestStream | RequestSub
 Frame = (
-    Setup
-    | RequestResponse
-    | RequestFnf
-    | RequestStream
-    | RequestSub
-    | RequestN
-    | Cancel
-    | Response
-    | ErrorFrame
-    | Ext
-    | UnknownFrame
+    Setup | RequestResponse | RequestFnf | RequestStream | RequestSub | RequestN | Cancel
+    | Response | ErrorFrame | Ext | UnknownFrame
 )
 
 FRAME_TYPE_OF: dict[type, int] = {
-    Setup: TYPE_SETUP,
-    RequestResponse: TYPE_REQUEST_RESPONSE,
-    RequestFnf: TYPE_REQUEST_FNF,
-    RequestStream: TYPE_REQUEST_STREAM,
-    RequestSub: TYPE_REQUEST_SUB,
-    RequestN: TYPE_REQUEST_N,
-    Cancel: TYPE_CANCEL,
-    Response: TYPE_RESPONSE,
-    ErrorFrame: TYPE_ERROR,
-    Ext: TYPE_EXT,
+    Setup: TYPE_SETUP, RequestResponse: TYPE_REQUEST_RESPONSE, RequestFnf: TYPE_REQUEST_FNF,
+    RequestStream: TYPE_REQUEST_STREAM, RequestSub: TYPE_REQUEST_SUB, RequestN: TYPE_REQUEST_N,
+    Cancel: TYPE_CANCEL, Response: TYPE_RESPONSE, ErrorFrame: TYPE_ERROR, Ext: TYPE_EXT,
 }
 
-FRAME_NAMES: dict[int, str] = {
-    TYPE_SETUP: "SETUP",
-    TYPE_REQUEST_RESPONSE: "REQUEST_RESPONSE",
-    TYPE_REQUEST_FNF: "REQUEST_FNF",
-    TYPE_REQUEST_STREAM: "REQUEST_STREAM",
-    TYPE_REQUEST_SUB: "REQUEST_SUB",
-    TYPE_REQUEST_N: "REQUEST_N",
-    TYPE_CANCEL: "CANCEL",
-    TYPE_RESPONSE: "RESPONSE",
-    TYPE_ERROR: "ERROR",
-    TYPE_EXT: "EXT",
-}
+FRAME_NAMES: dict[int, str] = frame_names(globals())
 
 
 def frame_name(frame_type: int) -> str:

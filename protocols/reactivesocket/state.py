@@ -19,12 +19,13 @@ adds the draft's own rows, each group saying why it differs.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from polyport.protocols.reactive import streams
 from polyport.protocols.reactive.streams import (
     CONNECTION_ROWS,
+    DROP,
+    REJECT,
     REQUESTER_ABANDONED,
     REQUESTER_ANSWERED,
     REQUESTER_CREDITED,
@@ -38,60 +39,32 @@ from polyport.protocols.reactive.streams import (
     RESPONDER_SINGLE,
     Action,
     ConnectionState,
+    E,
     Ev,
+    P,
     Phase,
     Rows,
+    StreamInfo,
     Transition,
     build_table,
 )
+from polyport.protocols.reactivesocket import frames
 from polyport.protocols.reactivesocket.fragments import Reassembly
-from polyport.protocols.reactivesocket.frames import (
-    MAX_I64,
-    TYPE_REQUEST_FNF,
-    TYPE_REQUEST_RESPONSE,
-    TYPE_REQUEST_STREAM,
-    TYPE_REQUEST_SUB,
-)
-
-__all__ = [
-    "CONNECTION_TABLE",
-    "REQUESTER_LIVE",
-    "REQUESTER_TABLE",
-    "RESPONDER_LIVE",
-    "RESPONDER_TABLE",
-    "Action",
-    "ConnectionState",
-    "Ev",
-    "Kind",
-    "Phase",
-    "StreamInfo",
-    "StreamRecord",
-    "Table",
-    "Transition",
-    "add_credits",
-    "use_credit",
-]
 
 # The draft has no connection frames beyond SETUP and ERROR on stream 0.
 CONNECTION_TABLE = CONNECTION_ROWS
 
 
-class Kind(enum.Enum):
-    REQUEST_RESPONSE = TYPE_REQUEST_RESPONSE
-    REQUEST_FNF = TYPE_REQUEST_FNF
-    REQUEST_STREAM = TYPE_REQUEST_STREAM
-    REQUEST_SUB = TYPE_REQUEST_SUB
+class Kind(streams.StreamKind):
+    """The draft's streams, by the frame type of their request."""
 
-    @property
-    def has_credits(self) -> bool:
-        return self in (Kind.REQUEST_STREAM, Kind.REQUEST_SUB)
+    REQUEST_RESPONSE = frames.TYPE_REQUEST_RESPONSE
+    REQUEST_FNF = frames.TYPE_REQUEST_FNF
+    REQUEST_STREAM = frames.TYPE_REQUEST_STREAM
+    REQUEST_SUB = frames.TYPE_REQUEST_SUB
 
 
-Table = dict[tuple[Kind, Phase, Ev], Transition]
-StreamInfo = streams.StreamInfo
-
-P, E = Phase, Ev
-DROP, REJECT = Action.DROP, Action.REJECT
+Table = streams.Table[Kind]
 
 # The draft's own rows: a request's continuation fragments are request frames
 # (B/E flags), so once a fragmented request is rejected its remaining
@@ -182,20 +155,27 @@ RESPONDER_LIVE = streams.RESPONDER_LIVE | {P.REJECTED_MID_REQUEST}
 def add_credits(current: int, n: int) -> int:
     """Credits saturate at 2**63-1, which (as in Reactive Streams) means
     unbounded: it is never used up."""
-    return streams.add_credits(current, n, MAX_I64)
+    return streams.add_credits(current, n, frames.MAX_I64)
 
 
 def use_credit(current: int) -> int:
-    return current if current >= MAX_I64 else current - 1
+    return current if current >= frames.MAX_I64 else current - 1
 
 
 @dataclass(slots=True)
-class StreamRecord:
-    """Mutable book-keeping of one stream (internal)."""
+class StreamRecord(streams.StreamRecord[Kind]):
+    """A stream's book-keeping, with the draft's reassembly."""
 
-    kind: Kind
-    phase: Phase
-    credits: int = 0
     # A fragmented message arriving (request on the responder, RESPONSE on
     # the requester).
     reassembly: Reassembly = field(default_factory=Reassembly)
+
+
+__all__ = [
+    # this module's own
+    "CONNECTION_TABLE", "Kind", "REQUESTER_TABLE", "RESPONDER_LIVE", "RESPONDER_TABLE",
+    "StreamRecord", "Table", "add_credits", "use_credit",
+    # passed on from protocols/reactive/streams.py
+    "REQUESTER_LIVE", "Action", "ConnectionState", "Ev", "Phase", "StreamInfo",
+    "Transition",
+]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
+from polyport.protocols.reactive.wire import TRANSPORTS as TRANSPORTS
+from polyport.protocols.reactive.wire import encode_by_type, for_transport
 from polyport.protocols.reactivesocket.errors import (
     MALFORMED,
     TOO_LARGE,
@@ -65,7 +67,6 @@ _LENGTH = struct.Struct(">I")
 _I64 = struct.Struct(">q")
 _U32 = struct.Struct(">I")
 
-TRANSPORTS = ("tcp", "websocket")
 
 
 # --- encoding ------------------------------------------------------------------
@@ -151,27 +152,17 @@ def encode_unknown(frame: UnknownFrame) -> bytes:
 
 
 _ENCODERS: dict[type, Callable[..., bytes]] = {
-    Setup: encode_setup,
-    RequestResponse: encode_request_response,
-    RequestFnf: encode_request_fnf,
-    RequestStream: encode_request_stream,
-    RequestSub: encode_request_sub,
-    RequestN: encode_request_n,
-    Cancel: encode_cancel,
-    Response: encode_response,
-    ErrorFrame: encode_error,
-    Ext: encode_ext,
+    Setup: encode_setup, RequestResponse: encode_request_response,
+    RequestFnf: encode_request_fnf, RequestStream: encode_request_stream,
+    RequestSub: encode_request_sub, RequestN: encode_request_n, Cancel: encode_cancel,
+    Response: encode_response, ErrorFrame: encode_error, Ext: encode_ext,
     UnknownFrame: encode_unknown,
 }
 
 
 def encode_frame(frame: Frame) -> bytes:
     """One frame without the TCP length: a WebSocket binary message."""
-    try:
-        encoder = _ENCODERS[type(frame)]
-    except KeyError:
-        raise LocalProtocolError(f"not a ReactiveSocket frame: {frame!r}") from None
-    return encoder(frame)
+    return encode_by_type(_ENCODERS, frame, "a ReactiveSocket frame", LocalProtocolError)
 
 
 def add_tcp_length(message: bytes) -> bytes:
@@ -181,14 +172,7 @@ def add_tcp_length(message: bytes) -> bytes:
     return _LENGTH.pack(length) + message
 
 
-def encode_tcp_frame(frame: Frame) -> bytes:
-    """One frame with its TCP length prefix."""
-    return add_tcp_length(encode_frame(frame))
-
-
-def encode_for(transport: str, frame: Frame) -> bytes:
-    message = encode_frame(frame)
-    return add_tcp_length(message) if transport == "tcp" else message
+encode_tcp_frame, encode_for = for_transport(encode_frame, add_tcp_length)
 
 
 # --- decoding ------------------------------------------------------------------

@@ -31,7 +31,6 @@ from polyport.core.commands import (
     Selector,
 )
 from polyport.core.errors import (
-    Busy,
     Forbidden,
     Malformed,
     NotFound,
@@ -39,13 +38,11 @@ from polyport.core.errors import (
     StorageUnavailable,
     Timeout,
     TooLarge,
-    Unauthenticated,
     Unsupported,
-    WrongExpectedVersion,
     new_error_id,
 )
 from polyport.core.events import EventData, RecordedEvent
-from polyport.protocols.res01.errors import ErrorCode
+from polyport.protocols.res01.errors import ErrorCode, error_code, error_reply
 from polyport.protocols.res01.frames import (
     EXPECTED_VERSION_ANY,
     EXPECTED_VERSION_NEW_STREAM,
@@ -53,7 +50,6 @@ from polyport.protocols.res01.frames import (
     PROTOCOL,
     AppendCommit,
     CommitResult,
-    Error,
     EventsFetched,
     FetchedEvent,
     FetchEvents,
@@ -342,37 +338,6 @@ def _prefix_within(events: list[RecordedEvent], budget: int) -> int:
         if total > budget:
             return max(1, i)
     return len(events)
-
-
-# --- errors -------------------------------------------------------------------
-
-
-def error_code(exc: PolyportError, *, write: bool) -> int:
-    """Canonical error → ER code.  Busy and timeout take the writer's or the
-    reader's code from the request's kind (AC is the writer's)."""
-    if isinstance(exc, WrongExpectedVersion):
-        return ErrorCode.CONCURRENCY
-    if isinstance(exc, NotFound):
-        return ErrorCode.EVENT_NOT_FOUND
-    if isinstance(exc, Malformed | TooLarge):
-        return ErrorCode.MALFORMED
-    if isinstance(exc, Unsupported):
-        return ErrorCode.UNSUPPORTED_COMMAND
-    if isinstance(exc, Busy):
-        return ErrorCode.STORAGE_WRITER_BUSY if write else ErrorCode.STORAGE_READER_BUSY
-    if isinstance(exc, Timeout):
-        return ErrorCode.STORAGE_WRITER_TIMEOUT if write else ErrorCode.STORAGE_READER_TIMEOUT
-    if isinstance(exc, StorageUnavailable):
-        return ErrorCode.EVENT_STORAGE
-    if isinstance(exc, Unauthenticated):
-        return ErrorCode.UNAUTHENTICATED
-    if isinstance(exc, Forbidden):
-        return ErrorCode.FORBIDDEN
-    return ErrorCode.UNEXPECTED
-
-
-def error_reply(request: Request, code: int, message: str) -> Error:
-    return Error(request.request_id, int(code), message, request.protocol)
 
 
 # --- the handler --------------------------------------------------------------

@@ -8,15 +8,19 @@
   protocol does not allow (a bug, never the peer's fault).
 
 ``code`` is the canonical error name, as for every protocol; the ER code of
-the spec's table is ``er_code`` (:class:`ErrorCode`).
+the spec's table is ``er_code`` (:class:`ErrorCode`).  :func:`error_code`
+maps the core's canonical errors to ER codes and :func:`error_reply` builds
+the ER reply.
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
 
+from polyport.core import errors as core
 from polyport.protocols import errors as shared
 from polyport.protocols.errors import MALFORMED, UNSUPPORTED
+from polyport.protocols.res01.frames import Error, Request
 
 
 class ErrorCode(IntEnum):
@@ -100,3 +104,34 @@ class Res01Error(RemoteProtocolError):
 
     def __repr__(self) -> str:
         return f"Res01Error({self.message!r}, er_code={self.er_code}, code={self.code!r})"
+
+
+# --- canonical error -> ER reply -------------------------------------------------
+
+
+def error_code(exc: core.PolyportError, *, write: bool) -> int:
+    """Canonical error → ER code.  Busy and timeout take the writer's or the
+    reader's code from the request's kind (AC is the writer's)."""
+    if isinstance(exc, core.WrongExpectedVersion):
+        return ErrorCode.CONCURRENCY
+    if isinstance(exc, core.NotFound):
+        return ErrorCode.EVENT_NOT_FOUND
+    if isinstance(exc, core.Malformed | core.TooLarge):
+        return ErrorCode.MALFORMED
+    if isinstance(exc, core.Unsupported):
+        return ErrorCode.UNSUPPORTED_COMMAND
+    if isinstance(exc, core.Busy):
+        return ErrorCode.STORAGE_WRITER_BUSY if write else ErrorCode.STORAGE_READER_BUSY
+    if isinstance(exc, core.Timeout):
+        return ErrorCode.STORAGE_WRITER_TIMEOUT if write else ErrorCode.STORAGE_READER_TIMEOUT
+    if isinstance(exc, core.StorageUnavailable):
+        return ErrorCode.EVENT_STORAGE
+    if isinstance(exc, core.Unauthenticated):
+        return ErrorCode.UNAUTHENTICATED
+    if isinstance(exc, core.Forbidden):
+        return ErrorCode.FORBIDDEN
+    return ErrorCode.UNEXPECTED
+
+
+def error_reply(request: Request, code: int, message: str) -> Error:
+    return Error(request.request_id, int(code), message, request.protocol)

@@ -4,11 +4,12 @@ See docs/protocols/rsocket.md for routes, metadata, data, limits and how the
 ReactiveSocket draft and RSocket 1.0 share the store.
 """
 
+from polyport.protocols.reactive.connection import StreamError
+from polyport.protocols.reactive.frames import Cancel, RequestN
 from polyport.protocols.rsocket.connection import (
     ClientConnection,
     Event,
     ServerConnection,
-    StreamError,
     error_frame,
 )
 from polyport.protocols.rsocket.errors import (
@@ -20,7 +21,6 @@ from polyport.protocols.rsocket.frames import (
     DEFAULT_PORT,
     PROTOCOL,
     WEBSOCKET_PATH,
-    Cancel,
     ErrorFrame,
     Ext,
     Frame,
@@ -31,7 +31,6 @@ from polyport.protocols.rsocket.frames import (
     Request,
     RequestChannel,
     RequestFnf,
-    RequestN,
     RequestResponse,
     RequestStream,
     Resume,
@@ -50,43 +49,12 @@ from polyport.protocols.rsocket.wire import (
 )
 
 __all__ = [
-    "DEFAULT_PORT",
-    "PROTOCOL",
-    "WEBSOCKET_PATH",
-    "Cancel",
-    "ClientConnection",
-    "ConnectionState",
-    "ErrorFrame",
-    "Event",
-    "Ext",
-    "Frame",
-    "Keepalive",
-    "Kind",
-    "Lease",
-    "LocalProtocolError",
-    "MetadataPush",
-    "Payload",
-    "Phase",
-    "ProtocolError",
-    "RemoteProtocolError",
-    "Request",
-    "RequestChannel",
-    "RequestFnf",
-    "RequestN",
-    "RequestResponse",
-    "RequestStream",
-    "Resume",
-    "ResumeOk",
-    "ServerConnection",
-    "Setup",
-    "StreamError",
-    "StreamInfo",
-    "UnknownFrame",
-    "add_tcp_length",
-    "decode_frame",
-    "encode_for",
-    "encode_frame",
-    "encode_tcp_frame",
-    "error_frame",
+    "DEFAULT_PORT", "PROTOCOL", "WEBSOCKET_PATH", "Cancel", "ClientConnection",
+    "ConnectionState", "ErrorFrame", "Event", "Ext", "Frame", "Keepalive", "Kind",
+    "Lease", "LocalProtocolError", "MetadataPush", "Payload", "Phase", "ProtocolError",
+    "RemoteProtocolError", "Request", "RequestChannel", "RequestFnf", "RequestN",
+    "RequestResponse", "RequestStream", "Resume", "ResumeOk", "ServerConnection",
+    "Setup", "StreamError", "StreamInfo", "UnknownFrame", "add_tcp_length",
+    "decode_frame", "encode_for", "encode_frame", "encode_tcp_frame", "error_frame",
     "fragment",
 ]

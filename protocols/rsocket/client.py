@@ -26,27 +26,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from ssl import SSLContext
 from typing import Any
 
+from polyport.protocols.reactive import client as core
 from polyport.protocols.reactive.client import (
-    Answer,
     ConnectionClosed,
-    DecodedStream,
     NewEvent,
     RemoteError,
     ResponseStream,
-    StreamClient,
-    TcpTransport,
-    Transport,
-    open_websocket,
+    append_request,
+    subscribe_request,
 )
-from polyport.protocols.reactivesocket.payloads import (
-    AppendEvent,
-    AppendRequest,
+from polyport.protocols.reactive.payloads import (
     AppendResponse,
     EventMap,
     QueryRequest,
     ReadRequest,
     StartAt,
-    SubscribeRequest,
 )
 from polyport.protocols.rsocket import metadata, payloads
 from polyport.protocols.rsocket.connection import ClientConnection
@@ -93,17 +87,17 @@ def _error_from(frame: ErrorFrame) -> RSocketError:
     return RSocketError(code, message, frame.stream_id, frame.code)
 
 
-class EventStream(DecodedStream[EventMap]):
+class EventStream(core.DecodedStream[EventMap]):
     """A ResponseStream whose items are event maps."""
 
     def __init__(self, stream: ResponseStream, fmt: str) -> None:
         super().__init__(stream, lambda data: payloads.decode_event(data, fmt))
 
 
-class RSocketClient(StreamClient):
+class RSocketClient(core.StreamClient):
     _conn: ClientConnection
 
-    def __init__(self, transport: Transport, conn: ClientConnection, fmt: str) -> None:
+    def __init__(self, transport: core.Transport, conn: ClientConnection, fmt: str) -> None:
         super().__init__(transport, conn)
         self.data_format = fmt
         self._keepalive: asyncio.Task[None] | None = None
@@ -120,7 +114,7 @@ class RSocketClient(StreamClient):
         """Connect over TCP (TLS with ``ssl``) and send SETUP.  Keywords as
         :meth:`connect_websocket`."""
         reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
-        return await cls._open(TcpTransport(reader, writer), "tcp", **kw)
+        return await cls._open(core.TcpTransport(reader, writer), "tcp", **kw)
 
     @classmethod
     async def connect_websocket(
@@ -128,13 +122,13 @@ class RSocketClient(StreamClient):
     ) -> RSocketClient:
         """Connect to ``ws://host:port/rsocket`` (or ``wss://`` with ``ssl``)
         (aiohttp) and send SETUP."""
-        transport = await open_websocket(url, DEFAULT_MAX_FRAME_SIZE + 1024, ssl=ssl or True)
+        transport = await core.open_websocket(url, DEFAULT_MAX_FRAME_SIZE + 1024, ssl=ssl or True)
         return await cls._open(transport, "websocket", **kw)
 
     @classmethod
     async def _open(
         cls,
-        transport: Transport,
+        transport: core.Transport,
         kind: str,
         *,
         user: str | None = None,
@@ -191,10 +185,10 @@ class RSocketClient(StreamClient):
     def _protocol_error_frame(self, exc: RemoteProtocolError) -> bytes:
         return self._conn.send_error(CONNECTION_STREAM_ID, exc.code, exc.message, exc.error_code)
 
-    def _answer(self, ev: object) -> Answer | None:
+    def _answer(self, ev: object) -> core.Answer | None:
         if not isinstance(ev, Payload):
             return None
-        return Answer(ev.stream_id, ev.data, ev.next, ev.complete)
+        return core.Answer(ev.stream_id, ev.data, ev.next, ev.complete)
 
     async def _deliver_other(self, ev: object) -> None:
         if isinstance(ev, Lease):
@@ -249,23 +243,11 @@ class RSocketClient(StreamClient):
         return payloads.encode_request(route, request, self.data_format, context)
 
     async def append(
-        self,
-        stream: str,
-        events: Sequence[NewEvent],
-        *,
-        expected_version: int | None = None,
-        context: str | None = None,
+        self, stream: str, events: Sequence[NewEvent],
+        *, expected_version: int | None = None, context: str | None = None,
     ) -> AppendResponse:
-        """``expected_version``: the stream's current last version (0 = the
-        stream must not exist; None = no check)."""
-        request = AppendRequest(
-            stream,
-            tuple(
-                AppendEvent(e.type, e.body, e.id, dict(e.headers or {}), e.content_type)
-                for e in events
-            ),
-            expected_version,
-        )
+        """``expected_version``: as in :func:`append_request`."""
+        request = append_request(stream, events, expected_version)
         route = payloads.ROUTE_APPEND
         data = await self.request_response(route, self._data(route, request, context))
         return payloads.decode_append_response(data, self.data_format)
@@ -297,21 +279,13 @@ class RSocketClient(StreamClient):
         return EventStream(raw, self.data_format)
 
     async def subscribe(
-        self,
-        *,
-        stream: str | None = None,
-        prefix: str | None = None,
-        types: Iterable[str] = (),
-        start: StartAt | str | None = None,
-        group: str | None = None,
-        initial_n: int = UNBOUNDED,
-        context: str | None = None,
+        self, *, stream: str | None = None, prefix: str | None = None,
+        types: Iterable[str] = (), start: StartAt | str | None = None,
+        group: str | None = None, initial_n: int = UNBOUNDED, context: str | None = None,
     ) -> EventStream:
-        """events.subscribe: catch-up then live.  ``start``: "beginning",
-        "end", or ``StartAt("position" | "version" | "time", n)``; None = the
-        end (a group: its checkpoint)."""
-        at = StartAt(start) if isinstance(start, str) else start
+        """events.subscribe: catch-up then live (``start``: see
+        :func:`subscribe_request`)."""
         route = payloads.ROUTE_SUBSCRIBE
-        request = SubscribeRequest(stream, prefix, tuple(types), at, group)
+        request = subscribe_request(stream, prefix, types, start, group)
         raw = await self.request_stream(route, self._data(route, request, context), initial_n)
         return EventStream(raw, self.data_format)

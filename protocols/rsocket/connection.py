@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Unpack
 
 from polyport.protocols.reactive.connection import (
+    ConnectionLimits,
     RequesterConveniences,
     StreamConnection,
     StreamError,
 )
+from polyport.protocols.reactive.streams import Action, ConnectionState, Ev, Phase
+from polyport.protocols.rsocket import errors, frames, state, wire
 from polyport.protocols.rsocket.errors import (
     BUSY,
     MALFORMED,
@@ -31,27 +35,19 @@ from polyport.protocols.rsocket.errors import (
     UNSUPPORTED,
     LocalProtocolError,
     RemoteProtocolError,
-    error_text,
-    stream_error_code,
+    error_frame,
 )
 from polyport.protocols.rsocket.frames import (
-    CONNECTION_ERROR,
     CONNECTION_STREAM_ID,
-    DEFAULT_MAX_FRAGMENT,
-    DEFAULT_MAX_FRAME_SIZE,
-    DEFAULT_MAX_MESSAGE_SIZE,
     FRAME_TYPE_OF,
     HEADER_SIZE,
     INVALID_SETUP,
-    LENGTH_SIZE,
     MAJOR_VERSION,
     MAX_FRAME_LENGTH,
-    MAX_STREAM_ID,
     MAX_U63,
     REJECTED_RESUME,
     REJECTED_SETUP,
     UNSUPPORTED_SETUP,
-    Cancel,
     ErrorFrame,
     Ext,
     Frame,
@@ -71,29 +67,11 @@ from polyport.protocols.rsocket.frames import (
     UnknownFrame,
     describe,
 )
-from polyport.protocols.rsocket.state import (
-    CONNECTION_TABLE,
-    REQUESTER_LIVE,
-    REQUESTER_TABLE,
-    RESPONDER_LIVE,
-    RESPONDER_TABLE,
-    Action,
-    ConnectionState,
-    Ev,
-    Kind,
-    Phase,
-    StreamRecord,
-    add_credits,
-)
+from polyport.protocols.rsocket.state import CONNECTION_TABLE, Kind, StreamRecord, add_credits
 from polyport.protocols.rsocket.wire import (
-    TRANSPORTS,
-    add_tcp_length,
-    decode_frame,
-    encode_frame,
     fragment,
 )
 
-DEFAULT_MAX_STREAMS = 1024
 _REQUEST_CLASSES = (RequestResponse, RequestFnf, RequestStream, RequestChannel)
 # ERROR codes on stream 0 a server ignores (the spec: they only answer SETUP).
 _SETUP_ERROR_CODES = frozenset({INVALID_SETUP, UNSUPPORTED_SETUP, REJECTED_SETUP, REJECTED_RESUME})
@@ -102,17 +80,7 @@ _SETUP_ERROR_CODES = frozenset({INVALID_SETUP, UNSUPPORTED_SETUP, REJECTED_SETUP
 Event = Frame | StreamError
 
 
-def error_frame(
-    stream_id: int, code: str, message: str, rsocket_code: int | None = None
-) -> ErrorFrame:
-    """ERROR with ``<code>: <message>`` data; the RSocket code follows the
-    canonical one unless given."""
-    if rsocket_code is None:
-        rsocket_code = CONNECTION_ERROR if stream_id == 0 else stream_error_code(code)
-    return ErrorFrame(stream_id, rsocket_code, error_text(code, message))
-
-
-class _Connection(StreamConnection):
+class _Connection(StreamConnection, frames=frames, wire=wire, state=state, errors=errors):
     """RSocket's codec on the core the draft shares
     (``protocols/reactive/connection.py``), plus what is RSocket's alone: a
     24-bit TCP length that does not count itself, frames without the I flag
@@ -120,58 +88,23 @@ class _Connection(StreamConnection):
     KEEPALIVE / METADATA_PUSH, and stream faults that are ignored where the
     table has no row ("Handling the Unexpected")."""
 
-    connection_table = CONNECTION_TABLE
-    transports = TRANSPORTS
-    length_size = LENGTH_SIZE
     length_counts_itself = False
     credit_cap = MAX_U63
-    record_type = StreamRecord
-    error_frame_type = ErrorFrame
-    remote_error = RemoteProtocolError
-    local_error = LocalProtocolError
 
-    def __init__(
-        self,
-        transport: str = "tcp",
-        *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        max_fragment: int = DEFAULT_MAX_FRAGMENT,
-    ) -> None:
-        super().__init__(
-            transport,
-            max_frame_size=max_frame_size,
-            max_message_size=max_message_size,
-            # A fragment's metadata + data, leaving room for the largest header.
-            max_fragment=min(max_fragment, max_frame_size - HEADER_SIZE - 7),
-        )
-        if not HEADER_SIZE <= max_frame_size <= MAX_FRAME_LENGTH:
+
+    def _check_limits(self) -> None:
+        if not HEADER_SIZE <= self.max_frame_size <= MAX_FRAME_LENGTH:
             raise ValueError(f"max_frame_size must be {HEADER_SIZE}..{MAX_FRAME_LENGTH}")
-        if max_fragment < 1 or max_message_size < 0:
+        if self.max_fragment < 1 or self.max_message_size < 0:
             raise ValueError("max_fragment >= 1, max_message_size >= 0")
-        # Bytes of fragmented messages held for all streams together (None:
-        # no limit beyond the number of streams x max_message_size).
-        self.max_reassembly_bytes: int | None = None
+        # A fragment's metadata + data, leaving room for the largest header.
+        self.max_fragment = min(self.max_fragment, self.max_frame_size - HEADER_SIZE - 7)
 
     @property
     def reassembly_bytes(self) -> int:
         """Bytes of fragmented messages held now, all streams together."""
         # A sum over at most max_streams records, taken per fragment.
         return sum(rec.size for rec in self._streams.values())
-
-    # --- the codec -------------------------------------------------------------------
-
-    def _decode(self, message: bytes) -> Frame:
-        return decode_frame(message)
-
-    def _encode(self, frame: Frame) -> bytes:
-        return encode_frame(frame)
-
-    def _add_tcp_length(self, message: bytes) -> bytes:
-        return add_tcp_length(message)
-
-    def _describe(self, frame: Frame) -> str:
-        return describe(frame)
 
     def _check_length(self, length: int) -> None:
         if length < HEADER_SIZE:
@@ -277,7 +210,7 @@ class _Connection(StreamConnection):
         return self.send(error_frame(stream_id, code, message, rsocket_code))
 
 
-class ServerConnection(_Connection):
+class ServerConnection(_Connection, role="server"):
     """The responder side (polyport's server).
 
     The first frame must be SETUP (checked: version 1.x, positive keepalive
@@ -293,29 +226,14 @@ class ServerConnection(_Connection):
     are returned so the application can resume sending.
     """
 
-    role = "server"
-    table = RESPONDER_TABLE
-    live_phases = RESPONDER_LIVE
-
     def __init__(
         self,
         transport: str = "tcp",
         *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        max_fragment: int = DEFAULT_MAX_FRAGMENT,
-        max_streams: int = DEFAULT_MAX_STREAMS,
-        max_reassembly_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        **limits: Unpack[ConnectionLimits],
     ) -> None:
-        super().__init__(
-            transport,
-            max_frame_size=max_frame_size,
-            max_message_size=max_message_size,
-            max_fragment=max_fragment,
-        )
-        self.max_streams = max_streams
-        self.max_reassembly_bytes = max_reassembly_bytes
+        super().__init__(transport, **limits)
         self.clock = clock
         self.setup: Setup | None = None
         # LEASE book-keeping when the SETUP asked for it.
@@ -356,11 +274,9 @@ class ServerConnection(_Connection):
             self._receive_request(frame, out)
         elif isinstance(frame, Payload):
             self._receive_fragment(frame, out)
-        elif isinstance(frame, RequestN):
-            self._receive_request_n(frame, out)
-        elif isinstance(frame, Cancel):
+        else:
             # "a CANCEL on an unknown Stream ID MUST be ignored": _follow does.
-            self._follow(frame, Ev.RECV_CANCEL, out)
+            self._receive_credit_or_cancel(frame, out)
 
     def _receive_first(self, frame: Frame, out: list[Event]) -> None:
         if isinstance(frame, Resume):
@@ -473,12 +389,7 @@ class ServerConnection(_Connection):
         if frame.n <= 0:
             return self._violation(frame.stream_id, rec, rec.kind, MALFORMED,
                                    "Request N must be > 0", out)
-        if rec.kind.has_credits:
-            rec.credits = add_credits(rec.credits, frame.n)
-        to, action = t
-        rec.phase = to
-        if action is Action.DELIVER:
-            out.append(frame)
+        self._take_request_n(rec, frame, t, rec.kind.has_credits, out)
 
     # --- sending -------------------------------------------------------------------
 
@@ -490,22 +401,13 @@ class ServerConnection(_Connection):
     def _send_frame(self, frame: Frame) -> None:
         if self.state is not ConnectionState.OPEN:
             raise LocalProtocolError(f"{describe(frame)} before the SETUP is accepted")
-        if isinstance(frame, Payload):
-            self._send_payload_frame(frame)
-        elif isinstance(frame, ErrorFrame):
-            self._send_error_frame(frame, Kind.REQUEST_RESPONSE)
-        else:
-            raise LocalProtocolError(
-                f"the server sends PAYLOAD, ERROR, LEASE, KEEPALIVE and METADATA_PUSH, "
-                f"not {describe(frame)}"
-            )
+        self._send_answer_or_error(
+            frame, Payload, self._send_payload_frame,
+            "PAYLOAD, ERROR, LEASE, KEEPALIVE and METADATA_PUSH",
+        )
 
     def _send_payload_frame(self, frame: Payload) -> None:
-        sid = frame.stream_id
-        rec = self._streams.get(sid)
-        if rec is None or rec.phase not in (Phase.RESPONDING, Phase.SENDING_FRAGMENTS):
-            state = "it is not live" if rec is None else f"it is {rec.phase.value}"
-            raise LocalProtocolError(f"cannot send PAYLOAD on stream {sid}: {state}")
+        sid, rec = self._answered(frame, "PAYLOAD")
         item = False
         if rec.phase is Phase.SENDING_FRAGMENTS:
             if frame.follows:
@@ -559,47 +461,18 @@ def _rebuild(first: Request, metadata: bytes | None, data: bytes) -> Request:
     return RequestResponse(first.stream_id, metadata, data)
 
 
-class ClientConnection(_Connection, RequesterConveniences):
+class ClientConnection(_Connection, RequesterConveniences, role="client"):
     """The requester side.  Send SETUP first (:meth:`setup`), then requests on
     ids from :meth:`next_stream_id` (odd: 1, 3, 5, ...; never reused).
     PAYLOADs come out of ``receive_data`` reassembled; LEASE, KEEPALIVE and
-    ERROR on stream 0 come out as they are."""
+    ERROR on stream 0 come out as they are.  "A client assumes a SETUP is
+    accepted if it receives a response to a request, a LEASE frame, or if it
+    sees a REQUEST type" (``setup_accepted``)."""
 
-    role = "client"
-    table = REQUESTER_TABLE
-    live_phases = REQUESTER_LIVE
-    request_n_type = RequestN
-    cancel_type = Cancel
-    setup_type = Setup
-
-    def __init__(
-        self,
-        transport: str = "tcp",
-        *,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        max_fragment: int = DEFAULT_MAX_FRAGMENT,
-    ) -> None:
-        super().__init__(
-            transport,
-            max_frame_size=max_frame_size,
-            max_message_size=max_message_size,
-            max_fragment=max_fragment,
-        )
-        self._next_id = 1
-        # "A client assumes a SETUP is accepted if it receives a response to a
-        # request, a LEASE frame, or if it sees a REQUEST type."
-        self.setup_accepted = False
-
-    def next_stream_id(self) -> int:
+    def _check_can_request(self) -> None:
         if self.state is not ConnectionState.OPEN:
             # Checked here so that a refused request does not use up an id.
             raise LocalProtocolError("requests need an open connection: send SETUP first")
-        sid = self._next_id
-        if sid > MAX_STREAM_ID:
-            raise LocalProtocolError("stream ids are exhausted on this connection")
-        self._next_id += 2
-        return sid
 
     def _ignore_connection_error(self, frame: ErrorFrame) -> bool:
         # SETUP errors count only before the SETUP is known to be accepted.
@@ -622,16 +495,12 @@ class ClientConnection(_Connection, RequesterConveniences):
             self.setup_accepted = True
 
     def _receive_payload(self, frame: Payload, out: list[Event]) -> None:
-        sid = frame.stream_id
-        rec = self._streams.get(sid)
+        sid, rec = self._answer_record(frame)
         if rec is None:
-            return  # after our CANCEL the responder may still be talking
-        self.setup_accepted = True
+            return
         if rec.phase is Phase.RECEIVING_FRAGMENTS:
-            if frame.follows:
-                ev = Ev.RECV_MORE
-            else:
-                ev = Ev.RECV_END_COMPLETE if frame.complete else Ev.RECV_END
+            last = Ev.RECV_END_COMPLETE if frame.complete else Ev.RECV_END
+            ev = Ev.RECV_MORE if frame.follows else last
         elif frame.follows:
             ev = Ev.RECV_BEGIN
         elif frame.complete:
@@ -659,9 +528,7 @@ class ClientConnection(_Connection, RequesterConveniences):
             if ev in (Ev.RECV_END, Ev.RECV_END_COMPLETE):
                 metadata, data = self._joined(rec)
                 whole = Payload(sid, metadata, data, complete=frame.complete, next=True)
-        self._apply(sid, rec, rec.kind, to)
-        if whole is not None and action is Action.DELIVER:
-            out.append(whole)
+        self._deliver(sid, rec, rec.kind, to, action, whole, out)
 
     # --- sending -------------------------------------------------------------------
 
@@ -685,11 +552,7 @@ class ClientConnection(_Connection, RequesterConveniences):
             ev = Ev.SEND_REQUEST_MORE if frame.follows else Ev.SEND_REQUEST_END
             to, _ = self._send_transition(rec, kind, ev, sid)
             self._apply(sid, rec, kind, to)
-        elif isinstance(frame, RequestN):
-            self._send_request_n_frame(frame, Kind.REQUEST_STREAM)
-        elif isinstance(frame, Cancel):
-            self._send_cancel_frame(frame, Kind.REQUEST_STREAM)
-        else:
+        elif not self._send_control(frame, Kind.REQUEST_STREAM):
             raise LocalProtocolError(
                 f"the client sends SETUP, KEEPALIVE, METADATA_PUSH, REQUEST_RESPONSE, "
                 f"REQUEST_FNF, REQUEST_STREAM, REQUEST_N and CANCEL, not {describe(frame)}"

@@ -9,7 +9,9 @@ the frames decoded, in the same call, before the fault (``frames``).
 ERROR data is UTF-8 text ``<canonical code>: <message>``: rsocket-py and
 rsocket-js hand ERROR data to the application as a string, and the canonical
 name in front lets a client tell ``wrong_expected_version`` from
-``not_found`` whatever the RSocket code.
+``not_found`` whatever the RSocket code.  The mapping both ways is here:
+:func:`stream_error_code` (canonical -> RSocket code), :func:`error_text` /
+:func:`parse_error_text` and :func:`error_frame`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from polyport.protocols.errors import (
     TOO_LARGE,
     UNAUTHENTICATED,
     UNSUPPORTED,
-    LocalProtocolError,
     ProtocolError,
 )
 from polyport.protocols.rsocket.frames import (
@@ -33,6 +34,7 @@ from polyport.protocols.rsocket.frames import (
     CONNECTION_ERROR,
     INVALID,
     REJECTED,
+    ErrorFrame,
 )
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "LocalProtocolError",
     "ProtocolError",
     "RemoteProtocolError",
+    "error_frame",
     "error_text",
     "parse_error_text",
     "stream_error_code",
@@ -67,6 +70,12 @@ class RemoteProtocolError(shared.RemoteProtocolError):
         super().__init__(message, code=code)
         self.error_code = error_code
         self.frames: list[Any] = frames if frames is not None else []
+
+
+class LocalProtocolError(shared.LocalProtocolError):
+    """We (the caller of ``send``) tried something RSocket forbids, e.g. a
+    PAYLOAD beyond the requester's credits: a bug in the caller, not the
+    peer."""
 
 
 # The RSocket code of a stream ERROR for each canonical error: a request the
@@ -98,3 +107,13 @@ def parse_error_text(data: bytes) -> tuple[str, str]:
     if sep and code and code.replace("_", "").isalpha() and code.islower():
         return code, message
     return "internal", text
+
+
+def error_frame(
+    stream_id: int, code: str, message: str, rsocket_code: int | None = None
+) -> ErrorFrame:
+    """ERROR with ``<code>: <message>`` data; the RSocket code follows the
+    canonical one unless given."""
+    if rsocket_code is None:
+        rsocket_code = CONNECTION_ERROR if stream_id == 0 else stream_error_code(code)
+    return ErrorFrame(stream_id, rsocket_code, error_text(code, message))

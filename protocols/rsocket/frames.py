@@ -15,6 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polyport.protocols.reactive import frames as reactive
+from polyport.protocols.reactive.frames import CONNECTION_STREAM_ID as CONNECTION_STREAM_ID
+from polyport.protocols.reactive.frames import Cancel as Cancel
+from polyport.protocols.reactive.frames import ConnectionFrame, frame_names
+from polyport.protocols.reactive.frames import RequestN as RequestN
+
 PROTOCOL = "rsocket"
 DEFAULT_PORT = 7878
 WEBSOCKET_PATH = "/rsocket"
@@ -92,7 +98,6 @@ MAX_U31 = 0x7FFF_FFFF
 MAX_U63 = 0x7FFF_FFFF_FFFF_FFFF
 # Request N of 2^31-1 is "unbounded" (rsocket-java, rsocket-js, rsocket-py).
 MAX_REQUEST_N = MAX_U31
-CONNECTION_STREAM_ID = 0
 
 # Defaults of the connection objects (all configurable).
 DEFAULT_MAX_FRAME_SIZE = MAX_FRAME_LENGTH  # header + body, without the TCP length
@@ -101,7 +106,7 @@ DEFAULT_MAX_FRAGMENT = 64 * 1024  # metadata + data bytes per fragment we send
 
 
 @dataclass(frozen=True, slots=True)
-class Setup:
+class Setup(ConnectionFrame):
     """The client's first frame: versions, keepalive interval and max lifetime
     (milliseconds), MIME types of metadata and data, and the setup payload."""
 
@@ -117,64 +122,46 @@ class Setup:
     # Present (R flag) when the client asks for resumption.
     resume_token: bytes | None = None
 
-    @property
-    def stream_id(self) -> int:
-        return CONNECTION_STREAM_ID
-
 
 @dataclass(frozen=True, slots=True)
-class Lease:
+class Lease(ConnectionFrame):
     """The responder's grant: ``requests`` requests within ``ttl`` ms."""
 
     ttl: int
     requests: int
     metadata: bytes | None = None
 
-    @property
-    def stream_id(self) -> int:
-        return CONNECTION_STREAM_ID
-
 
 @dataclass(frozen=True, slots=True)
-class Keepalive:
+class Keepalive(ConnectionFrame):
     respond: bool = False
     last_position: int = 0
     data: bytes = b""
 
-    @property
-    def stream_id(self) -> int:
-        return CONNECTION_STREAM_ID
-
 
 @dataclass(frozen=True, slots=True)
-class RequestResponse:
-    stream_id: int
+class RequestResponse(reactive.StreamFrame):
     metadata: bytes | None = None
     data: bytes = b""
     follows: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class RequestFnf:
-    stream_id: int
+class RequestFnf(reactive.StreamFrame):
     metadata: bytes | None = None
     data: bytes = b""
     follows: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class RequestStream:
-    stream_id: int
-    initial_n: int
+class RequestStream(reactive.CreditedRequest):
     metadata: bytes | None = None
     data: bytes = b""
     follows: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class RequestChannel:
-    stream_id: int
-    initial_n: int
+class RequestChannel(reactive.CreditedRequest):
     metadata: bytes | None = None
     data: bytes = b""
     follows: bool = False
@@ -182,40 +169,27 @@ class RequestChannel:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestN:
-    stream_id: int
-    n: int
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    stream_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Payload:
-    """NEXT (``next``), COMPLETE (``complete``) or both; ``follows`` marks a
-    fragment that more fragments follow."""
-
-    stream_id: int
-    metadata: bytes | None = None
-    data: bytes = b""
-    follows: bool = False
-    complete: bool = False
-    next: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorFrame:
+class ErrorFrame(reactive.StreamFrame):
     """``code`` is one of the error codes above; ``data`` is UTF-8 text."""
 
-    stream_id: int
     code: int
     data: bytes = b""
 
     @property
     def text(self) -> str:
         return self.data.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class Payload(reactive.StreamFrame):
+    """NEXT (``next``), COMPLETE (``complete``) or both; ``follows`` marks a
+    fragment that more fragments follow."""
+
+    metadata: bytes | None = None
+    data: bytes = b""
+    follows: bool = False
+    complete: bool = False
+    next: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,106 +200,52 @@ class MetadataPush:
 
 
 @dataclass(frozen=True, slots=True)
-class Resume:
+class Resume(ConnectionFrame):
     token: bytes
     last_server_position: int
     first_client_position: int
     major: int = MAJOR_VERSION
     minor: int = MINOR_VERSION
 
-    @property
-    def stream_id(self) -> int:
-        return CONNECTION_STREAM_ID
-
 
 @dataclass(frozen=True, slots=True)
-class ResumeOk:
+class ResumeOk(ConnectionFrame):
     last_client_position: int
 
-    @property
-    def stream_id(self) -> int:
-        return CONNECTION_STREAM_ID
+
+@dataclass(frozen=True, slots=True)
+class UnknownFrame(reactive.UnknownFrame):
+    """(Its body kept whole.)"""
+
+    ignore_flag = FLAG_IGNORE
+    body: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
-class Ext:
-    stream_id: int
+class Ext(reactive.StreamFrame):
     extended_type: int
     metadata: bytes | None = None
     data: bytes = b""
     ignore: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class UnknownFrame:
-    """A frame type this codec does not know (its body kept whole).
-    Connections drop it when ``ignore`` is set and fail otherwise."""
-
-    frame_type: int
-    flags: int
-    stream_id: int
-    body: bytes = b""
-
-    @property
-    def ignore(self) -> bool:
-        return bool(self.flags & FLAG_IGNORE)
-
-
 Request = RequestResponse | RequestFnf | RequestStream | RequestChannel
 Frame = (
-    Setup
-    | Lease
-    | Keepalive
-    | RequestResponse
-    | RequestFnf
-    | RequestStream
-    | RequestChannel
-    | RequestN
-    | Cancel
-    | Payload
-    | ErrorFrame
-    | MetadataPush
-    | Resume
-    | ResumeOk
-    | Ext
-    | UnknownFrame
+    Setup | Lease | Keepalive | RequestResponse | RequestFnf | RequestStream
+    | RequestChannel | RequestN | Cancel | Payload | ErrorFrame | MetadataPush | Resume
+    | ResumeOk | Ext | UnknownFrame
 )
 
 FRAME_TYPE_OF: dict[type, int] = {
-    Setup: TYPE_SETUP,
-    Lease: TYPE_LEASE,
-    Keepalive: TYPE_KEEPALIVE,
-    RequestResponse: TYPE_REQUEST_RESPONSE,
-    RequestFnf: TYPE_REQUEST_FNF,
-    RequestStream: TYPE_REQUEST_STREAM,
-    RequestChannel: TYPE_REQUEST_CHANNEL,
-    RequestN: TYPE_REQUEST_N,
-    Cancel: TYPE_CANCEL,
-    Payload: TYPE_PAYLOAD,
-    ErrorFrame: TYPE_ERROR,
-    MetadataPush: TYPE_METADATA_PUSH,
-    Resume: TYPE_RESUME,
-    ResumeOk: TYPE_RESUME_OK,
-    Ext: TYPE_EXT,
+    Setup: TYPE_SETUP, Lease: TYPE_LEASE, Keepalive: TYPE_KEEPALIVE,
+    RequestResponse: TYPE_REQUEST_RESPONSE, RequestFnf: TYPE_REQUEST_FNF,
+    RequestStream: TYPE_REQUEST_STREAM, RequestChannel: TYPE_REQUEST_CHANNEL,
+    RequestN: TYPE_REQUEST_N, Cancel: TYPE_CANCEL, Payload: TYPE_PAYLOAD,
+    ErrorFrame: TYPE_ERROR, MetadataPush: TYPE_METADATA_PUSH, Resume: TYPE_RESUME,
+    ResumeOk: TYPE_RESUME_OK, Ext: TYPE_EXT,
 }
 
-FRAME_NAMES: dict[int, str] = {
-    TYPE_SETUP: "SETUP",
-    TYPE_LEASE: "LEASE",
-    TYPE_KEEPALIVE: "KEEPALIVE",
-    TYPE_REQUEST_RESPONSE: "REQUEST_RESPONSE",
-    TYPE_REQUEST_FNF: "REQUEST_FNF",
-    TYPE_REQUEST_STREAM: "REQUEST_STREAM",
-    TYPE_REQUEST_CHANNEL: "REQUEST_CHANNEL",
-    TYPE_REQUEST_N: "REQUEST_N",
-    TYPE_CANCEL: "CANCEL",
-    TYPE_PAYLOAD: "PAYLOAD",
-    TYPE_ERROR: "ERROR",
-    TYPE_METADATA_PUSH: "METADATA_PUSH",
-    TYPE_RESUME: "RESUME",
-    TYPE_RESUME_OK: "RESUME_OK",
-    TYPE_EXT: "EXT",
-}
+FRAME_NAMES: dict[int, str] = frame_names(globals())
 
 
 def frame_name(frame_type: int) -> str:

@@ -1,7 +1,7 @@
 """Routes and data of polyport's RSocket service.
 
 The operations and fields are those of the ReactiveSocket draft's MessagePack
-schema (``protocols/reactivesocket/payloads.py``, which validates them for
+schema (``protocols/reactive/payloads.py``, which validates them for
 both protocols); RSocket names the operation by route instead of ``op`` and
 carries the data as MessagePack or JSON, per the SETUP's data MIME type:
 
@@ -29,8 +29,8 @@ from typing import Any
 from bson import json_util
 
 from polyport.core.bodies import JSON, MSGPACK, loads_json, media_type
-from polyport.protocols.reactivesocket import payloads as schema
-from polyport.protocols.reactivesocket.payloads import (
+from polyport.protocols.reactive import payloads as schema
+from polyport.protocols.reactive.payloads import (
     AppendRequest,
     AppendResponse,
     EventMap,
@@ -42,16 +42,10 @@ from polyport.protocols.reactivesocket.payloads import (
     SubscribeRequest,
 )
 
+# The schema's names, for the adapter and the client.
 __all__ = [
-    "AppendRequest",
-    "AppendResponse",
-    "EventMap",
-    "PayloadError",
-    "QueryRequest",
-    "QueryResponse",
-    "ReadRequest",
-    "ReadResponse",
-    "SubscribeRequest",
+    "AppendRequest", "AppendResponse", "EventMap", "PayloadError", "QueryRequest",
+    "QueryResponse", "ReadRequest", "ReadResponse", "SubscribeRequest",
 ]
 
 JSON_MIME = "application/json"

@@ -17,93 +17,71 @@ its own rows, each group saying why it differs.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from polyport.protocols.reactive import streams
 from polyport.protocols.reactive.streams import (
-    CONNECTION_ROWS,
-    REQUESTER_ANSWERED,
-    REQUESTER_CREDITED,
-    REQUESTER_FNF,
+    DROP,
     REQUESTER_LIVE,
-    REQUESTER_SINGLE,
-    RESPONDER_ANSWERED,
-    RESPONDER_COMPLETES,
-    RESPONDER_CREDITED,
-    RESPONDER_FNF,
     RESPONDER_LIVE,
-    RESPONDER_SINGLE,
     Action,
     ConnectionState,
+    E,
     Ev,
+    P,
     Phase,
+    StreamInfo,
     Transition,
     build_table,
 )
-from polyport.protocols.rsocket.frames import (
-    MAX_U63,
-    TYPE_REQUEST_CHANNEL,
-    TYPE_REQUEST_FNF,
-    TYPE_REQUEST_RESPONSE,
-    TYPE_REQUEST_STREAM,
-)
+from polyport.protocols.rsocket import frames
 
 __all__ = [
-    "CONNECTION_TABLE",
-    "REQUESTER_LIVE",
-    "REQUESTER_TABLE",
-    "RESPONDER_LIVE",
-    "RESPONDER_TABLE",
-    "Action",
-    "ConnectionState",
-    "Ev",
-    "Kind",
-    "Phase",
-    "StreamInfo",
-    "StreamRecord",
-    "Table",
-    "Transition",
-    "add_credits",
+    # this module's own
+    "CONNECTION_TABLE", "Kind", "REQUESTER_TABLE", "RESPONDER_TABLE", "StreamRecord",
+    "Table", "add_credits",
+    # passed on from protocols/reactive/streams.py
+    "REQUESTER_LIVE", "RESPONDER_LIVE", "Action", "ConnectionState", "Ev", "Phase",
+    "StreamInfo", "Transition",
 ]
 
 
-class Kind(enum.Enum):
-    REQUEST_RESPONSE = TYPE_REQUEST_RESPONSE
-    REQUEST_FNF = TYPE_REQUEST_FNF
-    REQUEST_STREAM = TYPE_REQUEST_STREAM
-    REQUEST_CHANNEL = TYPE_REQUEST_CHANNEL
+class Kind(streams.StreamKind):
+    """RSocket's interactions, by the frame type of their request (a
+    channel is refused by the server, but its frames are still followed)."""
 
-    @property
-    def has_credits(self) -> bool:
-        return self in (Kind.REQUEST_STREAM, Kind.REQUEST_CHANNEL)
+    REQUEST_RESPONSE = frames.TYPE_REQUEST_RESPONSE
+    REQUEST_FNF = frames.TYPE_REQUEST_FNF
+    REQUEST_STREAM = frames.TYPE_REQUEST_STREAM
+    REQUEST_CHANNEL = frames.TYPE_REQUEST_CHANNEL
 
 
-Table = dict[tuple[Kind, Phase, Ev], Transition]
-StreamInfo = streams.StreamInfo
-
-P, E = Phase, Ev
-DROP = Action.DROP
+Table = streams.Table[Kind]
 
 # RSocket's own rows: the rest of a rejected fragmented request (PAYLOADs
 # with or without F) is dropped while our ERROR is pending; once it is out the
 # stream is closed, where PAYLOADs are ignored.  (The draft instead follows
 # the fragments to the end: see its REJECTED_MID_REQUEST rows.)
 _RESPONDER_ANSWERED = {
-    **RESPONDER_ANSWERED,
+    **streams.RESPONDER_ANSWERED,
     (P.REJECTED, E.RECV_REQUEST_MORE): (P.REJECTED, DROP),
     (P.REJECTED, E.RECV_REQUEST_END): (P.REJECTED, DROP),
 }
 
 # A channel's responder completes like a stream's.
-_RESPONDER_STREAMED = {**_RESPONDER_ANSWERED, **RESPONDER_CREDITED, **RESPONDER_COMPLETES}
+_RESPONDER_STREAMED = {
+    **_RESPONDER_ANSWERED, **streams.RESPONDER_CREDITED, **streams.RESPONDER_COMPLETES
+}
 
 RESPONDER_TABLE: Table = build_table(
     [
-        (Kind.REQUEST_RESPONSE, {**_RESPONDER_ANSWERED, **RESPONDER_SINGLE, **RESPONDER_COMPLETES}),
+        (
+            Kind.REQUEST_RESPONSE,
+            {**_RESPONDER_ANSWERED, **streams.RESPONDER_SINGLE, **streams.RESPONDER_COMPLETES},
+        ),
         (Kind.REQUEST_STREAM, _RESPONDER_STREAMED),
         (Kind.REQUEST_CHANNEL, _RESPONDER_STREAMED),
-        (Kind.REQUEST_FNF, RESPONDER_FNF),
+        (Kind.REQUEST_FNF, streams.RESPONDER_FNF),
     ]
 )
 
@@ -111,15 +89,15 @@ RESPONDER_TABLE: Table = build_table(
 # while our request is still going out is ignored ("Handling the Unexpected").
 REQUESTER_TABLE: Table = build_table(
     [
-        (Kind.REQUEST_RESPONSE, {**REQUESTER_ANSWERED, **REQUESTER_SINGLE}),
-        (Kind.REQUEST_STREAM, {**REQUESTER_ANSWERED, **REQUESTER_CREDITED}),
-        (Kind.REQUEST_FNF, REQUESTER_FNF),
+        (Kind.REQUEST_RESPONSE, {**streams.REQUESTER_ANSWERED, **streams.REQUESTER_SINGLE}),
+        (Kind.REQUEST_STREAM, {**streams.REQUESTER_ANSWERED, **streams.REQUESTER_CREDITED}),
+        (Kind.REQUEST_FNF, streams.REQUESTER_FNF),
     ]
 )
 
 S = ConnectionState
 CONNECTION_TABLE: dict[tuple[str, ConnectionState, str], ConnectionState] = {
-    **CONNECTION_ROWS,
+    **streams.CONNECTION_ROWS,
     # RSocket's connection frames (the draft has none of them): the server
     # grants LEASEs, both sides send KEEPALIVE and METADATA_PUSH once open.
     ("server", S.OPEN, "send LEASE"): S.OPEN,
@@ -133,16 +111,13 @@ CONNECTION_TABLE: dict[tuple[str, ConnectionState, str], ConnectionState] = {
 def add_credits(current: int, n: int) -> int:
     """Credits add up (the spec: "credits are cumulative"), saturating far
     above anything a connection can use."""
-    return streams.add_credits(current, n, MAX_U63)
+    return streams.add_credits(current, n, frames.MAX_U63)
 
 
 @dataclass(slots=True)
-class StreamRecord:
-    """Mutable book-keeping of one stream (internal)."""
+class StreamRecord(streams.StreamRecord[Kind]):
+    """A stream's book-keeping, with RSocket's reassembly."""
 
-    kind: Kind
-    phase: Phase
-    credits: int = 0
     # Reassembly of a fragmented frame (request on the responder, PAYLOAD on
     # the requester): the first frame, metadata and data parts.
     first: object = None

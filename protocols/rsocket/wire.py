@@ -15,6 +15,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import replace
 
+from polyport.protocols.reactive.wire import TRANSPORTS as TRANSPORTS
+from polyport.protocols.reactive.wire import encode_by_type, for_transport
 from polyport.protocols.rsocket.errors import (
     MALFORMED,
     TOO_LARGE,
@@ -75,12 +77,9 @@ from polyport.protocols.rsocket.frames import (
     frame_name,
 )
 
-_HEADER = struct.Struct(">IH")
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
+# The frame header (stream id, type and flags) and the big-endian integers.
+_HEADER, _U16, _U32, _U64 = map(struct.Struct, (">IH", ">H", ">I", ">Q"))
 
-TRANSPORTS = ("tcp", "websocket")
 
 
 # --- encoding -----------------------------------------------------------------------
@@ -228,32 +227,18 @@ def encode_unknown(f: UnknownFrame) -> bytes:
 
 
 _ENCODERS: dict[type, Callable[..., bytes]] = {
-    Setup: encode_setup,
-    Lease: encode_lease,
-    Keepalive: encode_keepalive,
-    RequestResponse: encode_request_response,
-    RequestFnf: encode_request_fnf,
-    RequestStream: encode_request_stream,
-    RequestChannel: encode_request_channel,
-    RequestN: encode_request_n,
-    Cancel: encode_cancel,
-    Payload: encode_payload,
-    ErrorFrame: encode_error,
-    MetadataPush: encode_metadata_push,
-    Resume: encode_resume,
-    ResumeOk: encode_resume_ok,
-    Ext: encode_ext,
-    UnknownFrame: encode_unknown,
+    Setup: encode_setup, Lease: encode_lease, Keepalive: encode_keepalive,
+    RequestResponse: encode_request_response, RequestFnf: encode_request_fnf,
+    RequestStream: encode_request_stream, RequestChannel: encode_request_channel,
+    RequestN: encode_request_n, Cancel: encode_cancel, Payload: encode_payload,
+    ErrorFrame: encode_error, MetadataPush: encode_metadata_push, Resume: encode_resume,
+    ResumeOk: encode_resume_ok, Ext: encode_ext, UnknownFrame: encode_unknown,
 }
 
 
 def encode_frame(frame: Frame) -> bytes:
     """One frame without the TCP length: a WebSocket binary message."""
-    try:
-        encoder = _ENCODERS[type(frame)]
-    except KeyError:
-        raise LocalProtocolError(f"not an RSocket frame: {frame!r}") from None
-    message = encoder(frame)
+    message = encode_by_type(_ENCODERS, frame, "an RSocket frame", LocalProtocolError)
     if len(message) > MAX_FRAME_LENGTH:
         raise LocalProtocolError(
             f"{describe(frame)} of {len(message)} bytes exceeds the 2**24-1 frame limit; "
@@ -269,13 +254,7 @@ def add_tcp_length(message: bytes) -> bytes:
     return len(message).to_bytes(LENGTH_SIZE, "big") + message
 
 
-def encode_tcp_frame(frame: Frame) -> bytes:
-    return add_tcp_length(encode_frame(frame))
-
-
-def encode_for(transport: str, frame: Frame) -> bytes:
-    message = encode_frame(frame)
-    return add_tcp_length(message) if transport == "tcp" else message
+encode_tcp_frame, encode_for = for_transport(encode_frame, add_tcp_length)
 
 
 # --- decoding -----------------------------------------------------------------------

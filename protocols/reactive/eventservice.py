@@ -1,7 +1,7 @@
 """The event service the ReactiveSocket draft and RSocket 1.0 both offer.
 
 Both protocols take the same requests (the draft's MessagePack schema:
-append, read, query, subscribe; ``protocols/reactivesocket/payloads.py``) and
+append, read, query, subscribe; ``protocols/reactive/payloads.py``) and
 answer from the same store; only framing, routing and data encoding differ.
 These functions are the part between a decoded request and the core's
 commands, written once for both adapters.  Storage is reached only through
@@ -38,7 +38,7 @@ from polyport.core.errors import TooLarge
 from polyport.core.events import DEFAULT_CONTENT_TYPE, EventData, RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
-from polyport.protocols.reactivesocket.payloads import (
+from polyport.protocols.reactive.payloads import (
     AppendRequest,
     EventMap,
     QueryRequest,

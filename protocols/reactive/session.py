@@ -1,0 +1,415 @@
+"""The server session both ReactiveSocket versions share, below their adapters.
+
+One session per connection, for either transport (TCP or WebSocket: only the
+wire framing differs).  The transport loop awaits ``data_received``, so
+anything that may take long (a request, a stream, a subscription) runs in a
+task of its own, one per live stream; the number of live streams is bounded
+by the connection object (``max_streams``) and fire-and-forget appends by a
+semaphore (more stop the reading of the socket, which is the backpressure
+path).  Every write awaits ``Outbound.send``.
+
+What is written here once: the stream tasks and their end, credit waits,
+REQUEST_N / CANCEL / stream faults, fire-and-forget, the event service's
+append, read, streamed read, query and subscription, and how a connection
+fails or closes.  Each version's ``adapter.py`` adds SETUP, how a request
+names its operation (the draft's ``op``, RSocket's route) and how answers are
+encoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, Protocol, cast
+
+from polyport.core.access import Tenant
+from polyport.core.commands import Append
+from polyport.core.errors import PolyportError, TooLarge
+from polyport.core.events import RecordedEvent
+from polyport.core.groups import GroupMember
+from polyport.core.subscriptions import Subscription
+from polyport.protocols.budgets import BudgetAccount
+from polyport.protocols.errors import TIMEOUT, LocalProtocolError, RemoteProtocolError
+from polyport.protocols.framing import InputBuffer
+from polyport.protocols.reactive.connection import StreamError
+from polyport.protocols.reactive.eventservice import (
+    StreamWork,
+    append_command,
+    finite_read,
+    query_documents,
+    read_events,
+    subscribe_command,
+)
+from polyport.protocols.reactive.frames import CONNECTION_STREAM_ID
+from polyport.protocols.reactive.limits import StreamLimits
+from polyport.protocols.reactive.payloads import (
+    AppendRequest,
+    AppendResponse,
+    QueryRequest,
+    QueryResponse,
+    ReadRequest,
+    SubscribeRequest,
+)
+from polyport.protocols.session import Outbound, SessionContext
+
+
+class _Coded(Protocol):
+    """What every error a request may end with carries."""
+
+    code: str
+    message: str
+
+
+class EventServiceSession:
+    """Server side of one connection of either version (a StreamSession)."""
+
+    # Task names start with this.
+    task_prefix: ClassVar[str] = ""
+    # The version's limits and sans-IO server connection classes.
+    limits_type: ClassVar[type[StreamLimits]] = StreamLimits
+    connection_type: ClassVar[type[Any]] = type(None)
+    # Errors a request ends with that its stream is answered with (ERROR
+    # ``{code, message}``); anything else is a bug, answered ``internal``.
+    request_errors: ClassVar[tuple[type[Exception], ...]] = (PolyportError,)
+
+    def __init__(
+        self,
+        ctx: SessionContext,
+        out: Outbound,
+        transport: str = "tcp",
+        limits: StreamLimits | None = None,
+        budget: BudgetAccount | None = None,
+    ) -> None:
+        """``budget``: this connection's share of the gateway's reassembly
+        budget (fragments of every connection together), released when the
+        connection is lost."""
+        self.ctx = ctx
+        ctx.on_revoke(self._fail_connection)
+        self.stats = ctx.stats
+        self.out = out
+        self.transport = transport
+        self.limits = limits or self.limits_type.from_settings(ctx.settings)
+        self.conn = self.connection_type(
+            transport, **self.limits.connection_args(), **self._connection_options()
+        )
+        self.conn.budget = budget
+        # The version's frame classes.
+        self.frames = self.conn.frames
+        # The store as the SETUP's principal may use it; None before SETUP.
+        self.tenant: Tenant | None = None
+        self._work: dict[int, StreamWork] = {}
+        self._fnf_slots = asyncio.Semaphore(self.limits.max_fnf_inflight)
+        self._fnf_tasks: set[asyncio.Task[None]] = set()
+        # Every stream task, also those already told to stop, so that
+        # connection_lost can wait for their cleanup.
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._last_input = asyncio.get_running_loop().time()
+        # The version's watchdog (idle connections, SETUP and KEEPALIVE
+        # deadlines), ended with the connection.
+        self._watchdog: asyncio.Task[None] | None = None
+        self._open()
+
+    # --- transport callbacks --------------------------------------------------------
+
+    async def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self._last_input = asyncio.get_running_loop().time()
+        try:
+            events = self.conn.receive_data(data)
+        except RemoteProtocolError as exc:
+            # Frames decoded before the fault are dropped with the connection.
+            await self._fail_connection(exc.code, exc.message, self._wire_code(exc))
+            return
+        for ev in events:
+            if self._closing:
+                return
+            self.stats.frames_in += 1
+            await self._dispatch(ev)
+
+    @property
+    def input_buffer(self) -> InputBuffer:
+        return self.conn.input_buffer  # type: ignore[no-any-return]
+
+    async def frame_timed_out(self, message: str) -> None:
+        await self._fail_connection(TIMEOUT, message)
+
+    async def connection_lost(self) -> None:
+        self._closing = True
+        # Fragments held for half-received requests go back to the budget now,
+        # whatever their streams' state.
+        self.conn.release_budget()
+        self._stop_all()
+        tasks = [*self._tasks, *self._fnf_tasks]
+        if self._watchdog is not None:
+            tasks.append(self._watchdog)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- the version's part ------------------------------------------------------------
+
+    def _connection_options(self) -> dict[str, Any]:
+        """Arguments of the version's connection beyond the limits."""
+        return {}
+
+    def _open(self) -> None:
+        """The version's own state of a new connection."""
+
+    def _wire_code(self, exc: RemoteProtocolError) -> int | None:
+        """The version's own error code for a connection fault, if it has one."""
+        return None
+
+    async def _dispatch_frame(self, ev: Any) -> None:
+        """SETUP, requests and the version's connection frames."""
+        raise NotImplementedError
+
+    def _peer_closed(self, frame: Any) -> None:
+        """Log the ERROR on stream 0 that ended the connection."""
+        raise NotImplementedError
+
+    async def _forget(self, frame: Any) -> None:
+        """Carry out a REQUEST_FNF."""
+        raise NotImplementedError
+
+    async def _send_event(self, stream_id: int, event: RecordedEvent) -> None:
+        """One event of a streamed read or a subscription, as the version
+        sends it.  Raises LocalProtocolError when the stream has ended."""
+        raise NotImplementedError
+
+    def _acks_manually(
+        self, stream_id: int, request: SubscribeRequest, sub: Subscription | GroupMember
+    ) -> bool:
+        """Whether the client settles a group subscription's events itself."""
+        return False
+
+    def _stream_ended(self, stream_id: int) -> None:
+        """Forget what the version keeps for a stream."""
+
+    # --- dispatch --------------------------------------------------------------------
+
+    async def _dispatch(self, ev: Any) -> None:
+        frames = self.frames
+        if isinstance(ev, frames.RequestFnf):
+            # Waiting for a slot stops the transport reading: backpressure.
+            await self._fnf_slots.acquire()
+            task = asyncio.create_task(
+                self._fire_and_forget(ev), name=f"{self.task_prefix}-fnf-{ev.stream_id}"
+            )
+            self._fnf_tasks.add(task)
+            task.add_done_callback(self._fnf_done)
+        elif isinstance(ev, frames.RequestN):
+            work = self._work.get(ev.stream_id)
+            if work is not None:
+                if work.sub is not None:
+                    work.sub.grant(ev.n)
+                work.wake.set()
+        elif isinstance(ev, frames.Cancel):
+            self._stop_work(ev.stream_id)
+        elif isinstance(ev, StreamError):
+            self._stop_work(ev.stream_id)
+            await self._send_error(ev.stream_id, ev.code, ev.message)
+        elif isinstance(ev, frames.ErrorFrame):
+            if ev.stream_id == CONNECTION_STREAM_ID:
+                # The client ended the connection with an error.
+                self._peer_closed(ev)
+                self._close()
+        else:
+            await self._dispatch_frame(ev)
+
+    def _fnf_done(self, task: asyncio.Task[None]) -> None:
+        self._fnf_tasks.discard(task)
+        self._fnf_slots.release()
+
+    async def _fire_and_forget(self, frame: Any) -> None:
+        try:
+            await self._forget(frame)
+        except asyncio.CancelledError:
+            raise
+        except self.request_errors as exc:
+            # Fire-and-forget is best effort: nothing goes back to the client.
+            coded = cast(_Coded, exc)
+            self.stats.error(coded.code, str(exc))
+            self.ctx.log.info(
+                "REQUEST_FNF %d from %s dropped: %s", frame.stream_id, self.out.peer, coded.message
+            )
+        except Exception:
+            self.stats.error("internal")
+            self.ctx.log.exception("REQUEST_FNF %d from %s failed", frame.stream_id, self.out.peer)
+
+    # --- stream tasks -----------------------------------------------------------------
+
+    def _start(self, stream_id: int, body: Callable[[StreamWork], Awaitable[None]]) -> None:
+        work = StreamWork(stream_id)
+        self._work[stream_id] = work
+        task = asyncio.create_task(
+            self._serve(work, body), name=f"{self.task_prefix}-stream-{stream_id}"
+        )
+        work.task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _stop_work(self, stream_id: int) -> None:
+        work = self._work.pop(stream_id, None)
+        if work is not None:
+            work.stop()
+
+    def _stop_all(self) -> None:
+        for work in list(self._work.values()):
+            work.stop()
+        self._work.clear()
+
+    async def _serve(self, work: StreamWork, body: Callable[[StreamWork], Awaitable[None]]) -> None:
+        sid = work.stream_id
+        try:
+            await body(work)
+        except asyncio.CancelledError:
+            raise
+        except self.request_errors as exc:
+            coded = cast(_Coded, exc)
+            await self._send_error(sid, coded.code, coded.message)
+        except LocalProtocolError as exc:
+            # The stream ended under us (CANCEL, connection error): nothing to
+            # send.  If it is still live, we broke the rules: a bug.
+            if self.conn.is_live(sid):
+                self.ctx.log.error("stream %d: %s", sid, exc.message)
+                await self._send_error(sid, "internal", "internal error")
+        except Exception:
+            self.ctx.log.exception("stream %d from %s failed", sid, self.out.peer)
+            await self._send_error(sid, "internal", "internal error")
+        finally:
+            if work.sub is not None:
+                work.sub.close()
+            if self._work.get(sid) is work:
+                del self._work[sid]
+                self._stream_ended(sid)
+
+    async def _wait_credit(self, work: StreamWork) -> None:
+        sid = work.stream_id
+        while self.conn.credits(sid) <= 0:
+            if not self.conn.is_live(sid):
+                raise LocalProtocolError(f"stream {sid} ended")
+            work.wake.clear()
+            await work.wake.wait()
+
+    # --- the event service -----------------------------------------------------------
+
+    def _append_command(self, context: str, request: AppendRequest) -> Append:
+        return append_command(
+            context,
+            request,
+            max_event_bytes=self.limits.max_event_bytes,
+            origin=self.limits.protocol,
+        )
+
+    async def _append(self, tenant: Tenant, context: str, request: AppendRequest) -> AppendResponse:
+        result = await tenant.append(self._append_command(context, request))
+        return AppendResponse(result.first_version, result.last_version, result.last_position)
+
+    async def _read(
+        self, tenant: Tenant, context: str, request: ReadRequest
+    ) -> list[RecordedEvent]:
+        return await read_events(
+            tenant,
+            context,
+            request,
+            default_max=self.limits.default_read_max,
+            page=self.limits.read_page,
+            max_bytes=self.limits.max_response_bytes,
+        )
+
+    async def _query(
+        self, tenant: Tenant, request: QueryRequest, encode: Callable[[QueryResponse], bytes]
+    ) -> bytes:
+        documents = await query_documents(tenant, request)
+        answer = encode(QueryResponse(tuple(documents)))
+        if len(answer) > self.limits.max_response_bytes:
+            raise TooLarge(
+                f"{len(documents)} documents make {len(answer)} bytes, above the limit of "
+                f"{self.limits.max_response_bytes}; narrow the matcher"
+            )
+        return answer
+
+    async def _read_stream(
+        self, work: StreamWork, tenant: Tenant, context: str, request: ReadRequest
+    ) -> None:
+        sid = work.stream_id
+        async for ev in finite_read(tenant, context, request, page=self.limits.read_page):
+            await self._wait_credit(work)
+            await self._send_event(sid, ev)
+        if self.conn.is_live(sid):
+            await self._write([self.conn.send_complete(sid)])
+
+    async def _subscribe(
+        self, work: StreamWork, tenant: Tenant, context: str, request: SubscribeRequest
+    ) -> None:
+        sid = work.stream_id
+        sub = await tenant.subscribe(
+            subscribe_command(context, request, buffer_size=self.limits.subscription_buffer),
+            credit=True,
+        )
+        work.sub = sub
+        if not self.conn.is_live(sid):  # CANCEL while the subscription opened
+            return
+        manual = self._acks_manually(sid, request, sub)
+        # Initial Request N plus any REQUEST_N that came meanwhile (nothing has
+        # been sent, so the connection's count is everything granted so far).
+        sub.grant(self.conn.credits(sid))
+        while True:
+            ev = await sub.next()
+            if ev is None or not self.conn.is_live(sid):
+                return
+            await self._send_event(sid, ev)
+            if isinstance(sub, GroupMember) and not manual:
+                # No ack frame in the protocol: delivered to the transport
+                # counts as acknowledged (the group's checkpoint moves on),
+                # unless the client asked to ack itself (the draft's
+                # ack: "manual").
+                sub.ack(ev.position)
+
+    # --- writing ----------------------------------------------------------------------
+
+    async def _write(self, chunks: list[bytes]) -> None:
+        for chunk in chunks:
+            await self.out.send(chunk)
+            self.stats.frames_out += 1
+
+    async def _send_error(self, stream_id: int, code: str, message: str) -> None:
+        if not self.conn.is_live(stream_id) or self.conn.closed:
+            return
+        try:
+            wire = self.conn.send_error(stream_id, code, message)
+        except LocalProtocolError:
+            return
+        self.stats.error(code, message)
+        await self._write([wire])
+
+    async def _fail_connection(
+        self, code: str, message: str, wire_code: int | None = None
+    ) -> None:
+        """ERROR on stream 0, then close (codec faults, refused SETUP,
+        lifetime).  ``wire_code``: the version's own error code, where it has
+        one and the default does not fit."""
+        if self._closing:
+            return
+        self._closing = True
+        self.ctx.log.info("closing %s: %s: %s", self.out.peer, code, message)
+        self._stop_all()
+        self.stats.error(code, message)
+        extra = () if wire_code is None else (wire_code,)
+        try:
+            wire = self.conn.send_error(CONNECTION_STREAM_ID, code, message, *extra)
+        except LocalProtocolError:
+            wire = b""
+        if wire:
+            with contextlib.suppress(ConnectionError, OSError):
+                await self._write([wire])
+        self.out.close()
+
+    def _close(self) -> None:
+        self._closing = True
+        self._stop_all()
+        self.out.close()

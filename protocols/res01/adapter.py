@@ -35,7 +35,6 @@ from polyport.core.errors import (
     Malformed,
     NotFound,
     PolyportError,
-    StorageUnavailable,
     Timeout,
     TooLarge,
     Unsupported,

@@ -5,19 +5,14 @@ works again, and the log says so in one line per change (no tracebacks)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import shutil
 import signal
-import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from polyport.gateway.embedded_pg import EmbeddedPostgres
 from polyport.protocols.bson.client import BsonClient
-from tests.gateway.test_workers import ALL_PORTS_ZERO, Served, _drain, wait_until
+from tests.gateway.test_workers import Served, serve_embedded, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -44,36 +39,12 @@ async def kill_and_see_it_back(served: Served) -> None:
 
 
 async def test_a_killed_embedded_database_is_restarted() -> None:
-    root = Path(tempfile.mkdtemp(prefix="polyport-supervised-pg-", dir="/tmp"))
-    root.chmod(0o755)  # the cluster may run as another user than the tests
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve",
-        "--data-dir", str(root / "data"), *ALL_PORTS_ZERO,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
-    served = Served(proc, root / "data", {})
-    served._drain = asyncio.create_task(_drain(proc, served.stderr))
-    try:
-        assert proc.stdout is not None
-        while "http listening on" not in (line := (
-                await asyncio.wait_for(proc.stdout.readline(), 120)).decode()):
-            assert line, "serve exited before listening:\n" + "".join(served.stderr)
-        served.ports = json.loads((root / "data" / "gateway.json").read_text())
+    async with serve_embedded() as served:
         await kill_and_see_it_back(served)
         assert not any("Traceback" in line for line in served.stderr), "".join(served.stderr)
         assert sum("stopped; restarting it" in line for line in served.stderr) == 1
-        proc.send_signal(signal.SIGINT)
-        await asyncio.wait_for(proc.wait(), 60)
-        assert proc.returncode == 0, "".join(served.stderr[-20:])
+        served.proc.send_signal(signal.SIGINT)
+        await asyncio.wait_for(served.proc.wait(), 60)
+        assert served.proc.returncode == 0, "".join(served.stderr[-20:])
         # The gateway stopped the cluster it restarted, and did not restart it again.
-        assert EmbeddedPostgres(root / "data").running_port() is None
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        await served._drain
-        pg = EmbeddedPostgres(root / "data")
-        if pg.running_port() is not None:
-            pg.owned = True
-            await asyncio.to_thread(pg.stop)
-        shutil.rmtree(root, ignore_errors=True)
+        assert EmbeddedPostgres(served.data_dir).running_port() is None

@@ -444,19 +444,16 @@ async def test_sighup_reloads_the_certificate_in_every_worker(
         assert gw.proc.returncode is None
 
 
-async def test_the_embedded_database_is_started_once_and_never_in_argv() -> None:
-    """No database URL: the supervisor starts and migrates the embedded
-    PostgreSQL once; the workers get its URL (with its password) through the
-    pipe, not their command line or environment.  SIGINT stops it all."""
-    import shutil
-    import tempfile
-
+@contextlib.asynccontextmanager
+async def serve_embedded(*extra: str) -> AsyncIterator[Served]:
+    """``serve`` with no database URL (its own embedded cluster) until the
+    block ends; the cluster is stopped afterwards whatever happened."""
     # Not tmp_path: the cluster may run as another user (see tests/conftest.py).
-    root = Path(tempfile.mkdtemp(prefix="polyport-workers-pg-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix="polyport-embedded-", dir="/tmp"))
     root.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve", "--workers", "2",
+        sys.executable, "-m", "polyport.gateway.cli", "serve", *extra,
         "--data-dir", str(root / "data"), *ALL_PORTS_ZERO,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
     served = Served(proc, root / "data", {})
@@ -467,23 +464,7 @@ async def test_the_embedded_database_is_started_once_and_never_in_argv() -> None
                 await asyncio.wait_for(proc.stdout.readline(), 120)).decode()):
             assert line, "serve exited before listening:\n" + "".join(served.stderr)
         served.ports = json.loads((root / "data" / "gateway.json").read_text())
-        host, port = served.port("bson")
-        async with await BsonClient.connect(host, port) as c:
-            await c.emit("embedded", "T", {"ok": True})
-        password = (root / "data" / "pg-password").read_text().strip()
-        pids = [w["pid"] for w in (await served.status())["workers"]]
-        for pid in pids:
-            for what in ("cmdline", "environ"):
-                assert password.encode() not in Path(f"/proc/{pid}/{what}").read_bytes(), what
-        assert sum("using the embedded PostgreSQL" in line for line in served.stderr) == 1
-        # The supervisor restarts the cluster when it dies (issue 29 item 2).
-        from tests.gateway.test_embedded_supervision import kill_and_see_it_back
-
-        await kill_and_see_it_back(served)
-        proc.send_signal(signal.SIGINT)
-        await asyncio.wait_for(proc.wait(), 60)
-        assert proc.returncode == 0, "".join(served.stderr[-20:])
-        assert not (root / "data" / "pgdata" / "postmaster.pid").exists()  # stopped
+        yield served
     finally:
         if proc.returncode is None:
             proc.kill()
@@ -494,6 +475,30 @@ async def test_the_embedded_database_is_started_once_and_never_in_argv() -> None
             pg.owned = True
             await asyncio.to_thread(pg.stop)
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_the_embedded_database_is_started_once_and_never_in_argv() -> None:
+    """No database URL: the supervisor starts and migrates the embedded
+    PostgreSQL once; the workers get its URL (with its password) through the
+    pipe, not their command line or environment.  SIGINT stops it all."""
+    from tests.gateway.test_embedded_supervision import kill_and_see_it_back
+
+    async with serve_embedded("--workers", "2") as served:
+        host, port = served.port("bson")
+        async with await BsonClient.connect(host, port) as c:
+            await c.emit("embedded", "T", {"ok": True})
+        password = (served.data_dir / "pg-password").read_text().strip()
+        pids = [w["pid"] for w in (await served.status())["workers"]]
+        for pid in pids:
+            for what in ("cmdline", "environ"):
+                assert password.encode() not in Path(f"/proc/{pid}/{what}").read_bytes(), what
+        assert sum("using the embedded PostgreSQL" in line for line in served.stderr) == 1
+        # The supervisor restarts the cluster when it dies (issue 29 item 2).
+        await kill_and_see_it_back(served)
+        served.proc.send_signal(signal.SIGINT)
+        await asyncio.wait_for(served.proc.wait(), 60)
+        assert served.proc.returncode == 0, "".join(served.stderr[-20:])
+        assert not (served.data_dir / "pgdata" / "postmaster.pid").exists()  # stopped
 
 
 def _gone(pid: int) -> bool:

@@ -38,10 +38,24 @@ async def _bson(gw: Any, name: str) -> str:
 
 
 async def _reactivesocket(gw: Any, name: str) -> str:
-    host, port = gw.listeners["reactivesocket"].address
-    client = await ReactiveSocketClient.connect(host, port)
+    return await _group(gw, "reactivesocket", name)
+
+
+async def _rsocket(gw: Any, name: str) -> str:
+    return await _group(gw, "rsocket", name)
+
+
+async def _group(gw: Any, protocol: str, name: str, user: str | None = None,
+                 context: str | None = None) -> str:
+    """A ReactiveSocket or RSocket group subscription (anonymous without
+    ``user``): "ok", or the error code that ended it."""
+    client_class = {"reactivesocket": ReactiveSocketClient, "rsocket": RSocketClient}[protocol]
+    host, port = gw.listeners[protocol].address
+    login = {"user": user, "password": "pw"} if user is not None else {}
+    client = await client_class.connect(host, port, **login)
     try:
-        events = await client.subscribe(stream="s", group=name)
+        where = {"context": context} if context is not None else {}
+        events = await client.subscribe(stream="s", group=name, **where)
         # A refused subscription ends its stream with ERROR; an accepted one
         # stays open with nothing to deliver.
         await asyncio.wait_for(anext(aiter(events)), 2)
@@ -52,10 +66,6 @@ async def _reactivesocket(gw: Any, name: str) -> str:
     finally:
         await client.close()
     return "ok"
-
-
-async def _rsocket(gw: Any, name: str) -> str:
-    return await _rsocket_as(gw, None, None, name)
 
 
 async def _micromsg2(gw: Any, name: str) -> str:
@@ -139,22 +149,8 @@ async def test_concurrent_creations_cannot_pass_the_quota(
     assert len(await gw.store.list_subscriptions()) == 3
 
 
-async def _rsocket_as(gw: Any, user: str | None, context: str | None, name: str) -> str:
-    """An RSocket group subscription (anonymous without ``user``): "ok", or
-    the error code that ended it."""
-    host, port = gw.listeners["rsocket"].address
-    login = {"user": user, "password": "pw"} if user is not None else {}
-    client = await RSocketClient.connect(host, port, **login)
-    try:
-        events = await client.subscribe(stream="s", group=name, context=context)
-        await asyncio.wait_for(anext(aiter(events)), 2)
-    except RemoteError as exc:
-        return exc.code
-    except TimeoutError:
-        return "ok"
-    finally:
-        await client.close()
-    return "ok"
+async def _rsocket_as(gw: Any, user: str | None, context: str, name: str) -> str:
+    return await _group(gw, "rsocket", name, user, context)
 
 
 async def test_a_principal_is_held_to_its_own_quota_over_every_context(

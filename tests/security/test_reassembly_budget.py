@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -40,6 +38,7 @@ from polyport.protocols.rsocket.metadata import COMPOSITE
 from polyport.protocols.rsocket.wire import decode_frame, encode_tcp_frame
 from polyport.protocols.segment.frames import SETUP_APPEND, ErrorMessage
 from polyport.protocols.segment.wire import decode_frame as segment_decode_frame
+from tests.memory import resident_bytes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,18 +56,6 @@ FRAGMENTS = encode_tcp_frame(RequestResponse(1, None, b"x" * (MIB // 16), follow
 SETUP = encode_tcp_frame(Setup(60_000, 120_000, COMPOSITE, "application/json"))
 # Answered by the server after it has dealt with the fragment before it.
 PING = encode_tcp_frame(Keepalive(respond=True))
-
-
-def _rss() -> int:
-    """This process's resident memory, after handing freed heap memory back
-    to the system: what is still in use, not what malloc kept for later."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name:
-        trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None)
-        if trim is not None:
-            trim(0)
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
 
 
 async def _until(condition: Callable[[], bool]) -> None:
@@ -111,7 +98,7 @@ async def test_fragments_of_many_connections_stay_within_the_budget(
     )
     budget = gw.reassembly_budget
     host, port = gw.listeners["rsocket"].address
-    before = _rss()
+    before = resident_bytes()
     results = await asyncio.gather(*(_attack(host, port) for _ in range(ATTACKERS)))
     errors = [error for _, error in results if error is not None]
     held = ATTACKERS - len(errors)
@@ -128,7 +115,7 @@ async def test_fragments_of_many_connections_stay_within_the_budget(
     assert budget.used <= PER_ADDRESS
     assert budget.by_address.keys() <= {"127.0.0.1"}
     # What the attack costs the process is the budget, not 64 fragments.
-    grown = _rss() - before
+    grown = resident_bytes() - before
     assert grown < 24 * MIB, f"RSS grew {grown / MIB:.1f} MiB"
 
     # Another address has its own share: its fragmented append goes through.

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import struct
 from collections.abc import Awaitable, Callable
@@ -24,6 +22,7 @@ import pytest
 from polyport.gateway.config import ConfigError, load_config
 from polyport.gateway.listeners.res01 import warn_if_open_to_everyone
 from polyport.protocols.res01.client import Res01Client, new_event
+from tests.memory import resident_bytes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,17 +37,6 @@ _READY_BODY = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALE
 READY = b"\x04" + bytes([len(_READY_BODY)]) + _READY_BODY
 # A long frame with MORE: another part always follows.
 PART = b"\x03" + struct.pack(">Q", MIB) + b"p" * MIB
-
-
-def _rss() -> int:
-    """Resident memory after freed heap memory is handed back."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name:
-        trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None)
-        if trim is not None:
-            trim(0)
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
 
 
 async def _server_ready(reader: asyncio.StreamReader) -> bool:
@@ -89,9 +77,9 @@ async def test_peers_outside_res01_allow_from_cannot_send_a_message(
 ) -> None:
     gw = await gateway_factory(res01_allow_from=("127.0.0.2/32",))
     host, port = gw.listeners["res01"].address
-    before = _rss()
+    before = resident_bytes()
     sent = await _endless_message(host, port)
-    grown = _rss() - before
+    grown = resident_bytes() - before
     # Refused at the handshake (ZAP 400 on its NULL mechanism): not one part
     # reached libzmq's pipe, where 64 MiB would wait for the last part.
     assert sent == 0

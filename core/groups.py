@@ -31,7 +31,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING
 
 from polyport.core.aio import wait_event
@@ -83,11 +83,10 @@ class GroupMember(BufferedReader):
         self._buffer.append(ev)
         self._readable.set()
 
-    def _take(self) -> RecordedEvent | None:
-        ev = super()._take()
-        if ev is not None:
+    def _handed_out(self, events: Sequence[RecordedEvent]) -> None:
+        for ev in events:
             self._group.taken(ev)
-        return ev
+        super()._handed_out(events)
 
     def nack(self, position: int) -> None:
         """The consumer could not handle this delivered event: retry it (on

@@ -8,7 +8,7 @@ import json
 import logging
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -190,7 +190,7 @@ class EventStore:
         self.started = False
         # Optional: called with each event handed to a subscriber or fetched
         # by a fetch-style subscription (delivery metrics).
-        self.on_deliver: Callable[[RecordedEvent], None] | None = None
+        self.on_deliver: Callable[[Sequence[RecordedEvent]], None] | None = None
         # Optional, called in the caller's task (the gateway's per-connection
         # counters): events appended, a login, a subscription handed out.
         self.on_append: Callable[[int], None] | None = None
@@ -699,8 +699,7 @@ class EventStore:
                 sql.RECORD_FETCH, sub_id, out[-1].position, out[-1].recorded_at
             )
             if self.on_deliver is not None:
-                for ev in out:
-                    self.on_deliver(ev)
+                self.on_deliver(out)
         return out
 
     async def _park_refetched(self, sub: FetchSubscription, batch: list[RecordedEvent]) -> bool:

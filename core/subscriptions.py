@@ -162,6 +162,11 @@ class Subscription(BufferedReader):
         return True
 
 
+def _selects_all(selector: Selector) -> bool:
+    return (selector.context is None and selector.stream is None and selector.prefix is None
+            and not selector.types and selector.matcher is None)
+
+
 def _safe_match(selector: Selector, ev: RecordedEvent) -> bool:
     try:
         return selector.matches(ev)
@@ -359,7 +364,9 @@ class Tailer:
                 rows = await self._pool.fetch(read.statement, *read.args)
             except asyncpg.TooManyConnectionsError as exc:
                 raise StorageUnavailable(str(exc)) from exc
-        events = [e for e in map(record_from_row, rows) if _safe_match(selector, e)]
+        events = list(map(record_from_row, rows))
+        if not _selects_all(selector):
+            events = [e for e in events if _safe_match(selector, e)]
         if len(rows) >= limit:
             return events, rows[-1]["position"], False
         return events, read.upper, read.upper >= upper

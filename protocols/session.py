@@ -103,6 +103,11 @@ AUTH_CODES = frozenset({"unauthenticated", "forbidden"})
 # and summarised in the next line that is written.
 ERROR_LINES_PER_SECOND = 20
 
+# Events a subscription's delivery takes at once (what is buffered, within
+# any credits): one encoding pass and one socket write for them all, where
+# one each was most of a catch-up's gateway CPU (docs/performance.md).
+DELIVERY_BATCH = 256
+
 
 @dataclass
 class ListenerStats:

@@ -231,8 +231,8 @@ class ReactiveSocketSession(EventServiceSession):
 
     # --- writing ---------------------------------------------------------------
 
-    async def _send_event(self, stream_id: int, event: RecordedEvent) -> None:
-        await self._respond(stream_id, payloads.encode_event(event_map(event)))
+    def _event_data(self, event: RecordedEvent) -> bytes:
+        return payloads.encode_event(event_map(event))
 
     async def _respond(self, stream_id: int, data: bytes, *, complete: bool = False) -> None:
         """RESPONSE (fragmented as needed).  Raises LocalProtocolError when

@@ -15,6 +15,7 @@ and every ``bytes`` from ``send`` is one message to send).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from polyport.protocols.reactive.connection import DEFAULT_MAX_STREAMS, RequesterConveniences
 from polyport.protocols.reactivesocket.base import BaseConnection, Event, StreamError, error_frame
@@ -345,6 +346,11 @@ class ServerConnection(BaseConnection, role="server"):
         limit = self.max_fragment if max_fragment is None else max_fragment
         frames = fragment(Response(stream_id, data, complete), limit)
         return [f for f in frames if isinstance(f, Response)]
+
+    def item_frames(self, stream_id: int, data: bytes) -> list[Any]:
+        if len(data) <= self.max_fragment:  # what fragment() would keep whole
+            return [Response(stream_id, data)]
+        return list(self.fragment_response(stream_id, data))
 
     def send_response(
         self,

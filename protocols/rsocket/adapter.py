@@ -269,10 +269,8 @@ class RSocketSession(EventServiceSession):
         assert isinstance(routed.request, payloads.AppendRequest)
         await self._append(tenant, context, routed.request)
 
-    async def _send_event(self, stream_id: int, event: RecordedEvent) -> None:
-        await self._write(self.conn.send_payload(
-            stream_id, payloads.encode_event(event_map(event), self.data_format)
-        ))
+    def _event_data(self, event: RecordedEvent) -> bytes:
+        return payloads.encode_event(event_map(event), self.data_format)
 
     # --- the watchdog ----------------------------------------------------------------
 

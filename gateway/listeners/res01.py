@@ -49,12 +49,7 @@ from polyport.gateway.zap import DOMAIN as ZAP_DOMAIN
 from polyport.gateway.zap import ZapHandler
 from polyport.protocols.connections import ADMIN_CLOSE, IDLE, PEER_CLOSED, SHUTDOWN, Connection
 from polyport.protocols.res01 import DEFAULT_PORT, PROTOCOL, Error, Res01Error, Response
-from polyport.protocols.res01.adapter import (
-    Res01Handler,
-    Res01Limits,
-    is_write,
-    limits_from,
-)
+from polyport.protocols.res01.adapter import Res01Handler, is_write
 from polyport.protocols.res01.connection import (
     Exchange,
     MessageAssembler,
@@ -62,6 +57,7 @@ from polyport.protocols.res01.connection import (
     ServerConnection,
 )
 from polyport.protocols.res01.errors import ErrorCode, LocalProtocolError, error_reply
+from polyport.protocols.res01.limits import Limits
 from polyport.protocols.res01.peers import PeerTable
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, Peer, SessionContext
 
@@ -121,7 +117,7 @@ class Res01Listener:
         ctx: SessionContext,
         host: str,
         port: int,
-        limits: Res01Limits,
+        limits: Limits,
         curve: CurveServer | None = None,
         *,
         store: EventStore,
@@ -696,7 +692,7 @@ async def start(gw: Gateway, host: str, port: int) -> Res01Listener:
     stats = ListenerStats(PROTOCOL)
     ctx = gw.context(PROTOCOL, stats)
     listener = Res01Listener(
-        PROTOCOL, ctx, host, port, limits_from(gw.settings),
+        PROTOCOL, ctx, host, port, Limits.from_settings(gw.settings),
         curve=curve_server(gw.config, gw.store.users),
         store=gw.store,  # a gateway listener: it makes each request's Tenant
         login_port=gw.config.res01_login_port,

@@ -1,11 +1,12 @@
 """Res01 requests ⇄ canonical core commands.
 
-The ZeroMQ ROUTER loop (``gateway/listeners/res01.py``) takes a request from
-its :class:`~polyport.protocols.res01.connection.ServerConnection`, admits it
+The listener's session (``session.py``) takes a request from its
+:class:`~polyport.protocols.res01.connection.ServerConnection`, admits it
 (in-flight limits) and runs :meth:`Res01Handler.handle` in a task of its own;
 every :class:`Response` the handler yields goes back through the connection
-(which checks it answers the request) to the request's routing frames.  The handler reaches storage
-only through the :class:`core.access.Tenant` of the request's principal.
+(which checks it answers the request) to the request's routing frames.  The
+handler reaches storage only through the :class:`core.access.Tenant` of the
+request's principal.
 
 Mapping and decisions: ``docs/protocols/res01.md``.
 """
@@ -260,7 +261,7 @@ class Res01Handler:
     """Serves decoded requests for one principal at a time.  Stateless per
     peer: every Res01 request is complete in itself, durable state lives in
     Postgres, and who may do what is the :class:`~polyport.core.access.Tenant`
-    each request is served with (the listener makes it from the peer's ZAP
+    each request is served with (the session has it from the peer's ZAP
     login, or the anonymous principal)."""
 
     def __init__(

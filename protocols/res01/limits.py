@@ -58,10 +58,10 @@ class Limits(ProtocolLimits):
     # seconds for a commit before answering (a held fetch, or long poll), so
     # a client fetching in a loop gets events as they are committed instead
     # of on its next poll.  0 answers at once.  Capped at half read_timeout.
-    # Held only while at most half the read slots are busy (the listener
+    # Held only while at most half the read slots are busy (the session
     # decides), so waiting fetches never keep other reads out.
     fetch_wait: float = 0.5
-    # Peers (routing ids) the listener keeps state for: one unseen for
+    # Peers (routing ids) the session keeps state for: one unseen for
     # idle_timeout (the gateway's; 0 = never) is forgotten, and past max_peers
     # the least recently seen is (protocols/res01/peers.py).  A forgotten
     # peer is served as a new one on its next message.

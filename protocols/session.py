@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from polyport.core.access import Tenant
+from polyport.core.errors import Unauthenticated
 from polyport.protocols.connections import Connection, ConnectionTable
 from polyport.protocols.framing import InputBuffer
 
@@ -49,6 +50,13 @@ class Outbound(Protocol):
 
 
 class StreamSession(Protocol):
+    """One connection's protocol session.  A listener's factory makes each
+    as ``Session(ctx, out, …, limits=None, input_budget=None)``: ``limits``
+    the package's ``Limits`` (read once per listener; by default
+    ``Limits.from_settings(ctx.settings)``), ``input_budget`` the
+    connection's account in the gateway's budget for input not yet whole,
+    released when the connection is lost."""
+
     async def data_received(self, data: bytes) -> None:
         """Handle bytes from the peer.  The transport does not read more until
         this returns, so long-running work belongs in a task of the session."""
@@ -226,6 +234,14 @@ class ListenerStats:
             extra={"protocol": self.protocol, "peer": where, "code": code,
                    "reason": message},
         )
+
+
+def logged_in(tenant: Tenant | None, first: str) -> Tenant:
+    """A session's tenant once its connection has logged in; before that,
+    :class:`Unauthenticated` saying what comes ``first``."""
+    if tenant is None:
+        raise Unauthenticated(first)
+    return tenant
 
 
 def register_connection(

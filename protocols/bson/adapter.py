@@ -43,7 +43,7 @@ import bson.binary
 from polyport.core.access import Tenant
 from polyport.core.bodies import BSON
 from polyport.core.commands import Append, AppendBatch, Principal
-from polyport.core.errors import Malformed, PolyportError, TooLarge, Unauthenticated, Unsupported
+from polyport.core.errors import Malformed, PolyportError, TooLarge, Unsupported
 from polyport.core.events import EventData
 from polyport.protocols.bson.connection import ServerConnection
 from polyport.protocols.bson.errors import (
@@ -86,7 +86,7 @@ from polyport.protocols.bson.wire import ENCODE_OPTIONS, is_supported_version
 from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT
 from polyport.protocols.framing import InputBuffer
-from polyport.protocols.session import Outbound, SessionContext
+from polyport.protocols.session import Outbound, SessionContext, SessionTasks, logged_in
 
 ORIGIN = PROTOCOL
 # Replies already decided that go out in one write.
@@ -142,8 +142,6 @@ class BsonSession:
         self, ctx: SessionContext, out: Outbound, limits: Limits | None = None,
         input_budget: BudgetAccount | None = None,
     ) -> None:
-        """``input_budget``: this connection's account in the gateway's budget
-        for input not yet whole, released when the connection is lost."""
         self.ctx = ctx
         self._tenant: Tenant | None = None
         ctx.on_revoke(self._revoked)
@@ -164,7 +162,8 @@ class BsonSession:
         self._replies: deque[Reply] = deque()
         self._replies_wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # Its tasks (besides the reply writer): cancelled when it is lost.
+        self._tasks = SessionTasks()
         self.transactions = Transactions(
             self.conn.transactions,
             max_open=s.max_transactions,
@@ -214,13 +213,11 @@ class BsonSession:
             self.conn.budget.close()
         self.closing = True
         self._stop_streams()
-        tasks = list(self._tasks)
         if self._writer is not None:
-            tasks.append(self._writer)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+            self._writer.cancel()
+        await self._tasks.close()
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
         self.transactions.clear()
         self.conn.close()
 
@@ -270,10 +267,7 @@ class BsonSession:
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """A task of this connection: cancelled when it is lost."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro)
 
     def _ensure_writer(self) -> None:
         if self._writer is None:
@@ -360,9 +354,7 @@ class BsonSession:
     @property
     def tenant(self) -> Tenant:
         """The store as the connection's principal may use it (after CONNECT)."""
-        if self._tenant is None:
-            raise Unauthenticated("CONNECT first")
-        return self._tenant
+        return logged_in(self._tenant, "CONNECT first")
 
     # --- CONNECT -----------------------------------------------------------------------
 

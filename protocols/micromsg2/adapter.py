@@ -33,7 +33,7 @@ from polyport.core.access import Tenant
 from polyport.core.bodies import JSON, OCTETS, body_json_text, loads_json
 from polyport.core.commands import END, Append, AppendBatch, Principal, Selector
 from polyport.core.commands import Subscribe as CoreSubscribe
-from polyport.core.errors import Busy, NotFound, PolyportError, Unauthenticated
+from polyport.core.errors import Busy, NotFound, PolyportError
 from polyport.core.events import DEFAULT_CONTEXT, EventData, RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
@@ -67,7 +67,7 @@ from polyport.protocols.micromsg2.pubsub import (
     parse_pubsub_command,
 )
 from polyport.protocols.micromsg2.state import State
-from polyport.protocols.session import Outbound, SessionContext
+from polyport.protocols.session import Outbound, SessionContext, logged_in
 
 SERVER_IDENTITY = "polyport"
 
@@ -254,8 +254,6 @@ class MicroMsg2Session:
         self, ctx: SessionContext, out: Outbound, limits: Limits | None = None,
         input_budget: BudgetAccount | None = None,
     ) -> None:
-        """``input_budget``: this connection's account in the gateway's budget
-        for input not yet whole, released when the connection is lost."""
         self._ctx = ctx
         ctx.on_revoke(self._fail)
         # The store as the x-auth (or anonymous) principal may use it.
@@ -411,9 +409,7 @@ class MicroMsg2Session:
     @property
     def tenant(self) -> Tenant:
         """The store as the connection's principal may use it (once open)."""
-        if self._tenant is None:
-            raise Unauthenticated("the handshake has not completed")
-        return self._tenant
+        return logged_in(self._tenant, "the handshake has not completed")
 
     async def _opened(self) -> None:
         negotiated = self._conn.negotiated

@@ -244,8 +244,6 @@ class SegmentSession:
         limits: Limits | None = None,
         input_budget: BudgetAccount | None = None,
     ) -> None:
-        """``input_budget``: this connection's account in the gateway's budget
-        for input not yet whole, released when the connection is lost."""
         self._ctx = ctx
         ctx.on_revoke(self._revoked)
         # Logins of this connection by credentials string ("" = anonymous):

@@ -45,7 +45,7 @@ class Queries:
             exc: PolyportError = Malformed(f"QUERY: queryID {qid} is still active")
             await session.reply(done(error_response(exc)))
             return
-        limit = session.settings.max_queries
+        limit = session.limits.max_queries
         if len(self._queries) >= limit:
             exc = Busy(f"QUERY: at most {limit} queries at a time")
             await session.reply(done(error_response(exc)))

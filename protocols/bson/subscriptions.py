@@ -93,7 +93,7 @@ class Subscriptions:
 
     async def subscribe(self, frame: Subscribe) -> None:
         session = self.session
-        limit = session.settings.max_subscriptions
+        limit = session.limits.max_subscriptions
         if len(self._subs) >= limit:
             exc = Busy(f"SUBSCRIBE: at most {limit} subscriptions")
             await session.reply(done(sub_error(exc)))
@@ -110,7 +110,7 @@ class Subscriptions:
             selector,
             start,
             durable=frame.durable_id,
-            buffer_size=session.settings.subscription_buffer,
+            buffer_size=session.limits.subscription_buffer,
         )
         task = session.spawn(self._open(sub, command))
         await session.reply(task, after=lambda reply: self._start_delivery(sub, reply))

@@ -376,15 +376,15 @@ class EventServiceSession:
         # No ack frame in the protocol: delivered to the transport counts as
         # acknowledged (the group's checkpoint moves on), unless the client
         # asked to ack itself (the draft's ack: "manual").
-        auto_ack = isinstance(sub, GroupMember) and not manual
+        auto_ack = sub if isinstance(sub, GroupMember) and not manual else None
         while True:
             events = await sub.next_batch(DELIVERY_BATCH)
             if not events or not self.conn.is_live(sid):
                 return
             await self._send_events(sid, events)
-            if auto_ack:
+            if auto_ack is not None:
                 for ev in events:
-                    sub.ack(ev.position)
+                    auto_ack.ack(ev.position)
 
     # --- writing ----------------------------------------------------------------------
 

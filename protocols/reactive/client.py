@@ -189,10 +189,13 @@ class ResponseStream(IterateUntilNone[bytes]):
         ``timeout`` passes.  Raises :class:`RemoteError` on ERROR."""
         if self.done and self._queue.empty():
             return None
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except TimeoutError:
-            return None
+        if not self._queue.empty():  # no waiting, no timer: a catch-up's usual case
+            item = self._queue.get_nowait()
+        else:
+            try:
+                item = await asyncio.wait_for(self._queue.get(), timeout)
+            except TimeoutError:
+                return None
         if isinstance(item, _End):
             self.done = True
             return None

@@ -185,17 +185,18 @@ def event_from_map(obj: Any, what: str = "event") -> EventMap:
         raise PayloadError(f"{what}: 'id' is required")
     if "body" not in obj:
         raise PayloadError(f"{what}: 'body' is required")
+    # Positional, in the fields' order: a client decodes one per event.
     return EventMap(
-        id=_uuid(obj["id"], "id", what),
-        context=required_str(obj, "context", what),
-        stream=required_str(obj, "stream", what),
-        version=_req_int(obj, "version", what, minimum=1),
-        position=_req_int(obj, "position", what, minimum=0),
-        type=required_str(obj, "type", what, empty_ok=True),
-        headers=_headers(obj.get("headers"), what),
-        body=_bytes(obj["body"], "body", what),
-        content_type=required_str(obj, "content_type", what, empty_ok=True),
-        recorded_at=_req_int(obj, "recorded_at", what),
+        _uuid(obj["id"], "id", what),
+        required_str(obj, "context", what),
+        required_str(obj, "stream", what),
+        _req_int(obj, "version", what, minimum=1),
+        _req_int(obj, "position", what, minimum=0),
+        required_str(obj, "type", what, empty_ok=True),
+        _headers(obj.get("headers"), what),
+        _bytes(obj["body"], "body", what),
+        required_str(obj, "content_type", what, empty_ok=True),
+        _req_int(obj, "recorded_at", what),
     )
 
 

@@ -135,7 +135,7 @@ class Appender:
         if client is not None:
             try:
                 await asyncio.wait_for(client.close(), 1)
-            except Exception:  # noqa: BLE001, S110 - the connection is already gone
+            except Exception:  # noqa: BLE001 - the connection is already gone
                 pass
 
     async def _send(self, seq: int, event_id: uuid.UUID) -> None:
@@ -354,7 +354,7 @@ async def one_round(n: int, gw: Gateway, url: str, per_protocol: int, load: floa
 
 async def run(rounds: int, per_protocol: int, load: float, data_dir: Path | None) -> int:
     root = data_dir or Path(tempfile.mkdtemp(prefix="polyport-faults-", dir="/tmp"))
-    root.chmod(0o755)  # noqa: ASYNC240 - once, before any I/O runs
+    root.chmod(0o755)  # once, before any I/O runs
     gw = Gateway(root)
     pg = EmbeddedPostgres(root)
     totals: list[list[Result]] = []

@@ -282,7 +282,7 @@ class Tailer:
         try:
             for i, r in enumerate(rows):
                 self._fan_out(_recorded(base + i + 1, t0 + i * _ONE_MICROSECOND, r))
-        except Exception:  # noqa: BLE001 - runs in the writer's commit path
+        except Exception:  # runs in the writer's commit path
             # The commit stands whatever happens here; the tailer reads the
             # rest of the range from the database instead.
             log.exception("fan-out from memory failed at position %d; reading it back", self.head)
@@ -415,7 +415,7 @@ class Tailer:
         for cb in self.on_advance:
             try:
                 cb(self.head)
-            except Exception:  # noqa: BLE001 - may run in the writer's commit path
+            except Exception:  # may run in the writer's commit path
                 log.exception("tailer advance callback failed")
 
     def _head_moved(self) -> None:

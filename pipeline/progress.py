@@ -53,12 +53,12 @@ class TaskListener:
         with self._lock:
             return self._counts.copy()
 
-    def onStageSubmitted(self, event: Any) -> None:  # noqa: N802 - Java's name
+    def onStageSubmitted(self, event: Any) -> None:  # Java's name
         tasks = int(event.stageInfo().numTasks())
         with self._lock:
             self._counts.tasks_total += tasks
 
-    def onTaskEnd(self, event: Any) -> None:  # noqa: N802
+    def onTaskEnd(self, event: Any) -> None:
         metrics = event.taskMetrics()
         read = written = 0
         if metrics is not None:

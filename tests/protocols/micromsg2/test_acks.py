@@ -119,9 +119,9 @@ def test_ack_payload() -> None:
 def test_window_matches_a_model(start: int, size: int, steps: list[tuple[bool, int]]) -> None:
     window = AckWindow(size)
     # Fast-forward the numbering (acks keep the window empty) to test the wrap.
-    window._next = next_seq(start) if start else 1  # noqa: SLF001
-    window._last_acked = start or 65535  # noqa: SLF001
-    window._any_acked = bool(start)  # noqa: SLF001
+    window._next = next_seq(start) if start else 1
+    window._last_acked = start or 65535
+    window._any_acked = bool(start)
     in_flight: list[int] = []
     for send, k in steps:
         if send:

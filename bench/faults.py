@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -133,10 +134,8 @@ class Appender:
             return  # the SegmentWriter keeps its appenders for reconnect()
         client, self.client = self.client, None
         if client is not None:
-            try:
+            with contextlib.suppress(Exception):  # the connection is already gone
                 await asyncio.wait_for(client.close(), 1)
-            except Exception:  # noqa: BLE001 - the connection is already gone
-                pass
 
     async def _send(self, seq: int, event_id: uuid.UUID) -> None:
         p, c = self.protocol, self.client

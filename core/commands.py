@@ -183,9 +183,7 @@ class Selector:
             return False
         if self.types and event.type not in self.types:
             return False
-        if self.matcher is not None and not self.matcher(event):
-            return False
-        return True
+        return self.matcher is None or bool(self.matcher(event))
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,6 +145,8 @@ class ConsumerGroup:
         self._poke = asyncio.Event()
         self._housekeeper: asyncio.Task[None] | None = None
         self._side_tasks: set[asyncio.Task[None]] = set()
+        # The last member gone: the shutdown, held here so that it runs to its end.
+        self._closing: asyncio.Task[None] | None = None
 
     def add(self, member: GroupMember) -> None:
         self.members.append(member)
@@ -182,7 +184,7 @@ class ConsumerGroup:
                 self._task.cancel()
             if self._housekeeper is not None:
                 self._housekeeper.cancel()
-            asyncio.ensure_future(self._shutdown())
+            self._closing = asyncio.ensure_future(self._shutdown())
 
     async def _shutdown(self) -> None:
         if self._feeder is not None:

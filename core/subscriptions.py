@@ -250,8 +250,7 @@ class Tailer:
             self.on_schema_change()
 
     def notify(self, position: int) -> None:
-        if position > self._known_head:
-            self._known_head = position
+        self._known_head = max(self._known_head, position)
         if position > self.head:
             if not self._live and not self.listeners:
                 # Nobody to feed: move the head here rather than wake the
@@ -288,8 +287,7 @@ class Tailer:
             log.exception("fan-out from memory failed at position %d; reading it back", self.head)
             self.notify(last)
             return
-        if last > self._known_head:
-            self._known_head = last
+        self._known_head = max(self._known_head, last)
         self._advanced()
 
     def _fan_out(self, ev: RecordedEvent) -> None:

@@ -685,8 +685,8 @@ class Writer:
             for cp in plan.checkpoints:
                 await conn.execute(sql.UPSERT_PRODUCER_CHECKPOINT, *cp)
         # Fresh from the database, as this commit left them.
-        for k, st in state.items():
-            st = plan.after.get(k, st)
+        for k, before in state.items():
+            st = plan.after.get(k, before)
             if st.last_version:
                 self._remember(k, st)
         self._finish(batch, plan, base, t0, slot)

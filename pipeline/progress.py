@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -77,7 +77,7 @@ class TaskListener:
         raise AttributeError(name)
 
     class Java:
-        implements = ["org.apache.spark.scheduler.SparkListenerInterface"]
+        implements: ClassVar[list[str]] = ["org.apache.spark.scheduler.SparkListenerInterface"]
 
 
 def _ignore(*_args: Any) -> None:

@@ -177,10 +177,9 @@ class _Connection:
         elif isinstance(frame, Message):
             if self.negotiated is not None and self.negotiated.ack_window is not None:
                 self.inbound.on_sent(frame.seq)
-        elif isinstance(frame, Extension):
-            if self._check_extension_id(frame.ext_id):
-                seq = decode_ack_payload(frame.payload)
-                frame = Ack(seq, acked=self.outbound.on_ack(seq))
+        elif isinstance(frame, Extension) and self._check_extension_id(frame.ext_id):
+            seq = decode_ack_payload(frame.payload)
+            frame = Ack(seq, acked=self.outbound.on_ack(seq))
         self._state = next_state
         return frame
 

@@ -474,7 +474,7 @@ def _start(value: Any, what: str) -> StartAt | None:
     if value in ("beginning", "end"):
         return StartAt(value)
     if isinstance(value, dict) and len(value) == 1:
-        ((kind, n),) = value.items()
+        ((kind, _n),) = value.items()
         if kind in ("position", "version", "time"):
             minimum = {"position": 0, "version": 1, "time": 0}[kind]
             checked = _int(value, kind, f"{what}: 'from'", minimum=minimum)

@@ -383,11 +383,10 @@ class ClientConnection(BaseConnection, RequesterConveniences, role="client"):
             self._receive_response(frame, out)
         elif isinstance(frame, ErrorFrame):
             self._receive_error(frame, out)
-        else:
-            # Requests from the server's requester: this client serves none;
-            # ignored like any frame in an unspecified state.
-            if isinstance(frame, _REQUEST_CLASSES):
-                self.setup_accepted = True
+        # Requests from the server's requester: this client serves none;
+        # ignored like any frame in an unspecified state.
+        elif isinstance(frame, _REQUEST_CLASSES):
+            self.setup_accepted = True
 
     def _abandon(
         self, rec: StreamRecord, sid: int, code: str, message: str, out: list[Event]

@@ -171,11 +171,12 @@ class StreamRecord(streams.StreamRecord[Kind]):
     reassembly: Reassembly = field(default_factory=Reassembly)
 
 
+# this module's own
 __all__ = [
-    # this module's own
-    "CONNECTION_TABLE", "Kind", "REQUESTER_TABLE", "RESPONDER_LIVE", "RESPONDER_TABLE",
-    "StreamRecord", "Table", "add_credits", "use_credit",
-    # passed on from protocols/reactive/streams.py
-    "REQUESTER_LIVE", "Action", "ConnectionState", "Ev", "Phase", "StreamInfo",
-    "Transition",
+    "CONNECTION_TABLE", "REQUESTER_TABLE", "RESPONDER_LIVE", "RESPONDER_TABLE",
+    "Kind", "StreamRecord", "Table", "add_credits", "use_credit",
+]
+# passed on from protocols/reactive/streams.py
+__all__ += [
+    "REQUESTER_LIVE", "Action", "ConnectionState", "Ev", "Phase", "StreamInfo", "Transition",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 import uuid
 from collections import Counter
@@ -161,7 +162,7 @@ def delivery_gaps(received: list[int], expected: list[int]) -> int:
         return 0
     missing = len(set(expected) - set(received))
     repeats = len(received) - len(set(received))
-    disorder = sum(1 for a, b in zip(received, received[1:], strict=False) if b <= a)
+    disorder = sum(1 for a, b in itertools.pairwise(received) if b <= a)
     return max(1, missing + repeats + disorder)
 
 

@@ -292,7 +292,7 @@ class BinderService:
             self._wake.clear()
             try:
                 names = [spec.name for spec in await self.list()]
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the projection loop must not die; it retries
                 _failures_log.warning("list", "binder projection failed (%s); retrying", exc)
                 await asyncio.sleep(1.0)
                 self._wake.set()
@@ -304,7 +304,7 @@ class BinderService:
                 try:
                     while await self.project_once(name):
                         pass
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - one binder must not stop the rest
                     failed = True
                     _failures_log.warning(
                         ("batch", name), "binder %s: projection failed (%s); retrying", name, exc
@@ -342,7 +342,7 @@ class BinderService:
             for e in events:
                 try:
                     body = foldable_body(e)
-                except Exception as exc:  # poison: record it, skip it, go on
+                except Exception as exc:  # noqa: BLE001 - poison: record it, skip it, go on
                     error = f"{type(exc).__name__}: {exc}"[:1000]
                     failures.append((name, e.position, error))
                     _failures_log.warning(

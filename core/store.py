@@ -334,7 +334,7 @@ class EventStore:
             self.schema_revision = None
             self._health.ok()
             self._health.schema(migrate.schema_behind(None, head))
-        except Exception as exc:  # timeout, lost connection: the database's health
+        except Exception as exc:  # noqa: BLE001 - timeout, lost connection: the database's health
             self._health.failed("schema check", exc)
         else:
             self.schema_revision = current

@@ -165,7 +165,7 @@ class Subscription(BufferedReader):
 def _safe_match(selector: Selector, ev: RecordedEvent) -> bool:
     try:
         return selector.matches(ev)
-    except Exception as exc:  # a user-supplied matcher must not break the fan-out
+    except Exception as exc:  # noqa: BLE001 - a user-supplied matcher must not break the fan-out
         _matcher_failures.error(
             ("matcher", id(selector)),
             "subscription matcher failed on position %d (%s: %s); event skipped",

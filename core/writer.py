@@ -401,7 +401,7 @@ class Writer:
         try:
             await self._commit(batch, slot, previous)
             return False
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - every failure settles the batch's units
             if not connection_lost(exc):
                 if may_isolate and len(batch) > 1 and isinstance(exc, asyncpg.PostgresError):
                     log.warning("group commit refused: %s", exc)
@@ -450,7 +450,7 @@ class Writer:
                         except BaseException:
                             self._drop_connection(slot)
                             raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - every failure settles the batch's units
                 if connection_lost(exc):
                     self._fail_unknown(batch, exc)
                 else:

@@ -104,7 +104,7 @@ def task_listener(spark: SparkSession) -> TaskListener | None:
                 listener = TaskListener()
                 sc._jsc.sc().addSparkListener(listener)
                 _listeners[key] = listener
-            except Exception as exc:  # progress must never stop a job
+            except Exception as exc:  # noqa: BLE001 - progress must never stop a job
                 sys.stderr.write(f"pipeline: no task progress available ({exc})\n")
                 _listeners[key] = None
         return _listeners[key]

@@ -40,7 +40,7 @@ def unpack(data: bytes, what: str) -> Any:
         return msgpack.unpackb(data, raw=False, strict_map_key=True)
     except msgpack.ExtraData:
         raise PayloadError(f"{what}: trailing bytes after the MessagePack value") from None
-    except Exception as exc:  # msgpack raises several unrelated types
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
         raise PayloadError(f"{what}: not valid MessagePack ({exc})") from None
 
 

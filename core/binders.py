@@ -31,7 +31,7 @@ from polyport.core.db import Db
 from polyport.core.errors import Malformed, NotFound
 from polyport.core.events import RecordedEvent
 from polyport.core.logs import RateLimitedLog
-from polyport.core.matcher import Predicate, compile_matcher
+from polyport.core.matcher import compile_matcher
 from polyport.core.records import record_from_row
 
 if TYPE_CHECKING:
@@ -50,8 +50,6 @@ _JSON_OPTS = json_util.JSONOptions(json_mode=json_util.JSONMode.RELAXED)
 # A NUL character as JSON writes it (an even run of backslashes before it
 # escapes themselves, not the NUL): jsonb refuses it.
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-# How many of a binder's skipped events its listing shows.
-RECENT_FAILURES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,11 +159,10 @@ def foldable_body(ev: RecordedEvent) -> dict[str, Any]:
 class BinderQuery:
     """Matching documents, counted when the query ran, then streamed in pages."""
 
-    def __init__(self, service: BinderService, binder: str, keys: list[str], matcher: Predicate):
+    def __init__(self, service: BinderService, binder: str, keys: list[str]):
         self._service = service
         self.binder = binder
         self._keys = keys
-        self._matcher = matcher
 
     @property
     def count(self) -> int:
@@ -277,7 +274,7 @@ class BinderService:
             if len(rows) < QUERY_PAGE:
                 break
             after = rows[-1]["key"]
-        return BinderQuery(self, name, keys, predicate)
+        return BinderQuery(self, name, keys)
 
     # --- projector ------------------------------------------------------------
 

@@ -23,7 +23,6 @@ class BufferedReader(IterateUntilNone[RecordedEvent]):
         self._interrupted = False
         self.closed = False
         self.delivered = 0
-        self.last_delivered: RecordedEvent | None = None
         # Optional: called with each event handed to the consumer (metrics).
         self.on_deliver: Callable[[RecordedEvent], None] | None = None
 
@@ -56,7 +55,6 @@ class BufferedReader(IterateUntilNone[RecordedEvent]):
         if self._credits is not None:
             self._credits -= 1
         self.delivered += 1
-        self.last_delivered = ev
         self._on_room()
         if self.on_deliver is not None:
             self.on_deliver(ev)

@@ -30,9 +30,6 @@ SCRYPT_N = 1 << 14
 SCRYPT_R = 8
 SCRYPT_P = 1
 
-# Who may use every context: the operator's own tools (CLI, admin API,
-# pipeline), never a protocol connection.
-SYSTEM = Principal(user=None, default_context=DEFAULT_CONTEXT, contexts=None)
 DEFAULT_ANONYMOUS_CONTEXTS: tuple[str, ...] = (DEFAULT_CONTEXT,)
 
 

@@ -317,7 +317,7 @@ class BinderService:
             if row is None:
                 return False  # dropped, or another process is on it
             spec = spec_from_row(row)
-            head = await conn.fetchval(sql.HEAD_POSITION)
+            head: int = await conn.fetchval(sql.HEAD_POSITION)
             sel = spec.selector
             read = sql.selected_read(
                 spec.position, head, PROJECT_BATCH, sel.context, None, sel.prefix or None,

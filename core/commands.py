@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from polyport.core.events import EventData, RecordedEvent
 
@@ -172,7 +173,7 @@ class Selector:
     prefix: str | None = None
     types: frozenset[str] = frozenset()
     matcher: EventMatcher | None = field(default=None, compare=False)
-    matcher_spec: dict | None = field(default=None, compare=False)
+    matcher_spec: dict[str, Any] | None = field(default=None, compare=False)
 
     def matches(self, event: RecordedEvent) -> bool:
         if self.context is not None and event.context != self.context:

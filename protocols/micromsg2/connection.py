@@ -130,7 +130,7 @@ class _Connection:
         pos = 0
         try:
             # A handshake ERROR closes the connection; what follows it is moot.
-            while pos < len(self._buffer) and self._state is not State.CLOSED:
+            while pos < len(self._buffer) and self.state is not State.CLOSED:
                 decoded = self._decode_one(pos)
                 if decoded is None:
                     break

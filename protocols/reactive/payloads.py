@@ -31,7 +31,8 @@ START_KINDS = ("beginning", "end", "position", "version", "time")
 
 def pack(obj: Any) -> bytes:
     """MessagePack with the bin type for bytes (str stays str)."""
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
 
 
 def unpack(data: bytes, what: str) -> Any:

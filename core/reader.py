@@ -23,7 +23,6 @@ class BufferedReader(IterateUntilNone[RecordedEvent]):
         self._interrupted = False
         self.closed = False
         self.delivered = 0
-        self.last_delivered: RecordedEvent | None = None
         # Optional: called with the events of each hand-out (metrics), once
         # per batch: per event it was 6-8 % of a catch-up's gateway profile.
         self.on_deliver: Callable[[Sequence[RecordedEvent]], None] | None = None
@@ -75,7 +74,6 @@ class BufferedReader(IterateUntilNone[RecordedEvent]):
 
     def _handed_out(self, events: Sequence[RecordedEvent]) -> None:
         self.delivered += len(events)
-        self.last_delivered = events[-1]
         self._on_room()
         if self.on_deliver is not None:
             self.on_deliver(events)

@@ -159,7 +159,7 @@ class EventStore:
         self._dsn = asyncpg_dsn(config.database_url)
         if config.application_name is not None:
             self._dsn = migrate.with_application_name(self._dsn, config.application_name)
-        self._pool: asyncpg.Pool = None  # type: ignore[assignment]
+        self._pool: asyncpg.Pool = None
         # Request paths query through _db (lost connections raised as
         # StorageUnavailable); the writer, tailer and locks own their retries.
         self._db: Db = None  # type: ignore[assignment]
@@ -334,7 +334,7 @@ class EventStore:
             self.schema_revision = None
             self._health.ok()
             self._health.schema(migrate.schema_behind(None, head))
-        except Exception as exc:  # timeout, lost connection: the database's health
+        except Exception as exc:  # noqa: BLE001 - timeout, lost connection: the database's health
             self._health.failed("schema check", exc)
         else:
             self.schema_revision = current

@@ -170,7 +170,7 @@ def _selects_all(selector: Selector) -> bool:
 def _safe_match(selector: Selector, ev: RecordedEvent) -> bool:
     try:
         return selector.matches(ev)
-    except Exception as exc:  # a user-supplied matcher must not break the fan-out
+    except Exception as exc:  # noqa: BLE001 - a user-supplied matcher must not break the fan-out
         _matcher_failures.error(
             ("matcher", id(selector)),
             "subscription matcher failed on position %d (%s: %s); event skipped",
@@ -255,8 +255,7 @@ class Tailer:
             self.on_schema_change()
 
     def notify(self, position: int) -> None:
-        if position > self._known_head:
-            self._known_head = position
+        self._known_head = max(self._known_head, position)
         if position > self.head:
             if not self._live and not self.listeners:
                 # Nobody to feed: move the head here rather than wake the
@@ -287,14 +286,13 @@ class Tailer:
         try:
             for i, r in enumerate(rows):
                 self._fan_out(_recorded(base + i + 1, t0 + i * _ONE_MICROSECOND, r))
-        except Exception:  # noqa: BLE001 - runs in the writer's commit path
+        except Exception:  # runs in the writer's commit path
             # The commit stands whatever happens here; the tailer reads the
             # rest of the range from the database instead.
             log.exception("fan-out from memory failed at position %d; reading it back", self.head)
             self.notify(last)
             return
-        if last > self._known_head:
-            self._known_head = last
+        self._known_head = max(self._known_head, last)
         self._advanced()
 
     def _fan_out(self, ev: RecordedEvent) -> None:
@@ -422,7 +420,7 @@ class Tailer:
         for cb in self.on_advance:
             try:
                 cb(self.head)
-            except Exception:  # noqa: BLE001 - may run in the writer's commit path
+            except Exception:  # may run in the writer's commit path
                 log.exception("tailer advance callback failed")
 
     def _head_moved(self) -> None:

@@ -291,7 +291,7 @@ class BsonSession:
                 if self._lost:
                     raise
                 frame = Response(ok=False, err_code="internal", err_msg="request cancelled")
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - translated for the client
                 frame = error_response(exc)
             batch = [(item, frame)]
             while self._replies and len(batch) < REPLY_BATCH:
@@ -376,7 +376,7 @@ class BsonSession:
                 self.context = self.principal.default_context
                 verdict = OK
                 self.out.handshake_done()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - translated for the client
                 verdict = error_response(exc)
         await self._send(verdict)
         if not verdict.ok:
@@ -424,7 +424,7 @@ class BsonSession:
     async def _append(self, append: Append) -> Frame:
         try:
             await self.tenant.append(append)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - translated for the client
             return error_response(exc)
         return OK
 
@@ -440,7 +440,7 @@ class BsonSession:
     async def _append_batch(self, batch: AppendBatch) -> Frame:
         try:
             await self.tenant.append_batch(batch)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - translated for the client
             return error_response(exc)
         return OK
 

@@ -606,7 +606,7 @@ class MicroMsg2Session:
                 await self._deliver(sub, destination, ev)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception:  # noqa: BLE001 - the last resort: logged, and the client told
             self._log.exception("micromsg2: delivery to %s failed", self._out.peer)
             await self._fail("internal", f"delivery on {destination} failed")
 

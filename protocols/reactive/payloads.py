@@ -31,7 +31,8 @@ START_KINDS = ("beginning", "end", "position", "version", "time")
 
 def pack(obj: Any) -> bytes:
     """MessagePack with the bin type for bytes (str stays str)."""
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
 
 
 def unpack(data: bytes, what: str) -> Any:
@@ -40,7 +41,7 @@ def unpack(data: bytes, what: str) -> Any:
         return msgpack.unpackb(data, raw=False, strict_map_key=True)
     except msgpack.ExtraData:
         raise PayloadError(f"{what}: trailing bytes after the MessagePack value") from None
-    except Exception as exc:  # msgpack raises several unrelated types
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
         raise PayloadError(f"{what}: not valid MessagePack ({exc})") from None
 
 
@@ -475,7 +476,7 @@ def _start(value: Any, what: str) -> StartAt | None:
     if value in ("beginning", "end"):
         return StartAt(value)
     if isinstance(value, dict) and len(value) == 1:
-        ((kind, n),) = value.items()
+        ((kind, _n),) = value.items()
         if kind in ("position", "version", "time"):
             minimum = {"position": 0, "version": 1, "time": 0}[kind]
             checked = _int(value, kind, f"{what}: 'from'", minimum=minimum)

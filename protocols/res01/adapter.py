@@ -123,7 +123,7 @@ def headers_from_text(text: str) -> dict[str, str]:
     their JSON text); an empty string means no headers; anything else is kept
     whole as the single header ``res01.headers``.
     """
-    if text == "" or text == "{}":  # the common cases, without a JSON parse
+    if text in ("", "{}"):  # the common cases, without a JSON parse
         return {}
     try:
         value = bodies.loads_json(text)

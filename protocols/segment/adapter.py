@@ -419,12 +419,10 @@ class SegmentSession:
         self._appenders[frame.connection_id] = _Appender(key, frame.segment, ack, tenant)
         if self._codec.segment_of(frame.connection_id) != frame.segment:
             return  # a later SetupAppend for this cid (other segment) supersedes this one
-        try:
+        # The same SetupAppend sent twice before our reply: the first reply
+        # already set the appender up with this ack level.
+        with contextlib.suppress(LocalProtocolError):
             await self._send(AppendSetup(frame.segment, frame.connection_id, ack))
-        except LocalProtocolError:
-            # The same SetupAppend was sent twice before our reply: the first
-            # reply already set the appender up with this ack level.
-            pass
 
     def _coalesce(self, first: BlockEvents) -> list[BlockEvents]:
         """``first`` plus the blocks of the same ConnectionId queued right

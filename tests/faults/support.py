@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 import uuid
 from collections import Counter
@@ -161,7 +162,7 @@ def describe_gaps(received: list[int], expected: list[int]) -> str:
     missing = sorted(set(expected) - set(received))
     counts = Counter(received)
     repeats = sorted(p for p, n in counts.items() if n > 1)
-    disorder = [(a, b) for a, b in zip(received, received[1:], strict=False) if b <= a]
+    disorder = [(a, b) for a, b in itertools.pairwise(received) if b <= a]
     return (f"received {len(received)} (last {received[-1:]}) of {len(expected)} "
             f"(last {expected[-1:]}); missing {missing[:10]}{'...' if len(missing) > 10 else ''}; "
             f"repeated {repeats[:10]}; out of order {disorder[:5]}")
@@ -174,7 +175,7 @@ def delivery_gaps(received: list[int], expected: list[int]) -> int:
         return 0
     missing = len(set(expected) - set(received))
     repeats = len(received) - len(set(received))
-    disorder = sum(1 for a, b in zip(received, received[1:], strict=False) if b <= a)
+    disorder = sum(1 for a, b in itertools.pairwise(received) if b <= a)
     return max(1, missing + repeats + disorder)
 
 

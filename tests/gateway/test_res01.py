@@ -485,17 +485,16 @@ async def test_client_gone_before_its_reply(gateway_factory, db_url: str) -> Non
     gw = await start_gateway(gateway_factory)
     stream = stream_name()
     listener = gw.listeners["res01"]
-    async with row_locked(db_url, HEAD_LOCK):
-        async with raw_dealer(gw) as sock:
-            req = AppendCommit(b"gone", "ctx", stream, 1, (new_event("Orphan", "{}"),))
-            await sock.send_multipart(encode_request(req))
-            # The login and the request reached the server (a PLAIN
-            # handshake may take a while on a busy machine).
-            for _ in range(1000):
-                if listener.in_flight == (1, 0):
-                    break
-                await asyncio.sleep(0.01)
-            assert listener.in_flight == (1, 0)
+    async with row_locked(db_url, HEAD_LOCK), raw_dealer(gw) as sock:
+        req = AppendCommit(b"gone", "ctx", stream, 1, (new_event("Orphan", "{}"),))
+        await sock.send_multipart(encode_request(req))
+        # The login and the request reached the server (a PLAIN
+        # handshake may take a while on a busy machine).
+        for _ in range(1000):
+            if listener.in_flight == (1, 0):
+                break
+            await asyncio.sleep(0.01)
+        assert listener.in_flight == (1, 0)
         # The socket is closed; the commit completes after the lock and its
         # reply has nowhere to go.
     for _ in range(500):  # the task finishes once the reply found no peer

@@ -118,7 +118,7 @@ def test_encoders_raise_local_decoders_remote() -> None:
         encode_frame(Message(1, "topic/a", b"", {"n": 1 << 64}))
     with pytest.raises(LocalProtocolError, match="command name"):
         encode_frame(Command("a b"))
-    with pytest.raises(LocalProtocolError, match="outside 1..65535"):
+    with pytest.raises(LocalProtocolError, match=r"outside 1..65535"):
         encode_ack_payload(0)
     with pytest.raises(RemoteProtocolError, match="command name"):
         decode_frame(b"\x01\x03a b")

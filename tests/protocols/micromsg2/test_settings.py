@@ -42,7 +42,7 @@ def test_required_extensions_forms() -> None:
     listed = _limits(micromsg2_required_extensions=["json", "batch-ack:max-count=5"])
     assert listed.required_extensions == ("json", "batch-ack:max-count=5")
     assert _limits(micromsg2_required_extensions="").required_extensions == ()
-    with pytest.raises(ValueError, match="micromsg2_required_extensions: .*FIELD"):
+    with pytest.raises(ValueError, match=r"micromsg2_required_extensions: .*FIELD"):
         _limits(micromsg2_required_extensions="JSON!")
 
 

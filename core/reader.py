@@ -49,15 +49,6 @@ class BufferedReader(IterateUntilNone[RecordedEvent]):
         self._readable.set()
         self._on_room()
 
-    def _take(self) -> RecordedEvent | None:
-        if not self._buffer or (self._credits is not None and self._credits <= 0):
-            return None
-        ev = self._buffer.popleft()
-        if self._credits is not None:
-            self._credits -= 1
-        self._handed_out((ev,))
-        return ev
-
     def _take_many(self, max_count: int) -> list[RecordedEvent]:
         """Up to ``max_count`` buffered events, within the credits."""
         n = min(len(self._buffer), max_count)
@@ -81,27 +72,25 @@ class BufferedReader(IterateUntilNone[RecordedEvent]):
     async def next(self, timeout: float | None = None) -> RecordedEvent | None:
         """The next event, waiting up to ``timeout`` seconds (None = forever).
         Returns None on timeout, after :meth:`interrupt`, or once closed."""
-        while True:
-            if self.closed:
-                return None
-            if self._interrupted:
-                self._interrupted = False
-                return None
-            ev = self._take()
-            if ev is not None:
-                return ev
-            self._readable.clear()
-            if not await wait_event(self._readable, timeout):
-                return None
+        got = await self.next_batch(1, timeout)
+        return got[0] if got else None
 
     async def next_batch(self, max_count: int, timeout: float | None = None) -> list[RecordedEvent]:
-        """Up to ``max_count`` events, waiting for the first as :meth:`next`
-        does: an empty list on timeout, after :meth:`interrupt`, or once
-        closed."""
-        first = await self.next(timeout)
-        if first is None:
-            return []
-        return [first, *self._take_many(max_count - 1)] if max_count > 1 else [first]
+        """Up to ``max_count`` events (what is buffered, within the credits),
+        waiting up to ``timeout`` seconds for the first: an empty list on
+        timeout, after :meth:`interrupt`, or once closed."""
+        while True:
+            if self.closed:
+                return []
+            if self._interrupted:
+                self._interrupted = False
+                return []
+            got = self._take_many(max_count)
+            if got:
+                return got
+            self._readable.clear()
+            if not await wait_event(self._readable, timeout):
+                return []
 
     def interrupt(self) -> None:
         """Make a pending (or the next) :meth:`next` return None once."""

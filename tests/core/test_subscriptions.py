@@ -105,6 +105,28 @@ async def test_credit_limited_subscriber_never_gets_more_than_granted(store: Eve
     sub.close()
 
 
+async def test_a_batch_stays_within_credits_and_is_observed_once(store: EventStore) -> None:
+    for i in range(20):
+        await store.append(append("b", ev(i)))
+    seen: list[list[int]] = []
+    store.on_deliver = lambda events: seen.append([e.version for e in events])
+    sub = await store.subscribe(Subscribe(Selector(context="default"), start=BEGINNING),
+                                credit=True)
+    for _ in range(500):  # the catch-up fills the buffer without credits
+        if sub.buffered == 20:
+            break
+        await asyncio.sleep(0.01)
+    sub.grant(7)
+    assert [e.version for e in await sub.next_batch(100, timeout=2)] == list(range(1, 8))
+    assert await sub.next_batch(100, timeout=0.1) == []  # out of credits
+    sub.grant(100)
+    assert [e.version for e in await sub.next_batch(5, timeout=2)] == list(range(8, 13))
+    assert [e.version for e in await sub.next_batch(100, timeout=2)] == list(range(13, 21))
+    assert seen == [list(range(1, 8)), list(range(8, 13)), list(range(13, 21))]
+    assert (sub.delivered, sub.credits) == (20, 100 - 13)
+    sub.close()
+
+
 async def test_full_subscriber_does_not_delay_others(store: EventStore) -> None:
     slow = await store.subscribe(Subscribe(Selector(context="default"), buffer_size=5))
     fast = await store.subscribe(Subscribe(Selector(context="default"), buffer_size=5))

@@ -29,8 +29,8 @@ from polyport.gateway.http import build_app
 from polyport.gateway.registry import ListenerDef, RunningListener, discover
 from polyport.gateway.rights import recheck
 from polyport.gateway.telemetry import Telemetry
-from polyport.gateway.tls import ServerTls, check_material
-from polyport.gateway.websocket import TLS_USER_FROM
+from polyport.gateway.transports.tls import ServerTls, check_material
+from polyport.gateway.transports.websocket import TLS_USER_FROM
 from polyport.gateway.workers import Aggregator, WorkerRole, WorkerServer, chain_connector
 from polyport.protocols.budgets import BudgetAccount, ByteBudget
 from polyport.protocols.connections import ConnectionTable
@@ -114,7 +114,7 @@ class Gateway:
         # Listener name -> its TLS context (the HTTP port is "http").
         self.tls: dict[str, ServerTls] = {}
         # Requests clients have begun and not finished, every connection
-        # together: ReactiveSocket/RSocket fragments (gateway/reactive.py) and
+        # together: ReactiveSocket/RSocket fragments (gateway/transports/reactive.py) and
         # the frames not yet whole of the byte-stream protocols.
         self.reassembly_budget = ByteBudget(
             config.reassembly_budget,

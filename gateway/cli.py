@@ -533,7 +533,7 @@ async def _users(args: argparse.Namespace, store: EventStore) -> int:
 
 
 async def _keys(args: argparse.Namespace, store: EventStore) -> int:
-    from polyport.gateway.curve import new_key_pair
+    from polyport.gateway.transports.curve import new_key_pair
 
     u = store.users
     if args.action == "create":

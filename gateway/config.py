@@ -255,7 +255,7 @@ class GatewayConfig:
     micromsg2_tls: TlsOptions = TlsOptions()
     segment_tls: TlsOptions = TlsOptions()
     http_tls: TlsOptions = TlsOptions()
-    # Res01: ZeroMQ CURVE on the ROUTER socket (gateway/curve.py).  The server
+    # Res01: ZeroMQ CURVE on the ROUTER socket (gateway/transports/curve.py).  The server
     # secret key (Z85) is read from this file, or generated into the data
     # directory on first start.
     res01_curve: bool = False

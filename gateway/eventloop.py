@@ -8,7 +8,7 @@
 
 Everything the gateway uses works on both: TLS (``start_server`` with an SSL
 context, ``connect_accepted_socket``), ``add_reader`` (the TLS sniffing in
-gateway/tls.py and pyzmq's asyncio sockets), subprocesses and signal handlers.
+gateway/transports/tls.py and pyzmq's asyncio sockets), subprocesses and signal handlers.
 """
 
 from __future__ import annotations

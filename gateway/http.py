@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from polyport.gateway import admin, metrics, status, websocket
+from polyport.gateway import admin, metrics, status
 from polyport.gateway.telemetry import UNMATCHED_ROUTE
+from polyport.gateway.transports import websocket
 
 if TYPE_CHECKING:
     from polyport.gateway.app import Gateway

@@ -26,7 +26,7 @@ from polyport.gateway.telemetry import (
     SubscriptionLag,
     polyport_version,
 )
-from polyport.gateway.websocket import WEBSOCKET_ENDPOINTS, WebSocketEndpoint
+from polyport.gateway.transports.websocket import WEBSOCKET_ENDPOINTS, WebSocketEndpoint
 
 log = logging.getLogger("polyport.status")
 

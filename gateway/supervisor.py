@@ -59,7 +59,7 @@ from polyport.gateway.eventloop import choose_loop
 from polyport.gateway.fatal import naming_bind_errors
 from polyport.gateway.ports_file import remove_ports_file, write_ports
 from polyport.gateway.registry import discover
-from polyport.gateway.tls import check_material
+from polyport.gateway.transports.tls import check_material
 from polyport.gateway.workers import STATE_FILE, WorkerRole, socket_path
 
 log = logging.getLogger("polyport.supervisor")

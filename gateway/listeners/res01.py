@@ -42,11 +42,11 @@ from zmq.utils.monitor import parse_monitor_message
 from polyport.core.access import Tenant
 from polyport.core.errors import Unauthenticated
 from polyport.gateway.app import is_loopback
-from polyport.gateway.curve import CurveServer, curve_server
 from polyport.gateway.registry import ListenerDef
-from polyport.gateway.tcp import register_connection, unregister_connection
-from polyport.gateway.zap import DOMAIN as ZAP_DOMAIN
-from polyport.gateway.zap import ZapHandler
+from polyport.gateway.transports.curve import CurveServer, curve_server
+from polyport.gateway.transports.tcp import register_connection, unregister_connection
+from polyport.gateway.transports.zap import DOMAIN as ZAP_DOMAIN
+from polyport.gateway.transports.zap import ZapHandler
 from polyport.protocols.connections import ADMIN_CLOSE, IDLE, PEER_CLOSED, SHUTDOWN, Connection
 from polyport.protocols.res01 import DEFAULT_PORT, PROTOCOL, Error, Res01Error, Response
 from polyport.protocols.res01.adapter import (
@@ -129,7 +129,7 @@ class Res01Listener:
         allow_from: tuple[str, ...] = (),
     ) -> None:
         self.name = name
-        # ZeroMQ CURVE (gateway/curve.py): set up before the socket binds.
+        # ZeroMQ CURVE (gateway/transports/curve.py): set up before the socket binds.
         self.curve = curve
         self.stats = ctx.stats
         self.limits = limits

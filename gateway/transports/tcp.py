@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from polyport.gateway.tls import ServerTls, TlsServer, serve_tls, transport_user
+from polyport.gateway.transports.tls import ServerTls, TlsServer, serve_tls, transport_user
 from polyport.protocols.connections import (
     FRAME_TIMEOUT,
     IDLE,
@@ -37,7 +37,7 @@ WRITE_HIGH_WATER = 1 << 20
 # Connections the kernel completes before the gateway accepts them.  asyncio's
 # default (100) overflowed under bursts of a few hundred connects: past it,
 # clients saw their connect succeed on a connection the gateway never
-# accepted (as the TLS listeners, gateway/tls.py, already used 511).
+# accepted (as the TLS listeners, gateway/transports/tls.py, already used 511).
 LISTEN_BACKLOG = 1024
 
 
@@ -335,10 +335,10 @@ class TcpListener:
             backlog=LISTEN_BACKLOG,
         )
 
-    # --- TLS (gateway/tls.py) ------------------------------------------------------
+    # --- TLS (gateway/transports/tls.py) -------------------------------------------
 
     async def _start_tls(self, tls: ServerTls) -> TlsServer:
-        """TLS listeners accept in gateway.tls: it looks at the first bytes
+        """TLS listeners accept in gateway.transports.tls: it looks at the first bytes
         (dual mode, clean refusal of plain clients) before wrapping."""
 
         def refused(why: str) -> None:

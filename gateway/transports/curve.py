@@ -4,7 +4,7 @@
   or from ``<data dir>/res01-curve.key``, which is generated (mode 0600) on
   first start.  The public key is derived from it and printed at start; clients
   need it.
-- Client keys: the listener's ZAP handler (``gateway/zap.py``, which also
+- Client keys: the listener's ZAP handler (``gateway/transports/zap.py``, which also
   answers PLAIN) asks :meth:`CurveServer.user_for_key`, i.e. the store,
   which user a client's public key belongs to (``curve_keys``, created by
   ``polyport keys create``).  Unknown keys fail the handshake: the peer gets
@@ -32,7 +32,7 @@ import zmq.asyncio
 from zmq.utils import z85
 
 from polyport.gateway.config import ConfigError, GatewayConfig, check_private_file
-from polyport.gateway.zap import DOMAIN as ZAP_DOMAIN
+from polyport.gateway.transports.zap import DOMAIN as ZAP_DOMAIN
 
 if TYPE_CHECKING:
     from polyport.core.users import UserService
@@ -101,7 +101,7 @@ class CurveServer:
 
     def apply(self, sock: Any) -> None:
         """Make ``sock`` a CURVE server (before it binds).  The context's one
-        ZAP handler (gateway/zap.py) asks :meth:`user_for_key` who a client is."""
+        ZAP handler (gateway/transports/zap.py) asks :meth:`user_for_key` who a client is."""
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.keys.secret.encode("ascii"))
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.keys.public.encode("ascii"))

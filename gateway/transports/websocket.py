@@ -1,6 +1,6 @@
 """The WebSocket transport loop shared by protocols that run over WebSocket.
 
-It plays the role :mod:`gateway.tcp` plays for byte streams: one loop per
+It plays the role :mod:`gateway.transports.tcp` plays for byte streams: one loop per
 connection pumps messages into a protocol session (one binary message per
 ``data_received`` call: message-framed protocols such as ReactiveSocket carry
 exactly one frame per message), writes wait for the socket to drain
@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
-from polyport.gateway.tcp import (
+from polyport.gateway.transports.tcp import (
     FrameDeadline,
     HandshakeDeadline,
     register_connection,
     unregister_connection,
 )
-from polyport.gateway.tls import transport_user
+from polyport.gateway.transports.tls import transport_user
 from polyport.protocols.connections import (
     FRAME_TIMEOUT,
     IDLE,
@@ -134,7 +134,7 @@ def origin_allowed(origin: str | None, allowed: tuple[str, ...]) -> bool:
 
 
 # Set by the gateway when the HTTP port speaks TLS: where a client
-# certificate names its user (gateway.tls.certificate_user).
+# certificate names its user (gateway.transports.tls.certificate_user).
 TLS_USER_FROM: web.AppKey[str] = web.AppKey("tls_user_from")
 
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from polyport.gateway.registry import ListenerDef
-from polyport.gateway.tcp import TcpListener
-from polyport.gateway.websocket import WebSocketEndpoint
+from polyport.gateway.transports.tcp import TcpListener
+from polyport.gateway.transports.websocket import WebSocketEndpoint
 from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.session import ListenerStats, Outbound, SessionContext
 

@@ -21,14 +21,14 @@ from polyport.core.store import EventStore, StoreConfig
 from polyport.core.subscriptions import Subscription
 from polyport.core.users import UserChanges
 from polyport.core.writer import WriterLimits
-from polyport.gateway import chart_history
 from polyport.gateway.config import TLS_LISTENERS, ConfigError, GatewayConfig
 from polyport.gateway.database import database, supervise_embedded
 from polyport.gateway.fatal import naming_bind_errors
-from polyport.gateway.http import build_app
+from polyport.gateway.http import chart_history
+from polyport.gateway.http.server import build_app
+from polyport.gateway.http.telemetry import Telemetry
 from polyport.gateway.registry import ListenerDef, RunningListener, discover
 from polyport.gateway.rights import recheck
-from polyport.gateway.telemetry import Telemetry
 from polyport.gateway.transports.tls import ServerTls, check_material
 from polyport.gateway.transports.websocket import TLS_USER_FROM
 from polyport.gateway.workers import Aggregator, WorkerRole, WorkerServer, chain_connector

@@ -47,8 +47,8 @@ from prometheus_client.samples import Sample
 
 from polyport.core.chain import MAX_MESSAGE_BYTES as READ_LIMIT
 from polyport.core.chain import Connect
-from polyport.gateway.collectors import WithoutCreated
 from polyport.gateway.config import PORT_KEYS, GatewayConfig
+from polyport.gateway.http.collectors import WithoutCreated
 
 if TYPE_CHECKING:
     from polyport.gateway.app import Gateway
@@ -169,7 +169,7 @@ async def local_families(gw: Gateway) -> list[dict[str, Any]]:
 
 
 async def local_status(gw: Gateway, names_shown: bool) -> dict[str, Any]:
-    from polyport.gateway.status import build_status
+    from polyport.gateway.http.status import build_status
 
     doc = await build_status(gw, (), names_shown=names_shown, local_only=True)
     doc["pid"] = os.getpid()

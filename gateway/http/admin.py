@@ -3,8 +3,8 @@
 Guarded by ``Authorization: Bearer <admin_token>``; with no ``admin_token``
 configured the API is off (every ``/admin/`` path answers 404).  Here are the
 handlers and :data:`ROUTES`, the table that both serves them and documents them
-at ``/admin/openapi.json`` (:mod:`gateway.admin_routes`); the schemas and the
-validation of request bodies are in :mod:`gateway.admin_schema`.
+at ``/admin/openapi.json`` (:mod:`gateway.http.admin_routes`); the schemas and the
+validation of request bodies are in :mod:`gateway.http.admin_schema`.
 Every error answers JSON ``{"error": message, "code": canonical code}``.
 """
 
@@ -27,7 +27,7 @@ from polyport.core.errors import (
     Unprocessable,
 )
 from polyport.core.parking import SubscriptionSettings
-from polyport.gateway.admin_routes import (
+from polyport.gateway.http.admin_routes import (
     OPENAPI_PATH,
     PREFIX,
     Call,
@@ -36,8 +36,8 @@ from polyport.gateway.admin_routes import (
     add_routes,
     peer,
 )
-from polyport.gateway.admin_schema import parse_date_time
-from polyport.gateway.admin_token import bearer_matches
+from polyport.gateway.http.admin_schema import parse_date_time
+from polyport.gateway.http.admin_token import bearer_matches
 from polyport.gateway.workers import (
     WorkerUnreachable,
     close_local_connection,

@@ -1,7 +1,7 @@
 """``/metrics``: Prometheus exposition of the gateway's telemetry.
 
 Metric names and meanings are listed in docs/operations.md; everything comes
-from the gateway's own registry (:class:`gateway.telemetry.Telemetry`).
+from the gateway's own registry (:class:`gateway.http.telemetry.Telemetry`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from polyport.gateway.admin_token import is_admin
-from polyport.gateway.collectors import MetricsOf, WithoutCreated
-from polyport.gateway.telemetry import PER_SUBSCRIPTION_METRICS
+from polyport.gateway.http.admin_token import is_admin
+from polyport.gateway.http.collectors import MetricsOf, WithoutCreated
+from polyport.gateway.http.telemetry import PER_SUBSCRIPTION_METRICS
 
 if TYPE_CHECKING:
     from polyport.gateway.app import Gateway

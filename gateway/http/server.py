@@ -1,6 +1,6 @@
 """The HTTP port: health and readiness here; status and the status page
-(:mod:`gateway.status`), metrics (:mod:`gateway.metrics`), the admin API
-(:mod:`gateway.admin`), and WebSocket endpoints registered by listeners."""
+(:mod:`gateway.http.status`), metrics (:mod:`gateway.http.metrics`), the admin API
+(:mod:`gateway.http.admin`), and WebSocket endpoints registered by listeners."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from polyport.gateway import admin, metrics, status
-from polyport.gateway.telemetry import UNMATCHED_ROUTE
+from polyport.gateway.http import admin, metrics, status
+from polyport.gateway.http.telemetry import UNMATCHED_ROUTE
 from polyport.gateway.transports import websocket
 
 if TYPE_CHECKING:

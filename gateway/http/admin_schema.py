@@ -1,6 +1,6 @@
 """The admin API's JSON schemas and the validation of what clients send.
 
-The schema dicts here are OpenAPI 3.0 Schema Objects: :mod:`gateway.admin_routes`
+The schema dicts here are OpenAPI 3.0 Schema Objects: :mod:`gateway.http.admin_routes`
 puts them into ``/admin/openapi.json`` as they are, and :func:`validate` checks
 request bodies and path parameters against the very same dicts with the
 ``jsonschema`` library, so the published document and the checks cannot

@@ -1,6 +1,6 @@
 """``/status`` (JSON for tools and the status page) and the status page at ``/``.
 
-The page is static HTML + JavaScript in ``gateway/static/``: no build step, no
+The page is static HTML + JavaScript in ``gateway/http/static/``: no build step, no
 external resources; it polls ``/status`` and draws its chart as inline SVG.
 """
 
@@ -19,8 +19,8 @@ from aiohttp import web
 
 from polyport.core.errors import new_error_id
 from polyport.core.monitor import HourlyVolume
-from polyport.gateway.admin_token import is_admin
-from polyport.gateway.telemetry import (
+from polyport.gateway.http.admin_token import is_admin
+from polyport.gateway.http.telemetry import (
     CHART_BUCKET,
     DB_TIMEOUT,
     SubscriptionLag,

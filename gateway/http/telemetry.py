@@ -47,7 +47,7 @@ from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.store import selector_from_json
 from polyport.core.writer import CommitObservation
-from polyport.gateway import chart_history
+from polyport.gateway.http import chart_history
 from polyport.protocols.session import CURRENT_PEER
 
 if TYPE_CHECKING:

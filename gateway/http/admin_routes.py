@@ -1,10 +1,10 @@
 """The admin API's route table: one :class:`Route` per operation, from which both
 the aiohttp routes and the ``paths`` of ``/admin/openapi.json`` are made, so an
 operation cannot be served without being documented or documented without being
-served.  The handlers and the table itself are in :mod:`gateway.admin`.
+served.  The handlers and the table itself are in :mod:`gateway.http.admin`.
 
 Before a handler runs, its path parameters and JSON body have been checked
-against the schemas the document publishes (:mod:`gateway.admin_schema`); it
+against the schemas the document publishes (:mod:`gateway.http.admin_schema`); it
 gets them in a :class:`Call`.
 """
 
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from polyport.core.events import DEFAULT_CONTEXT
-from polyport.gateway.admin_schema import COMPONENTS, NAME, TEXT, parse_body, validate
-from polyport.gateway.telemetry import polyport_version
+from polyport.gateway.http.admin_schema import COMPONENTS, NAME, TEXT, parse_body, validate
+from polyport.gateway.http.telemetry import polyport_version
 
 if TYPE_CHECKING:
     from polyport.core.store import EventStore

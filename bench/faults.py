@@ -48,8 +48,8 @@ import asyncpg
 from bench.common import stop_process, wait_listening
 from polyport.core.migrate import asyncpg_dsn
 from polyport.gateway.config import DEFAULT_PORTS
-from polyport.gateway.embedded_pg import EmbeddedPostgres
-from polyport.gateway.ports_file import read_ports_file
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
+from polyport.gateway.process.ports_file import read_ports_file
 from polyport.protocols.bson.client import BsonClient
 from polyport.protocols.micromsg2.client import MicroMsg2Client
 from polyport.protocols.reactive.client import NewEvent

@@ -228,7 +228,7 @@ class Roots:
 def _is_chain(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"polyport.gateway.chain" in f.read()
+            return b"polyport.gateway.process.chain" in f.read()
     except OSError:
         return False
 

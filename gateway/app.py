@@ -22,16 +22,16 @@ from polyport.core.subscriptions import Subscription
 from polyport.core.users import UserChanges
 from polyport.core.writer import WriterLimits
 from polyport.gateway.config import TLS_LISTENERS, ConfigError, GatewayConfig
-from polyport.gateway.database import database, supervise_embedded
-from polyport.gateway.fatal import naming_bind_errors
 from polyport.gateway.http import chart_history
 from polyport.gateway.http.server import build_app
 from polyport.gateway.http.telemetry import Telemetry
+from polyport.gateway.process.database import database, supervise_embedded
+from polyport.gateway.process.fatal import naming_bind_errors
+from polyport.gateway.process.rights import recheck
+from polyport.gateway.process.workers import Aggregator, WorkerRole, WorkerServer, chain_connector
 from polyport.gateway.registry import ListenerDef, RunningListener, discover
-from polyport.gateway.rights import recheck
 from polyport.gateway.transports.tls import ServerTls, check_material
 from polyport.gateway.transports.websocket import TLS_USER_FROM
-from polyport.gateway.workers import Aggregator, WorkerRole, WorkerServer, chain_connector
 from polyport.protocols.budgets import BudgetAccount, ByteBudget
 from polyport.protocols.connections import ConnectionTable
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, SessionContext
@@ -86,7 +86,7 @@ class Gateway:
     """Start with :meth:`start`, stop with :meth:`stop` (or ``async with``)."""
 
     def __init__(self, config: GatewayConfig, role: WorkerRole | None = None) -> None:
-        """``role``: one worker of several (gateway/supervisor.py), with
+        """``role``: one worker of several (gateway/process/supervisor.py), with
         ``config`` already as that worker runs it (:meth:`WorkerRole.apply`)."""
         self.config = config
         self.role = role
@@ -275,7 +275,7 @@ class Gateway:
                 )
             )
             await self.store.start()
-            # Open connections follow their users' rights (gateway/rights.py),
+            # Open connections follow their users' rights (gateway/process/rights.py),
             # whichever process changed them.
             self._user_changes = UserChanges(
                 asyncpg_dsn(url), self._rights_changed, logging.getLogger("polyport.rights")

@@ -28,7 +28,6 @@ from polyport.core.commands import FromPosition, FromTime, Selector
 from polyport.core.events import DEFAULT_CONTEXT
 from polyport.core.parking import SubscriptionSettings
 from polyport.core.store import EventStore, StoreConfig
-from polyport.gateway.announce import Announcement, announce, notify_systemd
 from polyport.gateway.config import (
     DEFAULT_HTTP_PORT,
     DEFAULT_PORTS,
@@ -42,14 +41,17 @@ from polyport.gateway.config import (
     tls_keys,
 )
 from polyport.gateway.connections_cli import AdminError, add_connections_parser, run_connections
-from polyport.gateway.data_dir import DataDirLock
-from polyport.gateway.database import database_url
-from polyport.gateway.eventloop import LoopChoice, choose_loop
-from polyport.gateway.eventloop import run as run_on_loop
-from polyport.gateway.fatal import describe
-from polyport.gateway.logging_setup import JsonFormatter as JsonFormatter  # tests name it here
-from polyport.gateway.logging_setup import setup_logging
-from polyport.gateway.ports_file import remove_ports_file, write_ports_file
+from polyport.gateway.process.announce import Announcement, announce, notify_systemd
+from polyport.gateway.process.data_dir import DataDirLock
+from polyport.gateway.process.database import database_url
+from polyport.gateway.process.eventloop import LoopChoice, choose_loop
+from polyport.gateway.process.eventloop import run as run_on_loop
+from polyport.gateway.process.fatal import describe
+from polyport.gateway.process.logging_setup import (
+    JsonFormatter as JsonFormatter,  # tests name it here
+)
+from polyport.gateway.process.logging_setup import setup_logging
+from polyport.gateway.process.ports_file import remove_ports_file, write_ports_file
 from polyport.gateway.status_cli import add_status_parser, run_status
 from polyport.gateway.tables import Column, cell, table
 from polyport.pipeline.cli import add_pipeline_parser
@@ -371,7 +373,7 @@ def _stop_then_hurry(stop: asyncio.Event, hurry: asyncio.Event) -> None:
 
 async def _serve(config: GatewayConfig, args: argparse.Namespace, choice: LoopChoice) -> int:
     from polyport.gateway.app import Gateway
-    from polyport.gateway.eventloop import settle_heap
+    from polyport.gateway.process.eventloop import settle_heap
 
     log.info("event loop: %s", choice.describe())
     gw = Gateway(config)
@@ -779,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
             # Held until this process (the supervisor, with workers) exits.
             with DataDirLock(config.data_dir):
                 if config.workers > 1:
-                    from polyport.gateway.supervisor import supervise
+                    from polyport.gateway.process.supervisor import supervise
 
                     return supervise(config, args)
                 choice = choose_loop(config.event_loop)

@@ -41,7 +41,7 @@ def default_data_dir() -> str:
     return str(Path(base) / "polyport")
 
 
-# gateway/eventloop.py: auto = uvloop when it can be imported, else asyncio.
+# gateway/process/eventloop.py: auto = uvloop when it can be imported, else asyncio.
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 # --workers: more than this is a typo, not a machine.
 MAX_WORKERS = 256
@@ -260,9 +260,9 @@ class GatewayConfig:
     # directory on first start.
     res01_curve: bool = False
     res01_curve_key_file: str | None = None
-    # The asyncio event loop of `serve` (gateway/eventloop.py).
+    # The asyncio event loop of `serve` (gateway/process/eventloop.py).
     event_loop: str = "auto"
-    # Gateway processes (gateway/supervisor.py): the byte-stream listeners in
+    # Gateway processes (gateway/process/supervisor.py): the byte-stream listeners in
     # every one of them on shared ports (SO_REUSEPORT), Res01 and HTTP in the
     # first.  1 = one process, no supervisor.  "auto" in the file, the
     # environment or the flag = the number of cores this process may use.

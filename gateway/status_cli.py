@@ -18,7 +18,7 @@ import aiohttp
 from polyport.core import migrate
 from polyport.core.store import EventStore
 from polyport.gateway.config import GatewayConfig
-from polyport.gateway.ports_file import read_ports_file
+from polyport.gateway.process.ports_file import read_ports_file
 
 HTTP_TIMEOUT = 2.0
 
@@ -166,7 +166,7 @@ async def run_status(
 ) -> int:
     """``with_store`` runs a function with a store on the configured database,
     never starting an embedded one."""
-    from polyport.gateway.fatal import describe
+    from polyport.gateway.process.fatal import describe
 
     data: dict[str, Any] = {}
 

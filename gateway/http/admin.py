@@ -38,7 +38,7 @@ from polyport.gateway.http.admin_routes import (
 )
 from polyport.gateway.http.admin_schema import parse_date_time
 from polyport.gateway.http.admin_token import bearer_matches
-from polyport.gateway.workers import (
+from polyport.gateway.process.workers import (
     WorkerUnreachable,
     close_local_connection,
     local_connections,

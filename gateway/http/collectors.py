@@ -1,7 +1,7 @@
 """Prometheus collectors over metric families the gateway already has: a
 registry's without the ``_created`` samples (``/metrics`` of one process),
 and a list of metric objects (the families merged from every worker,
-gateway/workers.py).  Their own module so that the ``/metrics`` route and the
+gateway/process/workers.py).  Their own module so that the ``/metrics`` route and the
 worker aggregation share them without importing each other."""
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def setup(app: web.Application, gw: Gateway) -> None:
         # Per-subscription series (metrics_per_subscription) are labelled
         # with subscription names: like /status, only for the admin token.
         hidden = () if is_admin(request, gw.config.admin_token) else PER_SUBSCRIPTION_METRICS
-        if gw.aggregator is not None:  # every worker's (gateway/workers.py)
+        if gw.aggregator is not None:  # every worker's (gateway/process/workers.py)
             merged = [m for m in await gw.aggregator.metrics() if m.name not in hidden]
             body = generate_latest(MetricsOf(merged))
         else:

@@ -207,7 +207,7 @@ async def build_status(
     and selectors only with ``names_shown`` (the request had the admin token).
     ``local_only``: without the sections that are the database's rather than
     this process's (database, schema, chart, parked counts): what another
-    worker adds to the first worker's document (gateway/workers.py).
+    worker adds to the first worker's document (gateway/process/workers.py).
     ``sections``: where those come from, shared between requests (else
     computed for this call alone)."""
     telemetry = gw.telemetry
@@ -306,7 +306,7 @@ def setup(app: web.Application, gw: Gateway) -> None:
         endpoints = request.app[WEBSOCKET_ENDPOINTS] if WEBSOCKET_ENDPOINTS in request.app else []
         names_shown = is_admin(request, gw.config.admin_token)
         doc = await build_status(gw, endpoints, names_shown=names_shown, sections=sections)
-        if gw.aggregator is not None:  # every worker's (gateway/workers.py)
+        if gw.aggregator is not None:  # every worker's (gateway/process/workers.py)
             doc = await gw.aggregator.status(doc, names_shown)
         return web.json_response(doc)
 

@@ -431,7 +431,7 @@ class Res01Listener:
         state = self.peers.get(peer)  # unless forgotten meanwhile
         if state is not None:
             # Narrowed in place, or the peer forgotten, when the user's
-            # rights change (gateway/rights.py).
+            # rights change (gateway/process/rights.py).
             state.row.user = user
             state.row.tenants.add(tenant)
             self.peers.set(peer, replace(state, login=(index, user, tenant, now + TENANT_TTL)))

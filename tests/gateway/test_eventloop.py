@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from polyport.gateway.config import ConfigError, available_cores, load_config
-from polyport.gateway.eventloop import choose_loop, run, running_loop_name
+from polyport.gateway.process.eventloop import choose_loop, run, running_loop_name
 from tests.listeners import port_flags
 
 ALL_OFF = port_flags("off", but=("http",))

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 
 from polyport.gateway.http.telemetry import CHART_BUCKETS, LATENCY_BUCKETS, bucket_quantile
-from polyport.gateway.workers import merge_status
+from polyport.gateway.process.workers import merge_status
 from polyport.protocols.bson.client import BsonClient
 
 

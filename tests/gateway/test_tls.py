@@ -19,7 +19,7 @@ import pytest
 import trustme
 
 from polyport.gateway.config import ConfigError, TlsOptions, load_config
-from polyport.gateway.fatal import describe
+from polyport.gateway.process.fatal import describe
 from polyport.gateway.transports.tls import check_material, looks_like_tls, server_context
 from polyport.protocols.bson import client as bson_client
 from polyport.protocols.bson.client import BsonClient

@@ -25,9 +25,9 @@ import asyncpg
 import pytest
 
 from polyport.core.migrate import asyncpg_dsn
-from polyport.gateway.embedded_pg import EmbeddedPostgres
-from polyport.gateway.supervisor import restart_delay
-from polyport.gateway.workers import (
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
+from polyport.gateway.process.supervisor import restart_delay
+from polyport.gateway.process.workers import (
     GAUGE_MAX,
     WorkerRole,
     merge_families,

@@ -1,7 +1,7 @@
 """One worker of a multi-process gateway (``serve --workers N``), and how the
 first worker's ``/metrics`` and ``/status`` speak for all of them.
 
-:class:`WorkerRole` is what the supervisor (gateway/supervisor.py) hands a
+:class:`WorkerRole` is what the supervisor (gateway/process/supervisor.py) hands a
 worker: its index, the database, the concrete ports, and so which listeners
 it runs (every byte-stream listener in every worker; Res01 and HTTP in worker
 0 only).
@@ -88,7 +88,7 @@ def socket_path(run_dir: str, index: int) -> Path:
 
 
 def chain_socket_path(run_dir: str) -> Path:
-    """Where the commit chain process (gateway/chain.py) listens."""
+    """Where the commit chain process (gateway/process/chain.py) listens."""
     return Path(run_dir) / "chain.sock"
 
 

@@ -11,7 +11,7 @@ import sys
 from datetime import UTC, datetime
 
 LOG_FIELDS = ("protocol", "peer", "code", "worker")
-# Set in a worker process (gateway/worker.py): every line names its worker.
+# Set in a worker process (gateway/process/worker.py): every line names its worker.
 _log_worker: int | str | None = None
 
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polyport.core import sql
-from polyport.gateway.data_dir import make_data_dir, write_private
-from polyport.gateway.posix_acl import grant_search, may_search
+from polyport.gateway.process.data_dir import make_data_dir, write_private
+from polyport.gateway.process.posix_acl import grant_search, may_search
 
 log = logging.getLogger("polyport.embedded_pg")
 

@@ -6,13 +6,13 @@ What runs where:
   embedded PostgreSQL when there is no database URL and migrates it, once;
   picks the concrete port of every listener set to 0, writes the ports file,
   prints the listening lines, and watches the workers;
-- every worker (gateway/worker.py) is a whole gateway with its own store,
+- every worker (gateway/process/worker.py) is a whole gateway with its own store,
   writer and tailer; the byte-stream TCP listeners run in each, bound to the
   same ports with SO_REUSEPORT, so the kernel spreads connections over them.
   The core already coordinates processes (the head row orders commits,
   NOTIFY wakes other tailers, advisory locks give a consumer group one owner);
 - worker 0 also runs Res01 (a ZeroMQ ROUTER cannot share a port) and the
-  HTTP port, whose /metrics and /status ask every worker (gateway/workers.py).
+  HTTP port, whose /metrics and /status ask every worker (gateway/process/workers.py).
 
 Ports: for each TCP port the supervisor binds a socket with SO_REUSEPORT and
 keeps it (bound, never listening: it gets no connections) for as long as it
@@ -52,15 +52,15 @@ from pathlib import Path
 from typing import Any
 
 from polyport.core import migrate
-from polyport.gateway.announce import Announcement, announce, notify_systemd
 from polyport.gateway.config import PORT_KEYS, TLS_LISTENERS, GatewayConfig
-from polyport.gateway.database import database, supervise_embedded
-from polyport.gateway.eventloop import choose_loop
-from polyport.gateway.fatal import naming_bind_errors
-from polyport.gateway.ports_file import remove_ports_file, write_ports
+from polyport.gateway.process.announce import Announcement, announce, notify_systemd
+from polyport.gateway.process.database import database, supervise_embedded
+from polyport.gateway.process.eventloop import choose_loop
+from polyport.gateway.process.fatal import naming_bind_errors
+from polyport.gateway.process.ports_file import remove_ports_file, write_ports
+from polyport.gateway.process.workers import STATE_FILE, WorkerRole, socket_path
 from polyport.gateway.registry import discover
 from polyport.gateway.transports.tls import check_material
-from polyport.gateway.workers import STATE_FILE, WorkerRole, socket_path
 
 log = logging.getLogger("polyport.supervisor")
 
@@ -153,8 +153,8 @@ def reserve_port(host: str, port: int) -> tuple[int, list[socket.socket]]:
 # --- the supervisor ------------------------------------------------------------------------
 
 
-WORKER_MODULE = "polyport.gateway.worker"
-CHAIN_MODULE = "polyport.gateway.chain"
+WORKER_MODULE = "polyport.gateway.process.worker"
+CHAIN_MODULE = "polyport.gateway.process.chain"
 
 
 @dataclass
@@ -457,7 +457,7 @@ class Supervisor:
 
     def _hup(self) -> None:
         from polyport.gateway.config import config_from_args
-        from polyport.gateway.logging_setup import setup_logging
+        from polyport.gateway.process.logging_setup import setup_logging
 
         try:  # the supervisor's own log lines follow the new settings
             new = config_from_args(self.args)

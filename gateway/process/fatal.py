@@ -18,7 +18,7 @@ from polyport.core.db import sqlstate
 from polyport.core.errors import PolyportError
 from polyport.core.migrate import SchemaBehind
 from polyport.gateway.config import ConfigError
-from polyport.gateway.embedded_pg import EmbeddedPostgresError
+from polyport.gateway.process.embedded_pg import EmbeddedPostgresError
 
 _URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^@\s]*)(?=@)", re.I)
 

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from polyport.gateway.config import OLD_DEFAULT_DATA_DIR, GatewayConfig, default_data_dir
-from polyport.gateway.embedded_pg import EmbeddedPostgres, EmbeddedPostgresError
-from polyport.gateway.ports_file import read_ports_file
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres, EmbeddedPostgresError
+from polyport.gateway.process.ports_file import read_ports_file
 
 log = logging.getLogger("polyport.database")
 

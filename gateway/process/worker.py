@@ -1,9 +1,9 @@
-"""One gateway worker process, started by the supervisor (gateway/supervisor.py):
-``python -m polyport.gateway.worker --index I --control-fd R --ready-fd W``.
+"""One gateway worker process, started by the supervisor (gateway/process/supervisor.py):
+``python -m polyport.gateway.process.worker --index I --control-fd R --ready-fd W``.
 
 The configuration (database URL included) arrives on the control pipe, never
 in argv: a length, then the supervisor's pickled configuration, flags and
-:class:`~polyport.gateway.workers.WorkerRole`.  The pipe then stays open; EOF
+:class:`~polyport.gateway.process.workers.WorkerRole`.  The pipe then stays open; EOF
 means the supervisor is gone, and the worker drains and exits.  Once every
 listener is up, one JSON line on the ready pipe says where they listen.
 """
@@ -69,7 +69,7 @@ def watch_lifeline(control_fd: int, stop: asyncio.Event) -> None:
 async def _work(payload: dict[str, Any], control_fd: int, ready_fd: int, choice: Any) -> int:
     from polyport.gateway.app import Gateway
     from polyport.gateway.cli import _reload, _stop_then_hurry
-    from polyport.gateway.eventloop import settle_heap
+    from polyport.gateway.process.eventloop import settle_heap
 
     role = payload["role"]
     args = argparse.Namespace(**payload["args"])
@@ -130,10 +130,10 @@ def run_child(control_fd: int, tag: int | str, name: str,
     the configuration from the control pipe, log as ``tag``, run ``main`` on
     the configured event loop; a failure is one line naming ``name``."""
     from polyport.gateway.cli import _say_fatal
-    from polyport.gateway.eventloop import choose_loop
-    from polyport.gateway.eventloop import run as run_on_loop
-    from polyport.gateway.fatal import describe
-    from polyport.gateway.logging_setup import setup_logging
+    from polyport.gateway.process.eventloop import choose_loop
+    from polyport.gateway.process.eventloop import run as run_on_loop
+    from polyport.gateway.process.fatal import describe
+    from polyport.gateway.process.logging_setup import setup_logging
 
     payload = read_payload(control_fd)
     config = payload["config"]

@@ -1,6 +1,6 @@
 """Search permission on a directory for one account, through a POSIX ACL
 entry: what the embedded PostgreSQL's account needs on the directories
-above its data (gateway/embedded_pg.py), granted to that account alone
+above its data (gateway/process/embedded_pg.py), granted to that account alone
 instead of to every user (o+x).
 
 The ACL is read and written as the kernel stores it, in an extended

@@ -1,6 +1,6 @@
 """The commit chain process of ``serve --workers N`` (core/chain.py says why
 one writer commits for every worker), started and restarted by the
-supervisor: ``python -m polyport.gateway.chain --control-fd R --ready-fd W``.
+supervisor: ``python -m polyport.gateway.process.chain --control-fd R --ready-fd W``.
 
 Like a worker, it gets its configuration on the control pipe (never argv),
 stops when that pipe closes, and writes one JSON line on the ready pipe once
@@ -28,9 +28,9 @@ async def _serve(payload: dict[str, Any], control_fd: int, ready_fd: int) -> int
     from polyport.core.chain import MAX_MESSAGE_BYTES, CommitChain
     from polyport.core.migrate import GATEWAY_APPLICATION_NAME, asyncpg_dsn, with_application_name
     from polyport.gateway.app import writer_limits
-    from polyport.gateway.eventloop import settle_heap
-    from polyport.gateway.worker import watch_lifeline
-    from polyport.gateway.workers import chain_socket_path
+    from polyport.gateway.process.eventloop import settle_heap
+    from polyport.gateway.process.worker import watch_lifeline
+    from polyport.gateway.process.workers import chain_socket_path
 
     role = payload["role"]
     config = role.apply(payload["config"])
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--ready-fd", type=int, required=True)
     opts = parser.parse_args(argv)
-    from polyport.gateway.worker import run_child
+    from polyport.gateway.process.worker import run_child
 
     return run_child(opts.control_fd, "chain", "commit chain",
                      lambda payload, _choice: _serve(payload, opts.control_fd, opts.ready_fd))

@@ -237,7 +237,7 @@ class Gateway:
         ports = [a for n in DEFAULT_PORTS
                  for a in (f"--{n}-port", "0" if n in self.listeners else "off")]
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "polyport.gateway.cli", "serve",
+            sys.executable, "-m", "polyport.gateway.cli.main", "serve",
             "--data-dir", str(self.data_dir), "--http-port", "off", *ports,
             stdout=asyncio.subprocess.DEVNULL,
             # The URL carries a password: environment, never argv.

@@ -68,7 +68,7 @@ def watch_lifeline(control_fd: int, stop: asyncio.Event) -> None:
 
 async def _work(payload: dict[str, Any], control_fd: int, ready_fd: int, choice: Any) -> int:
     from polyport.gateway.app import Gateway
-    from polyport.gateway.cli import _reload, _stop_then_hurry
+    from polyport.gateway.cli.main import _reload, _stop_then_hurry
     from polyport.gateway.process.eventloop import settle_heap
 
     role = payload["role"]
@@ -129,7 +129,7 @@ def run_child(control_fd: int, tag: int | str, name: str,
     """A process the supervisor started (a worker, the commit chain): read
     the configuration from the control pipe, log as ``tag``, run ``main`` on
     the configured event loop; a failure is one line naming ``name``."""
-    from polyport.gateway.cli import _say_fatal
+    from polyport.gateway.cli.main import _say_fatal
     from polyport.gateway.process.eventloop import choose_loop
     from polyport.gateway.process.eventloop import run as run_on_loop
     from polyport.gateway.process.fatal import describe

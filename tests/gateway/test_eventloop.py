@@ -82,7 +82,7 @@ async def test_serve_says_which_loop_runs(
     if setting is not None:
         env["POLYPORT_EVENT_LOOP"] = setting
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", db_url,
+        sys.executable, "-m", "polyport.gateway.cli.main", "serve", "--database-url", db_url,
         "--data-dir", str(tmp_path), "--http-port", "0", *ALL_OFF,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
     assert proc.stderr is not None and proc.stdout is not None

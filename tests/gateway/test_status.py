@@ -14,7 +14,7 @@ import pytest
 from polyport.core.commands import Append, FromBeginning, Selector, Subscribe
 from polyport.core.events import EventData
 from polyport.core.matcher import event_matcher
-from polyport.gateway.cli import JsonFormatter
+from polyport.gateway.cli.main import JsonFormatter
 from polyport.gateway.http import status
 from polyport.protocols.bson.client import BsonClient, BsonError
 

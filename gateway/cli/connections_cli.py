@@ -19,9 +19,9 @@ from urllib.parse import quote
 
 import aiohttp
 
+from polyport.gateway.cli.status_cli import gateway_address
+from polyport.gateway.cli.tables import table
 from polyport.gateway.config import GatewayConfig
-from polyport.gateway.status_cli import gateway_address
-from polyport.gateway.tables import table
 
 HTTP_TIMEOUT = 5.0
 

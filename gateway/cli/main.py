@@ -28,6 +28,9 @@ from polyport.core.commands import FromPosition, FromTime, Selector
 from polyport.core.events import DEFAULT_CONTEXT
 from polyport.core.parking import SubscriptionSettings
 from polyport.core.store import EventStore, StoreConfig
+from polyport.gateway.cli.connections_cli import AdminError, add_connections_parser, run_connections
+from polyport.gateway.cli.status_cli import add_status_parser, run_status
+from polyport.gateway.cli.tables import Column, cell, table
 from polyport.gateway.config import (
     DEFAULT_HTTP_PORT,
     DEFAULT_PORTS,
@@ -40,7 +43,6 @@ from polyport.gateway.config import (
     config_from_args,
     tls_keys,
 )
-from polyport.gateway.connections_cli import AdminError, add_connections_parser, run_connections
 from polyport.gateway.process.announce import Announcement, announce, notify_systemd
 from polyport.gateway.process.data_dir import DataDirLock
 from polyport.gateway.process.database import database_url
@@ -52,8 +54,6 @@ from polyport.gateway.process.logging_setup import (
 )
 from polyport.gateway.process.logging_setup import setup_logging
 from polyport.gateway.process.ports_file import remove_ports_file, write_ports_file
-from polyport.gateway.status_cli import add_status_parser, run_status
-from polyport.gateway.tables import Column, cell, table
 from polyport.pipeline.cli import add_pipeline_parser
 from polyport.pipeline.cli import run as run_pipeline
 

@@ -547,8 +547,8 @@ def _tls_table(table: dict[str, Any], out: dict[str, dict[str, str | None]], pat
 
 
 # --- from the command line ---------------------------------------------------------
-# Here rather than in gateway/cli/main.py: the supervisor rereads the configuration
-# on SIGHUP, and cli.py imports the supervisor.
+# Here rather than in gateway/cli/: the supervisor rereads the configuration
+# on SIGHUP, and the CLI imports the supervisor.
 
 _NOT_SETTINGS = ("command", "action", "config", "revision", "debug", "new_password")
 

@@ -8,7 +8,9 @@ traceback is for ``--debug`` (or ``--log-level debug``) only.
 from __future__ import annotations
 
 import errno
+import logging
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from polyport.core.errors import PolyportError
 from polyport.core.migrate import SchemaBehind
 from polyport.gateway.config import ConfigError
 from polyport.gateway.process.embedded_pg import EmbeddedPostgresError
+from polyport.gateway.process.logging_setup import JsonFormatter
 
 _URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^@\s]*)(?=@)", re.I)
 
@@ -119,3 +122,13 @@ def describe(exc: BaseException, database_url: str | None = None) -> str:
         return found
     text = redact(str(exc)) or type(exc).__name__
     return f"unexpected error ({type(exc).__name__}): {text}; run again with --debug for details"
+
+
+def _say_fatal(message: str, fmt: str) -> None:
+    if fmt == "json":  # the same record shape as every other log line
+        record = logging.makeLogRecord(
+            {"name": "polyport", "levelname": "ERROR", "levelno": logging.ERROR, "msg": message}
+        )
+        print(JsonFormatter().format(record), file=sys.stderr)
+    else:
+        print(f"polyport: {message}", file=sys.stderr)

@@ -68,8 +68,8 @@ def watch_lifeline(control_fd: int, stop: asyncio.Event) -> None:
 
 async def _work(payload: dict[str, Any], control_fd: int, ready_fd: int, choice: Any) -> int:
     from polyport.gateway.app import Gateway
-    from polyport.gateway.cli.main import _reload, _stop_then_hurry
     from polyport.gateway.process.eventloop import settle_heap
+    from polyport.gateway.process.serve import _reload, _stop_then_hurry
 
     role = payload["role"]
     args = argparse.Namespace(**payload["args"])
@@ -129,10 +129,9 @@ def run_child(control_fd: int, tag: int | str, name: str,
     """A process the supervisor started (a worker, the commit chain): read
     the configuration from the control pipe, log as ``tag``, run ``main`` on
     the configured event loop; a failure is one line naming ``name``."""
-    from polyport.gateway.cli.main import _say_fatal
     from polyport.gateway.process.eventloop import choose_loop
     from polyport.gateway.process.eventloop import run as run_on_loop
-    from polyport.gateway.process.fatal import describe
+    from polyport.gateway.process.fatal import _say_fatal, describe
     from polyport.gateway.process.logging_setup import setup_logging
 
     payload = read_payload(control_fd)

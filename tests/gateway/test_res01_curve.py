@@ -15,7 +15,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from polyport.gateway.cli.main import _keys, build_parser
+from polyport.gateway.cli.commands import _keys
+from polyport.gateway.cli.parser import build_parser
 from polyport.gateway.config import ConfigError, GatewayConfig
 from polyport.gateway.transports.curve import KEY_FILE, new_key_pair, server_keys
 from polyport.protocols.res01.client import CurveClientKeys, Res01Client, new_event

@@ -14,8 +14,8 @@ import pytest
 from polyport.core.commands import Append, FromBeginning, Selector, Subscribe
 from polyport.core.events import EventData
 from polyport.core.matcher import event_matcher
-from polyport.gateway.cli.main import JsonFormatter
 from polyport.gateway.http import status
+from polyport.gateway.process.logging_setup import JsonFormatter
 from polyport.protocols.bson.client import BsonClient, BsonError
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from polyport.gateway.cli.main import build_parser
+from polyport.gateway.cli.parser import build_parser
 from polyport.gateway.config import load_config
 from tests.listeners import port_flags
 

@@ -153,7 +153,7 @@ async def test_cli_says_how_to_get_java_or_the_driver(
 def test_gateway_runs_without_pyspark() -> None:
     probe = (
         "import sys, polyport.gateway.cli.main, polyport.gateway.app\n"
-        "from polyport.gateway.cli.main import build_parser\n"
+        "from polyport.gateway.cli.parser import build_parser\n"
         "build_parser().parse_args(['pipeline', 'export', '--out', 'x'])\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j'))\n"
         "assert not loaded, loaded\n"

@@ -168,17 +168,8 @@ def _start_setting(text: str) -> Any:
         ) from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="polyport",
-        description="polyport: one event store, reached in six native wire protocols.",
-        epilog="Run 'polyport COMMAND --help' for a command's options.  The options above "
-               "are accepted before or after the command.",
-    )
-    parser.add_argument("--version", action="version", version=f"polyport {_version()}")
-    _common(parser)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _serve_command(sub: Any) -> None:
+    """``polyport serve``: listeners, ports, TLS, event loop and workers."""
     serve = _leaf(sub, "serve", "run the gateway: every protocol listener and the HTTP port")
     serve.add_argument("--host", help="address every listener binds (default 127.0.0.1)")
     serve.add_argument("--http-port", metavar="N",
@@ -202,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="gateway processes sharing the TCP ports (default 1; auto = one "
                             "per core); Res01 and HTTP run in the first (docs/operations.md)")
 
+
+def _migrate_command(sub: Any) -> None:
+    """``polyport migrate [ACTION] [REVISION]``."""
     mig = _leaf(sub, "migrate", "upgrade, downgrade or inspect the database schema")
     mig.add_argument("action", nargs="?", default="upgrade",
                      choices=("upgrade", "downgrade", "current", "history", "stamp", "check"),
@@ -217,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     mig.add_argument("--force", action="store_true",
                      help="downgrade even while a gateway is connected to the database")
 
+
+def _users_command(sub: Any) -> None:
+    """``polyport users add|list|remove|passwd|contexts``."""
     users = sub.add_parser("users", help="manage users", description="manage users")
     _common(users)
     us = users.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -238,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     _scope_options(cx)
     cx.add_argument("--default-context", help="context used when a request names none")
 
+
+def _keys_command(sub: Any) -> None:
+    """``polyport keys create|list|remove``."""
     keys = sub.add_parser("keys", help="manage Res01 CURVE client keys",
                           description="manage Res01 CURVE client keys (docs/operations.md)")
     _common(keys)
@@ -249,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     kr = _leaf(ks, "remove", "remove a CURVE public key")
     kr.add_argument("public_key", help="the Z85 public key")
 
+
+def _binders_command(sub: Any) -> None:
+    """``polyport binders create|list|drop|rebuild``."""
     binders = sub.add_parser("binders", help="manage binders (queryable projections)",
                              description="manage binders (queryable projections)")
     _common(binders)
@@ -271,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
         b = _leaf(bs, action, text)
         b.add_argument("name", help="binder name")
 
+
+def _subscriptions_command(sub: Any) -> None:
+    """``polyport subscriptions list|show|reset|delete|create|update|parked|replay-parked``."""
     subs = sub.add_parser("subscriptions", help="manage durable subscriptions",
                           description="manage durable subscriptions")
     _common(subs)
@@ -321,6 +327,25 @@ def build_parser() -> argparse.ArgumentParser:
                                     "picks the request up within seconds)")
     rp.add_argument("name", help="subscription name")
     _context_option(rp)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="polyport",
+        description="polyport: one event store, reached in six native wire protocols.",
+        epilog="Run 'polyport COMMAND --help' for a command's options.  The options above "
+               "are accepted before or after the command.",
+    )
+    parser.add_argument("--version", action="version", version=f"polyport {_version()}")
+    _common(parser)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _serve_command(sub)
+    _migrate_command(sub)
+    _users_command(sub)
+    _keys_command(sub)
+    _binders_command(sub)
+    _subscriptions_command(sub)
 
     add_status_parser(sub, _common)
     add_connections_parser(sub, _common)

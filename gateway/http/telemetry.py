@@ -51,6 +51,7 @@ from polyport.gateway.http import chart_history
 from polyport.protocols.session import CURRENT_PEER
 
 if TYPE_CHECKING:
+    from polyport.core.store import EventStore
     from polyport.gateway.app import Gateway
 
 log = logging.getLogger("polyport.telemetry")
@@ -622,6 +623,18 @@ class _GatewayCollector(Collector):
 
     def _collect(self) -> Iterator[Metric]:
         gw = self.t.gw
+        yield from self._process(gw)
+        yield from self._listeners(gw)
+        yield from self._per_protocol()
+        store = gw.store
+        if store is None or store.writer is None:
+            return
+        yield from self._store(gw, store)
+        yield from self._subscriptions(gw, store)
+        yield from self._database_pool(store)
+
+    def _process(self, gw: Gateway) -> Iterator[Metric]:
+        """Which polyport, up how long."""
         info = GaugeMetricFamily("polyport_build_info", "polyport version", labels=["version"])
         info.add_metric([polyport_version()], 1)
         yield info
@@ -629,6 +642,9 @@ class _GatewayCollector(Collector):
             "polyport_uptime_seconds", "Seconds since the gateway started",
             value=time.time() - gw.started_at,
         )
+
+    def _listeners(self, gw: Gateway) -> Iterator[Metric]:
+        """Each listener's own counters (ListenerStats), by protocol."""
         stats = [(name, listener.stats) for name, listener in sorted(gw.listeners.items())]
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
             "connections": CounterMetricFamily(
@@ -665,6 +681,9 @@ class _GatewayCollector(Collector):
                 errors.add_metric([name, code], s.errors.get(code, 0))
         yield from families.values()
         yield errors
+
+    def _per_protocol(self) -> Iterator[Metric]:
+        """What the hooks counted by protocol: appends and deliveries."""
         protocols = self.t.known_protocols()
         for attr, metric, doc in (
             ("appended", "polyport_events_appended", "Events appended, by protocol"),
@@ -678,9 +697,9 @@ class _GatewayCollector(Collector):
             for proto in sorted(set(protocols) | set(counts)):
                 fam.add_metric([proto], counts.get(proto, 0))
             yield fam
-        store = gw.store
-        if store is None or store.writer is None:
-            return
+
+    def _store(self, gw: Gateway, store: EventStore) -> Iterator[Metric]:
+        """Readiness, the writer, logins, queues and the tailer."""
         ws = store.writer.stats
         yield GaugeMetricFamily(
             "polyport_ready", "1 when /readyz answers 200 (database reachable, schema "
@@ -718,6 +737,9 @@ class _GatewayCollector(Collector):
         yield GaugeMetricFamily(
             "polyport_live_subscriptions", "Subscriptions on the live feed",
             value=store.tailer.live_count)
+
+    def _subscriptions(self, gw: Gateway, store: EventStore) -> Iterator[Metric]:
+        """Subscriptions open here, durable ones in the database, and their lag."""
         lag = self.t.lag
         subs = store.open_subscriptions()
         yield GaugeMetricFamily(
@@ -745,30 +767,7 @@ class _GatewayCollector(Collector):
         # One series per durable subscription only when asked for: their number
         # is up to the clients, and every name is a new series in Prometheus.
         if gw.config.metrics_per_subscription:
-            lag_events = GaugeMetricFamily(
-                PER_SUBSCRIPTION_METRICS[0],
-                "Events a durable subscription has still to consume", labels=["subscription"])
-            lag_seconds = GaugeMetricFamily(
-                PER_SUBSCRIPTION_METRICS[1],
-                "Age of the oldest event a durable subscription has still to consume",
-                labels=["subscription"])
-            parked = GaugeMetricFamily(
-                PER_SUBSCRIPTION_METRICS[2], "Events a durable subscription has parked",
-                labels=["subscription"])
-            consumers = GaugeMetricFamily(
-                PER_SUBSCRIPTION_METRICS[3],
-                "Consumers attached to a durable subscription", labels=["subscription"])
-            attached = store.consumer_counts()
-            for d in lag.durable:
-                key = (d.selector.get("context", ""), d.name)
-                lag_events.add_metric([d.name], d.lag_events)
-                lag_seconds.add_metric([d.name], d.lag_seconds)
-                parked.add_metric([d.name], lag.parked.get(key, 0))
-                consumers.add_metric([d.name], attached.get(key, 0))
-            yield lag_events
-            yield lag_seconds
-            yield parked
-            yield consumers
+            yield from self._per_subscription(store, lag)
         yield GaugeMetricFamily(
             "polyport_transient_subscription_lag_max_events",
             "Largest lag in events among in-process subscriptions",
@@ -777,6 +776,36 @@ class _GatewayCollector(Collector):
             "polyport_transient_subscription_lag_max_seconds",
             "Largest lag in seconds among in-process subscriptions",
             value=max((x.lag_seconds for x in lag.transient), default=0.0))
+
+    def _per_subscription(self, store: EventStore, lag: LagSnapshot) -> Iterator[Metric]:
+        """One series of each per durable subscription."""
+        lag_events = GaugeMetricFamily(
+            PER_SUBSCRIPTION_METRICS[0],
+            "Events a durable subscription has still to consume", labels=["subscription"])
+        lag_seconds = GaugeMetricFamily(
+            PER_SUBSCRIPTION_METRICS[1],
+            "Age of the oldest event a durable subscription has still to consume",
+            labels=["subscription"])
+        parked = GaugeMetricFamily(
+            PER_SUBSCRIPTION_METRICS[2], "Events a durable subscription has parked",
+            labels=["subscription"])
+        consumers = GaugeMetricFamily(
+            PER_SUBSCRIPTION_METRICS[3],
+            "Consumers attached to a durable subscription", labels=["subscription"])
+        attached = store.consumer_counts()
+        for d in lag.durable:
+            key = (d.selector.get("context", ""), d.name)
+            lag_events.add_metric([d.name], d.lag_events)
+            lag_seconds.add_metric([d.name], d.lag_seconds)
+            parked.add_metric([d.name], lag.parked.get(key, 0))
+            consumers.add_metric([d.name], attached.get(key, 0))
+        yield lag_events
+        yield lag_seconds
+        yield parked
+        yield consumers
+
+    def _database_pool(self, store: EventStore) -> Iterator[Metric]:
+        """The database pool's connections."""
         if store.monitor is not None:
             pool = store.monitor.pool_stats()
             conns = GaugeMetricFamily(

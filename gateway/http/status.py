@@ -23,7 +23,9 @@ from polyport.gateway.http.admin_token import is_admin
 from polyport.gateway.http.telemetry import (
     CHART_BUCKET,
     DB_TIMEOUT,
+    LagSnapshot,
     SubscriptionLag,
+    Telemetry,
     polyport_version,
 )
 from polyport.gateway.transports.websocket import WEBSOCKET_ENDPOINTS, WebSocketEndpoint
@@ -31,6 +33,7 @@ from polyport.gateway.transports.websocket import WEBSOCKET_ENDPOINTS, WebSocket
 log = logging.getLogger("polyport.status")
 
 if TYPE_CHECKING:
+    from polyport.core.store import EventStore
     from polyport.gateway.app import Gateway
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -195,25 +198,9 @@ def _subscription_json(lag: SubscriptionLag, names_shown: bool) -> dict[str, Any
     return out
 
 
-async def build_status(
-    gw: Gateway,
-    websockets: Sequence[tuple[str, WebSocketEndpoint]] = (),
-    *,
-    names_shown: bool = False,
-    local_only: bool = False,
-    sections: DatabaseSections | None = None,
-) -> dict[str, Any]:
-    """The /status document.  Counters are for everyone; subscription names
-    and selectors only with ``names_shown`` (the request had the admin token).
-    ``local_only``: without the sections that are the database's rather than
-    this process's (database, schema, chart, parked counts): what another
-    worker adds to the first worker's document (gateway/process/workers.py).
-    ``sections``: where those come from, shared between requests (else
-    computed for this call alone)."""
-    telemetry = gw.telemetry
-    assert telemetry is not None
-    store = gw.store
-    now = time.time()
+def _protocol_rows(gw: Gateway, telemetry: Telemetry) -> list[dict[str, Any]]:
+    """Each protocol listener's row: its own counters and the events appended
+    and delivered through it."""
     listeners = []
     for name, listener in sorted(gw.listeners.items()):
         s = listener.stats
@@ -236,6 +223,55 @@ async def build_status(
                 "events_delivered": telemetry.delivered.get(name, 0),
             }
         )
+    return listeners
+
+
+def _writer_json(store: EventStore) -> dict[str, Any]:
+    ws = store.writer.stats
+    return {
+        "queue_depth": store.writer.queue_depth,
+        "commits": ws.commits,
+        "events": ws.events,
+        "last_batch_size": ws.last_batch_size,
+        "batch_sizes": _batch_summary(list(ws.batch_sizes)),
+    }
+
+
+def _subscriptions_json(
+    store: EventStore, lag: LagSnapshot, parked: dict[tuple[Any, str], int], names_shown: bool
+) -> dict[str, Any]:
+    return {
+        "live": store.tailer.live_count,
+        "open": len(lag.transient),
+        "names_shown": names_shown,
+        "durable": [{**_subscription_json(x, names_shown),
+                     "parked": parked.get((x.selector.get("context"), x.name), 0)}
+                    for x in lag.durable],
+        "in_process": [_subscription_json(x, names_shown) for x in lag.transient[:100]],
+        "error": lag.error,
+    }
+
+
+async def build_status(
+    gw: Gateway,
+    websockets: Sequence[tuple[str, WebSocketEndpoint]] = (),
+    *,
+    names_shown: bool = False,
+    local_only: bool = False,
+    sections: DatabaseSections | None = None,
+) -> dict[str, Any]:
+    """The /status document.  Counters are for everyone; subscription names
+    and selectors only with ``names_shown`` (the request had the admin token).
+    ``local_only``: without the sections that are the database's rather than
+    this process's (database, schema, chart, parked counts): what another
+    worker adds to the first worker's document (gateway/process/workers.py).
+    ``sections``: where those come from, shared between requests (else
+    computed for this call alone)."""
+    telemetry = gw.telemetry
+    assert telemetry is not None
+    store = gw.store
+    now = time.time()
+    listeners = _protocol_rows(gw, telemetry)
     listeners.extend(_transport_rows(gw, websockets))
     if gw.http_address is not None:
         http = {"name": "http", "address": f"{gw.http_address[0]}:{gw.http_address[1]}"}
@@ -251,7 +287,6 @@ async def build_status(
         lag, database, chart, parked = await (
             sections.get(gw) if sections is not None else _gather_sections(gw))
         schema = _schema(gw)
-    ws = store.writer.stats
     return {
         "version": polyport_version(),
         "now": datetime.fromtimestamp(now, UTC).isoformat(),
@@ -260,13 +295,7 @@ async def build_status(
         "ready": gw.listeners_bound,
         "listeners": listeners,
         "http": http,
-        "writer": {
-            "queue_depth": store.writer.queue_depth,
-            "commits": ws.commits,
-            "events": ws.events,
-            "last_batch_size": ws.last_batch_size,
-            "batch_sizes": _batch_summary(list(ws.batch_sizes)),
-        },
+        "writer": _writer_json(store),
         "reads_waiting": store.reads_waiting,
         "log": {
             "head_position": store.tailer.head,
@@ -277,16 +306,7 @@ async def build_status(
         "rates": telemetry.rates(),
         # Over the same window as the rates, from the histograms' buckets.
         "latency": telemetry.latency(),
-        "subscriptions": {
-            "live": store.tailer.live_count,
-            "open": len(lag.transient),
-            "names_shown": names_shown,
-            "durable": [{**_subscription_json(x, names_shown),
-                         "parked": parked.get((x.selector.get("context"), x.name), 0)}
-                        for x in lag.durable],
-            "in_process": [_subscription_json(x, names_shown) for x in lag.transient[:100]],
-            "error": lag.error,
-        },
+        "subscriptions": _subscriptions_json(store, lag, parked, names_shown),
         # Counts only: who is connected (addresses, users) is for the admin
         # API (GET /admin/connections), which the page calls given the token.
         "connections": {"open": len(gw.connections)},

@@ -364,6 +364,40 @@ class TlsServer:
             await self.task
 
 
+async def _open_streams(
+    conn: socket.socket, where: str, tls: ServerTls, on_refused: Callable[[str], None],
+    timeout: float,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """The connection's streams, or None once it is closed (no first
+    bytes in time, plain on a TLS-only port, a failed handshake)."""
+    loop = asyncio.get_running_loop()
+    try:
+        deadline = loop.time() + timeout
+        head = await _peek(conn, deadline)
+        if not head:
+            conn.close()
+            return None
+        wrap = looks_like_tls(head)
+        if not wrap and tls.mode == "required":
+            on_refused(f"a plain (not TLS) connection from {where} on a TLS-only port")
+            conn.close()
+            return None
+        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        protocol = asyncio.StreamReaderProtocol(reader)
+        transport, _ = await loop.connect_accepted_socket(
+            lambda: protocol,
+            conn,
+            ssl=tls.context if wrap else None,
+            ssl_handshake_timeout=max(deadline - loop.time(), 0.1) if wrap else None,
+        )
+    except (OSError, ssl.SSLError, TimeoutError) as exc:
+        on_refused(f"TLS handshake with {where} failed: {getattr(exc, 'reason', None) or exc}")
+        with contextlib.suppress(OSError):
+            conn.close()
+        return None
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
 async def serve_tls(
     accepted: Accepted, host: str, port: int, tls: ServerTls, on_refused: Callable[[str], None],
     *, admit: Callable[[str], str | None], release: Callable[[str], None],
@@ -390,40 +424,9 @@ async def serve_tls(
     handlers: set[asyncio.Task[None]] = set()
     timeout = handshake_timeout or HANDSHAKE_TIMEOUT
 
-    async def open_streams(
-        conn: socket.socket, where: str
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        """The connection's streams, or None once it is closed (no first
-        bytes in time, plain on a TLS-only port, a failed handshake)."""
-        try:
-            deadline = loop.time() + timeout
-            head = await _peek(conn, deadline)
-            if not head:
-                conn.close()
-                return None
-            wrap = looks_like_tls(head)
-            if not wrap and tls.mode == "required":
-                on_refused(f"a plain (not TLS) connection from {where} on a TLS-only port")
-                conn.close()
-                return None
-            reader = asyncio.StreamReader(limit=STREAM_LIMIT)
-            protocol = asyncio.StreamReaderProtocol(reader)
-            transport, _ = await loop.connect_accepted_socket(
-                lambda: protocol,
-                conn,
-                ssl=tls.context if wrap else None,
-                ssl_handshake_timeout=max(deadline - loop.time(), 0.1) if wrap else None,
-            )
-        except (OSError, ssl.SSLError, TimeoutError) as exc:
-            on_refused(f"TLS handshake with {where} failed: {getattr(exc, 'reason', None) or exc}")
-            with contextlib.suppress(OSError):
-                conn.close()
-            return None
-        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
-
     async def one(conn: socket.socket, where: str, source: str) -> None:
         try:
-            streams = await open_streams(conn, where)
+            streams = await _open_streams(conn, where, tls, on_refused, timeout)
         except BaseException:  # cancelled (the listener closes), or our bug
             release(source)
             with contextlib.suppress(OSError):

@@ -250,6 +250,17 @@ class _LingeringResponse(web.WebSocketResponse):
             done.set_result(None)
 
 
+def _peer_address(request: web.Request) -> str:
+    """``host:port`` of the connection, as TCP names its peers."""
+    peer = request.remote or "?"
+    transport = request.transport
+    if transport is not None:
+        addr = transport.get_extra_info("peername")
+        if isinstance(addr, tuple):
+            peer = f"{addr[0]}:{addr[1]}"
+    return peer
+
+
 @dataclass
 class WebSocketEndpoint:
     """A WebSocket route whose connections each get a session from ``factory``.
@@ -283,40 +294,13 @@ class WebSocketEndpoint:
         app[WEBSOCKET_ENDPOINTS].append((path, self))
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        ws = _LingeringResponse(
-            max_msg_size=self.max_message_size,
-            # Compression would run large messages through an executor and
-            # cost CPU per frame; the protocols carry binary payloads.
-            compress=False,
-            writer_limit=WRITER_LIMIT,
-            timeout=CLOSE_TIMEOUT,
-            # Pings find a vanished peer (and a proxy's dead connection) even
-            # when the protocol itself is silent; no pong closes it.
-            heartbeat=self.stats.websocket_heartbeat,
-            # Pings and pongs come to the loop below, so that they count as
-            # whole frames for frame_timeout (it answers pings itself).
-            autoping=False,
-        )
+        ws = self._response()
         if not ws.can_prepare(request).ok:
             return web.Response(status=426, text=f"{self.name}: WebSocket upgrade required\n")
-        peer = request.remote or "?"
-        transport = request.transport
-        if transport is not None:
-            addr = transport.get_extra_info("peername")
-            if isinstance(addr, tuple):
-                peer = f"{addr[0]}:{addr[1]}"
-        origin = request.headers.get("Origin")
-        if not origin_allowed(origin, request.app.get(ALLOWED_ORIGINS, ())):
-            CURRENT_PEER.set(Peer(self.name, peer, host=request.remote))
-            self.stats.error("forbidden")
-            log.warning("%s: WebSocket from %s refused: origin %r is not allowed",
-                        self.name, peer, origin)
-            return web.Response(
-                status=403,
-                text=f"{self.name}: WebSocket connections from pages of {origin} are not "
-                     "allowed; the gateway's operator can add that origin to "
-                     "websocket_allowed_origins\n",
-            )
+        peer = _peer_address(request)
+        refusal = self._refuse_origin(request, peer)
+        if refusal is not None:
+            return refusal
         host = request.remote or "?"  # the source address, as TCP counts it
         refused = self.stats.admit(host)
         if refused is not None:
@@ -339,61 +323,7 @@ class WebSocketEndpoint:
         session: StreamSession | None = None
         try:
             session = self.factory(out)
-            deadline = HandshakeDeadline(self.stats)
-            frame = FrameDeadline(self.stats)
-            _watch_input(request, frame.bytes_arrived)
-            while not out.closed:
-                timeout = deadline.read_timeout(self.idle_timeout, out.handshaken)
-                timeout = frame.read_timeout(timeout)
-                try:
-                    async with asyncio.timeout(timeout) as waiting:
-                        frame.waiting = waiting  # moved earlier when a frame starts
-                        msg = await ws.receive()
-                except TimeoutError:
-                    message = frame.expired(self.name, peer)
-                    if message is not None:
-                        await session.frame_timed_out(message)
-                        out.close(WSCloseCode.POLICY_VIOLATION, b"frame not completed in time")
-                        reason = FRAME_TIMEOUT
-                        break
-                    if deadline.expired(self.name, peer, out.handshaken):
-                        out.close(WSCloseCode.POLICY_VIOLATION, b"no handshake in time")
-                        break
-                    if timeout != self.idle_timeout:
-                        continue  # the handshake completed while waiting: idle time restarts
-                    log.info("%s: closing idle WebSocket from %s", self.name, peer)
-                    reason = IDLE
-                    break
-                finally:
-                    frame.waiting = None
-                # A whole message: what arrived is used (a chunk that also
-                # started the next one is caught at the next chunk).
-                frame.completed()
-                if msg.type == WSMsgType.PING:
-                    with contextlib.suppress(ConnectionError, RuntimeError):
-                        await ws.pong(msg.data)
-                    continue
-                if msg.type == WSMsgType.PONG:
-                    continue
-                if msg.type == WSMsgType.BINARY:
-                    data: bytes = msg.data
-                elif msg.type == WSMsgType.TEXT and self.accept_text:
-                    data = msg.data.encode("utf-8")
-                elif msg.type == WSMsgType.TEXT:
-                    out.close(WSCloseCode.UNSUPPORTED_DATA, b"binary messages only")
-                    break
-                else:  # CLOSE, CLOSING, CLOSED, ERROR (e.g. message too big)
-                    if msg.type == WSMsgType.ERROR:
-                        log.info("%s: WebSocket from %s failed: %s", self.name, peer, msg.data)
-                        reason = f"protocol error {msg.data}"
-                    elif not out.closed_here:
-                        reason = PEER_CLOSED
-                    break
-                self.stats.bytes_in += len(data)
-                conn.bytes_in += len(data)
-                started = asyncio.get_running_loop().time()
-                await session.data_received(data)
-                frame.server_busy(asyncio.get_running_loop().time() - started)
+            reason = await self._receive(request, ws, out, session, conn, peer)
         except ConnectionError:
             reason = PEER_CLOSED
         except asyncio.CancelledError:
@@ -415,6 +345,102 @@ class WebSocketEndpoint:
             await out.wait_closed()
             await ws.linger()
         return ws
+
+    def _response(self) -> _LingeringResponse:
+        return _LingeringResponse(
+            max_msg_size=self.max_message_size,
+            # Compression would run large messages through an executor and
+            # cost CPU per frame; the protocols carry binary payloads.
+            compress=False,
+            writer_limit=WRITER_LIMIT,
+            timeout=CLOSE_TIMEOUT,
+            # Pings find a vanished peer (and a proxy's dead connection) even
+            # when the protocol itself is silent; no pong closes it.
+            heartbeat=self.stats.websocket_heartbeat,
+            # Pings and pongs come to the loop below, so that they count as
+            # whole frames for frame_timeout (it answers pings itself).
+            autoping=False,
+        )
+
+    def _refuse_origin(self, request: web.Request, peer: str) -> web.Response | None:
+        """403 for a page whose origin is not allowed; None lets it through."""
+        origin = request.headers.get("Origin")
+        if origin_allowed(origin, request.app.get(ALLOWED_ORIGINS, ())):
+            return None
+        CURRENT_PEER.set(Peer(self.name, peer, host=request.remote))
+        self.stats.error("forbidden")
+        log.warning("%s: WebSocket from %s refused: origin %r is not allowed",
+                    self.name, peer, origin)
+        return web.Response(
+            status=403,
+            text=f"{self.name}: WebSocket connections from pages of {origin} are not "
+                 "allowed; the gateway's operator can add that origin to "
+                 "websocket_allowed_origins\n",
+        )
+
+    async def _receive(
+        self, request: web.Request, ws: _LingeringResponse, out: WebSocketOutbound,
+        session: StreamSession, conn: Connection, peer: str,
+    ) -> str | None:
+        """Hand each message to the session until the connection ends; the
+        reason it ended (None: the server side closed it)."""
+        reason: str | None = None
+        deadline = HandshakeDeadline(self.stats)
+        frame = FrameDeadline(self.stats)
+        _watch_input(request, frame.bytes_arrived)
+        while not out.closed:
+            timeout = deadline.read_timeout(self.idle_timeout, out.handshaken)
+            timeout = frame.read_timeout(timeout)
+            try:
+                async with asyncio.timeout(timeout) as waiting:
+                    frame.waiting = waiting  # moved earlier when a frame starts
+                    msg = await ws.receive()
+            except TimeoutError:
+                message = frame.expired(self.name, peer)
+                if message is not None:
+                    await session.frame_timed_out(message)
+                    out.close(WSCloseCode.POLICY_VIOLATION, b"frame not completed in time")
+                    reason = FRAME_TIMEOUT
+                    break
+                if deadline.expired(self.name, peer, out.handshaken):
+                    out.close(WSCloseCode.POLICY_VIOLATION, b"no handshake in time")
+                    break
+                if timeout != self.idle_timeout:
+                    continue  # the handshake completed while waiting: idle time restarts
+                log.info("%s: closing idle WebSocket from %s", self.name, peer)
+                reason = IDLE
+                break
+            finally:
+                frame.waiting = None
+            # A whole message: what arrived is used (a chunk that also
+            # started the next one is caught at the next chunk).
+            frame.completed()
+            if msg.type == WSMsgType.PING:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await ws.pong(msg.data)
+                continue
+            if msg.type == WSMsgType.PONG:
+                continue
+            if msg.type == WSMsgType.BINARY:
+                data: bytes = msg.data
+            elif msg.type == WSMsgType.TEXT and self.accept_text:
+                data = msg.data.encode("utf-8")
+            elif msg.type == WSMsgType.TEXT:
+                out.close(WSCloseCode.UNSUPPORTED_DATA, b"binary messages only")
+                break
+            else:  # CLOSE, CLOSING, CLOSED, ERROR (e.g. message too big)
+                if msg.type == WSMsgType.ERROR:
+                    log.info("%s: WebSocket from %s failed: %s", self.name, peer, msg.data)
+                    reason = f"protocol error {msg.data}"
+                elif not out.closed_here:
+                    reason = PEER_CLOSED
+                break
+            self.stats.bytes_in += len(data)
+            conn.bytes_in += len(data)
+            started = asyncio.get_running_loop().time()
+            await session.data_received(data)
+            frame.server_busy(asyncio.get_running_loop().time() - started)
+        return reason
 
     async def _on_shutdown(self, app: web.Application) -> None:
         """Close every connection (going away) so the HTTP server can stop

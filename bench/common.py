@@ -59,7 +59,7 @@ class Progress:
 async def bench_cluster() -> AsyncIterator[EmbeddedPostgres]:
     """A fresh cluster with production durability (fsync on), removed after."""
     root = Path(tempfile.mkdtemp(prefix="polyport-bench-", dir="/tmp"))
-    root.chmod(0o755)  # noqa: ASYNC240 - once, before any I/O runs
+    root.chmod(0o755)  # once, before any I/O runs
     pg = EmbeddedPostgres(root / "data", fast=False)
     sys.stderr.write("starting a throwaway PostgreSQL cluster (fsync on)...\n")
     await asyncio.get_running_loop().run_in_executor(None, pg.start)

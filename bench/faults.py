@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -133,10 +134,8 @@ class Appender:
             return  # the SegmentWriter keeps its appenders for reconnect()
         client, self.client = self.client, None
         if client is not None:
-            try:
+            with contextlib.suppress(Exception):  # the connection is already gone
                 await asyncio.wait_for(client.close(), 1)
-            except Exception:  # noqa: BLE001, S110 - the connection is already gone
-                pass
 
     async def _send(self, seq: int, event_id: uuid.UUID) -> None:
         p, c = self.protocol, self.client
@@ -354,7 +353,7 @@ async def one_round(n: int, gw: Gateway, url: str, per_protocol: int, load: floa
 
 async def run(rounds: int, per_protocol: int, load: float, data_dir: Path | None) -> int:
     root = data_dir or Path(tempfile.mkdtemp(prefix="polyport-faults-", dir="/tmp"))
-    root.chmod(0o755)  # noqa: ASYNC240 - once, before any I/O runs
+    root.chmod(0o755)  # once, before any I/O runs
     gw = Gateway(root)
     pg = EmbeddedPostgres(root)
     totals: list[list[Result]] = []

@@ -28,6 +28,7 @@ from polyport.protocols.bson.frames import Connect, Ping
 from polyport.protocols.micromsg2 import connection as mm2_conn
 from polyport.protocols.micromsg2 import errors as mm2_errors
 from polyport.protocols.micromsg2.frames import Handshake, Message
+from polyport.protocols.micromsg2.state import State as Mm2State
 from polyport.protocols.reactivesocket import connection as rs_conn
 from polyport.protocols.reactivesocket import errors as rs_errors
 from polyport.protocols.reactivesocket import frames as rs_frames
@@ -159,7 +160,7 @@ def _feed_mm2(chunks: Input) -> list[object]:
             # As the adapter does: answer the hello so a final can follow.
             if (
                 isinstance(frame, Handshake)
-                and conn.state is not mm2_conn.State.CLOSED
+                and conn.state is not Mm2State.CLOSED
                 and conn.negotiated is None
             ):
                 conn.send(conn.reply_frame())
@@ -284,7 +285,7 @@ def run_one(codec: Codec, data: Input) -> Outcome:
         codec.feed(data)
     except codec.allowed:
         pass
-    except Exception as exc:  # the finding: reported, not raised
+    except Exception as exc:  # noqa: BLE001 - the finding: reported, not raised
         crash = exc
     return Outcome(time.perf_counter() - start, crash)
 

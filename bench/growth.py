@@ -352,9 +352,10 @@ def print_tables(rows: list[Row], args: argparse.Namespace) -> None:
     for r in rows:
         for name, label, fmt, _ in COLUMNS:
             a, b = getattr(r.polyport, name), getattr(r.nats, name)
+            shown = label
             if name == "bytes_per_event" and r.polyport.index_bytes_per_event is not None:
-                label += f" (indexes {r.polyport.index_bytes_per_event:,.0f})"
-            print(f"| {r.size:,} | {label} | {_cell(a, fmt)} | {_cell(b, fmt)} | "
+                shown += f" (indexes {r.polyport.index_bytes_per_event:,.0f})"
+            print(f"| {r.size:,} | {shown} | {_cell(a, fmt)} | {_cell(b, fmt)} | "
                   f"{_ratio(a, b)} |")
     if len(rows) > 1:
         first, last = rows[0], rows[-1]

@@ -800,6 +800,9 @@ class RawFeeder:
 
 
 OnSeq = Callable[[int], None]
+# A subscriber's receiving loop, and what closes what it opened.
+Reader = Callable[[], Coroutine[Any, Any, None]]
+Closers = list[Callable[[], Awaitable[Any]]]
 
 
 async def _close_all(closers: list[Callable[[], Awaitable[Any]]]) -> None:
@@ -838,113 +841,179 @@ async def subscriber(env: Env, system: str, stream: str, on_seq: OnSeq) -> Async
 
 async def _open_reader(
     env: Env, system: str, stream: str, on_seq: OnSeq, stopping: asyncio.Event,
-    closers: list[Callable[[], Awaitable[Any]]],
-) -> Callable[[], Coroutine[Any, Any, None]]:
+    closers: Closers,
+) -> Reader:
     """Subscribe; the coroutine function that receives.  What it opened is
     in ``closers`` (also when it fails half-way)."""
-    reader: Callable[[], Coroutine[Any, Any, None]]
-    if system == "raw":
-        conn = await asyncpg.connect(env.raw_dsn)
-        closers.append(conn.close)
-        ids: asyncio.Queue[int] = asyncio.Queue()
-        await conn.add_listener("bench_w3", lambda *a: ids.put_nowait(int(a[3])))
-
-        async def reader() -> None:
-            while True:
-                batch = [await ids.get()]
-                while not ids.empty():
-                    batch.append(ids.get_nowait())
-                rows = await conn.fetch(
-                    "SELECT body FROM bench_append WHERE id = ANY($1::bigint[])", batch)
-                for r in rows:
-                    on_seq(seq_of(r["body"]))
-    elif system == "nats":
-        assert env.nats is not None
-        nc = await _nats_connect(env.nats.url)
-        closers.append(nc.close)
-
-        async def cb(msg: Any) -> None:
-            on_seq(seq_of(msg.data))
-
-        from nats.js.api import DeliverPolicy
-
-        await nc.jetstream().subscribe(stream, cb=cb, ordered_consumer=True,
-                                       deliver_policy=DeliverPolicy.NEW)
-
-        async def reader() -> None:
-            await asyncio.Event().wait()
-    elif system == "bson":
-        bson = await BsonClient.connect(*env.addr("bson"), timeout=60)
-        closers.append(bson.close)
-        sub = await bson.subscribe(stream)
-
-        async def reader() -> None:
-            while (recev := await sub.next()) is not None:
-                on_seq(int(recev.event["seq"]))
-    elif system in ("reactivesocket", "rsocket"):
-        host, port = env.addr(system)
-        client: ReactiveSocketClient | RSocketClient = (
-            await ReactiveSocketClient.connect(host, port) if system == "reactivesocket"
-            else await RSocketClient.connect(host, port))
-        closers.append(client.close)
-        events = await client.subscribe(stream=stream, start="beginning")
-
-        async def reader() -> None:
-            while (ev := await events.next()) is not None:
-                on_seq(seq_of(ev.body))
-    elif system == "micromsg2":
-        mm = await MicroMsg2Client.connect(*env.addr("micromsg2"), required=["pubsub"])
-        closers.append(mm.close)
-        await mm.subscribe(f"topic/{stream}")
-
-        async def reader() -> None:
-            while True:
-                on_seq(seq_of((await mm.receive()).payload))
-    elif system == "res01":
-        res01 = await Res01Client.connect(env.addr("res01"), timeout=60, context=env.zmq_ctx)
-        closers.append(res01.close)
-        [sub_id] = await res01.subscribe(
-            _unique("bench"), [(CONTEXT, stream, datetime.now(UTC) - timedelta(seconds=5))])
-
-        async def reader() -> None:
-            while True:
-                [batch] = await res01.fetch([(sub_id, WINDOW)])
-                if not batch.events:
-                    await asyncio.sleep(RES01_POLL)
-                    continue
-                for ev in batch.events:
-                    on_seq(seq_of(ev.body))
-                await res01.progress([(sub_id, batch.events[-1].timestamp)])
-    elif system == "segment":
-        seg = await SegmentReader.connect(*env.addr("segment"), seconds=60.0)
-        closers.append(seg.close)
-        segment = f"{CONTEXT}/{stream}"
-
-        async def reader() -> None:
-            buf = bytearray()
-            offset = 0
-            # Stops between reads: a read cancelled in flight would leave its
-            # reply future to fail unobserved when the connection closes.
-            while not stopping.is_set():
-                try:
-                    reply = await seg.read(segment, offset)
-                except NoSuchSegmentError:  # nothing appended yet
-                    await asyncio.sleep(0.005)
-                    continue
-                offset += len(reply.data)
-                buf += reply.data
-                # A reply may end inside an event: parse whole events only.
-                pos = 0
-                while len(buf) - pos >= 8:
-                    _type, length = struct.unpack_from(">iI", buf, pos)
-                    if len(buf) - pos - 8 < length:
-                        break
-                    on_seq(seq_of(bytes(buf[pos + 8:pos + 8 + length])))
-                    pos += 8 + length
-                del buf[:pos]
-    else:
+    opener = _READER_OPENERS.get(system)
+    if opener is None:
         raise BenchError(f"unknown system {system!r}")
+    return await opener(env, system, stream, on_seq, stopping, closers)
+
+
+async def _raw_reader(
+    env: Env, system: str, stream: str, on_seq: OnSeq, stopping: asyncio.Event,
+    closers: Closers,
+) -> Reader:
+    conn = await asyncpg.connect(env.raw_dsn)
+    closers.append(conn.close)
+    ids: asyncio.Queue[int] = asyncio.Queue()
+    await conn.add_listener("bench_w3", lambda *a: ids.put_nowait(int(a[3])))
+
+    async def reader() -> None:
+        while True:
+            batch = [await ids.get()]
+            while not ids.empty():
+                batch.append(ids.get_nowait())
+            rows = await conn.fetch(
+                "SELECT body FROM bench_append WHERE id = ANY($1::bigint[])", batch)
+            for r in rows:
+                on_seq(seq_of(r["body"]))
+
     return reader
+
+
+async def _nats_reader(
+    env: Env, system: str, stream: str, on_seq: OnSeq, stopping: asyncio.Event,
+    closers: Closers,
+) -> Reader:
+    assert env.nats is not None
+    nc = await _nats_connect(env.nats.url)
+    closers.append(nc.close)
+
+    async def cb(msg: Any) -> None:
+        on_seq(seq_of(msg.data))
+
+    from nats.js.api import DeliverPolicy
+
+    await nc.jetstream().subscribe(stream, cb=cb, ordered_consumer=True,
+                                   deliver_policy=DeliverPolicy.NEW)
+
+    async def reader() -> None:
+        await asyncio.Event().wait()
+
+    return reader
+
+
+async def _bson_reader(
+    env: Env, system: str, stream: str, on_seq: OnSeq, stopping: asyncio.Event,
+    closers: Closers,
+) -> Reader:
+    bson = await BsonClient.connect(*env.addr("bson"), timeout=60)
+    closers.append(bson.close)
+    sub = await bson.subscribe(stream)
+
+    async def reader() -> None:
+        while (recev := await sub.next()) is not None:
+            on_seq(int(recev.event["seq"]))
+
+    return reader
+
+
+async def _reactive_reader(
+    env: Env, system: str, stream: str, on_seq: OnSeq, stopping: asyncio.Event,
+    closers: Closers,
+) -> Reader:
+    """ReactiveSocket's or RSocket's subscription (``system``)."""
+    host, port = env.addr(system)
+    client: ReactiveSocketClient | RSocketClient = (
+        await ReactiveSocketClient.connect(host, port) if system == "reactivesocket"
+        else await RSocketClient.connect(host, port))
+    closers.append(client.close)
+    events = await client.subscribe(stream=stream, start="beginning")
+
+    async def reader() -> None:
+        while (ev := await events.next()) is not None:
+            on_seq(seq_of(ev.body))
+
+    return reader
+
+
+async def _micromsg2_reader(
+    env: Env, system: str, stream: str, on_seq: OnSeq, stopping: asyncio.Event,
+    closers: Closers,
+) -> Reader:
+    mm = await MicroMsg2Client.connect(*env.addr("micromsg2"), required=["pubsub"])
+    closers.append(mm.close)
+    await mm.subscribe(f"topic/{stream}")
+
+    async def reader() -> None:
+        while True:
+            on_seq(seq_of((await mm.receive()).payload))
+
+    return reader
+
+
+async def _res01_reader(
+    env: Env, system: str, stream: str, on_seq: OnSeq, stopping: asyncio.Event,
+    closers: Closers,
+) -> Reader:
+    res01 = await Res01Client.connect(env.addr("res01"), timeout=60, context=env.zmq_ctx)
+    closers.append(res01.close)
+    [sub_id] = await res01.subscribe(
+        _unique("bench"), [(CONTEXT, stream, datetime.now(UTC) - timedelta(seconds=5))])
+
+    async def reader() -> None:
+        while True:
+            [batch] = await res01.fetch([(sub_id, WINDOW)])
+            if not batch.events:
+                await asyncio.sleep(RES01_POLL)
+                continue
+            for ev in batch.events:
+                on_seq(seq_of(ev.body))
+            await res01.progress([(sub_id, batch.events[-1].timestamp)])
+
+    return reader
+
+
+async def _segment_reader(
+    env: Env, system: str, stream: str, on_seq: OnSeq, stopping: asyncio.Event,
+    closers: Closers,
+) -> Reader:
+    seg = await SegmentReader.connect(*env.addr("segment"), seconds=60.0)
+    closers.append(seg.close)
+    segment = f"{CONTEXT}/{stream}"
+
+    async def reader() -> None:
+        buf = bytearray()
+        offset = 0
+        # Stops between reads: a read cancelled in flight would leave its
+        # reply future to fail unobserved when the connection closes.
+        while not stopping.is_set():
+            try:
+                reply = await seg.read(segment, offset)
+            except NoSuchSegmentError:  # nothing appended yet
+                await asyncio.sleep(0.005)
+                continue
+            offset += len(reply.data)
+            buf += reply.data
+            # A reply may end inside an event: parse whole events only.
+            pos = 0
+            while len(buf) - pos >= 8:
+                _type, length = struct.unpack_from(">iI", buf, pos)
+                if len(buf) - pos - 8 < length:
+                    break
+                on_seq(seq_of(bytes(buf[pos + 8:pos + 8 + length])))
+                pos += 8 + length
+            del buf[:pos]
+
+    return reader
+
+
+# W3's subscriber, by system: (env, system, stream, on_seq, stopping, closers)
+# -> the coroutine function that receives.
+_READER_OPENERS: dict[
+    str, Callable[[Env, str, str, OnSeq, asyncio.Event, Closers], Awaitable[Reader]]
+] = {
+    "raw": _raw_reader,
+    "nats": _nats_reader,
+    "bson": _bson_reader,
+    "reactivesocket": _reactive_reader,
+    "rsocket": _reactive_reader,
+    "micromsg2": _micromsg2_reader,
+    "res01": _res01_reader,
+    "segment": _segment_reader,
+}
 
 
 async def open_feeder(env: Env, system: str, stream: str) -> Feeder:
@@ -1327,6 +1396,36 @@ async def _rss(env: Env, args: argparse.Namespace, root: Path,
     return rows, errors
 
 
+async def _raw_table(raw_url: str) -> tuple[str, str]:
+    """The raw baseline's table made in its database: the database's asyncpg
+    DSN and the server's version."""
+    raw_dsn = migrate.asyncpg_dsn(raw_url)
+    conn = await asyncpg.connect(raw_dsn)
+    try:
+        await conn.execute(RAW_TABLE)
+        pg_version = str(await conn.fetchval("SHOW server_version")).split()[0]
+    finally:
+        await conn.close()
+    return raw_dsn, pg_version
+
+
+async def _measure(
+    env: Env, args: argparse.Namespace, measured: list[str], systems: list[str]
+) -> dict[str, list[Result]]:
+    """Every measured workload on every system, each printed when done."""
+    results: dict[str, list[Result]] = {}
+    if "w1" in measured:
+        warm = min(1.0, args.seconds)
+        say(f"warming up every system ({warm:g} s each)...")
+        for s in systems:
+            await measure("warm-up", env, Result("warm", 8, s),
+                          _w1_fn(env, s, 8, warm), 2 * warm + 300)
+    for w in measured:
+        results[w] = await _workload(env, args, w, systems)
+        _print_workload(w, results[w], args, env.nats)
+    return results
+
+
 async def run(args: argparse.Namespace) -> int:
     nats_bin = _find_nats()
     root = Path(tempfile.mkdtemp(prefix="polyport-peers-", dir="/tmp"))
@@ -1343,13 +1442,7 @@ async def run(args: argparse.Namespace) -> int:
         async with bench_cluster() as pg:
             raw_url = await fresh_database(pg)
             pp_url = await fresh_database(pg)
-            raw_dsn = migrate.asyncpg_dsn(raw_url)
-            conn = await asyncpg.connect(raw_dsn)
-            try:
-                await conn.execute(RAW_TABLE)
-                pg_version = str(await conn.fetchval("SHOW server_version")).split()[0]
-            finally:
-                await conn.close()
+            raw_dsn, pg_version = await _raw_table(raw_url)
             roots = Roots(pg=int((pg.pgdata / "postmaster.pid").read_text().split()[0]))
             load = os.getloadavg()[0]
             if nats_bin is not None:
@@ -1364,15 +1457,7 @@ async def run(args: argparse.Namespace) -> int:
             env = Env(raw_dsn, gateway, nats_server, zmq_ctx, roots, args.client_processes)
             systems = ["raw", *(["nats"] if nats_server else []), *args.protocols]
             _print_header(args, pg_version, load, nats_server, args.loop)
-            if "w1" in measured:
-                warm = min(1.0, args.seconds)
-                say(f"warming up every system ({warm:g} s each)...")
-                for s in systems:
-                    await measure("warm-up", env, Result("warm", 8, s),
-                                  _w1_fn(env, s, 8, warm), 2 * warm + 300)
-            for w in measured:
-                results[w] = await _workload(env, args, w, systems)
-                _print_workload(w, results[w], args, nats_server)
+            results = await _measure(env, args, measured, systems)
             if gateway is not None:
                 # The RSS phase starts a gateway per protocol; this one would
                 # only take memory and CPU.

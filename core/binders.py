@@ -31,7 +31,7 @@ from polyport.core.db import Db
 from polyport.core.errors import Malformed, NotFound
 from polyport.core.events import RecordedEvent
 from polyport.core.logs import RateLimitedLog
-from polyport.core.matcher import Predicate, compile_matcher
+from polyport.core.matcher import compile_matcher
 from polyport.core.records import record_from_row
 
 if TYPE_CHECKING:
@@ -50,8 +50,6 @@ _JSON_OPTS = json_util.JSONOptions(json_mode=json_util.JSONMode.RELAXED)
 # A NUL character as JSON writes it (an even run of backslashes before it
 # escapes themselves, not the NUL): jsonb refuses it.
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-# How many of a binder's skipped events its listing shows.
-RECENT_FAILURES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,11 +159,10 @@ def foldable_body(ev: RecordedEvent) -> dict[str, Any]:
 class BinderQuery:
     """Matching documents, counted when the query ran, then streamed in pages."""
 
-    def __init__(self, service: BinderService, binder: str, keys: list[str], matcher: Predicate):
+    def __init__(self, service: BinderService, binder: str, keys: list[str]):
         self._service = service
         self.binder = binder
         self._keys = keys
-        self._matcher = matcher
 
     @property
     def count(self) -> int:
@@ -277,7 +274,7 @@ class BinderService:
             if len(rows) < QUERY_PAGE:
                 break
             after = rows[-1]["key"]
-        return BinderQuery(self, name, keys, predicate)
+        return BinderQuery(self, name, keys)
 
     # --- projector ------------------------------------------------------------
 
@@ -292,7 +289,7 @@ class BinderService:
             self._wake.clear()
             try:
                 names = [spec.name for spec in await self.list()]
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the projection loop must not die; it retries
                 _failures_log.warning("list", "binder projection failed (%s); retrying", exc)
                 await asyncio.sleep(1.0)
                 self._wake.set()
@@ -304,7 +301,7 @@ class BinderService:
                 try:
                     while await self.project_once(name):
                         pass
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - one binder must not stop the rest
                     failed = True
                     _failures_log.warning(
                         ("batch", name), "binder %s: projection failed (%s); retrying", name, exc
@@ -320,7 +317,7 @@ class BinderService:
             if row is None:
                 return False  # dropped, or another process is on it
             spec = spec_from_row(row)
-            head = await conn.fetchval(sql.HEAD_POSITION)
+            head: int = await conn.fetchval(sql.HEAD_POSITION)
             sel = spec.selector
             read = sql.selected_read(
                 spec.position, head, PROJECT_BATCH, sel.context, None, sel.prefix or None,
@@ -342,7 +339,7 @@ class BinderService:
             for e in events:
                 try:
                     body = foldable_body(e)
-                except Exception as exc:  # poison: record it, skip it, go on
+                except Exception as exc:  # noqa: BLE001 - poison: record it, skip it, go on
                     error = f"{type(exc).__name__}: {exc}"[:1000]
                     failures.append((name, e.position, error))
                     _failures_log.warning(

@@ -163,7 +163,7 @@ def body_depth_exceeds(content_type: str, body: bytes, limit: int) -> bool:
             return False
         try:
             value = bson.decode(body)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fails many ways; recursion counts
             # The C decoder's recursion guard surfaces as InvalidBSON; any
             # other failure is a body stored as opaque data.
             return "recursion" in str(exc)
@@ -174,7 +174,7 @@ def body_depth_exceeds(content_type: str, body: bytes, limit: int) -> bool:
             value = loads_msgpack(body)
         except (RecursionError, msgpack.StackError):
             return True
-        except Exception:
+        except Exception:  # noqa: BLE001 - any other decoder failure: opaque data, not too deep
             return False
     else:
         return False
@@ -198,7 +198,7 @@ def body_document(content_type: str, body: bytes) -> dict[str, Any]:
             if isinstance(value, dict):
                 return value
             return {"data": value}
-    except Exception:  # undecodable bodies fall through to the raw form
+    except Exception:  # noqa: BLE001 - undecodable bodies fall through to the raw form
         pass
     try:
         return {"data": body.decode("utf-8")}
@@ -218,12 +218,12 @@ def body_json_text(content_type: str, body: bytes) -> str:
         try:
             doc = bson.decode(body, codec_options=_BSON_TEXT_OPTIONS)
             return json_util.dumps(doc, json_options=_RELAXED)
-        except Exception:
+        except Exception:  # noqa: BLE001 - undecodable BSON falls through to the text form
             pass
     if kind == MSGPACK:
         try:
             return json_util.dumps(loads_msgpack(body), json_options=_RELAXED)
-        except Exception:
+        except Exception:  # noqa: BLE001 - undecodable MessagePack falls through to the text form
             pass
     try:
         return body.decode("utf-8")

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from polyport.core.events import EventData, RecordedEvent
 
@@ -172,7 +173,7 @@ class Selector:
     prefix: str | None = None
     types: frozenset[str] = frozenset()
     matcher: EventMatcher | None = field(default=None, compare=False)
-    matcher_spec: dict | None = field(default=None, compare=False)
+    matcher_spec: dict[str, Any] | None = field(default=None, compare=False)
 
     def matches(self, event: RecordedEvent) -> bool:
         if self.context is not None and event.context != self.context:
@@ -183,9 +184,7 @@ class Selector:
             return False
         if self.types and event.type not in self.types:
             return False
-        if self.matcher is not None and not self.matcher(event):
-            return False
-        return True
+        return self.matcher is None or bool(self.matcher(event))
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING
 
 from polyport.core.aio import wait_event
@@ -83,11 +83,10 @@ class GroupMember(BufferedReader):
         self._buffer.append(ev)
         self._readable.set()
 
-    def _take(self) -> RecordedEvent | None:
-        ev = super()._take()
-        if ev is not None:
+    def _handed_out(self, events: Sequence[RecordedEvent]) -> None:
+        for ev in events:
             self._group.taken(ev)
-        return ev
+        super()._handed_out(events)
 
     def nack(self, position: int) -> None:
         """The consumer could not handle this delivered event: retry it (on
@@ -145,6 +144,8 @@ class ConsumerGroup:
         self._poke = asyncio.Event()
         self._housekeeper: asyncio.Task[None] | None = None
         self._side_tasks: set[asyncio.Task[None]] = set()
+        # The last member gone: the shutdown, held here so that it runs to its end.
+        self._closing: asyncio.Task[None] | None = None
 
     def add(self, member: GroupMember) -> None:
         self.members.append(member)
@@ -182,7 +183,7 @@ class ConsumerGroup:
                 self._task.cancel()
             if self._housekeeper is not None:
                 self._housekeeper.cancel()
-            asyncio.ensure_future(self._shutdown())
+            self._closing = asyncio.ensure_future(self._shutdown())
 
     async def _shutdown(self) -> None:
         if self._feeder is not None:
@@ -258,7 +259,7 @@ class ConsumerGroup:
         assert self.sub_id is not None
         try:
             await self.store.parking.park(self.sub_id, ev.position, failures - 1, reason)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the event is parked again later
             # Not lost: it goes round again and is parked at its next failure.
             log.warning("subscription %s: parking position %d failed (%s); retrying it",
                         self.name, ev.position, exc)
@@ -276,7 +277,7 @@ class ConsumerGroup:
         assert self.sub_id is not None
         try:
             await self.store.parking.unpark(self.sub_id, position)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the row stays marked for replay
             # The row stays marked for replay: the next owner hands it out again.
             log.warning("subscription %s: removing parked position %d failed: %s",
                         self.name, position, exc)
@@ -297,7 +298,7 @@ class ConsumerGroup:
                 refreshed = time.monotonic()
                 try:
                     await self._refresh()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - the owner loop must not die
                     log.warning("subscription %s: refresh failed: %s", self.name, exc)
             self._expire()
 
@@ -345,7 +346,7 @@ class ConsumerGroup:
             target = self.checkpoint
             try:
                 await self.store.advance_checkpoint(self.context, self.name, target)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a failed save is retried at the next ack
                 log.warning(
                     "checkpoint save for %s in %s failed: %s", self.name, self.context, exc
                 )

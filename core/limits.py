@@ -68,8 +68,6 @@ class DurableLimits:
     max_per_principal: int = 1000
 
 
-DEFAULT_EVENT_LIMITS = EventLimits()
-DEFAULT_DURABLE_LIMITS = DurableLimits()
 DEFAULT_MATCHER_LIMITS = MatcherLimits()
 
 

@@ -60,7 +60,7 @@ class Notifier:
                 if conn is not None:
                     conn.terminate()
                 raise
-            except Exception as exc:  # polling covers a lost notification
+            except Exception as exc:  # noqa: BLE001 - polling covers a lost notification
                 log.debug("NOTIFY failed: %s", exc)
                 if conn is not None:
                     conn.terminate()

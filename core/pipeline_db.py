@@ -175,7 +175,8 @@ class Pg:
         return self.run(self.conn.fetchrow(query, *args))
 
     def execute(self, query: str, *args: Any) -> str:
-        return self.run(self.conn.execute(query, *args))
+        status: str = self.run(self.conn.execute(query, *args))
+        return status
 
     def close(self) -> None:
         try:

@@ -131,63 +131,11 @@ def plan_batch(
     any_failed = False
     commit_id = uuid.uuid4()
     for p in batch:
-        # Copy-on-write: only the streams this unit touches are copied.
-        trial: dict[StreamKey, StreamState] = {}
-        for a in p.appends:
-            k = (a.context, a.stream)
-            if k not in trial:
-                trial[k] = (after.get(k) or before[k]).copy()
+        trial = _trial_states(p, before, after)
         trial_rows: list[tuple[Any, ...]] = []
-        planned: list[Planned] = []
-        added: list[EventKey] = []
-        error: PolyportError | None = None
-        for a in p.appends:
-            st = trial[(a.context, a.stream)]
-            match = _idempotent_match(a, seen)
-            if isinstance(match, PolyportError):
-                error = match
-                break
-            if match is not None:
-                planned.append(_idempotent_planned(a, match, commit_id))
-                continue
-            mismatch = _check_expected(a, st.last_version)
-            if mismatch is not None:
-                error = mismatch
-                break
-            context, stream = a.context, a.stream
-            version, offset = st.last_version, st.segment_length
-            index = len(rows) + len(trial_rows)
-            first_version, first_index = version + 1, index + 1
-            for e in a.events:
-                version += 1
-                index += 1
-                event_id = e.event_id
-                trial_rows.append(
-                    (
-                        event_id,
-                        context,
-                        stream,
-                        version,
-                        e.type,
-                        dict(e.headers) if e.headers else _NO_HEADERS,
-                        e.body,
-                        e.content_type,
-                        e.client_time,
-                        a.origin,
-                        offset,
-                    )
-                )
-                seen[(context, event_id)] = _Earlier(event_id, context, stream, version, index)
-                added.append((context, event_id))
-                offset += e.segment_size
-            st.last_version, st.segment_length = version, offset
-            planned.append(
-                Planned(context, stream, first_version, version, first_index, index, commit_id)
-            )
-        if error is not None:
-            for event_key in added:
-                del seen[event_key]
-            outcomes.append(error)
+        outcome = _plan_unit(p, trial, len(rows), trial_rows, seen, commit_id)
+        if isinstance(outcome, PolyportError):
+            outcomes.append(outcome)
             any_failed = True
             continue
         after.update(trial)
@@ -200,14 +148,110 @@ def plan_batch(
                     (a.producer_checkpoint.producer_id, a.context, a.stream,
                      a.producer_checkpoint.ack_level)
                 )
-        outcomes.append(planned)
-    # One row per (producer, stream): an upsert may not touch a row twice.
+        outcomes.append(outcome)
+    return Plan(rows, outcomes, before, after, touched, _one_per_stream(checkpoints), any_failed)
+
+
+def _trial_states(
+    p: PlanUnit, before: dict[StreamKey, StreamState], after: dict[StreamKey, StreamState]
+) -> dict[StreamKey, StreamState]:
+    """Copies of the states of the streams one unit names, as the units
+    before it left them.  Copy-on-write: only the streams this unit touches
+    are copied."""
+    trial: dict[StreamKey, StreamState] = {}
+    for a in p.appends:
+        k = (a.context, a.stream)
+        if k not in trial:
+            trial[k] = (after.get(k) or before[k]).copy()
+    return trial
+
+
+def _plan_unit(
+    p: PlanUnit,
+    trial: dict[StreamKey, StreamState],
+    planned_rows: int,
+    trial_rows: list[tuple[Any, ...]],
+    seen: dict[EventKey, RecordedEvent | _Earlier],
+    commit_id: uuid.UUID,
+) -> list[Planned] | PolyportError:
+    """One unit's appends, planned against ``trial`` (moved past them) after
+    the batch's first ``planned_rows`` rows, their rows added to
+    ``trial_rows``: their results, or the error that fails the unit, which
+    then leaves none of its events in ``seen``."""
+    planned: list[Planned] = []
+    added: list[EventKey] = []
+    error: PolyportError | None = None
+    for a in p.appends:
+        st = trial[(a.context, a.stream)]
+        match = _idempotent_match(a, seen)
+        if isinstance(match, PolyportError):
+            error = match
+            break
+        if match is not None:
+            planned.append(_idempotent_planned(a, match, commit_id))
+            continue
+        error = _check_expected(a, st.last_version)
+        if error is not None:
+            break
+        index = planned_rows + len(trial_rows)
+        planned.append(_plan_append(a, st, index, trial_rows, seen, added, commit_id))
+    if error is not None:
+        for event_key in added:
+            del seen[event_key]
+        return error
+    return planned
+
+
+def _plan_append(
+    a: Append,
+    st: StreamState,
+    index: int,
+    trial_rows: list[tuple[Any, ...]],
+    seen: dict[EventKey, RecordedEvent | _Earlier],
+    added: list[EventKey],
+    commit_id: uuid.UUID,
+) -> Planned:
+    """The rows of one append's events, after the batch's first ``index``
+    rows; its stream's state ``st`` moves past them."""
+    context, stream = a.context, a.stream
+    version, offset = st.last_version, st.segment_length
+    first_version, first_index = version + 1, index + 1
+    for e in a.events:
+        version += 1
+        index += 1
+        event_id = e.event_id
+        trial_rows.append(
+            (
+                event_id,
+                context,
+                stream,
+                version,
+                e.type,
+                dict(e.headers) if e.headers else _NO_HEADERS,
+                e.body,
+                e.content_type,
+                e.client_time,
+                a.origin,
+                offset,
+            )
+        )
+        seen[(context, event_id)] = _Earlier(event_id, context, stream, version, index)
+        added.append((context, event_id))
+        offset += e.segment_size
+    st.last_version, st.segment_length = version, offset
+    return Planned(context, stream, first_version, version, first_index, index, commit_id)
+
+
+def _one_per_stream(
+    checkpoints: list[tuple[uuid.UUID, str, str, int]],
+) -> list[tuple[uuid.UUID, str, str, int]]:
+    """One row per (producer, stream), at its highest level: an upsert may
+    not touch a row twice."""
     highest: dict[tuple[uuid.UUID, str, str], int] = {}
     for producer, context, stream, level in checkpoints:
         key = (producer, context, stream)
         highest[key] = max(level, highest.get(key, level))
-    unique = [(*k, v) for k, v in highest.items()]
-    return Plan(rows, outcomes, before, after, touched, unique, any_failed)
+    return [(*k, v) for k, v in highest.items()]
 
 
 class _Earlier(NamedTuple):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from polyport.core.aio import IterateUntilNone, wait_event
 from polyport.core.events import RecordedEvent
@@ -23,9 +23,9 @@ class BufferedReader(IterateUntilNone[RecordedEvent]):
         self._interrupted = False
         self.closed = False
         self.delivered = 0
-        self.last_delivered: RecordedEvent | None = None
-        # Optional: called with each event handed to the consumer (metrics).
-        self.on_deliver: Callable[[RecordedEvent], None] | None = None
+        # Optional: called with the events of each hand-out (metrics), once
+        # per batch: per event it was 6-8 % of a catch-up's gateway profile.
+        self.on_deliver: Callable[[Sequence[RecordedEvent]], None] | None = None
 
     def _on_room(self) -> None:
         """Room appeared in the buffer or in the credits: the producer may go on."""
@@ -55,12 +55,28 @@ class BufferedReader(IterateUntilNone[RecordedEvent]):
         ev = self._buffer.popleft()
         if self._credits is not None:
             self._credits -= 1
-        self.delivered += 1
-        self.last_delivered = ev
+        self._handed_out((ev,))
+        return ev
+
+    def _take_many(self, max_count: int) -> list[RecordedEvent]:
+        """Up to ``max_count`` buffered events, within the credits."""
+        n = min(len(self._buffer), max_count)
+        if self._credits is not None:
+            n = min(n, self._credits)
+        if n <= 0:
+            return []
+        if self._credits is not None:
+            self._credits -= n
+        popleft = self._buffer.popleft
+        out = [popleft() for _ in range(n)]
+        self._handed_out(out)
+        return out
+
+    def _handed_out(self, events: Sequence[RecordedEvent]) -> None:
+        self.delivered += len(events)
         self._on_room()
         if self.on_deliver is not None:
-            self.on_deliver(ev)
-        return ev
+            self.on_deliver(events)
 
     async def next(self, timeout: float | None = None) -> RecordedEvent | None:
         """The next event, waiting up to ``timeout`` seconds (None = forever).
@@ -79,17 +95,13 @@ class BufferedReader(IterateUntilNone[RecordedEvent]):
                 return None
 
     async def next_batch(self, max_count: int, timeout: float | None = None) -> list[RecordedEvent]:
+        """Up to ``max_count`` events, waiting for the first as :meth:`next`
+        does: an empty list on timeout, after :meth:`interrupt`, or once
+        closed."""
         first = await self.next(timeout)
         if first is None:
             return []
-        out = [first]
-        while len(out) < max_count:
-            ev = self._take()
-            if ev is None:
-                break
-            out.append(ev)
-        return out
-
+        return [first, *self._take_many(max_count - 1)] if max_count > 1 else [first]
 
     def interrupt(self) -> None:
         """Make a pending (or the next) :meth:`next` return None once."""

@@ -8,7 +8,7 @@ import json
 import logging
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -159,7 +159,7 @@ class EventStore:
         self._dsn = asyncpg_dsn(config.database_url)
         if config.application_name is not None:
             self._dsn = migrate.with_application_name(self._dsn, config.application_name)
-        self._pool: asyncpg.Pool = None  # type: ignore[assignment]
+        self._pool: asyncpg.Pool = None
         # Request paths query through _db (lost connections raised as
         # StorageUnavailable); the writer, tailer and locks own their retries.
         self._db: Db = None  # type: ignore[assignment]
@@ -190,7 +190,7 @@ class EventStore:
         self.started = False
         # Optional: called with each event handed to a subscriber or fetched
         # by a fetch-style subscription (delivery metrics).
-        self.on_deliver: Callable[[RecordedEvent], None] | None = None
+        self.on_deliver: Callable[[Sequence[RecordedEvent]], None] | None = None
         # Optional, called in the caller's task (the gateway's per-connection
         # counters): events appended, a login, a subscription handed out.
         self.on_append: Callable[[int], None] | None = None
@@ -334,7 +334,7 @@ class EventStore:
             self.schema_revision = None
             self._health.ok()
             self._health.schema(migrate.schema_behind(None, head))
-        except Exception as exc:  # timeout, lost connection: the database's health
+        except Exception as exc:  # noqa: BLE001 - timeout, lost connection: the database's health
             self._health.failed("schema check", exc)
         else:
             self.schema_revision = current
@@ -699,8 +699,7 @@ class EventStore:
                 sql.RECORD_FETCH, sub_id, out[-1].position, out[-1].recorded_at
             )
             if self.on_deliver is not None:
-                for ev in out:
-                    self.on_deliver(ev)
+                self.on_deliver(out)
         return out
 
     async def _park_refetched(self, sub: FetchSubscription, batch: list[RecordedEvent]) -> bool:

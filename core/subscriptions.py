@@ -162,10 +162,15 @@ class Subscription(BufferedReader):
         return True
 
 
+def _selects_all(selector: Selector) -> bool:
+    return (selector.context is None and selector.stream is None and selector.prefix is None
+            and not selector.types and selector.matcher is None)
+
+
 def _safe_match(selector: Selector, ev: RecordedEvent) -> bool:
     try:
         return selector.matches(ev)
-    except Exception as exc:  # a user-supplied matcher must not break the fan-out
+    except Exception as exc:  # noqa: BLE001 - a user-supplied matcher must not break the fan-out
         _matcher_failures.error(
             ("matcher", id(selector)),
             "subscription matcher failed on position %d (%s: %s); event skipped",
@@ -250,8 +255,7 @@ class Tailer:
             self.on_schema_change()
 
     def notify(self, position: int) -> None:
-        if position > self._known_head:
-            self._known_head = position
+        self._known_head = max(self._known_head, position)
         if position > self.head:
             if not self._live and not self.listeners:
                 # Nobody to feed: move the head here rather than wake the
@@ -282,14 +286,13 @@ class Tailer:
         try:
             for i, r in enumerate(rows):
                 self._fan_out(_recorded(base + i + 1, t0 + i * _ONE_MICROSECOND, r))
-        except Exception:  # noqa: BLE001 - runs in the writer's commit path
+        except Exception:  # runs in the writer's commit path
             # The commit stands whatever happens here; the tailer reads the
             # rest of the range from the database instead.
             log.exception("fan-out from memory failed at position %d; reading it back", self.head)
             self.notify(last)
             return
-        if last > self._known_head:
-            self._known_head = last
+        self._known_head = max(self._known_head, last)
         self._advanced()
 
     def _fan_out(self, ev: RecordedEvent) -> None:
@@ -359,7 +362,9 @@ class Tailer:
                 rows = await self._pool.fetch(read.statement, *read.args)
             except asyncpg.TooManyConnectionsError as exc:
                 raise StorageUnavailable(str(exc)) from exc
-        events = [e for e in map(record_from_row, rows) if _safe_match(selector, e)]
+        events = list(map(record_from_row, rows))
+        if not _selects_all(selector):
+            events = [e for e in events if _safe_match(selector, e)]
         if len(rows) >= limit:
             return events, rows[-1]["position"], False
         return events, read.upper, read.upper >= upper
@@ -415,7 +420,7 @@ class Tailer:
         for cb in self.on_advance:
             try:
                 cb(self.head)
-            except Exception:  # noqa: BLE001 - may run in the writer's commit path
+            except Exception:  # may run in the writer's commit path
                 log.exception("tailer advance callback failed")
 
     def _head_moved(self) -> None:

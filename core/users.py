@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -29,9 +30,6 @@ SCRYPT_N = 1 << 14
 SCRYPT_R = 8
 SCRYPT_P = 1
 
-# Who may use every context: the operator's own tools (CLI, admin API,
-# pipeline), never a protocol connection.
-SYSTEM = Principal(user=None, default_context=DEFAULT_CONTEXT, contexts=None)
 DEFAULT_ANONYMOUS_CONTEXTS: tuple[str, ...] = (DEFAULT_CONTEXT,)
 
 
@@ -59,17 +57,12 @@ def hash_parameters(stored: str) -> tuple[int, int, int] | None:
         return None
 
 
-_dummy_hash: str | None = None
-
-
+@functools.cache
 def dummy_hash() -> str:
     """A hash with the same cost as a real user's, to verify against when the
     user does not exist: a failure costs the same time either way, so timing
     does not tell which names exist.  Made once, on first use."""
-    global _dummy_hash
-    if _dummy_hash is None:
-        _dummy_hash = hash_password(base64.b64encode(os.urandom(18)).decode())
-    return _dummy_hash
+    return hash_password(base64.b64encode(os.urandom(18)).decode())
 
 
 def verify_password(password: str, stored: str) -> bool:

@@ -401,7 +401,7 @@ class Writer:
         try:
             await self._commit(batch, slot, previous)
             return False
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - every failure settles the batch's units
             if not connection_lost(exc):
                 if may_isolate and len(batch) > 1 and isinstance(exc, asyncpg.PostgresError):
                     log.warning("group commit refused: %s", exc)
@@ -450,7 +450,7 @@ class Writer:
                         except BaseException:
                             self._drop_connection(slot)
                             raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - every failure settles the batch's units
                 if connection_lost(exc):
                     self._fail_unknown(batch, exc)
                 else:
@@ -685,8 +685,8 @@ class Writer:
             for cp in plan.checkpoints:
                 await conn.execute(sql.UPSERT_PRODUCER_CHECKPOINT, *cp)
         # Fresh from the database, as this commit left them.
-        for k, st in state.items():
-            st = plan.after.get(k, st)
+        for k, before in state.items():
+            st = plan.after.get(k, before)
             if st.last_version:
                 self._remember(k, st)
         self._finish(batch, plan, base, t0, slot)

@@ -37,10 +37,10 @@ from polyport.pipeline.source import default_partitions, read_events
 STAGING = "_staging"
 FILE_NAME = re.compile(r"^events-(\d+)-(\d+)-(\d+)\.parquet$")
 
-# Failure injection for tests: raise at a named point of the run, leaving
-# everything as a crash there would.
+# Failure injection for tests: raise at a named point of the run
+# (after-staging, mid-publish, before-checkpoint), leaving everything as a
+# crash there would.
 FAULT_ENV = "POLYPORT_PIPELINE_FAULT"
-FAULT_POINTS = ("after-staging", "mid-publish", "before-checkpoint")
 
 class InjectedFault(PipelineError):
     pass

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,12 +53,12 @@ class TaskListener:
         with self._lock:
             return self._counts.copy()
 
-    def onStageSubmitted(self, event: Any) -> None:  # noqa: N802 - Java's name
+    def onStageSubmitted(self, event: Any) -> None:  # Java's name
         tasks = int(event.stageInfo().numTasks())
         with self._lock:
             self._counts.tasks_total += tasks
 
-    def onTaskEnd(self, event: Any) -> None:  # noqa: N802
+    def onTaskEnd(self, event: Any) -> None:
         metrics = event.taskMetrics()
         read = written = 0
         if metrics is not None:
@@ -77,7 +77,7 @@ class TaskListener:
         raise AttributeError(name)
 
     class Java:
-        implements = ["org.apache.spark.scheduler.SparkListenerInterface"]
+        implements: ClassVar[list[str]] = ["org.apache.spark.scheduler.SparkListenerInterface"]
 
 
 def _ignore(*_args: Any) -> None:
@@ -104,7 +104,7 @@ def task_listener(spark: SparkSession) -> TaskListener | None:
                 listener = TaskListener()
                 sc._jsc.sc().addSparkListener(listener)
                 _listeners[key] = listener
-            except Exception as exc:  # progress must never stop a job
+            except Exception as exc:  # noqa: BLE001 - progress must never stop a job
                 sys.stderr.write(f"pipeline: no task progress available ({exc})\n")
                 _listeners[key] = None
         return _listeners[key]

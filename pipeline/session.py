@@ -119,7 +119,8 @@ def find_java(env: Mapping[str, str] | None = None) -> Path:
             )
         java = Path(found)
     try:
-        out = subprocess.run([str(java), "-version"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([str(java), "-version"], check=False, capture_output=True,
+                             text=True, timeout=60)
     except OSError as exc:
         raise SparkSetupError(f"{java} does not run ({exc}); {GET_JAVA_HELP}") from exc
     match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
@@ -164,27 +165,31 @@ class SparkSettings:
     verbose: bool = False
 
 
-# The JVM's stdout and stderr of this process's quiet Spark, if any.
-_spark_log: Path | None = None
+@dataclass
+class _QuietJvm:
+    """This process's quiet Spark: the file with its JVM's stdout and stderr, if any."""
+
+    log: Path | None = None
+
+
+_JVM = _QuietJvm()
 
 
 def spark_log() -> Path | None:
-    return _spark_log
+    return _JVM.log
 
 
 def discard_spark_log() -> None:
     """Delete Spark's log after a job that went well."""
-    global _spark_log
-    if _spark_log is not None:
-        _spark_log.unlink(missing_ok=True)
-        _spark_log = None
+    if _JVM.log is not None:
+        _JVM.log.unlink(missing_ok=True)
+        _JVM.log = None
 
 
 def _launch_quiet_jvm(conf: Mapping[str, str], master: str | None) -> None:
     """Start Spark's JVM (spark-submit, as PySpark would) with its output in
     a log file: start-up notices, Ivy resolution and log4j warnings are noise
     on an operator's terminal, but the file is named when Spark fails."""
-    global _spark_log
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
@@ -198,12 +203,12 @@ def _launch_quiet_jvm(conf: Mapping[str, str], master: str | None) -> None:
     handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - the JVM writes it for its lifetime
         prefix="polyport-spark-", suffix=".log", delete=False
     )
-    _spark_log = Path(handle.name)
+    _JVM.log = Path(handle.name)
     try:
         gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": handle, "stderr": handle})
     except Exception as exc:
         raise SparkSetupError(
-            f"Spark's JVM did not start: {exc}; its output is in {_spark_log}; {GET_JAVA_HELP}"
+            f"Spark's JVM did not start: {exc}; its output is in {_JVM.log}; {GET_JAVA_HELP}"
         ) from exc
     finally:
         handle.close()  # the JVM has its own descriptor
@@ -290,7 +295,7 @@ def spark_session(settings: SparkSettings, *, say: bool = True) -> SparkSession:
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}; "
                 f"no local driver jar was found, so {GET_DRIVER_HELP}"
             ) from exc
-        log = f"; its output is in {_spark_log}" if _spark_log else ""
+        log = f"; its output is in {_JVM.log}" if _JVM.log else ""
         raise SparkSetupError(f"Spark did not start: {exc}{log}; {GET_JAVA_HELP}") from exc
     if not settings.verbose:
         # Set after start: the JVM's start-up already went to the log file.

@@ -8,21 +8,26 @@ backpressure path: a session that awaits it never buffers without bound.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from polyport.core.access import Tenant
+from polyport.core.errors import Unauthenticated
 from polyport.protocols.connections import Connection, ConnectionTable
 from polyport.protocols.framing import InputBuffer
 
 if TYPE_CHECKING:
     from polyport.core.commands import Principal
     from polyport.core.store import EventStore
+
+T = TypeVar("T")
 
 
 class Outbound(Protocol):
@@ -45,6 +50,13 @@ class Outbound(Protocol):
 
 
 class StreamSession(Protocol):
+    """One connection's protocol session.  A listener's factory makes each
+    as ``Session(ctx, out, …, limits=None, input_budget=None)``: ``limits``
+    the package's ``Limits`` (read once per listener; by default
+    ``Limits.from_settings(ctx.settings)``), ``input_budget`` the
+    connection's account in the gateway's budget for input not yet whole,
+    released when the connection is lost."""
+
     async def data_received(self, data: bytes) -> None:
         """Handle bytes from the peer.  The transport does not read more until
         this returns, so long-running work belongs in a task of the session."""
@@ -102,6 +114,11 @@ AUTH_CODES = frozenset({"unauthenticated", "forbidden"})
 # At most this many error lines per listener and second; the rest are counted
 # and summarised in the next line that is written.
 ERROR_LINES_PER_SECOND = 20
+
+# Events a subscription's delivery takes at once (what is buffered, within
+# any credits): one encoding pass and one socket write for them all, where
+# one each was most of a catch-up's gateway CPU (docs/performance.md).
+DELIVERY_BATCH = 256
 
 
 @dataclass
@@ -222,6 +239,61 @@ class ListenerStats:
             extra={"protocol": self.protocol, "peer": where, "code": code,
                    "reason": message},
         )
+
+
+def logged_in(tenant: Tenant | None, first: str) -> Tenant:
+    """A session's tenant once its connection has logged in; before that,
+    :class:`Unauthenticated` saying what comes ``first``."""
+    if tenant is None:
+        raise Unauthenticated(first)
+    return tenant
+
+
+def register_connection(
+    stats: ListenerStats, protocol: str, peer: str, closer: Callable[[], None]
+) -> Connection:
+    """A row in the gateway's connection table (a detached one when the
+    listener runs without a gateway, as in some tests)."""
+    if stats.connections is None:
+        return Connection(0, protocol, peer, datetime.now(UTC), closer=closer)
+    return stats.connections.open(protocol, peer, closer)
+
+
+def unregister_connection(stats: ListenerStats, conn: Connection, reason: str | None) -> None:
+    """``reason`` None: the server side ended it (a protocol error, or an admin close)."""
+    if stats.connections is not None:
+        stats.connections.closed(conn, reason or conn.server_closed_reason())
+
+
+class SessionTasks:
+    """The tasks a session starts (a request served on its own, …): each is
+    held while it runs, and :meth:`close` ends those still running when the
+    session ends."""
+
+    __slots__ = ("_tasks",)
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def close(self, grace: float = 0.0) -> None:
+        """Give the running tasks ``grace`` seconds to finish, then cancel
+        the others and wait until they have ended."""
+        pending = set(self._tasks)
+        if pending and grace > 0:
+            _, pending = await asyncio.wait(pending, timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
 
 
 class SessionContext:

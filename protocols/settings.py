@@ -1,6 +1,9 @@
 """One way for every adapter to read its limits from the gateway's settings.
 
-A protocol declares its limits as a frozen dataclass with defaults.  Each field
+Every protocol package declares its limits as one frozen dataclass with
+defaults, ``Limits`` in its ``limits.py``, on :class:`ProtocolLimits`, and
+every user builds it the same way: ``Limits.from_settings(settings)`` with the
+gateway's settings (``gw.settings``, also ``SessionContext.settings``).  Each field
 is read from the setting ``<protocol>_<field>`` (configuration ``extra`` keys,
 TOML, environment) or, for fields named in ``shared``, from the gateway-wide
 setting of the same name (``max_event_bytes``, ``idle_timeout``, …) when the
@@ -17,7 +20,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 T = TypeVar("T")
 
@@ -74,3 +77,22 @@ def settings_from(
             continue
         values[f.name] = _convert(key, raw, hints[f.name])
     return cls(**values)
+
+
+class ProtocolLimits:
+    """The base of every protocol package's ``Limits`` dataclass.
+
+    A package names its settings prefix (``protocol``) and the fields that
+    fall back to the gateway-wide key of the same name (``shared_settings``);
+    :meth:`from_settings` is then the one way to build it.
+    """
+
+    __slots__ = ()
+
+    protocol: ClassVar[str] = ""
+    shared_settings: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> Self:
+        """The limits from the gateway's settings (:func:`settings_from`)."""
+        return settings_from(cls, settings, prefix=cls.protocol, shared=cls.shared_settings)

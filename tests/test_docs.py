@@ -230,10 +230,11 @@ def shell_commands(block: Block) -> list[Command]:
                 current.append(word)
         parts.append(current)
         for part in parts:
-            while part and _ASSIGNMENT.match(part[0]):
-                part = part[1:]
-            if part:
-                out.append(Command(f"{block.where} (+{n})", tuple(part)))
+            words = part
+            while words and _ASSIGNMENT.match(words[0]):
+                words = words[1:]
+            if words:
+                out.append(Command(f"{block.where} (+{n})", tuple(words)))
     return out
 
 

@@ -29,7 +29,7 @@ def graph() -> grimp.ImportGraph:
 
 def test_import_contracts_hold() -> None:
     lint = Path(sys.executable).with_name("lint-imports")
-    done = subprocess.run([str(lint), "--no-cache"], cwd=REPO, capture_output=True,
+    done = subprocess.run([str(lint), "--no-cache"], check=False, cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 broken" in done.stdout

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
@@ -329,15 +329,17 @@ class Telemetry:
             # appear with their first request, the histogram's count is 0 now.
             self.http_duration.labels(route, method)
 
-    def observe_delivery(self, ev: RecordedEvent) -> None:
+    def observe_delivery(self, events: Sequence[RecordedEvent]) -> None:
+        """One hand-out of ``events`` to a subscriber: per batch, not per event."""
         peer = CURRENT_PEER.get()
         protocol = peer.protocol if peer is not None else CORE_PROTOCOL
-        self.delivered[protocol] += 1
+        self.delivered[protocol] += len(events)
         if peer is not None and peer.connection is not None:
-            peer.connection.events_out += 1
-        self._child(self.delivery_latency, protocol).observe(
-            max(0.0, time.time() - ev.recorded_at.timestamp())
-        )
+            peer.connection.events_out += len(events)
+        observe = self._child(self.delivery_latency, protocol).observe
+        now = time.time()
+        for ev in events:
+            observe(max(0.0, now - ev.recorded_at.timestamp()))
 
     def _child(self, metric: Histogram, label: str) -> Any:
         key = (id(metric), label)

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 from polyport.gateway.registry import ListenerDef
 from polyport.gateway.transports.tcp import TcpListener
-from polyport.protocols.micromsg2.adapter import MicroMsg2Limits, MicroMsg2Session
+from polyport.protocols.micromsg2.adapter import MicroMsg2Session
 from polyport.protocols.micromsg2.frames import DEFAULT_PORT, PROTOCOL
+from polyport.protocols.micromsg2.limits import Limits
 from polyport.protocols.session import ListenerStats, Outbound
-from polyport.protocols.settings import settings_from
 
 if TYPE_CHECKING:
     from polyport.gateway.app import Gateway
@@ -26,11 +26,11 @@ class MicroMsg2Listener(TcpListener):
 async def start(gw: Gateway, host: str, port: int) -> MicroMsg2Listener:
     stats = ListenerStats(PROTOCOL)
     ctx = gw.context(PROTOCOL, stats)
-    options = settings_from(MicroMsg2Limits, ctx.settings, prefix=PROTOCOL)
+    limits = Limits.from_settings(ctx.settings)
     listener: MicroMsg2Listener
 
     def factory(out: Outbound) -> MicroMsg2Session:
-        session = MicroMsg2Session(ctx, out, options, gw.budget_account())
+        session = MicroMsg2Session(ctx, out, limits, gw.budget_account())
         listener.sessions.add(session)
         session.on_close = listener.sessions.discard
         return session

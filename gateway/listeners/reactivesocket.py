@@ -5,9 +5,10 @@
 from __future__ import annotations
 
 from polyport.gateway.transports.reactive import reactive_listener
-from polyport.protocols.reactivesocket.adapter import AdapterLimits, ReactiveSocketSession
+from polyport.protocols.reactivesocket.adapter import ReactiveSocketSession
 from polyport.protocols.reactivesocket.frames import DEFAULT_PORT, PROTOCOL, WEBSOCKET_PATH
+from polyport.protocols.reactivesocket.limits import Limits
 
 LISTENER = reactive_listener(
-    PROTOCOL, DEFAULT_PORT, WEBSOCKET_PATH, ReactiveSocketSession, AdapterLimits.from_settings
+    PROTOCOL, DEFAULT_PORT, WEBSOCKET_PATH, ReactiveSocketSession, Limits.from_settings
 )

@@ -6,9 +6,10 @@ the same store."""
 from __future__ import annotations
 
 from polyport.gateway.transports.reactive import reactive_listener
-from polyport.protocols.rsocket.adapter import AdapterLimits, RSocketSession
+from polyport.protocols.rsocket.adapter import RSocketSession
 from polyport.protocols.rsocket.frames import DEFAULT_PORT, PROTOCOL, WEBSOCKET_PATH
+from polyport.protocols.rsocket.limits import Limits
 
 LISTENER = reactive_listener(
-    PROTOCOL, DEFAULT_PORT, WEBSOCKET_PATH, RSocketSession, AdapterLimits.from_settings
+    PROTOCOL, DEFAULT_PORT, WEBSOCKET_PATH, RSocketSession, Limits.from_settings
 )

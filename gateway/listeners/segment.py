@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 from polyport.gateway.registry import ListenerDef
 from polyport.gateway.transports.tcp import TcpListener
-from polyport.protocols.segment.adapter import AppenderRegistry, SegmentLimits, SegmentSession
+from polyport.protocols.segment.adapter import AppenderRegistry, SegmentSession
 from polyport.protocols.segment.frames import DEFAULT_PORT, PROTOCOL
+from polyport.protocols.segment.limits import Limits
 from polyport.protocols.session import ListenerStats, Outbound
-from polyport.protocols.settings import settings_from
 
 if TYPE_CHECKING:
     from polyport.gateway.app import Gateway
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 async def start(gw: Gateway, host: str, port: int) -> TcpListener:
     stats = ListenerStats(PROTOCOL)
     ctx = gw.context(PROTOCOL, stats)
-    limits = settings_from(SegmentLimits, ctx.settings, prefix=PROTOCOL)
+    limits = Limits.from_settings(ctx.settings)
     # Shared by this listener's sessions: who owns each (ConnectionId, segment).
     registry = AppenderRegistry()
 

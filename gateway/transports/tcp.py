@@ -14,7 +14,6 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from polyport.gateway.transports.tls import ServerTls, TlsServer, serve_tls, transport_user
 from polyport.protocols.connections import (
@@ -26,7 +25,15 @@ from polyport.protocols.connections import (
     Connection,
 )
 from polyport.protocols.framing import InputBuffer
-from polyport.protocols.session import CURRENT_PEER, ListenerStats, Outbound, Peer, StreamSession
+from polyport.protocols.session import (
+    CURRENT_PEER,
+    ListenerStats,
+    Outbound,
+    Peer,
+    StreamSession,
+    register_connection,
+    unregister_connection,
+)
 
 log = logging.getLogger("polyport.tcp")
 
@@ -285,22 +292,6 @@ def set_keepalive(writer: asyncio.StreamWriter) -> None:
 def _source_address(writer: asyncio.StreamWriter) -> str:
     peer = writer.get_extra_info("peername")
     return str(peer[0]) if isinstance(peer, tuple) else str(peer)
-
-
-def register_connection(
-    stats: ListenerStats, protocol: str, peer: str, closer: Callable[[], None]
-) -> Connection:
-    """A row in the gateway's connection table (a detached one when the
-    listener runs without a gateway, as in some tests)."""
-    if stats.connections is None:
-        return Connection(0, protocol, peer, datetime.now(UTC), closer=closer)
-    return stats.connections.open(protocol, peer, closer)
-
-
-def unregister_connection(stats: ListenerStats, conn: Connection, reason: str | None) -> None:
-    """``reason`` None: the server side ended it (a protocol error, or an admin close)."""
-    if stats.connections is not None:
-        stats.connections.closed(conn, reason or conn.server_closed_reason())
 
 
 @dataclass

@@ -21,6 +21,16 @@ TZ = sa.DateTime(timezone=True)
 
 
 def upgrade() -> None:
+    _create_log()
+    _create_subscriptions()
+    _create_users()
+    _create_binders()
+    _create_assert_function()
+
+
+def _create_log() -> None:
+    """The log's head, its events with their indexes, the streams registry
+    and the producers' checkpoints."""
     op.create_table(
         "log_head",
         sa.Column("id", sa.Integer, primary_key=True),
@@ -68,6 +78,8 @@ def upgrade() -> None:
         sa.Column("updated_at", TZ, nullable=False),
     )
 
+
+def _create_subscriptions() -> None:
     op.create_table(
         "subscriptions",
         sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=True),
@@ -80,6 +92,8 @@ def upgrade() -> None:
         sa.Column("updated_at", TZ, nullable=False),
     )
 
+
+def _create_users() -> None:
     op.create_table(
         "users",
         sa.Column("name", sa.Text, primary_key=True),
@@ -91,6 +105,9 @@ def upgrade() -> None:
         sa.Column("created_at", TZ, nullable=False),
     )
 
+
+def _create_binders() -> None:
+    """Binders and the documents they fold events into."""
     op.create_table(
         "binders",
         sa.Column("name", sa.Text, primary_key=True),
@@ -110,6 +127,7 @@ def upgrade() -> None:
     )
 
 
+def _create_assert_function() -> None:
     # Aborts the group commit's one-statement fast path when the stream state
     # it was planned against no longer holds (see core.sql.FAST_APPEND).
     op.execute(

@@ -15,14 +15,14 @@ if __name__ == "bson":  # pragma: no cover
         "bson: remove the protocols/ directory from sys.path"
     )
 
-from polyport.protocols.bson.connection import ClientConnection, ServerConnection  # noqa: E402
-from polyport.protocols.bson.errors import (  # noqa: E402
+from polyport.protocols.bson.connection import ClientConnection, ServerConnection
+from polyport.protocols.bson.errors import (
     LocalProtocolError,
     ProtocolError,
     RemoteProtocolError,
     RequestError,
 )
-from polyport.protocols.bson.frames import (  # noqa: E402
+from polyport.protocols.bson.frames import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_PORT,
@@ -45,8 +45,8 @@ from polyport.protocols.bson.frames import (  # noqa: E402
     Subscribe,
     Unsubscribe,
 )
-from polyport.protocols.bson.state import State, TransactionTable  # noqa: E402
-from polyport.protocols.bson.wire import (  # noqa: E402
+from polyport.protocols.bson.state import State, TransactionTable
+from polyport.protocols.bson.wire import (
     DECODE_OPTIONS,
     ENCODE_OPTIONS,
     decode_frame,
@@ -63,6 +63,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
     "DEFAULT_PORT",
     "ENCODE_OPTIONS",
+    "PROTOCOL",
     "AbortTx",
     "AckEv",
     "ClientConnection",
@@ -71,7 +72,6 @@ __all__ = [
     "Emit",
     "Frame",
     "LocalProtocolError",
-    "PROTOCOL",
     "Ping",
     "ProtocolError",
     "Query",

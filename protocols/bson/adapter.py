@@ -26,7 +26,7 @@ How the pieces fit:
 The parts call back into the session through ``reply``, ``queue_reply``,
 ``spawn``, ``fatal`` and ``closing``, and read ``tenant`` (the store as the
 CONNECT's principal may use it), ``conn``,
-``settings``, ``context``, ``out`` and ``ctx``.
+``limits``, ``context``, ``out`` and ``ctx``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import asyncio
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import bson
@@ -44,7 +43,7 @@ import bson.binary
 from polyport.core.access import Tenant
 from polyport.core.bodies import BSON
 from polyport.core.commands import Append, AppendBatch, Principal
-from polyport.core.errors import Malformed, PolyportError, TooLarge, Unauthenticated, Unsupported
+from polyport.core.errors import Malformed, PolyportError, TooLarge, Unsupported
 from polyport.core.events import EventData
 from polyport.protocols.bson.connection import ServerConnection
 from polyport.protocols.bson.errors import (
@@ -55,11 +54,6 @@ from polyport.protocols.bson.errors import (
     log,
 )
 from polyport.protocols.bson.frames import (
-    DEFAULT_FLOW_PAUSE_BYTES,
-    DEFAULT_FLOW_RESUME_BYTES,
-    DEFAULT_MAX_EVENT_SIZE,
-    DEFAULT_MAX_FRAME_SIZE,
-    DEFAULT_MAX_UNACKED_QUERY_RESULTS,
     PROTOCOL,
     AbortTx,
     AckEv,
@@ -76,6 +70,7 @@ from polyport.protocols.bson.frames import (
     Subscribe,
     Unsubscribe,
 )
+from polyport.protocols.bson.limits import Limits
 from polyport.protocols.bson.queries import Queries
 from polyport.protocols.bson.replies import (
     OK,
@@ -91,46 +86,11 @@ from polyport.protocols.bson.wire import ENCODE_OPTIONS, is_supported_version
 from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT
 from polyport.protocols.framing import InputBuffer
-from polyport.protocols.session import Outbound, SessionContext
-from polyport.protocols.settings import settings_from
+from polyport.protocols.session import Outbound, SessionContext, SessionTasks, logged_in
 
-MIB = 1024 * 1024
 ORIGIN = PROTOCOL
 # Replies already decided that go out in one write.
 REPLY_BATCH = 256
-
-
-@dataclass(frozen=True, slots=True)
-class BsonSettings:
-    """Per-connection limits, from the gateway settings (``gw.settings``):
-    each field ``<name>`` is read from the setting ``bson_<name>``;
-    ``max_event_bytes`` falls back on the gateway-wide one."""
-
-    max_event_bytes: int = DEFAULT_MAX_EVENT_SIZE
-    query_window: int = DEFAULT_MAX_UNACKED_QUERY_RESULTS
-    flow_pause_bytes: int = DEFAULT_FLOW_PAUSE_BYTES
-    flow_resume_bytes: int = DEFAULT_FLOW_RESUME_BYTES
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_SIZE
-    # Requests whose reply has not been sent yet, and the event bytes they hold.
-    max_inflight_requests: int = 1024
-    max_inflight_bytes: int = 16 * MIB
-    max_transactions: int = 64
-    max_tx_events: int = 10_000
-    # Event bytes buffered in all open transactions of one connection.
-    max_tx_bytes: int = 32 * MIB
-    max_subscriptions: int = 256
-    max_queries: int = 16
-    # Events the core buffers per subscription before it falls back to catch-up.
-    subscription_buffer: int = 64
-
-    def __post_init__(self) -> None:
-        # A window of 0 would never let a QUERYRESULT out.
-        if self.query_window < 1:
-            object.__setattr__(self, "query_window", 1)
-
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> BsonSettings:
-        return settings_from(cls, settings, prefix=PROTOCOL, shared=("max_event_bytes",))
 
 
 # --- bodies -------------------------------------------------------------------
@@ -179,17 +139,15 @@ class BsonSession:
     """Server side of one BSON frames connection (implements StreamSession)."""
 
     def __init__(
-        self, ctx: SessionContext, out: Outbound, settings: BsonSettings | None = None,
+        self, ctx: SessionContext, out: Outbound, limits: Limits | None = None,
         input_budget: BudgetAccount | None = None,
     ) -> None:
-        """``input_budget``: this connection's account in the gateway's budget
-        for input not yet whole, released when the connection is lost."""
         self.ctx = ctx
         self._tenant: Tenant | None = None
         ctx.on_revoke(self._revoked)
         self.out = out
-        self.settings = settings or BsonSettings.from_settings(ctx.settings)
-        s = self.settings
+        self.limits = limits or Limits.from_settings(ctx.settings)
+        s = self.limits
         self.conn = ServerConnection(
             max_frame_size=s.max_frame_bytes,
             flow_pause_bytes=s.flow_pause_bytes,
@@ -204,7 +162,8 @@ class BsonSession:
         self._replies: deque[Reply] = deque()
         self._replies_wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # Its tasks (besides the reply writer): cancelled when it is lost.
+        self._tasks = SessionTasks()
         self.transactions = Transactions(
             self.conn.transactions,
             max_open=s.max_transactions,
@@ -254,13 +213,11 @@ class BsonSession:
             self.conn.budget.close()
         self.closing = True
         self._stop_streams()
-        tasks = list(self._tasks)
         if self._writer is not None:
-            tasks.append(self._writer)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+            self._writer.cancel()
+        await self._tasks.close()
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
         self.transactions.clear()
         self.conn.close()
 
@@ -310,10 +267,7 @@ class BsonSession:
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """A task of this connection: cancelled when it is lost."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro)
 
     def _ensure_writer(self) -> None:
         if self._writer is None:
@@ -337,7 +291,7 @@ class BsonSession:
                 if self._lost:
                     raise
                 frame = Response(ok=False, err_code="internal", err_msg="request cancelled")
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - translated for the client
                 frame = error_response(exc)
             batch = [(item, frame)]
             while self._replies and len(batch) < REPLY_BATCH:
@@ -400,9 +354,7 @@ class BsonSession:
     @property
     def tenant(self) -> Tenant:
         """The store as the connection's principal may use it (after CONNECT)."""
-        if self._tenant is None:
-            raise Unauthenticated("CONNECT first")
-        return self._tenant
+        return logged_in(self._tenant, "CONNECT first")
 
     # --- CONNECT -----------------------------------------------------------------------
 
@@ -424,7 +376,7 @@ class BsonSession:
                 self.context = self.principal.default_context
                 verdict = OK
                 self.out.handshake_done()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - translated for the client
                 verdict = error_response(exc)
         await self._send(verdict)
         if not verdict.ok:
@@ -435,7 +387,7 @@ class BsonSession:
 
     def _event(self, frame: Emit) -> tuple[Append, int]:
         body = encode_event(frame.event)
-        limit = self.settings.max_event_bytes
+        limit = self.limits.max_event_bytes
         if len(body) > limit:
             raise TooLarge(
                 f"EMIT: event of {len(body)} bytes exceeds the limit of {limit} bytes; "
@@ -472,7 +424,7 @@ class BsonSession:
     async def _append(self, append: Append) -> Frame:
         try:
             await self.tenant.append(append)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - translated for the client
             return error_response(exc)
         return OK
 
@@ -488,7 +440,7 @@ class BsonSession:
     async def _append_batch(self, batch: AppendBatch) -> Frame:
         try:
             await self.tenant.append_batch(batch)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - translated for the client
             return error_response(exc)
         return OK
 
@@ -498,13 +450,12 @@ def session_factory(
 ) -> Callable[[Outbound], BsonSession]:
     """``budget``: makes each new connection's account in the gateway's
     input budget (called where the transport has set CURRENT_PEER)."""
-    settings = BsonSettings.from_settings(ctx.settings)
-    return lambda out: BsonSession(ctx, out, settings, budget() if budget else None)
+    limits = Limits.from_settings(ctx.settings)
+    return lambda out: BsonSession(ctx, out, limits, budget() if budget else None)
 
 
 __all__ = [
     "BsonSession",
-    "BsonSettings",
     "encode_event",
     "recev_document",
     "session_factory",

@@ -45,7 +45,7 @@ class Queries:
             exc: PolyportError = Malformed(f"QUERY: queryID {qid} is still active")
             await session.reply(done(error_response(exc)))
             return
-        limit = session.settings.max_queries
+        limit = session.limits.max_queries
         if len(self._queries) >= limit:
             exc = Busy(f"QUERY: at most {limit} queries at a time")
             await session.reply(done(error_response(exc)))
@@ -72,7 +72,7 @@ class Queries:
             if not frame.binder:
                 raise Malformed("QUERY: 'binder' must not be empty")
             q.result = await self.session.tenant.query(frame.binder, frame.matcher)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - translated for the client
             return error_response(exc)
         return QueryResponse(query_id=frame.query_id, num_results=q.result.count)
 
@@ -106,7 +106,7 @@ class Queries:
                 sent += 1
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - logged; the session goes on
             log.warning(
                 "%s: QUERY %d failed after %d results: %s", session.out.peer, qid, sent, exc
             )

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from polyport.protocols.bson.errors import RequestError
 from polyport.protocols.bson.frames import (
     ABORTTX,
-    ACKEV,
     CLIENT_FRAME_TYPES,
     COMMITTX,
     CONNECT,
@@ -25,10 +24,7 @@ from polyport.protocols.bson.frames import (
     EMIT,
     PING,
     QUERY,
-    QUERYACK,
     QUERYRESPONSE,
-    QUERYRESULT,
-    RECEV,
     RESPONSE,
     SERVER_FRAME_TYPES,
     STARTTX,
@@ -71,9 +67,7 @@ REPLIES: dict[str, frozenset[str]] = {
     SUBSCRIBE: frozenset({SUBRESPONSE, RESPONSE}),
     QUERY: frozenset({QUERYRESPONSE, RESPONSE}),
 }
-NO_REPLY = frozenset({ACKEV, QUERYACK})
 REPLY_TYPES = frozenset({RESPONSE, SUBRESPONSE, QUERYRESPONSE})
-UNSOLICITED_TYPES = frozenset({RECEV, QUERYRESULT})
 
 Table = dict[tuple[State, str], State]
 

@@ -38,6 +38,7 @@ from polyport.protocols.bson.replies import OK, done
 from polyport.protocols.bson.state import State
 from polyport.protocols.bson.wire import DECODE_OPTIONS
 from polyport.protocols.errors import TOO_LARGE
+from polyport.protocols.session import DELIVERY_BATCH
 
 if TYPE_CHECKING:
     from polyport.protocols.bson.adapter import BsonSession
@@ -51,7 +52,7 @@ def recev_document(ev: RecordedEvent) -> dict[str, Any]:
     if media_type(ev.content_type) == BSON:
         try:
             return dict(bson.decode(ev.body, codec_options=DECODE_OPTIONS))
-        except Exception:
+        except Exception:  # noqa: BLE001 - an undecodable body is sent as the generic document
             pass
     return event_document(ev)
 
@@ -92,7 +93,7 @@ class Subscriptions:
 
     async def subscribe(self, frame: Subscribe) -> None:
         session = self.session
-        limit = session.settings.max_subscriptions
+        limit = session.limits.max_subscriptions
         if len(self._subs) >= limit:
             exc = Busy(f"SUBSCRIBE: at most {limit} subscriptions")
             await session.reply(done(sub_error(exc)))
@@ -109,7 +110,7 @@ class Subscriptions:
             selector,
             start,
             durable=frame.durable_id,
-            buffer_size=session.settings.subscription_buffer,
+            buffer_size=session.limits.subscription_buffer,
         )
         task = session.spawn(self._open(sub, command))
         await session.reply(task, after=lambda reply: self._start_delivery(sub, reply))
@@ -185,7 +186,7 @@ class Subscriptions:
             if command.durable is not None and not command.durable:
                 raise Malformed("SUBSCRIBE: 'durableID' must not be empty")
             source = await self.session.tenant.subscribe(command)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - sub_error translates any failure for the client
             self._subs.pop(sub.sub_id, None)
             return sub_error(exc)
         if sub.closed:  # unsubscribed or connection ending meanwhile
@@ -205,6 +206,11 @@ class Subscriptions:
         conn = session.conn
         source = sub.source
         assert source is not None
+        # Events taken from the core buffer, not yet sent: a batch is taken at
+        # once, then sent as the delivery window allows.  A group member takes
+        # one at a time: its consumer's ack timeout runs from the hand-out.
+        held: deque[RecordedEvent] = deque()
+        batch = 1 if sub.durable else DELIVERY_BATCH
         while not sub.closed:
             while conn.is_delivery_paused(sub.sub_id):
                 # Above the unacknowledged-bytes limit: wait for ACKEV.  The
@@ -212,27 +218,36 @@ class Subscriptions:
                 # back to catch-up reads: nothing else waits for us.
                 sub.resume.clear()
                 await sub.resume.wait()
-            ev = await source.next()
-            if ev is None or sub.closed or conn.state is not State.CONNECTED:
-                return
-            try:
-                data = self._recev_bytes(sub, ev)
-            except LocalProtocolError as err:
-                # Only an event too large for any frame gets here; it cannot
-                # be skipped silently, so the connection ends with the reason.
-                self._subs.pop(sub.sub_id, None)
-                await session.fatal(
-                    ProtocolError(
-                        f"subscription {sub.sub_id}: event at position {ev.position} cannot "
-                        f"be delivered: {err.message}",
-                        code=err.code,
+            if not held:
+                held.extend(await source.next_batch(batch))
+                if not held or sub.closed or conn.state is not State.CONNECTED:
+                    return
+            chunks: list[bytes] = []
+            while held and not conn.is_delivery_paused(sub.sub_id):
+                ev = held.popleft()
+                try:
+                    data = self._recev_bytes(sub, ev)
+                except LocalProtocolError as err:
+                    # Only an event too large for any frame gets here; it
+                    # cannot be skipped silently, so the connection ends with
+                    # the reason (after what was encoded before it).
+                    if chunks:
+                        await session.out.send(b"".join(chunks))
+                    self._subs.pop(sub.sub_id, None)
+                    await session.fatal(
+                        ProtocolError(
+                            f"subscription {sub.sub_id}: event at position {ev.position} "
+                            f"cannot be delivered: {err.message}",
+                            code=err.code,
+                        )
                     )
-                )
-                return
-            if sub.durable:
-                sub.unacked.append((ev.position, len(data)))
-            session.ctx.stats.frames_out += 1
-            await session.out.send(data)
+                    return
+                if sub.durable:
+                    sub.unacked.append((ev.position, len(data)))
+                chunks.append(data)
+            if chunks:
+                session.ctx.stats.frames_out += len(chunks)
+                await session.out.send(b"".join(chunks))
 
     def _recev_bytes(self, sub: _Sub, ev: RecordedEvent) -> bytes:
         def frame(doc: dict[str, Any]) -> Recev:

@@ -144,20 +144,19 @@ def bson_type_name(value: Any) -> str:
     return type(value).__name__
 
 
+# The kinds whose decoded value is the attribute as it is, by exact type.
+_AS_DECODED = frozenset({(Kind.STRING, str), (Kind.BOOL, bool), (Kind.DOCUMENT, dict)})
+
+
 def _check_wire_value(frame_type: str, field: Field, value: Any) -> Any:
     """Validate one decoded body value; return it in its frame-attribute form."""
     kind = field.kind
     result: Any
-    if kind is Kind.STRING and type(value) is str:
-        result = value
-    elif kind is Kind.BOOL and type(value) is bool:
-        result = value
-    elif kind is Kind.INT32 and type(value) is int and INT32_MIN <= value <= INT32_MAX:
+    int32 = kind is Kind.INT32 and type(value) is int and INT32_MIN <= value <= INT32_MAX
+    if int32 or (kind, type(value)) in _AS_DECODED:
         result = value
     elif kind is Kind.INT64 and type(value) in (int, Int64):
         result = int(value)
-    elif kind is Kind.DOCUMENT and type(value) is dict:
-        result = value
     elif kind is Kind.DOCUMENT and isinstance(value, DBRef):
         # pymongo turns any {$ref, $id, ...} document into a DBRef; it is
         # still a document on the wire.

@@ -25,7 +25,7 @@ import contextlib
 import re
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -33,7 +33,7 @@ from polyport.core.access import Tenant
 from polyport.core.bodies import JSON, OCTETS, body_json_text, loads_json
 from polyport.core.commands import END, Append, AppendBatch, Principal, Selector
 from polyport.core.commands import Subscribe as CoreSubscribe
-from polyport.core.errors import Busy, NotFound, PolyportError, Unauthenticated
+from polyport.core.errors import Busy, NotFound, PolyportError
 from polyport.core.events import DEFAULT_CONTEXT, EventData, RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
@@ -47,8 +47,6 @@ from polyport.protocols.micromsg2.frames import (
     EXT_JSON,
     EXT_PUBSUB,
     PROTOCOL,
-    SEQ_FIRST,
-    SEQ_LAST,
     SERVER_EXTENSIONS,
     Ack,
     Command,
@@ -59,7 +57,8 @@ from polyport.protocols.micromsg2.frames import (
     Message,
     PropertyValue,
 )
-from polyport.protocols.micromsg2.negotiation import Negotiated, parse_extensions
+from polyport.protocols.micromsg2.limits import Limits
+from polyport.protocols.micromsg2.negotiation import Negotiated
 from polyport.protocols.micromsg2.pubsub import (
     QUEUE,
     Destination,
@@ -68,8 +67,7 @@ from polyport.protocols.micromsg2.pubsub import (
     parse_pubsub_command,
 )
 from polyport.protocols.micromsg2.state import State
-from polyport.protocols.session import Outbound, SessionContext
-from polyport.protocols.settings import settings_from
+from polyport.protocols.session import Outbound, SessionContext, logged_in
 
 SERVER_IDENTITY = "polyport"
 
@@ -78,7 +76,7 @@ DEFAULT_EVENT_TYPE = "message"
 TYPE_PROPERTY = "type"
 
 # Per-connection bounds.  Client MESSAGEs being appended beyond this (or beyond
-# MicroMsg2Limits.max_pending_bytes of payload) stop the reading of the socket
+# Limits.max_pending_bytes of payload) stop the reading of the socket
 # (TCP backpressure); with an ack extension the window usually binds first.
 MAX_PENDING_MESSAGES = 1024
 # A full writer queue (Busy) is waited out, not reported: the append is retried
@@ -213,54 +211,6 @@ def queue_group_name(context: str, destination: Destination, flt: Filter | None)
     return name
 
 
-# --- settings -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MicroMsg2Limits:
-    """Per-listener settings, read once from the gateway settings with
-    ``settings_from(MicroMsg2Limits, settings, prefix=PROTOCOL)``.
-
-    ``max_payload`` and ``idle_timeout`` are the gateway-wide ``max_event_bytes``
-    and ``idle_timeout`` (MicroMsg2 has no keys of its own for them);
-    ``micromsg2_initial_seq`` and ``micromsg2_required_extensions`` are its own.
-    """
-
-    # The largest MESSAGE payload accepted (also bounds COMMAND payloads).
-    max_payload: int = field(default=1 << 20, metadata={"setting": "max_event_bytes"})
-    # Payload bytes of client MESSAGEs handed to the store and not yet
-    # committed, per connection; past it the socket is not read until
-    # commits catch up (backpressure, like MAX_PENDING_MESSAGES).  One run of
-    # MESSAGEs alone is always admitted.
-    max_pending_bytes: int = 8 << 20
-    # Handshake deadline and idle close; 0 turns both off.
-    idle_timeout: float | None = field(default=300.0, metadata={"setting": "idle_timeout"})
-    # Tests only: the first sequence number the server sends (the spec says 1).
-    initial_seq: int = SEQ_FIRST
-    # ``"json;pubsub"`` (the handshake's list grammar: names only are kept) or a
-    # list of extension specs.  Typed Sequence so the settings reader passes
-    # the text through whole: its generic comma split would cut a spec's
-    # ``key=value,key=value`` properties apart.  A tuple after __post_init__.
-    required_extensions: Sequence[str] = ()
-
-    def __post_init__(self) -> None:
-        if not self.idle_timeout:
-            object.__setattr__(self, "idle_timeout", None)
-        if not SEQ_FIRST <= self.initial_seq <= SEQ_LAST:
-            raise ValueError(
-                f"{PROTOCOL}_initial_seq must be an integer 1..65535, got {self.initial_seq!r}"
-            )
-        raw = self.required_extensions or ()
-        if isinstance(raw, str):
-            try:
-                names = tuple(spec.name for spec in parse_extensions(raw))
-            except RemoteProtocolError as exc:
-                raise ValueError(f"{PROTOCOL}_required_extensions: {exc.message}") from None
-        else:
-            names = tuple(str(x) for x in raw)
-        object.__setattr__(self, "required_extensions", names)
-
-
 # --- the session ----------------------------------------------------------------------
 
 
@@ -301,11 +251,9 @@ class MicroMsg2Session:
     """Implements protocols.session.StreamSession for one client connection."""
 
     def __init__(
-        self, ctx: SessionContext, out: Outbound, options: MicroMsg2Limits | None = None,
+        self, ctx: SessionContext, out: Outbound, limits: Limits | None = None,
         input_budget: BudgetAccount | None = None,
     ) -> None:
-        """``input_budget``: this connection's account in the gateway's budget
-        for input not yet whole, released when the connection is lost."""
         self._ctx = ctx
         ctx.on_revoke(self._fail)
         # The store as the x-auth (or anonymous) principal may use it.
@@ -313,7 +261,7 @@ class MicroMsg2Session:
         self._stats = ctx.stats
         self._log = ctx.log
         self._out = out
-        self._opts = options or settings_from(MicroMsg2Limits, ctx.settings, prefix=PROTOCOL)
+        self._opts = limits or Limits.from_settings(ctx.settings)
         self._conn = ServerConnection(
             SERVER_IDENTITY,
             SERVER_EXTENSIONS,
@@ -461,9 +409,7 @@ class MicroMsg2Session:
     @property
     def tenant(self) -> Tenant:
         """The store as the connection's principal may use it (once open)."""
-        if self._tenant is None:
-            raise Unauthenticated("the handshake has not completed")
-        return self._tenant
+        return logged_in(self._tenant, "the handshake has not completed")
 
     async def _opened(self) -> None:
         negotiated = self._conn.negotiated
@@ -660,7 +606,7 @@ class MicroMsg2Session:
                 await self._deliver(sub, destination, ev)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception:  # noqa: BLE001 - the last resort: logged, and the client told
             self._log.exception("micromsg2: delivery to %s failed", self._out.peer)
             await self._fail("internal", f"delivery on {destination} failed")
 

@@ -130,7 +130,7 @@ class _Connection:
         pos = 0
         try:
             # A handshake ERROR closes the connection; what follows it is moot.
-            while pos < len(self._buffer) and self._state is not State.CLOSED:
+            while pos < len(self._buffer) and self.state is not State.CLOSED:
                 decoded = self._decode_one(pos)
                 if decoded is None:
                     break
@@ -177,10 +177,9 @@ class _Connection:
         elif isinstance(frame, Message):
             if self.negotiated is not None and self.negotiated.ack_window is not None:
                 self.inbound.on_sent(frame.seq)
-        elif isinstance(frame, Extension):
-            if self._check_extension_id(frame.ext_id):
-                seq = decode_ack_payload(frame.payload)
-                frame = Ack(seq, acked=self.outbound.on_ack(seq))
+        elif isinstance(frame, Extension) and self._check_extension_id(frame.ext_id):
+            seq = decode_ack_payload(frame.payload)
+            frame = Ack(seq, acked=self.outbound.on_ack(seq))
         self._state = next_state
         return frame
 

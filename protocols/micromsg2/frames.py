@@ -67,7 +67,7 @@ AUTH_PASSWORD = "password"
 PropertyValue: TypeAlias = int | datetime | str
 
 
-def _frozen(mapping: Mapping[str, object] | None) -> MappingProxyType:
+def _frozen(mapping: Mapping[str, object] | None) -> MappingProxyType[str, object]:
     return MappingProxyType(dict(mapping or {}))
 
 

@@ -114,7 +114,8 @@ def decode_handshake(buf: Buffer, offset: int = 0) -> tuple[Handshake, int] | No
         return None
     major, minor, flags, id_len = _HANDSHAKE_HEAD.unpack_from(buf, offset)
     fields: list[bytes] = []
-    for size in (id_len, None, None):
+    for known in (id_len, None, None):
+        size = known
         if size is None:
             if pos + 2 > end:
                 return None

@@ -184,15 +184,18 @@ class ResponseStream(IterateUntilNone[bytes]):
     def _put(self, item: _Item) -> None:
         self._queue.put_nowait(item)
 
-    async def next(self, timeout: float | None = None) -> bytes | None:  # noqa: ASYNC109
+    async def next(self, timeout: float | None = None) -> bytes | None:
         """The next answer's data; None at COMPLETE, after CANCEL, or when
         ``timeout`` passes.  Raises :class:`RemoteError` on ERROR."""
         if self.done and self._queue.empty():
             return None
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except TimeoutError:
-            return None
+        if not self._queue.empty():  # no waiting, no timer: a catch-up's usual case
+            item = self._queue.get_nowait()
+        else:
+            try:
+                item = await asyncio.wait_for(self._queue.get(), timeout)
+            except TimeoutError:
+                return None
         if isinstance(item, _End):
             self.done = True
             return None
@@ -226,7 +229,7 @@ class DecodedStream(IterateUntilNone[T], Generic[T]):
     def stream_id(self) -> int:
         return self.raw.stream_id
 
-    async def next(self, timeout: float | None = None) -> T | None:  # noqa: ASYNC109
+    async def next(self, timeout: float | None = None) -> T | None:
         data = await self.raw.next(timeout)
         return None if data is None else self._decode(data)
 

@@ -14,7 +14,7 @@ extensions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar, TypedDict, Unpack
@@ -429,6 +429,78 @@ class StreamConnection:
                 self._streams[stream_id] = rec
             raise
         return sent
+
+    def item_frames(self, stream_id: int, data: bytes) -> list[Any]:
+        """The frames of one item (NEXT) carrying ``data``: one when it fits
+        a fragment."""
+        raise NotImplementedError
+
+    def send_items(self, stream_id: int, datas: Sequence[bytes]) -> list[bytes]:
+        """Several items on one stream (a subscription's or a read's batch),
+        fragmented as needed, all or nothing: one ``bytes`` per frame.
+
+        The first item's frames go through the table like any frame.  Each
+        later item that is one frame, on a stream the first left RESPONDING
+        where the table keeps RESPONDING on SEND_NEXT, is that same
+        transition again: it spends a credit and is encoded, without the
+        per-frame checks (a third of a catch-up's gateway CPU went to them,
+        docs/performance.md)."""
+        if not datas:
+            return []
+        frames = [self.item_frames(stream_id, d) for d in datas]
+        rest = frames[1:]
+        rec = self._streams.get(stream_id)
+        saved = None if rec is None else (rec.phase, rec.credits)
+        try:
+            sent = [self.send(f) for f in frames[0]]
+            rec = self._streams.get(stream_id)
+            if rest and self._repeats_next(rec, len(rest)) and all(len(f) == 1 for f in rest):
+                sent += self._send_repeated_items(rec, [f[0] for f in rest])
+            else:
+                for item in rest:
+                    sent += [self.send(f) for f in item]
+        except self.local_error:
+            if saved is None or rec is None:
+                self._streams.pop(stream_id, None)
+            else:
+                rec.phase, rec.credits = saved
+                self._streams[stream_id] = rec
+            raise
+        return sent
+
+    def _repeats_next(self, rec: Any, n: int) -> bool:
+        """Whether ``n`` more single-frame items on ``rec`` are each the
+        table's RESPONDING --SEND_NEXT--> RESPONDING, within the credits."""
+        if self.state is not ConnectionState.OPEN:
+            return False
+        if rec is None or rec.phase is not Phase.RESPONDING:
+            return False
+        t = self.table.get((rec.kind, Phase.RESPONDING, Ev.SEND_NEXT))
+        if t is None or t[0] is not Phase.RESPONDING:
+            return False
+        if not rec.kind.has_credits:
+            return True
+        unbounded = self.unbounded_credits
+        return bool(rec.credits >= n or (unbounded is not None and rec.credits >= unbounded))
+
+    def _send_repeated_items(self, rec: Any, frames: list[Any]) -> list[bytes]:
+        encode, limit = self._encode, self.max_frame_size
+        messages = [encode(f) for f in frames]
+        for m, f in zip(messages, frames, strict=True):
+            if len(m) > limit:
+                raise self.local_error(
+                    f"{self._describe(f)} of {len(m)} bytes exceeds max_frame_size {limit}; "
+                    "fragment it",
+                    code=TOO_LARGE,
+                )
+        if rec.kind.has_credits:
+            unbounded = self.unbounded_credits
+            if unbounded is None or rec.credits < unbounded:
+                rec.credits -= len(frames)
+        if self.transport == "tcp":
+            add = self._add_tcp_length
+            return [add(m) for m in messages]
+        return messages
 
     def _send_answer_or_error(
         self, frame: Any, answer_type: type[Any], send_answer: Callable[[Any], None], sends: str

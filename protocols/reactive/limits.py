@@ -1,28 +1,25 @@
 """The per-connection limits both ReactiveSocket versions take, built one way.
 
-Each version's ``adapter.py`` subclasses :class:`StreamLimits`: it names its
-settings prefix, gives the frame-size defaults of its wire format, the least
-working value of each limit and any limits of its own.  Every field is the
-gateway setting ``<protocol>_<name>`` (:func:`~polyport.protocols.settings.settings_from`).
+Each version's ``Limits`` (its ``limits.py``) subclasses :class:`StreamLimits`:
+it names its settings prefix, gives the frame-size defaults of its wire
+format, the least working value of each limit and any limits of its own.
+Every field is the gateway setting ``<protocol>_<name>``, read by
+``Limits.from_settings`` (:class:`~polyport.protocols.settings.ProtocolLimits`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar
 
 from polyport.protocols.reactive.connection import ConnectionLimits
-from polyport.protocols.settings import settings_from
-
-L = TypeVar("L", bound="StreamLimits")
+from polyport.protocols.settings import ProtocolLimits
 
 
 @dataclass(frozen=True, slots=True)
-class StreamLimits:
-    # The settings prefix, and the fields that fall back to the gateway-wide
-    # setting of the same name.
-    protocol: ClassVar[str] = ""
+class StreamLimits(ProtocolLimits):
+    # The fields that fall back to the gateway-wide setting of the same name.
     shared_settings: ClassVar[tuple[str, ...]] = ("max_event_bytes",)
     # The smallest value of each limit that works: checked when the object is
     # made, so that a bad setting stops the gateway at start rather than
@@ -68,10 +65,6 @@ class StreamLimits:
     def _check(self) -> None:
         """The version's own checks (dataclasses with slots take no
         zero-argument ``super()``, so this is a hook, not an override)."""
-
-    @classmethod
-    def from_settings(cls: type[L], settings: Mapping[str, Any]) -> L:
-        return settings_from(cls, settings, prefix=cls.protocol, shared=cls.shared_settings)
 
     def connection_args(self) -> ConnectionLimits:
         """The limits the sans-IO server connection enforces itself."""

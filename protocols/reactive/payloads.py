@@ -31,7 +31,8 @@ START_KINDS = ("beginning", "end", "position", "version", "time")
 
 def pack(obj: Any) -> bytes:
     """MessagePack with the bin type for bytes (str stays str)."""
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
 
 
 def unpack(data: bytes, what: str) -> Any:
@@ -40,7 +41,7 @@ def unpack(data: bytes, what: str) -> Any:
         return msgpack.unpackb(data, raw=False, strict_map_key=True)
     except msgpack.ExtraData:
         raise PayloadError(f"{what}: trailing bytes after the MessagePack value") from None
-    except Exception as exc:  # msgpack raises several unrelated types
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
         raise PayloadError(f"{what}: not valid MessagePack ({exc})") from None
 
 
@@ -185,17 +186,18 @@ def event_from_map(obj: Any, what: str = "event") -> EventMap:
         raise PayloadError(f"{what}: 'id' is required")
     if "body" not in obj:
         raise PayloadError(f"{what}: 'body' is required")
+    # Positional, in the fields' order: a client decodes one per event.
     return EventMap(
-        id=_uuid(obj["id"], "id", what),
-        context=required_str(obj, "context", what),
-        stream=required_str(obj, "stream", what),
-        version=_req_int(obj, "version", what, minimum=1),
-        position=_req_int(obj, "position", what, minimum=0),
-        type=required_str(obj, "type", what, empty_ok=True),
-        headers=_headers(obj.get("headers"), what),
-        body=_bytes(obj["body"], "body", what),
-        content_type=required_str(obj, "content_type", what, empty_ok=True),
-        recorded_at=_req_int(obj, "recorded_at", what),
+        _uuid(obj["id"], "id", what),
+        required_str(obj, "context", what),
+        required_str(obj, "stream", what),
+        _req_int(obj, "version", what, minimum=1),
+        _req_int(obj, "position", what, minimum=0),
+        required_str(obj, "type", what, empty_ok=True),
+        _headers(obj.get("headers"), what),
+        _bytes(obj["body"], "body", what),
+        required_str(obj, "content_type", what, empty_ok=True),
+        _req_int(obj, "recorded_at", what),
     )
 
 
@@ -474,7 +476,7 @@ def _start(value: Any, what: str) -> StartAt | None:
     if value in ("beginning", "end"):
         return StartAt(value)
     if isinstance(value, dict) and len(value) == 1:
-        ((kind, n),) = value.items()
+        ((kind, _n),) = value.items()
         if kind in ("position", "version", "time"):
             minimum = {"position": 0, "version": 1, "time": 0}[kind]
             checked = _int(value, kind, f"{what}: 'from'", minimum=minimum)

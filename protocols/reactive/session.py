@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, Protocol, cast
 
 from polyport.core.access import Tenant
@@ -51,7 +51,7 @@ from polyport.protocols.reactive.payloads import (
     ReadRequest,
     SubscribeRequest,
 )
-from polyport.protocols.session import Outbound, SessionContext
+from polyport.protocols.session import DELIVERY_BATCH, Outbound, SessionContext
 
 
 class _Coded(Protocol):
@@ -175,10 +175,25 @@ class EventServiceSession:
         """Carry out a REQUEST_FNF."""
         raise NotImplementedError
 
-    async def _send_event(self, stream_id: int, event: RecordedEvent) -> None:
-        """One event of a streamed read or a subscription, as the version
-        sends it.  Raises LocalProtocolError when the stream has ended."""
+    def _event_data(self, event: RecordedEvent) -> bytes:
+        """One event of a streamed read or a subscription, as the version's
+        item data."""
         raise NotImplementedError
+
+    async def _send_event(self, stream_id: int, event: RecordedEvent) -> None:
+        """One event as an item.  Raises LocalProtocolError when the stream
+        has ended."""
+        await self._send_events(stream_id, (event,))
+
+    async def _send_events(self, stream_id: int, events: Sequence[RecordedEvent]) -> None:
+        """Events as items, all or nothing, in one write on TCP.  Raises
+        LocalProtocolError when the stream has ended."""
+        chunks = self.conn.send_items(stream_id, [self._event_data(ev) for ev in events])
+        if self.conn.transport == "tcp" and len(chunks) > 1:
+            await self.out.send(b"".join(chunks))
+            self.stats.frames_out += len(chunks)
+        else:
+            await self._write(chunks)
 
     def _acks_manually(
         self, stream_id: int, request: SubscribeRequest, sub: Subscription | GroupMember
@@ -358,17 +373,18 @@ class EventServiceSession:
         # Initial Request N plus any REQUEST_N that came meanwhile (nothing has
         # been sent, so the connection's count is everything granted so far).
         sub.grant(self.conn.credits(sid))
+        # No ack frame in the protocol: delivered to the transport counts as
+        # acknowledged (the group's checkpoint moves on), unless the client
+        # asked to ack itself (the draft's ack: "manual").
+        auto_ack = sub if isinstance(sub, GroupMember) and not manual else None
         while True:
-            ev = await sub.next()
-            if ev is None or not self.conn.is_live(sid):
+            events = await sub.next_batch(DELIVERY_BATCH)
+            if not events or not self.conn.is_live(sid):
                 return
-            await self._send_event(sid, ev)
-            if isinstance(sub, GroupMember) and not manual:
-                # No ack frame in the protocol: delivered to the transport
-                # counts as acknowledged (the group's checkpoint moves on),
-                # unless the client asked to ack itself (the draft's
-                # ack: "manual").
-                sub.ack(ev.position)
+            await self._send_events(sid, events)
+            if auto_ack is not None:
+                for ev in events:
+                    auto_ack.ack(ev.position)
 
     # --- writing ----------------------------------------------------------------------
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from polyport.core.access import Tenant
 from polyport.core.commands import Principal
@@ -30,17 +29,11 @@ from polyport.protocols.reactive.eventservice import (
     expected_from,
     start_from,
 )
-from polyport.protocols.reactive.limits import StreamLimits
 from polyport.protocols.reactive.session import EventServiceSession
 from polyport.protocols.reactivesocket import payloads
 from polyport.protocols.reactivesocket.connection import ServerConnection
 from polyport.protocols.reactivesocket.errors import PayloadError
 from polyport.protocols.reactivesocket.frames import (
-    DEFAULT_MAX_FRAGMENT,
-    DEFAULT_MAX_FRAME_SIZE,
-    DEFAULT_MAX_MESSAGE_SIZE,
-    HEADER_SIZE,
-    PROTOCOL,
     ErrorFrame,
     RequestFnf,
     RequestResponse,
@@ -48,10 +41,10 @@ from polyport.protocols.reactivesocket.frames import (
     RequestSub,
     Setup,
 )
+from polyport.protocols.reactivesocket.limits import Limits
 
 # Shared with RSocket 1.0 (protocols/reactive/eventservice.py); still importable here.
 __all__ = [
-    "AdapterLimits",
     "ReactiveSocketSession",
     "event_map",
     "expected_from",
@@ -61,50 +54,14 @@ __all__ = [
 log = logging.getLogger("polyport.reactivesocket")
 
 
-@dataclass(frozen=True, slots=True)
-class AdapterLimits(StreamLimits):
-    """Per-connection limits (``protocols/reactive/limits.py``).  Every one
-    can be set in the gateway config's extra settings as
-    ``reactivesocket_<name>``; the body limit and the idle timeout fall back
-    to the gateway-wide ``max_event_bytes`` and ``idle_timeout``."""
-
-    protocol: ClassVar[str] = PROTOCOL
-    shared_settings: ClassVar[tuple[str, ...]] = ("max_event_bytes", "idle_timeout")
-    # An idle_timeout of 0 means never, like None.
-    least: ClassVar[dict[str, int]] = {
-        "max_frame_size": HEADER_SIZE,
-        "max_message_size": 0,
-        "max_fragment": 1,
-        "max_streams": 1,
-        "max_reassembly_bytes": 0,
-        "max_fnf_inflight": 1,
-        "max_response_bytes": 0,
-        "read_page": 1,
-        "default_read_max": 1,
-        "subscription_buffer": 0,
-        "max_event_bytes": 0,
-    }
-
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
-    max_fragment: int = DEFAULT_MAX_FRAGMENT
-    # A connection with no live stream and no input for this long is closed
-    # (a subscriber that only receives is never idle).  None = never.
-    idle_timeout: float | None = 300.0
-
-    def _check(self) -> None:
-        if self.idle_timeout is not None and self.idle_timeout < 0:
-            raise ValueError(f"{PROTOCOL}_idle_timeout must not be negative: {self.idle_timeout}")
-
-
 class ReactiveSocketSession(EventServiceSession):
     """Server side of one ReactiveSocket connection (a StreamSession)."""
 
     task_prefix = "rs"
-    limits_type = AdapterLimits
+    limits_type = Limits
     connection_type = ServerConnection
     request_errors = (PolyportError, PayloadError)
-    limits: AdapterLimits
+    limits: Limits
     conn: ServerConnection
 
     def _open(self) -> None:
@@ -231,8 +188,8 @@ class ReactiveSocketSession(EventServiceSession):
 
     # --- writing ---------------------------------------------------------------
 
-    async def _send_event(self, stream_id: int, event: RecordedEvent) -> None:
-        await self._respond(stream_id, payloads.encode_event(event_map(event)))
+    def _event_data(self, event: RecordedEvent) -> bytes:
+        return payloads.encode_event(event_map(event))
 
     async def _respond(self, stream_id: int, data: bytes, *, complete: bool = False) -> None:
         """RESPONSE (fragmented as needed).  Raises LocalProtocolError when

@@ -15,6 +15,7 @@ and every ``bytes`` from ``send`` is one message to send).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from polyport.protocols.reactive.connection import DEFAULT_MAX_STREAMS, RequesterConveniences
 from polyport.protocols.reactivesocket.base import BaseConnection, Event, StreamError, error_frame
@@ -41,9 +42,16 @@ from polyport.protocols.reactivesocket.frames import (
     Setup,
 )
 from polyport.protocols.reactivesocket.state import (
+    FRAGMENT_OF_ANOTHER_KIND,
+    MID_REQUEST,
+    REQUEST_FRAGMENT_EVENTS,
+    REQUEST_FRAMES,
+    RESPONSE_FRAGMENT_EVENTS,
+    RESPONSE_FRAMES,
     Action,
     ConnectionState,
     Ev,
+    FrameFault,
     Kind,
     Phase,
     StreamRecord,
@@ -121,53 +129,18 @@ class ServerConnection(BaseConnection, role="server"):
         kind = Kind(FRAME_TYPE_OF[type(frame)])
         rec = self._streams.get(sid)
         phase = rec.phase if rec is not None else Phase.CLOSED
-        continuing = phase in (
-            Phase.RECEIVING_REQUEST,
-            Phase.REJECTED_MID_REQUEST,
-            Phase.DISCARDING,
-        )
+        mid_request = phase in MID_REQUEST
         # More fragments of this request follow the frame.
-        more = not frame.end and (frame.begin or continuing)
-        name = kind.name
-        if continuing:
-            assert rec is not None
-            if frame.begin:
-                return self._violation(
-                    rec,
-                    kind,
-                    sid,
-                    more,
-                    MALFORMED,
-                    f"{name} fragment with B while stream {sid} is "
-                    "still receiving a fragmented request",
-                    out,
-                )
-            if rec.kind is not kind:
-                return self._violation(
-                    rec,
-                    kind,
-                    sid,
-                    more,
-                    MALFORMED,
-                    f"{name} fragment continues a {rec.kind.name} on stream {sid}",
-                    out,
-                )
-            ev = Ev.RECV_REQUEST_END if frame.end else Ev.RECV_REQUEST_MORE
-        elif frame.begin and not frame.end:
-            ev = Ev.RECV_REQUEST_BEGIN
-        elif frame.end and not frame.begin:
+        more = not frame.end and (frame.begin or mid_request)
+        row = REQUEST_FRAMES[mid_request, frame.begin, frame.end]
+        if mid_request and isinstance(row, Ev) and rec is not None and rec.kind is not kind:
+            row = FRAGMENT_OF_ANOTHER_KIND
+        if isinstance(row, FrameFault):
+            ongoing = rec.kind.name if rec is not None else ""
             return self._violation(
-                rec,
-                kind,
-                sid,
-                False,
-                MALFORMED,
-                f"{name} fragment with E but no earlier B on stream {sid}",
-                out,
+                rec, kind, sid, more, MALFORMED, row.text(kind.name, sid, ongoing), out
             )
-        else:
-            ev = Ev.RECV_REQUEST
-
+        ev = row
         t = self.table.get((rec.kind if rec is not None else kind, phase, ev))
         if t is None:
             assert rec is not None
@@ -180,67 +153,76 @@ class ServerConnection(BaseConnection, role="server"):
                 f"stream id {sid} is already in use by a live {rec.kind.name}",
                 out,
             )
-        to, action = t
+        to, _ = t
+        refused = self._refuse_request(frame, rec, kind, phase, ev, to)
+        if refused is not None:
+            code, message = refused
+            return self._violation(rec, kind, sid, more, code, message, out)
+        self._take_request(frame, rec, kind, ev, t, out)
+
+    def _refuse_request(
+        self,
+        frame: Request,
+        rec: StreamRecord | None,
+        kind: Kind,
+        phase: Phase,
+        ev: Ev,
+        to: Phase,
+    ) -> tuple[str, str] | None:
+        """The error code and message that refuse a legal request frame (its
+        Initial Request N, the stream and size limits), or None to take it."""
         if ev in (Ev.RECV_REQUEST, Ev.RECV_REQUEST_BEGIN) and rec is None:
             if isinstance(frame, (RequestStream, RequestSub)) and frame.initial_n < 0:
-                return self._violation(
-                    None,
-                    kind,
-                    sid,
-                    more,
-                    MALFORMED,
-                    f"{name} with negative Initial Request N {frame.initial_n}",
-                    out,
-                )
+                return MALFORMED, f"{kind.name} with negative Initial Request N {frame.initial_n}"
             if to is not Phase.CLOSED and len(self._streams) >= self.max_streams:
-                return self._violation(
-                    None,
-                    kind,
-                    sid,
-                    more,
-                    "busy",
-                    f"too many streams in use (limit {self.max_streams})",
-                    out,
-                )
-        if ev in (Ev.RECV_REQUEST_BEGIN, Ev.RECV_REQUEST_MORE, Ev.RECV_REQUEST_END) and (
+                return "busy", f"too many streams in use (limit {self.max_streams})"
+        if ev in REQUEST_FRAGMENT_EVENTS and (
             phase is not Phase.DISCARDING and phase is not Phase.REJECTED_MID_REQUEST
         ):
-            size = rec.reassembly.size if rec is not None and ev is not Ev.RECV_REQUEST_BEGIN else 0
-            if size + len(frame.data) > self.max_message_size:
-                return self._violation(
-                    rec,
-                    kind,
-                    sid,
-                    more,
-                    TOO_LARGE,
-                    f"fragmented {name} exceeds max_message_size {self.max_message_size}",
-                    out,
-                )
-            budget = self.max_reassembly_bytes
-            if budget is not None and ev is not Ev.RECV_REQUEST_END:
-                # The END fragment is not counted: it completes its request,
-                # whose fragments are then released.
-                others = self.reassembly_bytes - (rec.reassembly.size if rec is not None else 0)
-                if others and others + size + len(frame.data) > budget:
-                    return self._violation(
-                        rec,
-                        kind,
-                        sid,
-                        more,
-                        TOO_LARGE,
-                        "fragmented requests on this connection exceed "
-                        f"max_reassembly_bytes {budget}",
-                        out,
-                    )
-            if ev is not Ev.RECV_REQUEST_END:
-                # The budget shared with other connections: busy, not
-                # too_large, as the same request may fit later.
-                refused = self._reserve_fragment(len(frame.data))
-                if refused is not None:
-                    return self._violation(
-                        rec, kind, sid, more, BUSY, f"{refused}; retry later", out
-                    )
+            return self._refuse_fragment(frame, rec, kind, ev)
+        return None
 
+    def _refuse_fragment(
+        self, frame: Request, rec: StreamRecord | None, kind: Kind, ev: Ev
+    ) -> tuple[str, str] | None:
+        size = rec.reassembly.size if rec is not None and ev is not Ev.RECV_REQUEST_BEGIN else 0
+        if size + len(frame.data) > self.max_message_size:
+            return (
+                TOO_LARGE,
+                f"fragmented {kind.name} exceeds max_message_size {self.max_message_size}",
+            )
+        if ev is Ev.RECV_REQUEST_END:
+            # The END fragment is not counted: it completes its request,
+            # whose fragments are then released.
+            return None
+        budget = self.max_reassembly_bytes
+        if budget is not None:
+            others = self.reassembly_bytes - (rec.reassembly.size if rec is not None else 0)
+            if others and others + size + len(frame.data) > budget:
+                return (
+                    TOO_LARGE,
+                    "fragmented requests on this connection exceed "
+                    f"max_reassembly_bytes {budget}",
+                )
+        # The budget shared with other connections: busy, not too_large, as
+        # the same request may fit later.
+        refused = self._reserve_fragment(len(frame.data))
+        if refused is not None:
+            return BUSY, f"{refused}; retry later"
+        return None
+
+    def _take_request(
+        self,
+        frame: Request,
+        rec: StreamRecord | None,
+        kind: Kind,
+        ev: Ev,
+        transition: tuple[Phase, Action],
+        out: list[Event],
+    ) -> None:
+        """Apply a request frame the tables allow; a whole request goes out."""
+        sid = frame.stream_id
+        to, action = transition
         # Hold on to the fragments received before _apply() may drop the record.
         received = rec.reassembly if rec is not None else None
         self._apply(sid, rec, kind, to)
@@ -346,6 +328,11 @@ class ServerConnection(BaseConnection, role="server"):
         frames = fragment(Response(stream_id, data, complete), limit)
         return [f for f in frames if isinstance(f, Response)]
 
+    def item_frames(self, stream_id: int, data: bytes) -> list[Any]:
+        if len(data) <= self.max_fragment:  # what fragment() would keep whole
+            return [Response(stream_id, data)]
+        return list(self.fragment_response(stream_id, data))
+
     def send_response(
         self,
         stream_id: int,
@@ -383,11 +370,10 @@ class ClientConnection(BaseConnection, RequesterConveniences, role="client"):
             self._receive_response(frame, out)
         elif isinstance(frame, ErrorFrame):
             self._receive_error(frame, out)
-        else:
-            # Requests from the server's requester: this client serves none;
-            # ignored like any frame in an unspecified state.
-            if isinstance(frame, _REQUEST_CLASSES):
-                self.setup_accepted = True
+        # Requests from the server's requester: this client serves none;
+        # ignored like any frame in an unspecified state.
+        elif isinstance(frame, _REQUEST_CLASSES):
+            self.setup_accepted = True
 
     def _abandon(
         self, rec: StreamRecord, sid: int, code: str, message: str, out: list[Event]
@@ -398,40 +384,11 @@ class ClientConnection(BaseConnection, RequesterConveniences, role="client"):
         sid, rec = self._answer_record(frame)
         if rec is None:
             return
-        if rec.phase is Phase.RECEIVING_FRAGMENTS:
-            if frame.begin:
-                return self._abandon(
-                    rec,
-                    sid,
-                    MALFORMED,
-                    f"RESPONSE with B while stream {sid} is still receiving a fragmented response",
-                    out,
-                )
-            if frame.complete and not frame.end:
-                return self._abandon(
-                    rec, sid, MALFORMED, "C (complete) on a RESPONSE fragment before the last", out
-                )
-            if frame.end:
-                ev = Ev.RECV_END_COMPLETE if frame.complete else Ev.RECV_END
-            else:
-                ev = Ev.RECV_MORE
-        elif frame.begin and not frame.end:
-            if frame.complete:
-                return self._abandon(
-                    rec, sid, MALFORMED, "C (complete) on the first RESPONSE fragment", out
-                )
-            ev = Ev.RECV_BEGIN
-        elif frame.end and not frame.begin:
-            return self._abandon(
-                rec,
-                sid,
-                MALFORMED,
-                f"RESPONSE fragment with E but no earlier B on stream {sid}",
-                out,
-            )
-        else:
-            # Both bits, or neither (a peer that never fragments): whole.
-            ev = Ev.RECV_COMPLETE if frame.complete else Ev.RECV_NEXT
+        mid_response = rec.phase is Phase.RECEIVING_FRAGMENTS
+        row = RESPONSE_FRAMES[mid_response, frame.begin, frame.end, frame.complete]
+        if isinstance(row, FrameFault):
+            return self._abandon(rec, sid, MALFORMED, row.text("RESPONSE", sid), out)
+        ev = row
         t = self.table.get((rec.kind, rec.phase, ev))
         if t is None:
             return self._abandon(
@@ -442,9 +399,7 @@ class ClientConnection(BaseConnection, RequesterConveniences, role="client"):
                 out,
             )
         to, action = t
-        if ev in (Ev.RECV_BEGIN, Ev.RECV_MORE, Ev.RECV_END, Ev.RECV_END_COMPLETE) and (
-            rec.phase is not Phase.ABANDONED
-        ):
+        if ev in RESPONSE_FRAGMENT_EVENTS and rec.phase is not Phase.ABANDONED:
             size = rec.reassembly.size if ev is not Ev.RECV_BEGIN else 0
             if size + len(frame.data) > self.max_message_size:
                 return self._abandon(

@@ -55,11 +55,6 @@ class Reassembly:
     parts: list[bytes] = field(default_factory=list)
     size: int = 0
 
-    def exceeds(self, data: bytes, limit: int, *, begin: bool) -> bool:
-        """Would adding ``data`` take the message past ``limit`` bytes?  With
-        ``begin`` the fragment starts a new message, so nothing earlier counts."""
-        return (0 if begin else self.size) + len(data) > limit
-
     def begin(self, data: bytes, first: Request | None = None) -> None:
         self.first, self.parts, self.size = first, [data], len(data)
 

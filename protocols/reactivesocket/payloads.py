@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polyport.protocols.reactive import payloads as _schema
 from polyport.protocols.reactive.payloads import *  # noqa: F403
-from polyport.protocols.reactive.payloads import __all__ as _schema_names
 from polyport.protocols.reactive.payloads import pack, read_map, read_str
 from polyport.protocols.reactivesocket.errors import (
     CANONICAL_ERROR_CODES,
@@ -21,7 +21,6 @@ from polyport.protocols.reactivesocket.errors import (
 )
 
 __all__ = [
-    *_schema_names,
     "CANONICAL_ERROR_CODES",
     "ErrorData",
     "SetupData",
@@ -30,6 +29,7 @@ __all__ = [
     "encode_error_data",
     "encode_setup_data",
 ]
+__all__ += _schema.__all__
 
 
 # --- SETUP ------------------------------------------------------------------------

@@ -152,6 +152,85 @@ REQUESTER_TABLE: Table = build_table(
 RESPONDER_LIVE = streams.RESPONDER_LIVE | {P.REJECTED_MID_REQUEST}
 
 
+# --- which event a received frame is --------------------------------------------
+#
+# The draft marks fragments with B(egin) and E(nd) flags on the request and
+# RESPONSE frames themselves.  Which stream-table event a received frame is
+# follows from its flags and from whether its stream is in the middle of a
+# fragmented message; some combinations are malformed whatever the stream's
+# kind.  The rows below say which, so the connection looks them up rather than
+# deciding in branches.
+
+
+@dataclass(frozen=True, slots=True)
+class FrameFault:
+    """A received frame that is malformed where it arrives: the stream is
+    rejected with MALFORMED and this message.  The message may name the
+    frame's kind (``{name}``), the stream (``{sid}``) and the kind of the
+    request in progress there (``{kind}``)."""
+
+    message: str
+
+    def text(self, name: str, sid: int, kind: str = "") -> str:
+        return self.message.format(name=name, sid=sid, kind=kind)
+
+
+# The responder's phases in which more fragments of a request are due.
+MID_REQUEST = frozenset({P.RECEIVING_REQUEST, P.REJECTED_MID_REQUEST, P.DISCARDING})
+
+# A received request frame, by (its stream mid-request?, B, E).  A request
+# with both flags, or neither (a peer that never fragments), is whole.
+REQUEST_FRAMES: dict[tuple[bool, bool, bool], Ev | FrameFault] = {
+    (False, False, False): E.RECV_REQUEST,
+    (False, True, True): E.RECV_REQUEST,
+    (False, True, False): E.RECV_REQUEST_BEGIN,
+    (False, False, True): FrameFault("{name} fragment with E but no earlier B on stream {sid}"),
+    (True, True, False): FrameFault(
+        "{name} fragment with B while stream {sid} is still receiving a fragmented request"
+    ),
+    (True, True, True): FrameFault(
+        "{name} fragment with B while stream {sid} is still receiving a fragmented request"
+    ),
+    (True, False, False): E.RECV_REQUEST_MORE,
+    (True, False, True): E.RECV_REQUEST_END,
+}
+# Mid-request, a fragment that REQUEST_FRAMES lets through must also be of the
+# request's own kind.
+FRAGMENT_OF_ANOTHER_KIND = FrameFault("{name} fragment continues a {kind} on stream {sid}")
+
+# The request events that carry a fragment (sized against the limits).
+REQUEST_FRAGMENT_EVENTS = frozenset({E.RECV_REQUEST_BEGIN, E.RECV_REQUEST_MORE, E.RECV_REQUEST_END})
+
+# A received RESPONSE, by (its stream mid-response, i.e. RECEIVING_FRAGMENTS?,
+# B, E, C).  C (complete) goes on a whole RESPONSE or on the last fragment.
+_B_MID_RESPONSE = FrameFault(
+    "RESPONSE with B while stream {sid} is still receiving a fragmented response"
+)
+_E_WITHOUT_B = FrameFault("RESPONSE fragment with E but no earlier B on stream {sid}")
+RESPONSE_FRAMES: dict[tuple[bool, bool, bool, bool], Ev | FrameFault] = {
+    # a whole RESPONSE: both flags, or neither (a peer that never fragments)
+    (False, False, False, False): E.RECV_NEXT,
+    (False, False, False, True): E.RECV_COMPLETE,
+    (False, True, True, False): E.RECV_NEXT,
+    (False, True, True, True): E.RECV_COMPLETE,
+    (False, True, False, False): E.RECV_BEGIN,
+    (False, True, False, True): FrameFault("C (complete) on the first RESPONSE fragment"),
+    (False, False, True, False): _E_WITHOUT_B,
+    (False, False, True, True): _E_WITHOUT_B,
+    (True, True, False, False): _B_MID_RESPONSE,
+    (True, True, False, True): _B_MID_RESPONSE,
+    (True, True, True, False): _B_MID_RESPONSE,
+    (True, True, True, True): _B_MID_RESPONSE,
+    (True, False, False, False): E.RECV_MORE,
+    (True, False, False, True): FrameFault("C (complete) on a RESPONSE fragment before the last"),
+    (True, False, True, False): E.RECV_END,
+    (True, False, True, True): E.RECV_END_COMPLETE,
+}
+
+# The RESPONSE events that carry a fragment (sized against the limits).
+RESPONSE_FRAGMENT_EVENTS = frozenset({E.RECV_BEGIN, E.RECV_MORE, E.RECV_END, E.RECV_END_COMPLETE})
+
+
 def add_credits(current: int, n: int) -> int:
     """Credits saturate at 2**63-1, which (as in Reactive Streams) means
     unbounded: it is never used up."""
@@ -171,11 +250,14 @@ class StreamRecord(streams.StreamRecord[Kind]):
     reassembly: Reassembly = field(default_factory=Reassembly)
 
 
+# this module's own
 __all__ = [
-    # this module's own
-    "CONNECTION_TABLE", "Kind", "REQUESTER_TABLE", "RESPONDER_LIVE", "RESPONDER_TABLE",
-    "StreamRecord", "Table", "add_credits", "use_credit",
-    # passed on from protocols/reactive/streams.py
-    "REQUESTER_LIVE", "Action", "ConnectionState", "Ev", "Phase", "StreamInfo",
-    "Transition",
+    "CONNECTION_TABLE", "FRAGMENT_OF_ANOTHER_KIND", "MID_REQUEST", "REQUESTER_TABLE",
+    "REQUEST_FRAGMENT_EVENTS", "REQUEST_FRAMES", "RESPONDER_LIVE", "RESPONDER_TABLE",
+    "RESPONSE_FRAGMENT_EVENTS", "RESPONSE_FRAMES",
+    "FrameFault", "Kind", "StreamRecord", "Table", "add_credits", "use_credit",
+]
+# passed on from protocols/reactive/streams.py
+__all__ += [
+    "REQUESTER_LIVE", "Action", "ConnectionState", "Ev", "Phase", "StreamInfo", "Transition",
 ]

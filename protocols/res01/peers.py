@@ -1,4 +1,4 @@
-"""The Res01 peers a listener keeps state for, bounded in number and time.
+"""The Res01 peers a session keeps state for, bounded in number and time.
 
 ZeroMQ hides connections behind routing ids, and a ROUTER never learns that
 a peer has gone for good (a client may also pick a new routing id per
@@ -13,7 +13,12 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from polyport.core.access import Tenant
+    from polyport.protocols.connections import Connection
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -95,3 +100,20 @@ class PeerTable(Generic[K, V]):
         self.forgotten += 1
         if self._on_forget is not None:
             self._on_forget(key, entry[1])
+
+
+# (file descriptor, remote address) of the TCP connection a peer's latest
+# message came over, as the transport found it; (-1, None) when unknown (not
+# TCP).  Only the transport reads it: to disconnect that peer.
+Source = tuple[int, object]
+NO_SOURCE: Source = (-1, None)
+
+
+@dataclass(frozen=True)
+class PeerState:
+    """What the session keeps per Res01 peer (routing id)."""
+
+    row: Connection  # its connection-table row
+    source: Source = NO_SOURCE
+    # (endpoint index, user, tenant, expires) of a logged-in peer.
+    login: tuple[int, str, Tenant, float] | None = None

@@ -80,7 +80,7 @@ def _malformed(message: str) -> Res01Error:
 class _Cursor:
     """Reads the detail frames of one message, front to back."""
 
-    __slots__ = ("_frames", "_pos", "_name")
+    __slots__ = ("_frames", "_name", "_pos")
 
     def __init__(self, frames: Sequence[bytes], start: int, name: str) -> None:
         self._frames = frames

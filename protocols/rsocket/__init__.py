@@ -10,12 +10,12 @@ from polyport.protocols.rsocket.connection import (
     ClientConnection,
     Event,
     ServerConnection,
-    error_frame,
 )
 from polyport.protocols.rsocket.errors import (
     LocalProtocolError,
     ProtocolError,
     RemoteProtocolError,
+    error_frame,
 )
 from polyport.protocols.rsocket.frames import (
     DEFAULT_PORT,

@@ -21,26 +21,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from polyport.core.access import Tenant
 from polyport.core.errors import PolyportError, Unauthenticated, Unsupported
 from polyport.core.events import RecordedEvent
 from polyport.protocols import errors as shared_errors
 from polyport.protocols.reactive.eventservice import StreamWork, event_map
-from polyport.protocols.reactive.limits import StreamLimits
 from polyport.protocols.reactive.session import EventServiceSession
 from polyport.protocols.rsocket import payloads
 from polyport.protocols.rsocket.connection import ServerConnection
 from polyport.protocols.rsocket.errors import RemoteProtocolError
 from polyport.protocols.rsocket.frames import (
-    DEFAULT_MAX_FRAGMENT,
-    DEFAULT_MAX_FRAME_SIZE,
-    DEFAULT_MAX_MESSAGE_SIZE,
     INVALID_SETUP,
-    MAX_U31,
-    PROTOCOL,
     REJECTED_SETUP,
     UNSUPPORTED_SETUP,
     ErrorFrame,
@@ -54,6 +47,7 @@ from polyport.protocols.rsocket.frames import (
     RequestStream,
     Setup,
 )
+from polyport.protocols.rsocket.limits import Limits
 from polyport.protocols.rsocket.metadata import (
     AUTH_SIMPLE,
     COMPOSITE,
@@ -64,36 +58,6 @@ from polyport.protocols.rsocket.metadata import (
 )
 
 log = logging.getLogger("polyport.rsocket")
-
-
-@dataclass(frozen=True, slots=True)
-class AdapterLimits(StreamLimits):
-    """Per-connection limits (``protocols/reactive/limits.py``); each is the
-    gateway setting ``rsocket_<name>`` (``max_event_bytes`` falls back to the
-    gateway-wide setting)."""
-
-    protocol: ClassVar[str] = PROTOCOL
-    least: ClassVar[dict[str, int]] = dict.fromkeys(
-        ("max_streams", "max_fnf_inflight", "read_page", "default_read_max",
-         "subscription_buffer", "max_fragment", "lease_ttl_ms", "lease_requests"),
-        1,
-    )
-
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
-    max_fragment: int = DEFAULT_MAX_FRAGMENT
-    # A connection that sends no SETUP for this long is closed.
-    setup_timeout: float = 30.0
-    # The LEASE granted to clients that ask for one (SETUP with L), renewed
-    # every half TTL.
-    lease_ttl_ms: int = 30_000
-    lease_requests: int = 10_000
-
-    def _check(self) -> None:
-        if self.lease_ttl_ms > MAX_U31 or self.lease_requests > MAX_U31:
-            raise ValueError("rsocket_lease_ttl_ms and rsocket_lease_requests fit 31 bits")
-        if self.setup_timeout <= 0:
-            raise ValueError("rsocket_setup_timeout must be positive")
 
 
 _INTERACTION = {
@@ -107,10 +71,10 @@ class RSocketSession(EventServiceSession):
     """Server side of one RSocket connection (a StreamSession)."""
 
     task_prefix = "rsocket"
-    limits_type = AdapterLimits
+    limits_type = Limits
     connection_type = ServerConnection
     request_errors = (PolyportError, payloads.PayloadError, MetadataError)
-    limits: AdapterLimits
+    limits: Limits
     conn: ServerConnection
 
     def _connection_options(self) -> dict[str, Any]:
@@ -269,10 +233,8 @@ class RSocketSession(EventServiceSession):
         assert isinstance(routed.request, payloads.AppendRequest)
         await self._append(tenant, context, routed.request)
 
-    async def _send_event(self, stream_id: int, event: RecordedEvent) -> None:
-        await self._write(self.conn.send_payload(
-            stream_id, payloads.encode_event(event_map(event), self.data_format)
-        ))
+    def _event_data(self, event: RecordedEvent) -> bytes:
+        return payloads.encode_event(event_map(event), self.data_format)
 
     # --- the watchdog ----------------------------------------------------------------
 
@@ -313,4 +275,4 @@ class RSocketSession(EventServiceSession):
 
 
 
-__all__ = ["AdapterLimits", "RSocketSession"]
+__all__ = ["RSocketSession"]

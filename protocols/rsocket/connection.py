@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Unpack
+from typing import Any, Unpack
 
 from polyport.protocols.reactive.connection import (
     ConnectionLimits,
@@ -435,6 +435,11 @@ class ServerConnection(_Connection, role="server"):
         frames = fragment(Payload(stream_id, metadata, data, complete=complete, next=True),
                           self.max_fragment)
         return [f for f in frames if isinstance(f, Payload)]
+
+    def item_frames(self, stream_id: int, data: bytes) -> list[Any]:
+        if len(data) <= self.max_fragment:  # what fragment() would keep whole
+            return [Payload(stream_id, None, data, next=True)]
+        return list(self.payload_frames(stream_id, data))
 
     def send_payload(self, stream_id: int, data: bytes, *, metadata: bytes | None = None,
                      complete: bool = False) -> list[bytes]:

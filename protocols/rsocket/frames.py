@@ -68,29 +68,15 @@ REJECTED = 0x202
 CANCELED = 0x203
 INVALID = 0x204
 
-ERROR_NAMES: dict[int, str] = {
-    INVALID_SETUP: "INVALID_SETUP",
-    UNSUPPORTED_SETUP: "UNSUPPORTED_SETUP",
-    REJECTED_SETUP: "REJECTED_SETUP",
-    REJECTED_RESUME: "REJECTED_RESUME",
-    CONNECTION_ERROR: "CONNECTION_ERROR",
-    CONNECTION_CLOSE: "CONNECTION_CLOSE",
-    APPLICATION_ERROR: "APPLICATION_ERROR",
-    REJECTED: "REJECTED",
-    CANCELED: "CANCELED",
-    INVALID: "INVALID",
-}
-# Codes that only make sense on stream 0, and those only on a stream > 0.
+# Codes that only make sense on stream 0 (the others only on a stream > 0).
 CONNECTION_ERROR_CODES = frozenset(
     {INVALID_SETUP, UNSUPPORTED_SETUP, REJECTED_SETUP, REJECTED_RESUME, CONNECTION_ERROR,
      CONNECTION_CLOSE}
 )
-STREAM_ERROR_CODES = frozenset({APPLICATION_ERROR, REJECTED, CANCELED, INVALID})
 
 # --- sizes and limits -----------------------------------------------------------------
 LENGTH_SIZE = 3
 HEADER_SIZE = 6
-METADATA_LENGTH_SIZE = 3
 MAX_FRAME_LENGTH = 0xFF_FFFF  # the spec's limit, whatever the transport
 MAX_U24 = 0xFF_FFFF
 MAX_STREAM_ID = 0x7FFF_FFFF

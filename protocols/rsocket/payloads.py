@@ -130,12 +130,13 @@ def _from_json_append(obj: dict[str, Any]) -> dict[str, Any]:
         return obj  # the shared schema reports it
     converted = []
     for i, e in enumerate(events):
+        item = e
         if isinstance(e, dict) and "body" in e:
             body, content_type = _json_body(e, f"append request: events[{i}]")
-            e = {**e, "body": body}
+            item = {**e, "body": body}
             if content_type is not None:
-                e["content_type"] = content_type
-        converted.append(e)
+                item["content_type"] = content_type
+        converted.append(item)
     return {**obj, "events": converted}
 
 

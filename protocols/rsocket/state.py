@@ -36,11 +36,13 @@ from polyport.protocols.reactive.streams import (
 )
 from polyport.protocols.rsocket import frames
 
+# this module's own
 __all__ = [
-    # this module's own
-    "CONNECTION_TABLE", "Kind", "REQUESTER_TABLE", "RESPONDER_TABLE", "StreamRecord",
-    "Table", "add_credits",
-    # passed on from protocols/reactive/streams.py
+    "CONNECTION_TABLE", "REQUESTER_TABLE", "RESPONDER_TABLE",
+    "Kind", "StreamRecord", "Table", "add_credits",
+]
+# passed on from protocols/reactive/streams.py
+__all__ += [
     "REQUESTER_LIVE", "RESPONDER_LIVE", "Action", "ConnectionState", "Ev", "Phase",
     "StreamInfo", "Transition",
 ]

@@ -315,69 +315,125 @@ class _Reader:
             raise _Layout(f"{what} is not US-ASCII") from None
 
 
-def _decode_body(frame_type: int, flags: int, sid: int, r: _Reader) -> Frame:
-    follows = bool(flags & FLAG_FOLLOWS)
-    if frame_type == TYPE_SETUP:
-        major, minor = r.u16("major version"), r.u16("minor version")
-        keepalive, lifetime = r.u31("keepalive interval"), r.u31("max lifetime")
-        token = None
-        if flags & FLAG_RESUME:
-            token = r.take(r.u16("resume token length"), "resume token")
-        metadata_mime = r.mime("metadata MIME type")
-        data_mime = r.mime("data MIME type")
-        metadata, data = r.metadata_and_data(flags)
-        return Setup(
-            keepalive, lifetime, metadata_mime, data_mime, metadata, data, major, minor,
-            bool(flags & FLAG_LEASE), token,
-        )
-    if frame_type == TYPE_LEASE:
-        ttl, requests = r.u31("lease TTL"), r.u31("lease requests")
-        return Lease(ttl, requests, r.rest() if flags & FLAG_METADATA else None)
-    if frame_type == TYPE_KEEPALIVE:
-        return Keepalive(bool(flags & FLAG_RESPOND), r.u63("last received position"), r.rest())
-    if frame_type == TYPE_REQUEST_RESPONSE:
-        return RequestResponse(sid, *r.metadata_and_data(flags), follows)
-    if frame_type == TYPE_REQUEST_FNF:
-        return RequestFnf(sid, *r.metadata_and_data(flags), follows)
-    if frame_type == TYPE_REQUEST_STREAM:
-        n = r.u31("initial request N")
-        return RequestStream(sid, n, *r.metadata_and_data(flags), follows)
-    if frame_type == TYPE_REQUEST_CHANNEL:
-        n = r.u31("initial request N")
-        metadata, data = r.metadata_and_data(flags)
-        return RequestChannel(sid, n, metadata, data, follows, bool(flags & FLAG_COMPLETE))
-    if frame_type == TYPE_REQUEST_N:
-        n = r.u31("request N")
-        r.end("REQUEST_N")
-        return RequestN(sid, n)
-    if frame_type == TYPE_CANCEL:
-        r.end("CANCEL")
-        return Cancel(sid)
-    if frame_type == TYPE_PAYLOAD:
-        metadata, data = r.metadata_and_data(flags)
-        complete = bool(flags & FLAG_COMPLETE)
-        # "A PAYLOAD with both F and C flags set implicitly ignores the F flag."
-        return Payload(sid, metadata, data, follows and not complete, complete,
-                       bool(flags & FLAG_NEXT))
-    if frame_type == TYPE_ERROR:
-        return ErrorFrame(sid, r.u32("error code"), r.rest())
-    if frame_type == TYPE_METADATA_PUSH:
-        return MetadataPush(r.rest(), sid)
-    if frame_type == TYPE_RESUME:
-        major, minor = r.u16("major version"), r.u16("minor version")
+# --- one decoder per frame type: (flags, stream id, body reader) -> frame -----------
+
+
+def _decode_setup(flags: int, sid: int, r: _Reader) -> Frame:
+    major, minor = r.u16("major version"), r.u16("minor version")
+    keepalive, lifetime = r.u31("keepalive interval"), r.u31("max lifetime")
+    token = None
+    if flags & FLAG_RESUME:
         token = r.take(r.u16("resume token length"), "resume token")
-        last, first = r.u63("last server position"), r.u63("first client position")
-        r.end("RESUME")
-        return Resume(token, last, first, major, minor)
-    if frame_type == TYPE_RESUME_OK:
-        position = r.u63("last client position")
-        r.end("RESUME_OK")
-        return ResumeOk(position)
-    if frame_type == TYPE_EXT:
-        ext = r.u31("extended type")
-        metadata, data = r.metadata_and_data(flags)
-        return Ext(sid, ext, metadata, data, bool(flags & FLAG_IGNORE))
-    return UnknownFrame(frame_type, flags, sid, r.rest())
+    metadata_mime = r.mime("metadata MIME type")
+    data_mime = r.mime("data MIME type")
+    metadata, data = r.metadata_and_data(flags)
+    return Setup(
+        keepalive, lifetime, metadata_mime, data_mime, metadata, data, major, minor,
+        bool(flags & FLAG_LEASE), token,
+    )
+
+
+def _decode_lease(flags: int, sid: int, r: _Reader) -> Frame:
+    ttl, requests = r.u31("lease TTL"), r.u31("lease requests")
+    return Lease(ttl, requests, r.rest() if flags & FLAG_METADATA else None)
+
+
+def _decode_keepalive(flags: int, sid: int, r: _Reader) -> Frame:
+    return Keepalive(bool(flags & FLAG_RESPOND), r.u63("last received position"), r.rest())
+
+
+def _decode_request_response(flags: int, sid: int, r: _Reader) -> Frame:
+    return RequestResponse(sid, *r.metadata_and_data(flags), bool(flags & FLAG_FOLLOWS))
+
+
+def _decode_request_fnf(flags: int, sid: int, r: _Reader) -> Frame:
+    return RequestFnf(sid, *r.metadata_and_data(flags), bool(flags & FLAG_FOLLOWS))
+
+
+def _decode_request_stream(flags: int, sid: int, r: _Reader) -> Frame:
+    n = r.u31("initial request N")
+    return RequestStream(sid, n, *r.metadata_and_data(flags), bool(flags & FLAG_FOLLOWS))
+
+
+def _decode_request_channel(flags: int, sid: int, r: _Reader) -> Frame:
+    n = r.u31("initial request N")
+    metadata, data = r.metadata_and_data(flags)
+    return RequestChannel(
+        sid, n, metadata, data, bool(flags & FLAG_FOLLOWS), bool(flags & FLAG_COMPLETE)
+    )
+
+
+def _decode_request_n(flags: int, sid: int, r: _Reader) -> Frame:
+    n = r.u31("request N")
+    r.end("REQUEST_N")
+    return RequestN(sid, n)
+
+
+def _decode_cancel(flags: int, sid: int, r: _Reader) -> Frame:
+    r.end("CANCEL")
+    return Cancel(sid)
+
+
+def _decode_payload(flags: int, sid: int, r: _Reader) -> Frame:
+    metadata, data = r.metadata_and_data(flags)
+    complete = bool(flags & FLAG_COMPLETE)
+    # "A PAYLOAD with both F and C flags set implicitly ignores the F flag."
+    return Payload(sid, metadata, data, bool(flags & FLAG_FOLLOWS) and not complete, complete,
+                   bool(flags & FLAG_NEXT))
+
+
+def _decode_error(flags: int, sid: int, r: _Reader) -> Frame:
+    return ErrorFrame(sid, r.u32("error code"), r.rest())
+
+
+def _decode_metadata_push(flags: int, sid: int, r: _Reader) -> Frame:
+    return MetadataPush(r.rest(), sid)
+
+
+def _decode_resume(flags: int, sid: int, r: _Reader) -> Frame:
+    major, minor = r.u16("major version"), r.u16("minor version")
+    token = r.take(r.u16("resume token length"), "resume token")
+    last, first = r.u63("last server position"), r.u63("first client position")
+    r.end("RESUME")
+    return Resume(token, last, first, major, minor)
+
+
+def _decode_resume_ok(flags: int, sid: int, r: _Reader) -> Frame:
+    position = r.u63("last client position")
+    r.end("RESUME_OK")
+    return ResumeOk(position)
+
+
+def _decode_ext(flags: int, sid: int, r: _Reader) -> Frame:
+    ext = r.u31("extended type")
+    metadata, data = r.metadata_and_data(flags)
+    return Ext(sid, ext, metadata, data, bool(flags & FLAG_IGNORE))
+
+
+_DECODERS: dict[int, Callable[[int, int, _Reader], Frame]] = {
+    TYPE_SETUP: _decode_setup,
+    TYPE_LEASE: _decode_lease,
+    TYPE_KEEPALIVE: _decode_keepalive,
+    TYPE_REQUEST_RESPONSE: _decode_request_response,
+    TYPE_REQUEST_FNF: _decode_request_fnf,
+    TYPE_REQUEST_STREAM: _decode_request_stream,
+    TYPE_REQUEST_CHANNEL: _decode_request_channel,
+    TYPE_REQUEST_N: _decode_request_n,
+    TYPE_CANCEL: _decode_cancel,
+    TYPE_PAYLOAD: _decode_payload,
+    TYPE_ERROR: _decode_error,
+    TYPE_METADATA_PUSH: _decode_metadata_push,
+    TYPE_RESUME: _decode_resume,
+    TYPE_RESUME_OK: _decode_resume_ok,
+    TYPE_EXT: _decode_ext,
+}
+
+
+def _decode_body(frame_type: int, flags: int, sid: int, r: _Reader) -> Frame:
+    decoder = _DECODERS.get(frame_type)
+    if decoder is None:
+        return UnknownFrame(frame_type, flags, sid, r.rest())
+    return decoder(flags, sid, r)
 
 
 def decode_frame(message: bytes) -> Frame:

@@ -64,8 +64,6 @@ from polyport.protocols.framing import InputBuffer
 from polyport.protocols.segment.connection import ServerConnection
 from polyport.protocols.segment.errors import LocalProtocolError, RemoteProtocolError, error_reply
 from polyport.protocols.segment.frames import (
-    DEFAULT_MAX_BLOCK_SIZE,
-    MAX_WIRE_LENGTH,
     PROTOCOL,
     AppendSetup,
     DataAppended,
@@ -77,17 +75,15 @@ from polyport.protocols.segment.frames import (
     SetupAppend,
     split_credentials,
 )
+from polyport.protocols.segment.limits import Limits
 from polyport.protocols.segment.state import BlockEvents
 from polyport.protocols.segment.wire import split_segment_name
 from polyport.protocols.session import ListenerStats, Outbound, SessionContext
-from polyport.protocols.settings import settings_from
 
 # Segment data carries no type or content type of its own.
 EVENT_TYPE = "segment-event"
 CONTENT_TYPE = "application/octet-stream"
 
-DEFAULT_READ_WAIT = 2.0
-DEFAULT_MAX_REPLY_BYTES = 1 << 20
 # Complete blocks (and setups) waiting for the append worker, in EVENT-framed
 # bytes; one block is always admitted so a block up to max_block_size fits.
 MAX_QUEUED_APPEND_BYTES = 8 << 20
@@ -101,42 +97,6 @@ MAX_COALESCE_BYTES = 8 << 20
 BUSY_RETRY_SECONDS = 10.0
 
 AppenderKey = tuple[uuid.UUID, str, str]  # (ConnectionId, context, stream)
-
-
-# A SegmentRead reply holds a segment name, offset and flags besides its data;
-# its data stays well inside the wire's 2^24 limit.
-MAX_REPLY_BYTES_LIMIT = MAX_WIRE_LENGTH - (1 << 17)
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentLimits:
-    """Per-listener settings, read once from the gateway settings with
-    ``settings_from(SegmentLimits, settings, prefix=PROTOCOL)``.
-
-    Keys: the gateway-wide ``max_event_bytes`` and ``idle_timeout``, and
-    ``segment_max_block_bytes``, ``segment_read_wait``,
-    ``segment_max_reply_bytes`` (config ``extra``).  Out-of-range values are
-    clamped, not refused.
-    """
-
-    # Bounds an EVENT message; never above what the wire can carry.
-    max_message_size: int = field(default=1 << 20, metadata={"setting": "max_event_bytes"})
-    max_block_size: int = field(
-        default=DEFAULT_MAX_BLOCK_SIZE, metadata={"setting": "segment_max_block_bytes"}
-    )
-    # How long a read at the tail waits for new data.
-    read_wait: float = DEFAULT_READ_WAIT
-    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
-    # The transport's read-idle timeout; 0 turns it off.
-    idle_timeout: float | None = field(default=300.0, metadata={"setting": "idle_timeout"})
-
-    def __post_init__(self) -> None:
-        clamp = object.__setattr__  # frozen: derived values are set this way
-        clamp(self, "max_message_size", max(1, min(self.max_message_size, MAX_WIRE_LENGTH)))
-        clamp(self, "read_wait", max(0.0, self.read_wait))
-        clamp(self, "max_reply_bytes", max(1, min(self.max_reply_bytes, MAX_REPLY_BYTES_LIMIT)))
-        if not self.idle_timeout:
-            clamp(self, "idle_timeout", None)
 
 
 def event_id_base(key: AppenderKey) -> int:
@@ -281,11 +241,9 @@ class SegmentSession:
         ctx: SessionContext,
         out: Outbound,
         registry: AppenderRegistry,
-        limits: SegmentLimits | None = None,
+        limits: Limits | None = None,
         input_budget: BudgetAccount | None = None,
     ) -> None:
-        """``input_budget``: this connection's account in the gateway's budget
-        for input not yet whole, released when the connection is lost."""
         self._ctx = ctx
         ctx.on_revoke(self._revoked)
         # Logins of this connection by credentials string ("" = anonymous):
@@ -295,7 +253,7 @@ class SegmentSession:
         self._log = ctx.log
         self._out = out
         self._registry = registry
-        self._limits = limits or settings_from(SegmentLimits, ctx.settings, prefix=PROTOCOL)
+        self._limits = limits or Limits.from_settings(ctx.settings)
         self._codec = ServerConnection(
             self._limits.max_message_size, max_block_size=self._limits.max_block_size
         )
@@ -461,12 +419,10 @@ class SegmentSession:
         self._appenders[frame.connection_id] = _Appender(key, frame.segment, ack, tenant)
         if self._codec.segment_of(frame.connection_id) != frame.segment:
             return  # a later SetupAppend for this cid (other segment) supersedes this one
-        try:
+        # The same SetupAppend sent twice before our reply: the first reply
+        # already set the appender up with this ack level.
+        with contextlib.suppress(LocalProtocolError):
             await self._send(AppendSetup(frame.segment, frame.connection_id, ack))
-        except LocalProtocolError:
-            # The same SetupAppend was sent twice before our reply: the first
-            # reply already set the appender up with this ack level.
-            pass
 
     def _coalesce(self, first: BlockEvents) -> list[BlockEvents]:
         """``first`` plus the blocks of the same ConnectionId queued right

@@ -302,9 +302,10 @@ class ClientConnection:
         self._failed.check()
         out: list[ClientInput] = []
         try:
-            for frame, _size in self._reader.feed(data):
-                if isinstance(frame, PartialMessage):
-                    whole = self._reassemble(frame)
+            for read, _size in self._reader.feed(data):
+                frame = read
+                if isinstance(read, PartialMessage):
+                    whole = self._reassemble(read)
                     if whole is None:
                         continue
                     frame = whole
@@ -351,9 +352,10 @@ class ClientConnection:
                     segment=frame.segment,
                 )
             self._tracker.establish(frame.connection_id, frame.segment, frame.ack_level)
-        elif isinstance(frame, DataAppended):
-            if not self._tracker.is_established(frame.connection_id):
-                raise RemoteProtocolError(
-                    f"DataAppended for ConnectionId {frame.connection_id}, which is not set up"
-                )
+        elif isinstance(frame, DataAppended) and not self._tracker.is_established(
+            frame.connection_id
+        ):
+            raise RemoteProtocolError(
+                f"DataAppended for ConnectionId {frame.connection_id}, which is not set up"
+            )
         return frame  # type: ignore[return-value]

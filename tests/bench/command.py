@@ -15,6 +15,6 @@ def bench(*args: str, timeout: float = 240,
           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "bench", *args],
-        cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+        check=False, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True,
         timeout=timeout,
     )

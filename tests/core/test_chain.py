@@ -76,7 +76,7 @@ def test_results_round_trip(results: list[AppendResult]) -> None:
 def test_every_canonical_error_round_trips_with_its_details() -> None:
     for cls in ALL_ERRORS:
         err = cls("why")
-        kind, uid, *rest = encode_failure(7, err)
+        _kind, uid, *rest = encode_failure(7, err)
         back = decode_failure(*rest)
         assert uid == 7 and type(back) is cls and back.message == "why"
     back = decode_failure(*encode_failure(1, WrongExpectedVersion("no", current_version=4))[2:])

@@ -6,6 +6,7 @@ decreasing."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import sys
@@ -64,7 +65,7 @@ async def test_many_processes_one_gapless_ordered_log(db_url: str, tmp_path: Pat
     positions = [r[0] for r in rows]
     assert positions == list(range(1, total + 1))  # exactly once, in order, no gaps
     times = [datetime.fromisoformat(r[1]) for r in rows]
-    assert all(a <= b for a, b in zip(times, times[1:], strict=False))
+    assert all(a <= b for a, b in itertools.pairwise(times))
     assert len({r[2] for r in rows}) == total
 
 
@@ -87,4 +88,4 @@ async def test_live_subscriber_in_another_process_during_writes(db_url: str,
     rows = [json.loads(line) for line in out_path.read_text().splitlines()]
     assert [r[0] for r in rows] == list(range(1, total + 1))
     times = [datetime.fromisoformat(r[1]) for r in rows]
-    assert all(a <= b for a, b in zip(times, times[1:], strict=False))
+    assert all(a <= b for a, b in itertools.pairwise(times))

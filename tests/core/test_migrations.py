@@ -21,7 +21,7 @@ from tests.listeners import port_flags
 
 def polyport(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "polyport.gateway.cli.main", *args],
-                          capture_output=True, text=True, timeout=120)
+                          check=False, capture_output=True, text=True, timeout=120)
 
 
 async def tables(url: str) -> set[str]:

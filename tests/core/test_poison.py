@@ -142,10 +142,12 @@ async def test_admin_and_cli_show_binder_failures(db_url: str, gateway_factory: 
     head = await store.pool.fetchval("SELECT last_position FROM log_head")
     await store.binders.wait_caught_up("carts", head, timeout=20)
     host, port = gw.http_address
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-        async with http.get(f"http://{host}:{port}/admin/binders/carts") as r:
-            assert r.status == 200
-            failures = (await r.json())["failures"]
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http,
+        http.get(f"http://{host}:{port}/admin/binders/carts") as r,
+    ):
+        assert r.status == 200
+        failures = (await r.json())["failures"]
     assert failures["count"] == 1 and failures["recent"][0]["position"] == head
 
     proc = await asyncio.create_subprocess_exec(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 import uuid
 from collections import Counter
@@ -154,6 +155,19 @@ def audit_appends(
     return acked, stored_n, lost, dup
 
 
+def describe_gaps(received: list[int], expected: list[int]) -> str:
+    """What :func:`delivery_gaps` counted, for an assertion message: a
+    one-off failure under load must say whether a reader skipped, repeated,
+    reordered or merely lagged."""
+    missing = sorted(set(expected) - set(received))
+    counts = Counter(received)
+    repeats = sorted(p for p, n in counts.items() if n > 1)
+    disorder = [(a, b) for a, b in itertools.pairwise(received) if b <= a]
+    return (f"received {len(received)} (last {received[-1:]}) of {len(expected)} "
+            f"(last {expected[-1:]}); missing {missing[:10]}{'...' if len(missing) > 10 else ''}; "
+            f"repeated {repeats[:10]}; out of order {disorder[:5]}")
+
+
 def delivery_gaps(received: list[int], expected: list[int]) -> int:
     """Events of ``expected`` missing from, or out of order or repeated in,
     ``received`` (a reader that got exactly ``expected`` scores 0)."""
@@ -161,7 +175,7 @@ def delivery_gaps(received: list[int], expected: list[int]) -> int:
         return 0
     missing = len(set(expected) - set(received))
     repeats = len(received) - len(set(received))
-    disorder = sum(1 for a, b in zip(received, received[1:], strict=False) if b <= a)
+    disorder = sum(1 for a, b in itertools.pairwise(received) if b <= a)
     return max(1, missing + repeats + disorder)
 
 

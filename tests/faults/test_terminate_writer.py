@@ -21,6 +21,7 @@ from tests.faults.support import (
     all_positions,
     audit_appends,
     delivery_gaps,
+    describe_gaps,
     stored_sequences,
 )
 
@@ -86,7 +87,8 @@ async def test_terminated_writer_connections(fault_db: str) -> None:
                            max(0.0, recovery)))
         assert killed >= 10
         assert sum(a.failures for a in appenders) > 0  # the fault did reach clients
-        assert (lost, dup, gaps) == (0, 0, 0)
+        assert (lost, dup, gaps) == (0, 0, 0), [describe_gaps(r.positions, positions)
+                                                for r in readers]
         assert acked == n
     finally:
         for t in tasks:

@@ -26,7 +26,7 @@ def polyport(*args: str, env: dict[str, str] | None = None,
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("POLYPORT_") or k == "POLYPORT_DATA_DIR"}
     return subprocess.run([sys.executable, "-m", "polyport.gateway.cli.main", *args],
-                          capture_output=True, text=True, timeout=120, input=stdin,
+                          check=False, capture_output=True, text=True, timeout=120, input=stdin,
                           env={**base, **(env or {})})
 
 

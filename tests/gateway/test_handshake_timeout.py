@@ -61,10 +61,12 @@ async def test_silent_and_half_handshakes_are_closed(gateway_factory: Any) -> No
 async def test_a_silent_websocket_is_closed(gateway_factory: Any) -> None:
     gw: Gateway = await gateway_factory(handshake_timeout=DEADLINE, idle_timeout=60)
     host, port = gw.http_address
-    async with aiohttp.ClientSession() as http:
-        async with http.ws_connect(f"ws://{host}:{port}/reactivesocket") as ws:
-            msg = await ws.receive(timeout=5 * DEADLINE + 2)
-            assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"ws://{host}:{port}/reactivesocket") as ws,
+    ):
+        msg = await ws.receive(timeout=5 * DEADLINE + 2)
+        assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
     assert gw.listeners["reactivesocket"].stats.errors["timeout"] == 1
 
 

@@ -113,14 +113,13 @@ async def _half_open(address: tuple[str, int]) -> bool:
 
 async def _websocket_garbage(url: str, seed: int) -> None:
     rng = random.Random(seed)
-    async with aiohttp.ClientSession() as http:
-        async with http.ws_connect(url) as ws:
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                for _ in range(rng.randint(0, 5)):
-                    await ws.send_bytes(rng.randbytes(rng.randint(0, 300)))
-            async with asyncio.timeout(CLOSED_WITHIN):
-                async for _ in ws:
-                    pass
+    async with aiohttp.ClientSession() as http, http.ws_connect(url) as ws:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            for _ in range(rng.randint(0, 5)):
+                await ws.send_bytes(rng.randbytes(rng.randint(0, 300)))
+        async with asyncio.timeout(CLOSED_WITHIN):
+            async for _ in ws:
+                pass
 
 
 async def _res01_garbage(address: tuple[str, int], seed: int) -> None:
@@ -182,9 +181,11 @@ async def test_the_gateway_survives_hostile_clients(gateway_factory: Any) -> Non
     await _attack(gw, 1000)
 
     # Alive, and every protocol still appends and reads.
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"http://{host}:{http_port}/healthz") as resp:
-            assert resp.status == 200
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://{host}:{http_port}/healthz") as resp,
+    ):
+        assert resp.status == 200
     await _valid_clients(gw)
 
     # No connection is left behind (ZeroMQ's are counted from its monitor).

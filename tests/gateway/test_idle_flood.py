@@ -80,7 +80,7 @@ async def test_idle_floods_are_refused_or_closed_and_a_client_is_served(
         nonlocal served
         host, port = gw.listeners["bson"].address
         while not stop.is_set():
-            reader, writer = await asyncio.open_connection(
+            _reader, writer = await asyncio.open_connection(
                 host, port, local_addr=("127.0.0.2", 0))
             writer.close()
             served += 1

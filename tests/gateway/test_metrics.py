@@ -32,11 +32,13 @@ ADMIN_TOKEN = "metrics-admin"
 async def scrape_text(gw: Any, token: str | None = None) -> str:
     host, port = gw.http_address
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"http://{host}:{port}/metrics", headers=headers) as r:
-            assert r.status == 200
-            assert r.headers["Content-Type"].startswith("text/plain")
-            return await r.text()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://{host}:{port}/metrics", headers=headers) as r,
+    ):
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/plain")
+        return await r.text()
 
 
 async def scrape(gw: Any, token: str | None = None) -> tuple[Samples, set[str]]:

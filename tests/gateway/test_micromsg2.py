@@ -256,7 +256,7 @@ async def test_batch_ack_window_across_the_sequence_wrap(gateway_factory: Gatewa
         assert expected_seqs[5:7] == [65535, 1]
         # The client's codec enforces the window on what it receives: the server
         # never had more than 10 unacknowledged MESSAGEs out.
-        assert sub._conn.inbound.outstanding <= 10  # noqa: SLF001
+        assert sub._conn.inbound.outstanding <= 10
     finally:
         await sub.close()
 
@@ -307,7 +307,7 @@ async def test_pipelined_messages_to_several_streams_keep_their_order(
         # One write, so the server sees the MESSAGEs in one chunk.
         await pub.send_raw(
             b"".join(
-                pub._conn.send(Message(seq, f"topic/{s}", f"{seq}".encode()))  # noqa: SLF001
+                pub._conn.send(Message(seq, f"topic/{s}", f"{seq}".encode()))
                 for seq, s in enumerate(streams, start=1)
             )
         )
@@ -695,4 +695,4 @@ async def test_disconnect_releases_subscriptions(gateway_factory: GatewayFactory
     await client.close()
     await eventually(lambda: not listener(gw).sessions)
     await eventually(lambda: gw.store.tailer.live_count == 0)
-    await eventually(lambda: not gw.store._groups)  # noqa: SLF001
+    await eventually(lambda: not gw.store._groups)

@@ -89,8 +89,8 @@ def dashboard_expressions() -> list[str]:
                                   ("test", "rules", ALERT_TESTS.name)])
 def test_promtool_accepts_the_alert_rules(args: tuple[str, ...]) -> None:
     assert PROMTOOL is not None
-    done = subprocess.run([PROMTOOL, *args], cwd=MONITORING, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([PROMTOOL, *args], check=False, cwd=MONITORING, capture_output=True,
+                          text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
 

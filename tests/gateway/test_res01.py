@@ -33,8 +33,9 @@ from polyport.protocols.res01 import (
     decode_response,
     encode_request,
 )
-from polyport.protocols.res01.adapter import Res01Limits, limits_from, subscription_name
+from polyport.protocols.res01.adapter import subscription_name
 from polyport.protocols.res01.client import Res01Client, Res01ServerError, new_event
+from polyport.protocols.res01.limits import Limits
 from polyport.protocols.res01.values import encode_datetime
 from tests.pg import HEAD_LOCK, SUBSCRIPTION_LOCK, row_locked
 
@@ -484,17 +485,16 @@ async def test_client_gone_before_its_reply(gateway_factory, db_url: str) -> Non
     gw = await start_gateway(gateway_factory)
     stream = stream_name()
     listener = gw.listeners["res01"]
-    async with row_locked(db_url, HEAD_LOCK):
-        async with raw_dealer(gw) as sock:
-            req = AppendCommit(b"gone", "ctx", stream, 1, (new_event("Orphan", "{}"),))
-            await sock.send_multipart(encode_request(req))
-            # The login and the request reached the server (a PLAIN
-            # handshake may take a while on a busy machine).
-            for _ in range(1000):
-                if listener.in_flight == (1, 0):
-                    break
-                await asyncio.sleep(0.01)
-            assert listener.in_flight == (1, 0)
+    async with row_locked(db_url, HEAD_LOCK), raw_dealer(gw) as sock:
+        req = AppendCommit(b"gone", "ctx", stream, 1, (new_event("Orphan", "{}"),))
+        await sock.send_multipart(encode_request(req))
+        # The login and the request reached the server (a PLAIN
+        # handshake may take a while on a busy machine).
+        for _ in range(1000):
+            if listener.in_flight == (1, 0):
+                break
+            await asyncio.sleep(0.01)
+        assert listener.in_flight == (1, 0)
         # The socket is closed; the commit completes after the lock and its
         # reply has nowhere to go.
     for _ in range(500):  # the task finishes once the reply found no peer
@@ -729,7 +729,7 @@ async def test_peers_are_bounded_and_a_forgotten_one_is_served_again(gateway_fac
 def test_the_gateways_defaults_are_the_listeners() -> None:
     # The gateway passes every key explicitly, so a default changed on one
     # side only (as Res01's in-flight writes once were) would be overridden.
-    assert limits_from(Gateway(GatewayConfig()).settings) == Res01Limits()
+    assert Limits.from_settings(Gateway(GatewayConfig()).settings) == Limits()
 
 
 async def test_an_empty_fetch_is_held_until_a_commit(gateway_factory) -> None:
@@ -767,6 +767,6 @@ async def test_an_empty_fetch_is_held_until_a_commit(gateway_factory) -> None:
 
 
 async def test_fetch_wait_is_bounded_by_the_read_timeout() -> None:
-    assert limits_from({"res01_fetch_wait": 100, "read_timeout": 4}).fetch_wait == 2
-    assert limits_from({"res01_fetch_wait": -1}).fetch_wait == 0
-    assert limits_from({}).fetch_wait == 0.5
+    assert Limits.from_settings({"res01_fetch_wait": 100, "read_timeout": 4}).fetch_wait == 2
+    assert Limits.from_settings({"res01_fetch_wait": -1}).fetch_wait == 0
+    assert Limits.from_settings({}).fetch_wait == 0.5

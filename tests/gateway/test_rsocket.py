@@ -82,7 +82,7 @@ class RawConnection:
         self.writer.write(len(message).to_bytes(3, "big") + message)
         await self.writer.drain()
 
-    async def next_frame(self, timeout: float) -> F.Frame:  # noqa: ASYNC109
+    async def next_frame(self, timeout: float) -> F.Frame:
         length = int.from_bytes(await asyncio.wait_for(self.reader.readexactly(3), timeout), "big")
         return decode_frame(await asyncio.wait_for(self.reader.readexactly(length), timeout))
 

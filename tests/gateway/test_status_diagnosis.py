@@ -28,11 +28,10 @@ def test_bucket_quantile_interpolates_within_the_bucket() -> None:
 
 async def status_doc(gw: Any) -> dict[str, Any]:
     host, port = gw.http_address
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"http://{host}:{port}/status") as r:
-            assert r.status == 200
-            doc: dict[str, Any] = await r.json()
-            return doc
+    async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/status") as r:
+        assert r.status == 200
+        doc: dict[str, Any] = await r.json()
+        return doc
 
 
 async def test_status_has_latency_and_connections_by_protocol(gateway_factory) -> None:

@@ -179,7 +179,7 @@ async def test_unknown_certificate_user_is_refused(gateway_factory: Any, pki: Pk
     host, port = gw.listeners["reactivesocket"].address
     rs = await ReactiveSocketClient.connect(host, port, ssl=pki.client("mallory"))
     try:
-        with pytest.raises(Exception, match="mallory|unauthenticated"):
+        with pytest.raises(Exception, match=r"mallory|unauthenticated"):
             await asyncio.wait_for(rs.append("s", [NewEvent("t", b"x")]), 10)
     finally:
         await rs.close()

@@ -19,18 +19,17 @@ pytestmark = pytest.mark.timeout(60)
 async def test_a_peer_that_does_not_answer_pings_is_closed(gateway_factory: Any) -> None:
     gw: Gateway = await gateway_factory(websocket_heartbeat=0.3, handshake_timeout=0)
     host, port = gw.http_address
-    async with aiohttp.ClientSession() as http:
-        # autoping off: the client sees the server's pings and never pongs.
-        async with http.ws_connect(
-            f"ws://{host}:{port}/reactivesocket", autoping=False
-        ) as ws:
-            first = await ws.receive(timeout=5)
-            assert first.type is aiohttp.WSMsgType.PING
-            while True:
-                msg = await ws.receive(timeout=5)
-                if msg.type is not aiohttp.WSMsgType.PING:
-                    break
-            assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    # autoping off: the client sees the server's pings and never pongs.
+    async with aiohttp.ClientSession() as http, http.ws_connect(
+        f"ws://{host}:{port}/reactivesocket", autoping=False
+    ) as ws:
+        first = await ws.receive(timeout=5)
+        assert first.type is aiohttp.WSMsgType.PING
+        while True:
+            msg = await ws.receive(timeout=5)
+            if msg.type is not aiohttp.WSMsgType.PING:
+                break
+        assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
     stats = gw.listeners["reactivesocket"].stats
     assert stats.connections_open == 0
 

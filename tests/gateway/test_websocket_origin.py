@@ -43,16 +43,15 @@ async def test_foreign_origins_are_refused_by_default(gateway_factory) -> None:
         # Not even the gateway's own origin: no page of it opens WebSockets.
         assert await handshake_status(url, f"http://{host}:{port}") == 403, path
         assert await handshake_status(url, None) == 101, path  # not a browser
-    async with aiohttp.ClientSession() as http:
-        async with http.get(
-            f"http://{host}:{port}/reactivesocket",
-            headers={
-                "Origin": EVIL, "Connection": "Upgrade", "Upgrade": "websocket",
-                "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
-            },
-        ) as r:
-            assert r.status == 403
-            text = await r.text()
+    async with aiohttp.ClientSession() as http, http.get(
+        f"http://{host}:{port}/reactivesocket",
+        headers={
+            "Origin": EVIL, "Connection": "Upgrade", "Upgrade": "websocket",
+            "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        },
+    ) as r:
+        assert r.status == 403
+        text = await r.text()
     assert EVIL in text and "websocket_allowed_origins" in text
     assert gw.listeners["reactivesocket"].stats.errors["forbidden"] == 3
 

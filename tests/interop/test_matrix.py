@@ -718,11 +718,12 @@ async def test_rsocket_reads_every_writer(world: World, transport: str, fmt: str
             assert len(got) == 2, writer
             for i, (x, e, s) in enumerate(zip(EXPECTED[writer], got, stored, strict=True)):
                 assert e is not None
+                compared = e
                 if fmt == "json" and e.content_type == "application/json":
                     # Sent as a JSON value: the same value, not the same spacing.
                     assert json.loads(e.body) == json.loads(x.body), (writer, i)
-                    e = replace(e, body=x.body)
-                check_rs_event(e, x, s, stream_name(reader, writer), (writer, i))
+                    compared = replace(e, body=x.body)
+                check_rs_event(compared, x, s, stream_name(reader, writer), (writer, i))
     if raw is not None:
         assert [ev["body_encoding"] for ev in raw["events"]] == ["json", "base64"]
         assert raw["events"][0]["body"] == {"sku": "A1", "qty": 2, "ü": True}

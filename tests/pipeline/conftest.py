@@ -83,7 +83,7 @@ def polyport_cmd(*args: str) -> list[str]:
 def run_cli(
     args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout,
+    return subprocess.run(list(args), check=False, capture_output=True, text=True, timeout=timeout,
                           env=env or cli_env(), cwd=REPO)
 
 

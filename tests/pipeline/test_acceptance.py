@@ -20,16 +20,16 @@ import pytest
 
 pytest.importorskip("pyspark", reason="PySpark is not installed: pip install -e '.[test,pipeline]'")
 
-from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import SparkSession
 
-from polyport.gateway.app import Gateway  # noqa: E402
-from polyport.gateway.config import GatewayConfig  # noqa: E402
-from polyport.pipeline.binders import rebuild_binder  # noqa: E402
-from polyport.pipeline.db import Pg, PipelineBusy  # noqa: E402
-from polyport.pipeline.export import FAULT_ENV, InjectedFault, export_events  # noqa: E402
-from polyport.pipeline.stats import compute_stats  # noqa: E402
-from tests.conftest import create_database  # noqa: E402
-from tests.pipeline.conftest import (  # noqa: E402
+from polyport.gateway.app import Gateway
+from polyport.gateway.config import GatewayConfig
+from polyport.pipeline.binders import rebuild_binder
+from polyport.pipeline.db import Pg, PipelineBusy
+from polyport.pipeline.export import FAULT_ENV, InjectedFault, export_events
+from polyport.pipeline.stats import compute_stats
+from tests.conftest import create_database
+from tests.pipeline.conftest import (
     assert_exported_once,
     cli_env,
     fetch,

@@ -94,6 +94,16 @@ def test_every_protocol_package_has_the_same_role_files() -> None:
         assert isinstance(frames.DEFAULT_PORT, int) and frames.PROTOCOL == package.name
 
 
+def test_every_protocol_package_has_one_limits_class_built_one_way() -> None:
+    from polyport.protocols.settings import ProtocolLimits
+
+    for package in _protocol_packages():
+        limits = importlib.import_module(f"polyport.protocols.{package.name}.limits").Limits
+        assert issubclass(limits, ProtocolLimits), package
+        assert limits.protocol == package.name, package
+        assert limits.from_settings({}) == limits(), package
+
+
 def test_every_protocol_builds_on_the_shared_errors() -> None:
     from polyport.protocols import errors as shared
 

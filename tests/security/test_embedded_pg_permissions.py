@@ -43,8 +43,9 @@ def _mode(path: Path) -> int:
 def _as(account: str, command: str) -> bool:
     """Whether ``command`` succeeds as ``account`` (its own group only)."""
     user = pwd.getpwnam(account)
-    done = subprocess.run(["/bin/sh", "-c", command], user=user.pw_uid, group=user.pw_gid,
-                          extra_groups=[], capture_output=True, cwd="/", timeout=30)
+    done = subprocess.run(["/bin/sh", "-c", command], check=False, user=user.pw_uid,
+                          group=user.pw_gid, extra_groups=[], capture_output=True, cwd="/",
+                          timeout=30)
     return done.returncode == 0
 
 

@@ -98,7 +98,7 @@ def test_res01_allow_from_is_read_as_networks() -> None:
     cfg = load_config(env={"POLYPORT_RES01_ALLOW_FROM": "10.1.2.3, 192.168.0.0/16, ::1"})
     assert cfg.res01_allow_from == ("10.1.2.3/32", "192.168.0.0/16", "::1/128")
     assert load_config(env={}).res01_allow_from == ()
-    with pytest.raises(ConfigError, match="'10.0.0.0/33' is not an IP network"):
+    with pytest.raises(ConfigError, match=r"'10.0.0.0/33' is not an IP network"):
         load_config(env={"POLYPORT_RES01_ALLOW_FROM": "10.0.0.0/33"})
 
 

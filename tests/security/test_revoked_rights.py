@@ -43,7 +43,7 @@ async def polyport(db_url: str, *args: str) -> None:
     def run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "polyport.gateway.cli.main", *args, "--database-url", db_url],
-            capture_output=True, text=True, timeout=60, env=env,
+            check=False, capture_output=True, text=True, timeout=60, env=env,
         )
 
     done = await asyncio.get_running_loop().run_in_executor(None, run)

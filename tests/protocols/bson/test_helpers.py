@@ -152,7 +152,8 @@ def test_modules_use_future_annotations_and_absolute_imports() -> None:
 def _run(code: str, *, cwd: Path, pythonpath: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": pythonpath}
     return subprocess.run(
-        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], check=False, cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=60,
     )
 
 

@@ -1,20 +1,20 @@
-"""BsonSettings from the gateway settings, through the shared parser."""
+"""The BSON Limits from the gateway settings, through the shared parser."""
 
 from __future__ import annotations
 
 import pytest
 
-from polyport.protocols.bson.adapter import BsonSettings
 from polyport.protocols.bson.frames import DEFAULT_MAX_EVENT_SIZE
+from polyport.protocols.bson.limits import Limits
 
 
 def test_defaults_when_nothing_is_set() -> None:
-    assert BsonSettings.from_settings({}) == BsonSettings()
-    assert BsonSettings().max_event_bytes == DEFAULT_MAX_EVENT_SIZE
+    assert Limits.from_settings({}) == Limits()
+    assert Limits().max_event_bytes == DEFAULT_MAX_EVENT_SIZE
 
 
 def test_every_documented_key_is_read() -> None:
-    got = BsonSettings.from_settings(
+    got = Limits.from_settings(
         {
             "max_event_bytes": 2048,
             "bson_query_window": 3,
@@ -32,7 +32,7 @@ def test_every_documented_key_is_read() -> None:
             "query_window": 99,  # not a BSON key: ignored
         }
     )
-    assert got == BsonSettings(
+    assert got == Limits(
         max_event_bytes=2048,
         query_window=3,
         flow_pause_bytes=4000,
@@ -50,16 +50,16 @@ def test_every_documented_key_is_read() -> None:
 
 
 def test_bson_key_wins_over_the_gateway_wide_one() -> None:
-    got = BsonSettings.from_settings({"max_event_bytes": 2048, "bson_max_event_bytes": 512})
+    got = Limits.from_settings({"max_event_bytes": 2048, "bson_max_event_bytes": 512})
     assert got.max_event_bytes == 512
 
 
 @pytest.mark.parametrize("window", [0, -5])
 def test_query_window_is_at_least_one(window: int) -> None:
-    assert BsonSettings.from_settings({"bson_query_window": window}).query_window == 1
-    assert BsonSettings(query_window=window).query_window == 1
+    assert Limits.from_settings({"bson_query_window": window}).query_window == 1
+    assert Limits(query_window=window).query_window == 1
 
 
 def test_bad_value_names_the_key() -> None:
     with pytest.raises(ValueError, match="bson_max_queries"):
-        BsonSettings.from_settings({"bson_max_queries": "lots"})
+        Limits.from_settings({"bson_max_queries": "lots"})

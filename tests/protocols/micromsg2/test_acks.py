@@ -79,7 +79,7 @@ def test_bad_acks() -> None:
     window.on_sent(2)
     with pytest.raises(ProtocolError, match="matches no MESSAGE in flight"):
         window.on_ack(3)
-    with pytest.raises(ProtocolError, match="outside 1..65535"):
+    with pytest.raises(ProtocolError, match=r"outside 1..65535"):
         window.on_ack(0)
     assert window.on_ack(2) == (1, 2)
     assert window.on_ack(2) == ()  # repeating the last ack is harmless
@@ -119,11 +119,11 @@ def test_ack_payload() -> None:
 def test_window_matches_a_model(start: int, size: int, steps: list[tuple[bool, int]]) -> None:
     window = AckWindow(size)
     # Fast-forward the numbering (acks keep the window empty) to test the wrap.
-    window._next = next_seq(start) if start else 1  # noqa: SLF001
-    window._last_acked = start or 65535  # noqa: SLF001
-    window._any_acked = bool(start)  # noqa: SLF001
+    window._next = next_seq(start) if start else 1
+    window._last_acked = start or 65535
+    window._any_acked = bool(start)
     in_flight: list[int] = []
-    for send, k in steps:
+    for send, drawn in steps:
         if send:
             if len(in_flight) < size:
                 seq = window.next_seq
@@ -132,7 +132,7 @@ def test_window_matches_a_model(start: int, size: int, steps: list[tuple[bool, i
             else:
                 assert not window.can_send()
         elif in_flight:
-            k = min(k, len(in_flight) - 1)
+            k = min(drawn, len(in_flight) - 1)
             assert window.on_ack(in_flight[k]) == tuple(in_flight[: k + 1])
             del in_flight[: k + 1]
         assert window.outstanding == len(in_flight)
@@ -163,7 +163,7 @@ def test_connection_enforces_windows_both_ways() -> None:
 
 
 def test_connection_checks_inbound_numbering_with_acks() -> None:
-    server, client = open_pair(required=["ack"])
+    _server, client = open_pair(required=["ack"])
     with pytest.raises(ProtocolError, match="expected 1"):
         client.receive_data(encode_frame(Message(5, "topic/t")))
 

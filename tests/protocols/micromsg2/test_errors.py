@@ -28,8 +28,9 @@ from polyport.protocols.micromsg2 import (
     encode_frame,
     encode_handshake,
 )
-from polyport.protocols.micromsg2.adapter import MicroMsg2Limits, MicroMsg2Session
+from polyport.protocols.micromsg2.adapter import MicroMsg2Session
 from polyport.protocols.micromsg2.client import MicroMsg2Client
+from polyport.protocols.micromsg2.limits import Limits
 from polyport.protocols.session import ListenerStats, SessionContext
 
 from .._outbound import RecordingOutbound
@@ -117,7 +118,7 @@ def test_encoders_raise_local_decoders_remote() -> None:
         encode_frame(Message(1, "topic/a", b"", {"n": 1 << 64}))
     with pytest.raises(LocalProtocolError, match="command name"):
         encode_frame(Command("a b"))
-    with pytest.raises(LocalProtocolError, match="outside 1..65535"):
+    with pytest.raises(LocalProtocolError, match=r"outside 1..65535"):
         encode_ack_payload(0)
     with pytest.raises(RemoteProtocolError, match="command name"):
         decode_frame(b"\x01\x03a b")
@@ -148,7 +149,7 @@ def _session() -> tuple[MicroMsg2Session, RecordingOutbound, ListenerStats]:
         log=logging.getLogger("test.micromsg2"),
     )
     out = RecordingOutbound()
-    return MicroMsg2Session(ctx, out, MicroMsg2Limits(idle_timeout=None)), out, stats
+    return MicroMsg2Session(ctx, out, Limits(idle_timeout=None)), out, stats
 
 
 async def test_adapter_answers_peer_errors_with_an_error_frame() -> None:
@@ -223,7 +224,7 @@ async def test_pending_bytes_stop_reading_until_commits_catch_up() -> None:
     )
     out = RecordingOutbound()
     session = MicroMsg2Session(
-        ctx, out, MicroMsg2Limits(idle_timeout=None, max_pending_bytes=100)
+        ctx, out, Limits(idle_timeout=None, max_pending_bytes=100)
     )
     client = ClientConnection("c")
     await session.data_received(client.send(client.hello_frame()))

@@ -62,14 +62,14 @@ def test_final_may_repeat_the_hello_version_or_use_the_negotiated_one() -> None:
     server = ServerConnection("srv")
     server.receive_data(encode_handshake(Handshake("c", major=1, minor=5)))
     server.send(server.reply_frame())
-    with pytest.raises(ProtocolError, match="final handshake has version 1.7"):
+    with pytest.raises(ProtocolError, match=r"final handshake has version 1.7"):
         server.receive_data(encode_handshake(Handshake("c", major=1, minor=7)))
 
 
 def test_server_refuses_unsupported_required_extension() -> None:
     server = ServerConnection("srv")
     client = ClientConnection("cli", ["json", "dotnet"])
-    with pytest.raises(ProtocolError, match="does not support required extension.*dotnet") as info:
+    with pytest.raises(ProtocolError, match=r"does not support required extension.*dotnet") as info:
         server.receive_data(client.send(client.hello_frame()))
     assert info.value.code == "unsupported"
     # The client gets the ERROR frame instead of a reply and is done.
@@ -130,7 +130,7 @@ def test_optional_frames_example() -> None:
 
 
 def test_default_server_extensions() -> None:
-    server, client = open_pair(optional=["json", "pubsub"])
+    server, _client = open_pair(optional=["json", "pubsub"])
     assert server.supported.keys() == {"json", "ack", "batch-ack", "pubsub", "x-auth"}
     assert server.negotiated is not None
     assert [e.name for e in server.negotiated.extensions] == ["json", "pubsub"]
@@ -170,7 +170,8 @@ def test_ack_window_from_negotiation(spec: str, window: int) -> None:
     assert server.outbound.size == server.inbound.size == window
 
 
-@pytest.mark.parametrize("count", ["0", "abc", "65535", "", "-1", "１"])
+# The last is a fullwidth digit one, on purpose.
+@pytest.mark.parametrize("count", ["0", "abc", "65535", "", "-1", "１"])  # noqa: RUF001
 def test_bad_batch_ack_count(count: str) -> None:
     with pytest.raises(ProtocolError, match="max-count"):
         open_pair(required=[ExtensionSpec("batch-ack", {"max-count": count})])
@@ -183,7 +184,7 @@ def test_spec_batch_ack_colon_typo_is_a_clear_error() -> None:
 
 
 def test_client_keeps_one_ack_flavour() -> None:
-    server, client = open_pair(optional=["ack", "batch-ack"])
+    server, _client = open_pair(optional=["ack", "batch-ack"])
     assert server.negotiated is not None
     assert [e.name for e in server.negotiated.extensions] == ["ack"]
     assert server.negotiated.ack_window == 1
@@ -226,7 +227,7 @@ def test_server_checks_the_final(final: Handshake, message: str) -> None:
 
 def test_final_without_server_required_extension() -> None:
     server = _server_awaiting_final(required_extensions=["pubsub"])
-    with pytest.raises(ProtocolError, match="did not accept required extension.*pubsub"):
+    with pytest.raises(ProtocolError, match=r"did not accept required extension.*pubsub"):
         server.receive_data(encode_handshake(Handshake("c", (ExtensionSpec("json"),))))
 
 

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from polyport.protocols.micromsg2 import PROTOCOL
-from polyport.protocols.micromsg2.adapter import MicroMsg2Limits
-from polyport.protocols.settings import settings_from
+from polyport.protocols.micromsg2.limits import Limits
 
 
-def _limits(**settings: object) -> MicroMsg2Limits:
-    return settings_from(MicroMsg2Limits, settings, prefix=PROTOCOL)
+def _limits(**settings: object) -> Limits:
+    return Limits.from_settings(settings)
 
 
 def test_defaults() -> None:
     limits = _limits()
-    assert limits == MicroMsg2Limits()
+    assert limits == Limits()
     assert (limits.max_payload, limits.idle_timeout) == (1 << 20, 300.0)
     assert (limits.initial_seq, limits.required_extensions) == (1, ())
 
@@ -44,7 +42,7 @@ def test_required_extensions_forms() -> None:
     listed = _limits(micromsg2_required_extensions=["json", "batch-ack:max-count=5"])
     assert listed.required_extensions == ("json", "batch-ack:max-count=5")
     assert _limits(micromsg2_required_extensions="").required_extensions == ()
-    with pytest.raises(ValueError, match="micromsg2_required_extensions: .*FIELD"):
+    with pytest.raises(ValueError, match=r"micromsg2_required_extensions: .*FIELD"):
         _limits(micromsg2_required_extensions="JSON!")
 
 
@@ -55,7 +53,7 @@ def test_idle_timeout_zero_turns_the_watchdog_off() -> None:
 
 def test_only_the_documented_keys_are_read() -> None:
     # max_payload and idle_timeout have gateway-wide keys only.
-    assert _limits(micromsg2_max_payload=5, micromsg2_idle_timeout=5) == MicroMsg2Limits()
+    assert _limits(micromsg2_max_payload=5, micromsg2_idle_timeout=5) == Limits()
 
 
 @pytest.mark.parametrize("bad", [0, 65536, -1, "abc"])

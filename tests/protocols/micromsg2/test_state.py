@@ -34,7 +34,7 @@ def test_tables_only_open_carries_frames() -> None:
 def test_server_cannot_send_frames_before_the_handshake() -> None:
     server = ServerConnection("srv")
     for frame in (Message(1, "topic/a"), Command("subscribe"), Extension(1), Ack(1)):
-        with pytest.raises(ProtocolError, match="cannot send a .* in state await_hello"):
+        with pytest.raises(ProtocolError, match=r"cannot send a .* in state await_hello"):
             server.send(frame)
     assert server.state is State.AWAIT_HELLO
 
@@ -74,7 +74,7 @@ def test_client_cannot_send_before_hello_or_twice_final() -> None:
     client = ClientConnection("c")
     with pytest.raises(ProtocolError, match="state start"):
         client.send(Message(1, "topic/a"))
-    server, client = open_pair()
+    _server, client = open_pair()
     with pytest.raises(ProtocolError, match="cannot send a Handshake frame in state open"):
         client.send(client.hello_frame())
 
@@ -140,7 +140,7 @@ def test_outbound_numbering_is_enforced() -> None:
 
 
 def test_continued_frames_must_not_interleave() -> None:
-    server, client = open_pair(optional=["json"])
+    _server, client = open_pair(optional=["json"])
     first = encode_frame(Message(1, "topic/a", b"abcdef"), fragment_size=3)
     part = first[: len(first) // 2]
     assert client.receive_data(part) == []
@@ -149,7 +149,7 @@ def test_continued_frames_must_not_interleave() -> None:
 
 
 def test_continued_header_must_not_change() -> None:
-    server, client = open_pair()
+    _server, client = open_pair()
     a = encode_frame(Message(1, "topic/a", b"abcdef"), fragment_size=3)
     b = encode_frame(Message(1, "topic/b", b"abcdef"), fragment_size=3)
     half = len(a) // 2
@@ -158,7 +158,7 @@ def test_continued_header_must_not_change() -> None:
 
 
 def test_error_interrupts_a_continued_frame() -> None:
-    server, client = open_pair()
+    _server, client = open_pair()
     a = encode_frame(Message(1, "topic/a", b"abcdef"), fragment_size=3)
     frames = client.receive_data(a[: len(a) // 2] + encode_frame(Error("gave up")))
     assert frames == [Error("gave up")]
@@ -166,7 +166,7 @@ def test_error_interrupts_a_continued_frame() -> None:
 
 
 def test_declared_length_over_the_limit_fails_at_once() -> None:
-    server, client = open_pair(max_payload=1000)
+    server, _client = open_pair(max_payload=1000)
     header = bytes.fromhex("08 0001 01 71 0000 000003e9")  # 1001 bytes declared, none sent
     with pytest.raises(ProtocolError, match="exceeds the limit of 1000") as info:
         server.receive_data(header)
@@ -174,11 +174,11 @@ def test_declared_length_over_the_limit_fails_at_once() -> None:
 
 
 def test_continued_total_is_bounded() -> None:
-    server, client = open_pair(max_payload=1000)
+    server, _client = open_pair(max_payload=1000)
     data = encode_frame(Message(1, "q", b"x" * 1001), fragment_size=600)
     with pytest.raises(ProtocolError, match="exceeds the limit"):
         server.receive_data(data)
-    server, client = open_pair(max_payload=1000)
+    server, _client = open_pair(max_payload=1000)
     data = encode_frame(Message(1, "q", b"x" * 1000), fragment_size=300)
     assert server.receive_data(data) == [Message(1, "q", b"x" * 1000)]
 
@@ -226,5 +226,5 @@ def test_malformed_message_fields() -> None:
 
 
 def test_error_message_that_is_not_utf8_is_still_shown() -> None:
-    server, client = open_pair()
+    _server, client = open_pair()
     assert client.receive_data(b"\x04\x02\xffA") == [Error("\ufffdA")]

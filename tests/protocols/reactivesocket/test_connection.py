@@ -503,8 +503,8 @@ def test_client_ignores_requests_from_the_server():
 
 
 def test_client_takes_lenient_forms():
-    client, server = open_pair()
-    rr, wire = client.request_response(b"")
+    client, _server = open_pair()
+    rr, _wire = client.request_response(b"")
     # A NEXT without C on a request/response is still its one answer.
     assert client.receive_data(tcp(Response(rr, b"a"))) == [Response(rr, b"a")]
     assert not client.is_live(rr)

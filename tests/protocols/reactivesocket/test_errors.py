@@ -16,9 +16,10 @@ from polyport.protocols.reactivesocket import (
     decode_frame,
 )
 from polyport.protocols.reactivesocket import payloads as P
-from polyport.protocols.reactivesocket.adapter import AdapterLimits, ReactiveSocketSession
+from polyport.protocols.reactivesocket.adapter import ReactiveSocketSession
 from polyport.protocols.reactivesocket.connection import ServerConnection, StreamError
 from polyport.protocols.reactivesocket.frames import ErrorFrame, Setup
+from polyport.protocols.reactivesocket.limits import Limits
 from polyport.protocols.session import ListenerStats, SessionContext
 
 from .util import SETUP_TCP, h
@@ -70,7 +71,7 @@ def _session(out: _Out) -> ReactiveSocketSession:
         settings={},
         log=logging.getLogger("test.reactivesocket"),
     )
-    return ReactiveSocketSession(ctx, out, "tcp", AdapterLimits(idle_timeout=None))
+    return ReactiveSocketSession(ctx, out, "tcp", Limits(idle_timeout=None))
 
 
 async def test_adapter_answers_a_peer_fault_with_error_on_stream_0() -> None:

@@ -6,28 +6,28 @@ import dataclasses
 
 import pytest
 
-from polyport.protocols.reactivesocket.adapter import AdapterLimits
+from polyport.protocols.reactivesocket.limits import Limits
 
 
 def test_nothing_set_gives_the_defaults() -> None:
-    assert AdapterLimits.from_settings({}) == AdapterLimits()
+    assert Limits.from_settings({}) == Limits()
 
 
 def test_every_limit_has_its_reactivesocket_key_and_text_is_converted() -> None:
-    defaults = AdapterLimits()
-    for f in dataclasses.fields(AdapterLimits):
+    defaults = Limits()
+    for f in dataclasses.fields(Limits):
         wanted = getattr(defaults, f.name) + 1
-        got = AdapterLimits.from_settings({f"reactivesocket_{f.name}": str(wanted)})
+        got = Limits.from_settings({f"reactivesocket_{f.name}": str(wanted)})
         assert getattr(got, f.name) == wanted, f.name
         assert type(getattr(got, f.name)) is type(getattr(defaults, f.name)), f.name
 
 
 def test_gateway_wide_body_limit_and_idle_timeout_apply_unless_overridden() -> None:
     settings = {"max_event_bytes": 4096, "idle_timeout": "2.5", "read_page": 7}
-    got = AdapterLimits.from_settings(settings)
+    got = Limits.from_settings(settings)
     assert (got.max_event_bytes, got.idle_timeout) == (4096, 2.5)
-    assert got.read_page == AdapterLimits().read_page  # only the two are shared
-    got = AdapterLimits.from_settings({"idle_timeout": 9, "reactivesocket_idle_timeout": 1})
+    assert got.read_page == Limits().read_page  # only the two are shared
+    got = Limits.from_settings({"idle_timeout": 9, "reactivesocket_idle_timeout": 1})
     assert got.idle_timeout == 1.0
 
 
@@ -44,9 +44,9 @@ def test_gateway_wide_body_limit_and_idle_timeout_apply_unless_overridden() -> N
 )
 def test_bad_settings_name_the_key(settings: dict[str, object], text: str) -> None:
     with pytest.raises(ValueError, match=text):
-        AdapterLimits.from_settings(settings)
+        Limits.from_settings(settings)
 
 
 def test_zero_idle_timeout_and_none_mean_never() -> None:
-    assert AdapterLimits.from_settings({"idle_timeout": 0}).idle_timeout == 0.0
-    assert AdapterLimits(idle_timeout=None).idle_timeout is None
+    assert Limits.from_settings({"idle_timeout": 0}).idle_timeout == 0.0
+    assert Limits(idle_timeout=None).idle_timeout is None

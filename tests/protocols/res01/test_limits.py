@@ -7,13 +7,13 @@ import dataclasses
 import pytest
 
 from polyport.protocols.res01 import ErrorCode
-from polyport.protocols.res01.adapter import Res01Limits, limits_from
 from polyport.protocols.res01.connection import MessageAssembler
+from polyport.protocols.res01.limits import Limits
 
 
 def test_defaults() -> None:
-    limits = limits_from({})
-    assert limits == Res01Limits()
+    limits = Limits.from_settings({})
+    assert limits == Limits()
     assert (limits.max_in_flight_writes, limits.max_in_flight_reads) == (4096, 64)
     assert limits.max_in_flight_bytes == 64 << 20
     assert limits.max_event_bytes == 1 << 20
@@ -24,7 +24,7 @@ def test_defaults() -> None:
 
 
 def test_every_setting_key_as_documented() -> None:
-    limits = limits_from(
+    limits = Limits.from_settings(
         {
             "res01_max_in_flight_writes": 1,
             "res01_max_in_flight_reads": "2",
@@ -37,7 +37,7 @@ def test_every_setting_key_as_documented() -> None:
             "res01_send_timeout": 8,
         }
     )
-    assert limits == Res01Limits(
+    assert limits == Limits(
         max_in_flight_writes=1,
         max_in_flight_reads=2,
         max_in_flight_bytes=3,
@@ -53,39 +53,39 @@ def test_every_setting_key_as_documented() -> None:
 def test_shared_keys_are_read_without_the_prefix_only() -> None:
     # max_event_bytes and read_timeout have always been the gateway-wide keys;
     # no res01_ spelling of them appeared along the way.
-    limits = limits_from({"res01_max_event_bytes": 5, "res01_read_timeout": 1})
+    limits = Limits.from_settings({"res01_max_event_bytes": 5, "res01_read_timeout": 1})
     assert (limits.max_event_bytes, limits.read_timeout) == (1 << 20, 30.0)
 
 
 def test_derived_from_max_event_bytes() -> None:
-    big = limits_from({"max_event_bytes": 10 << 20})
+    big = Limits.from_settings({"max_event_bytes": 10 << 20})
     assert big.max_frame_bytes == (10 << 20) + 4096
     assert big.max_request_bytes == 20 << 20  # twice the largest event
-    small = limits_from({"max_event_bytes": 1000})
+    small = Limits.from_settings({"max_event_bytes": 1000})
     assert small.max_frame_bytes == 5096
     assert small.max_request_bytes == 16 << 20
     # Set explicitly, the request limit is taken as it is.
-    assert limits_from({"max_event_bytes": 10 << 20, "res01_max_request_bytes": 99}) == (
-        Res01Limits(max_event_bytes=10 << 20, max_request_bytes=99)
+    assert Limits.from_settings({"max_event_bytes": 10 << 20, "res01_max_request_bytes": 99}) == (
+        Limits(max_event_bytes=10 << 20, max_request_bytes=99)
     )
 
 
 def test_frame_limit_is_not_a_setting() -> None:
-    assert limits_from({"res01_max_frame_bytes": 1}).max_frame_bytes == (1 << 20) + 4096
+    assert Limits.from_settings({"res01_max_frame_bytes": 1}).max_frame_bytes == (1 << 20) + 4096
     with pytest.raises(TypeError):
-        Res01Limits(max_frame_bytes=1)  # type: ignore[call-arg]
+        Limits(max_frame_bytes=1)  # type: ignore[call-arg]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        Res01Limits().max_event_bytes = 1  # type: ignore[misc]
+        Limits().max_event_bytes = 1  # type: ignore[misc]
 
 
 def test_bad_value_names_the_key() -> None:
     with pytest.raises(ValueError, match="res01_max_in_flight_reads"):
-        limits_from({"res01_max_in_flight_reads": "many"})
+        Limits.from_settings({"res01_max_in_flight_reads": "many"})
 
 
 def test_message_parts_setting() -> None:
-    assert limits_from({}).max_message_parts == 65536
-    assert limits_from({"res01_max_message_parts": "10"}).max_message_parts == 10
+    assert Limits.from_settings({}).max_message_parts == 65536
+    assert Limits.from_settings({"res01_max_message_parts": "10"}).max_message_parts == 10
 
 
 def _request(rid: bytes, extra_parts: int, part: bytes = b"x") -> list[bytes]:

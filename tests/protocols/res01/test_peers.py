@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from polyport.protocols.res01.adapter import limits_from
+from polyport.protocols.res01.limits import Limits
 from polyport.protocols.res01.peers import PeerTable
 
 
@@ -55,9 +55,9 @@ def test_max_peers_forgets_the_least_recently_seen() -> None:
 
 
 def test_limits_from_settings() -> None:
-    limits = limits_from({"res01_max_peers": 7, "idle_timeout": 0})
+    limits = Limits.from_settings({"res01_max_peers": 7, "idle_timeout": 0})
     assert (limits.max_peers, limits.idle_timeout) == (7, None)
-    assert limits_from({}).max_peers == 10_000
+    assert Limits.from_settings({}).max_peers == 10_000
     with pytest.raises(ValueError):
         PeerTable(max_peers=0, idle_timeout=None)
 

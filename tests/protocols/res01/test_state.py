@@ -439,7 +439,8 @@ def test_client_random_sequences_follow_the_model(
 ) -> None:
     conn = ClientConnection(max_abandoned=max_abandoned)
     model = _ClientModel(max_abandoned)
-    for op, kind, rid in ops:
+    for op, drawn, rid in ops:
+        kind = drawn
         if kind == "OK":
             open_request = model.open.get(rid)
             kind = OK[open_request.kind] if open_request is not None else "CR"
@@ -477,7 +478,8 @@ def test_server_random_sequences_keep_pairing(ops: list[tuple]) -> None:
     conn = ServerConnection()
     received: list = []
     model: dict[int, _ModelRequest] = {}  # index in received → open request
-    for op, kind, arg, routing in ops:
+    for op, drawn, arg, routing in ops:
+        kind = drawn
         if op == "receive":
             received.append(receive(conn, kind, arg, routing))
             model[len(received) - 1] = _ModelRequest(kind, replies_due(received[-1].request))

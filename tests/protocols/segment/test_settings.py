@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from polyport.protocols.segment import PROTOCOL
-from polyport.protocols.segment.adapter import (
+from polyport.protocols.segment.frames import DEFAULT_MAX_BLOCK_SIZE, MAX_WIRE_LENGTH
+from polyport.protocols.segment.limits import (
     DEFAULT_MAX_REPLY_BYTES,
     DEFAULT_READ_WAIT,
     MAX_REPLY_BYTES_LIMIT,
-    SegmentLimits,
+    Limits,
 )
-from polyport.protocols.segment.frames import DEFAULT_MAX_BLOCK_SIZE, MAX_WIRE_LENGTH
-from polyport.protocols.settings import settings_from
 
 
-def _limits(**settings: object) -> SegmentLimits:
-    return settings_from(SegmentLimits, settings, prefix=PROTOCOL)
+def _limits(**settings: object) -> Limits:
+    return Limits.from_settings(settings)
 
 
 def test_defaults() -> None:
     limits = _limits()
-    assert limits == SegmentLimits()
+    assert limits == Limits()
     assert limits.max_message_size == 1 << 20
     assert limits.max_block_size == DEFAULT_MAX_BLOCK_SIZE
     assert limits.read_wait == DEFAULT_READ_WAIT
@@ -35,7 +33,7 @@ def test_every_key_and_its_meaning() -> None:
         segment_max_reply_bytes=1000,
         idle_timeout=7,
     )
-    assert limits == SegmentLimits(
+    assert limits == Limits(
         max_message_size=4096,
         max_block_size=65536,
         read_wait=0.25,
@@ -53,10 +51,10 @@ def test_out_of_range_values_are_clamped() -> None:
     assert _limits(segment_max_reply_bytes=0).max_reply_bytes == 1
     assert _limits(idle_timeout=0).idle_timeout is None
     # Built directly, the same rules hold.
-    assert SegmentLimits(max_message_size=1 << 30).max_message_size == MAX_WIRE_LENGTH
+    assert Limits(max_message_size=1 << 30).max_message_size == MAX_WIRE_LENGTH
 
 
 def test_only_the_documented_keys_are_read() -> None:
     assert _limits(
         segment_max_message_size=5, segment_max_block_size=5, segment_idle_timeout=5
-    ) == SegmentLimits()
+    ) == Limits()

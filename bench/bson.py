@@ -95,7 +95,7 @@ async def raw_latencies(url: str, samples: int) -> tuple[list[float], list[float
 
 @asynccontextmanager
 async def gateway_process(url: str, *extra: str) -> AsyncIterator[tuple[str, int]]:
-    args = [sys.executable, "-m", "polyport.gateway.cli", "serve",
+    args = [sys.executable, "-m", "polyport.gateway.cli.main", "serve",
             "--host", "127.0.0.1", "--http-port", "off", "--bson-port", "0", *extra]
     for name in DEFAULT_PORTS:
         if name != "bson":

@@ -25,8 +25,8 @@ from pathlib import Path
 import asyncpg
 
 from polyport.core import migrate, sql
-from polyport.gateway.embedded_pg import EmbeddedPostgres
-from polyport.gateway.ports_file import read_ports_file
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
+from polyport.gateway.process.ports_file import read_ports_file
 
 _db_counter = itertools.count()
 

@@ -49,8 +49,8 @@ import asyncpg
 from bench.common import stop_process, wait_listening
 from polyport.core.migrate import asyncpg_dsn
 from polyport.gateway.config import DEFAULT_PORTS
-from polyport.gateway.embedded_pg import EmbeddedPostgres
-from polyport.gateway.ports_file import read_ports_file
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
+from polyport.gateway.process.ports_file import read_ports_file
 from polyport.protocols.bson.client import BsonClient
 from polyport.protocols.micromsg2.client import MicroMsg2Client
 from polyport.protocols.reactive.client import NewEvent
@@ -236,7 +236,7 @@ class Gateway:
         ports = [a for n in DEFAULT_PORTS
                  for a in (f"--{n}-port", "0" if n in self.listeners else "off")]
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "polyport.gateway.cli", "serve",
+            sys.executable, "-m", "polyport.gateway.cli.main", "serve",
             "--data-dir", str(self.data_dir), "--http-port", "off", *ports,
             stdout=asyncio.subprocess.DEVNULL,
             # The URL carries a password: environment, never argv.

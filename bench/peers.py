@@ -228,7 +228,7 @@ class Roots:
 def _is_chain(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"polyport.gateway.chain" in f.read()
+            return b"polyport.gateway.process.chain" in f.read()
     except OSError:
         return False
 
@@ -299,7 +299,7 @@ class ServeProcess:
             "POLYPORT_COMMIT_CHAIN": "on" if self.chain else "off",
         }
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "polyport.gateway.cli", "serve",
+            sys.executable, "-m", "polyport.gateway.cli.main", "serve",
             "--data-dir", str(self.data_dir),
             "--host", "127.0.0.1", "--http-port", "off", *ports, *workers,
             stdout=asyncio.subprocess.DEVNULL, env=env, cwd=REPO,

@@ -41,7 +41,7 @@ async def gateway_process(url: str) -> AsyncIterator[tuple[str, int]]:
     """``polyport serve`` with only the Res01 listener, on a free port."""
     off = [a for n in DEFAULT_PORTS if n != "res01" for a in (f"--{n}-port", "off")]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve",
+        sys.executable, "-m", "polyport.gateway.cli.main", "serve",
         "--res01-port", "0", "--http-port", "off", *off,
         stdout=asyncio.subprocess.PIPE,
         # The URL carries a password: environment, never argv.

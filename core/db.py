@@ -43,7 +43,7 @@ log = logging.getLogger("polyport.storage")
 # failures, and the socket's.
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (asyncpg.PostgresError, *CONNECTION_LOST)
 
-# SQLSTATEs that the operator's tools name (gateway/fatal.py).
+# SQLSTATEs that the operator's tools name (gateway/process/fatal.py).
 INVALID_PASSWORD = "28P01"
 INVALID_AUTHORIZATION_CLASS = "28"
 INVALID_CATALOG_NAME = "3D000"

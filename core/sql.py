@@ -679,7 +679,7 @@ FAST_APPEND_NEW_STREAMS_CHECKPOINTS = _fast_append(new_streams=True, checkpoints
 
 # --- cluster bootstrap ----------------------------------------------------------
 # Run through ``psql -c`` against the maintenance database of a cluster the
-# gateway started itself (gateway.embedded_pg): psql takes no bind parameters,
+# gateway started itself (gateway.process.embedded_pg): psql takes no bind parameters,
 # so the name is quoted here.
 
 

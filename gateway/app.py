@@ -21,17 +21,17 @@ from polyport.core.store import EventStore, StoreConfig
 from polyport.core.subscriptions import Subscription
 from polyport.core.users import UserChanges
 from polyport.core.writer import WriterLimits
-from polyport.gateway import chart_history
 from polyport.gateway.config import TLS_LISTENERS, ConfigError, GatewayConfig
-from polyport.gateway.database import database, supervise_embedded
-from polyport.gateway.fatal import naming_bind_errors
-from polyport.gateway.http import build_app
+from polyport.gateway.http import chart_history
+from polyport.gateway.http.server import build_app
+from polyport.gateway.http.telemetry import Telemetry
+from polyport.gateway.process.database import database, supervise_embedded
+from polyport.gateway.process.fatal import naming_bind_errors
+from polyport.gateway.process.rights import recheck
+from polyport.gateway.process.workers import Aggregator, WorkerRole, WorkerServer, chain_connector
 from polyport.gateway.registry import ListenerDef, RunningListener, discover
-from polyport.gateway.rights import recheck
-from polyport.gateway.telemetry import Telemetry
-from polyport.gateway.tls import ServerTls, check_material
-from polyport.gateway.websocket import TLS_USER_FROM
-from polyport.gateway.workers import Aggregator, WorkerRole, WorkerServer, chain_connector
+from polyport.gateway.transports.tls import ServerTls, check_material
+from polyport.gateway.transports.websocket import TLS_USER_FROM
 from polyport.protocols.budgets import BudgetAccount, ByteBudget
 from polyport.protocols.connections import ConnectionTable
 from polyport.protocols.session import CURRENT_PEER, ListenerStats, SessionContext
@@ -86,7 +86,7 @@ class Gateway:
     """Start with :meth:`start`, stop with :meth:`stop` (or ``async with``)."""
 
     def __init__(self, config: GatewayConfig, role: WorkerRole | None = None) -> None:
-        """``role``: one worker of several (gateway/supervisor.py), with
+        """``role``: one worker of several (gateway/process/supervisor.py), with
         ``config`` already as that worker runs it (:meth:`WorkerRole.apply`)."""
         self.config = config
         self.role = role
@@ -114,7 +114,7 @@ class Gateway:
         # Listener name -> its TLS context (the HTTP port is "http").
         self.tls: dict[str, ServerTls] = {}
         # Requests clients have begun and not finished, every connection
-        # together: ReactiveSocket/RSocket fragments (gateway/reactive.py) and
+        # together: ReactiveSocket/RSocket fragments (gateway/transports/reactive.py) and
         # the frames not yet whole of the byte-stream protocols.
         self.reassembly_budget = ByteBudget(
             config.reassembly_budget,
@@ -255,27 +255,9 @@ class Gateway:
                 await migrate.upgrade_in_thread(url)
             else:
                 await migrate.check_current(url)
-            self.store = EventStore(
-                StoreConfig(
-                    url,
-                    poll_interval=self.config.poll_interval,
-                    allow_anonymous=self.config.allow_anonymous,
-                    anonymous_contexts=self.config.anonymous_contexts,
-                    read_timeout=self.config.read_timeout,
-                    writer=writer_limits(self.config),
-                    chain=None if self.role is None or not self.role.chain else chain_connector(
-                        self.role.run_dir),
-                    chain_counts_commits=self.role is None or self.role.first,
-                    application_name=migrate.GATEWAY_APPLICATION_NAME,
-                    durable=DurableLimits(
-                        max_name_bytes=self.config.max_durable_name_bytes,
-                        max_per_context=self.config.max_durable_subscriptions,
-                        max_per_principal=self.config.max_durable_subscriptions_per_principal,
-                    ),
-                )
-            )
+            self.store = EventStore(self._store_config(url))
             await self.store.start()
-            # Open connections follow their users' rights (gateway/rights.py),
+            # Open connections follow their users' rights (gateway/process/rights.py),
             # whichever process changed them.
             self._user_changes = UserChanges(
                 asyncpg_dsn(url), self._rights_changed, logging.getLogger("polyport.rights")
@@ -287,39 +269,9 @@ class Gateway:
                     Path(self.config.data_dir) / chart_history.FILE_NAME)
             self.telemetry.start()
             self._count_per_connection()
-            self.listener_defs = discover()
-            for d in self.listener_defs:
-                port = self.config.port_for(d.name)
-                if port is None:
-                    continue
-                with naming_bind_errors(d.name, self.config.host, port):
-                    listener = await d.start(self, self.config.host, port)
-                self.listeners[d.name] = listener
-                host, bound = listener.address
+            await self._start_listeners()
             if self.config.http_port is not None:
-                app = build_app(self)
-                http_tls = self.server_tls("http")
-                if http_tls is not None:
-                    app[TLS_USER_FROM] = http_tls.user_from
-                for d in self.listener_defs:
-                    if d.http_setup is not None:
-                        d.http_setup(self, app)
-                self._runner = web.AppRunner(app, access_log=None)
-                await self._runner.setup()
-                # aiohttp takes the context as is: HTTPS only (dual mode is
-                # for the byte-stream listeners).
-                site = web.TCPSite(
-                    self._runner, self.config.host, self.config.http_port,
-                    ssl_context=http_tls.context if http_tls is not None else None,
-                    # A worker binds beside the supervisor's reservation of the port.
-                    reuse_port=True if self.role is not None else None,
-                )
-                with naming_bind_errors("http", self.config.host, self.config.http_port):
-                    await site.start()
-                server = site._server
-                assert server is not None
-                sock = server.sockets[0].getsockname()  # type: ignore[attr-defined]
-                self.http_address = (sock[0], sock[1])
+                await self._start_http(self.config.http_port)
             if self.role is not None:
                 self._worker_server = WorkerServer(self, self.role)
                 await self._worker_server.start()
@@ -329,6 +281,63 @@ class Gateway:
         except BaseException:
             await self.stop()
             raise
+
+    def _store_config(self, url: str) -> StoreConfig:
+        return StoreConfig(
+            url,
+            poll_interval=self.config.poll_interval,
+            allow_anonymous=self.config.allow_anonymous,
+            anonymous_contexts=self.config.anonymous_contexts,
+            read_timeout=self.config.read_timeout,
+            writer=writer_limits(self.config),
+            chain=None if self.role is None or not self.role.chain else chain_connector(
+                self.role.run_dir),
+            chain_counts_commits=self.role is None or self.role.first,
+            application_name=migrate.GATEWAY_APPLICATION_NAME,
+            durable=DurableLimits(
+                max_name_bytes=self.config.max_durable_name_bytes,
+                max_per_context=self.config.max_durable_subscriptions,
+                max_per_principal=self.config.max_durable_subscriptions_per_principal,
+            ),
+        )
+
+    async def _start_listeners(self) -> None:
+        """Every discovered listener whose port is not off."""
+        self.listener_defs = discover()
+        for d in self.listener_defs:
+            port = self.config.port_for(d.name)
+            if port is None:
+                continue
+            with naming_bind_errors(d.name, self.config.host, port):
+                listener = await d.start(self, self.config.host, port)
+            self.listeners[d.name] = listener
+            host, bound = listener.address
+
+    async def _start_http(self, port: int) -> None:
+        """The HTTP port, with the routes the listeners add (WebSocket endpoints)."""
+        app = build_app(self)
+        http_tls = self.server_tls("http")
+        if http_tls is not None:
+            app[TLS_USER_FROM] = http_tls.user_from
+        for d in self.listener_defs:
+            if d.http_setup is not None:
+                d.http_setup(self, app)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        # aiohttp takes the context as is: HTTPS only (dual mode is
+        # for the byte-stream listeners).
+        site = web.TCPSite(
+            self._runner, self.config.host, port,
+            ssl_context=http_tls.context if http_tls is not None else None,
+            # A worker binds beside the supervisor's reservation of the port.
+            reuse_port=True if self.role is not None else None,
+        )
+        with naming_bind_errors("http", self.config.host, port):
+            await site.start()
+        server = site._server
+        assert server is not None
+        sock = server.sockets[0].getsockname()  # type: ignore[attr-defined]
+        self.http_address = (sock[0], sock[1])
 
     async def _rights_changed(self, user: str | None) -> None:
         await recheck(self.connections, self.store.users, user)

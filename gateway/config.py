@@ -41,7 +41,7 @@ def default_data_dir() -> str:
     return str(Path(base) / "polyport")
 
 
-# gateway/eventloop.py: auto = uvloop when it can be imported, else asyncio.
+# gateway/process/eventloop.py: auto = uvloop when it can be imported, else asyncio.
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 # --workers: more than this is a typo, not a machine.
 MAX_WORKERS = 256
@@ -255,14 +255,14 @@ class GatewayConfig:
     micromsg2_tls: TlsOptions = TlsOptions()
     segment_tls: TlsOptions = TlsOptions()
     http_tls: TlsOptions = TlsOptions()
-    # Res01: ZeroMQ CURVE on the ROUTER socket (gateway/curve.py).  The server
+    # Res01: ZeroMQ CURVE on the ROUTER socket (gateway/transports/curve.py).  The server
     # secret key (Z85) is read from this file, or generated into the data
     # directory on first start.
     res01_curve: bool = False
     res01_curve_key_file: str | None = None
-    # The asyncio event loop of `serve` (gateway/eventloop.py).
+    # The asyncio event loop of `serve` (gateway/process/eventloop.py).
     event_loop: str = "auto"
-    # Gateway processes (gateway/supervisor.py): the byte-stream listeners in
+    # Gateway processes (gateway/process/supervisor.py): the byte-stream listeners in
     # every one of them on shared ports (SO_REUSEPORT), Res01 and HTTP in the
     # first.  1 = one process, no supervisor.  "auto" in the file, the
     # environment or the flag = the number of cores this process may use.
@@ -547,8 +547,8 @@ def _tls_table(table: dict[str, Any], out: dict[str, dict[str, str | None]], pat
 
 
 # --- from the command line ---------------------------------------------------------
-# Here rather than in gateway/cli.py: the supervisor rereads the configuration
-# on SIGHUP, and cli.py imports the supervisor.
+# Here rather than in gateway/cli/: the supervisor rereads the configuration
+# on SIGHUP, and the CLI imports the supervisor.
 
 _NOT_SETTINGS = ("command", "action", "config", "revision", "debug", "new_password")
 

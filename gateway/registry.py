@@ -39,7 +39,7 @@ class ListenerDef:
     start: Callable[[Gateway, str, int], Awaitable[RunningListener]]
     # Optional routes on the HTTP port (e.g. a WebSocket endpoint).
     http_setup: Callable[[Gateway, web.Application], Any] | None = None
-    # With several workers (gateway/supervisor.py): True = started in every
+    # With several workers (gateway/process/supervisor.py): True = started in every
     # worker, all bound to one port with SO_REUSEPORT (a TCP listener, whose
     # connections are independent); False = only in the first worker (a
     # listener that cannot share its port, like Res01's ZeroMQ ROUTER).

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from polyport.core import migrate
-from polyport.gateway.database import database_url
+from polyport.gateway.process.database import database_url
 from polyport.pipeline.db import PipelineError
 from polyport.pipeline.preflight import nothing_to_do
 from polyport.pipeline.session import (

@@ -69,7 +69,7 @@ class Connection:
     subscriptions: weakref.WeakSet[_Closable] = field(default_factory=weakref.WeakSet,
                                                       repr=False)
     # The Tenants it logged in as (core.access): narrowed, or the connection
-    # closed, when the user's rights change (gateway/rights.py).
+    # closed, when the user's rights change (gateway/process/rights.py).
     tenants: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet, repr=False)
     # The session's way to end it in its protocol's error form (code,
     # message) when those rights are revoked; None: the transport just closes.

@@ -353,7 +353,7 @@ class SessionContext:
 
     def on_revoke(self, handler: Callable[[str, str], Awaitable[None]]) -> None:
         """How the current connection ends when its user's rights are
-        revoked while it is open (gateway/rights.py): ``handler(code,
+        revoked while it is open (gateway/process/rights.py): ``handler(code,
         message)`` sends the protocol's error form, then closes.  Sessions
         call this when they are made, in the connection's task."""
         peer = CURRENT_PEER.get()

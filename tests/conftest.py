@@ -18,7 +18,7 @@ import pytest
 
 from polyport.core import migrate
 from polyport.core.store import EventStore, StoreConfig
-from polyport.gateway.embedded_pg import EmbeddedPostgres
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
 
 if TYPE_CHECKING:
     from polyport.gateway.app import Gateway

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from polyport.gateway.cli import build_parser
+from polyport.gateway.cli.parser import build_parser
 from polyport.gateway.config import DEFAULT_PORTS, load_config
 
 if TYPE_CHECKING:

@@ -1,7 +1,8 @@
 """The import structure: the layers as import-linter contracts (in
 pyproject.toml: core below protocols below the gateway; each protocol package
 on the shared protocol layer only; sans-IO modules free of asyncio, zmq and
-aiohttp) and no import cycle among polyport's modules."""
+aiohttp; inside the gateway, the CLI on top and the transports at the bottom)
+and no import cycle among polyport's modules."""
 
 from __future__ import annotations
 

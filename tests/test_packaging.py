@@ -44,7 +44,7 @@ def test_wheel_holds_only_polyport(tmp_path: Path) -> None:
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"polyport"}
     assert "polyport/__init__.py" not in names  # an implicit namespace package
-    for needed in ("polyport/gateway/static/index.html",
+    for needed in ("polyport/gateway/http/static/index.html",
                    "polyport/migrations/script.py.mako",
                    "polyport/migrations/versions/0001_initial.py"):
         assert needed in names

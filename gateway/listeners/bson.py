@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from polyport.gateway.registry import ListenerDef
-from polyport.gateway.tcp import TcpListener
+from polyport.gateway.transports.tcp import TcpListener
 from polyport.protocols.bson.adapter import session_factory
 from polyport.protocols.bson.frames import DEFAULT_PORT, PROTOCOL
 from polyport.protocols.session import ListenerStats

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from polyport.gateway.registry import ListenerDef
-from polyport.gateway.tcp import TcpListener
+from polyport.gateway.transports.tcp import TcpListener
 from polyport.protocols.micromsg2.adapter import MicroMsg2Session
 from polyport.protocols.micromsg2.frames import DEFAULT_PORT, PROTOCOL
 from polyport.protocols.micromsg2.limits import Limits

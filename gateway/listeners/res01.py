@@ -1,6 +1,6 @@
 """Res01 listener: a ZeroMQ ROUTER (default tcp 5560), with an optional
-PLAIN login port.  The sockets are ``zmq_router.py``'s; the protocol (decoding,
-admission, logins, per-peer state, requests) is one
+PLAIN login port.  The sockets are ``gateway/transports/zmq_router.py``'s; the
+protocol (decoding, admission, logins, per-peer state, requests) is one
 :class:`~polyport.protocols.res01.session.Res01Session` for all peers."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from polyport.gateway.app import is_loopback
-from polyport.gateway.curve import curve_server
-from polyport.gateway.listeners.zmq_router import RouterListener
 from polyport.gateway.registry import ListenerDef
+from polyport.gateway.transports.curve import curve_server
+from polyport.gateway.transports.zmq_router import RouterListener
 from polyport.protocols.res01.frames import DEFAULT_PORT, PROTOCOL
 from polyport.protocols.res01.limits import Limits
 from polyport.protocols.res01.session import Res01Session, Router

@@ -1,7 +1,7 @@
 """Res01 CURVE: client public keys mapped to users.
 
 A ZeroMQ client that completes the CURVE handshake with a key listed here acts
-as that key's user (gateway/curve.py); only the public key is stored, the
+as that key's user (gateway/transports/curve.py); only the public key is stored, the
 secret is printed once by ``polyport keys create``.
 
 Revision ID: 0005

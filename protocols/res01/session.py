@@ -4,7 +4,7 @@ A ROUTER has no connection per peer to hang a session on, so one
 :class:`Res01Session` serves a whole listener, as a byte-stream protocol's
 session serves one connection, on the same :class:`SessionContext` (logins,
 counters, log).  The gateway's ROUTER transport
-(``gateway/listeners/zmq_router.py``) owns the sockets: ZAP and CURVE, parts
+(``gateway/transports/zmq_router.py``) owns the sockets: ZAP and CURVE, parts
 received, replies sent with ``DONTWAIT``, a peer's TCP connection shut down.
 It hands each whole message here (:meth:`Res01Session.message_received`) with
 the endpoint it came in on, its connection's ZAP User-Id and the connection's
@@ -238,7 +238,7 @@ class Res01Session:
             return cached[2]
         # The peer's row (CURRENT_PEER) shows the user, and holds the tenant
         # to narrow, or the peer to forget, when the user's rights change
-        # (gateway/rights.py).
+        # (gateway/process/rights.py).
         tenant = await self.ctx.tenant_for_user(user)
         state = self.peers.get(peer)  # unless forgotten meanwhile
         if state is not None:

@@ -97,7 +97,7 @@ def test_rows_round_trip_in_the_planner_layout() -> None:
 
 
 class _Chain:
-    """A CommitChain served on a unix socket, as gateway/chain.py serves it."""
+    """A CommitChain served on a unix socket, as gateway/process/chain.py serves it."""
 
     def __init__(self, db_url: str, path: Path) -> None:
         self.chain = CommitChain(asyncpg_dsn(db_url))

@@ -20,7 +20,7 @@ from tests.listeners import port_flags
 
 
 def polyport(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "polyport.gateway.cli", *args],
+    return subprocess.run([sys.executable, "-m", "polyport.gateway.cli.main", *args],
                           check=False, capture_output=True, text=True, timeout=120)
 
 

@@ -151,7 +151,7 @@ async def test_admin_and_cli_show_binder_failures(db_url: str, gateway_factory: 
     assert failures["count"] == 1 and failures["recent"][0]["position"] == head
 
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "binders", "--database-url", db_url,
+        sys.executable, "-m", "polyport.gateway.cli.main", "binders", "--database-url", db_url,
         "list", "--json", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from polyport.core import migrate
-from polyport.gateway.embedded_pg import EmbeddedPostgres
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
 from tests.conftest import TEMPLATE_DB, _with_db, create_database
 from tests.faults.support import SUMMARY, SUMMARY_PROPERTY
 

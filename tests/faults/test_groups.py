@@ -16,7 +16,7 @@ from polyport.core.commands import FromBeginning, Selector, Subscribe
 from polyport.core.groups import GroupMember
 from polyport.core.migrate import asyncpg_dsn
 from polyport.core.store import EventStore, StoreConfig
-from polyport.gateway.embedded_pg import EmbeddedPostgres
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
 from polyport.protocols.reactivesocket.client import ReactiveSocketClient
 from tests.faults.support import SUMMARY, Appender, Row, all_positions
 

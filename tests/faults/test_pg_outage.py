@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from polyport.core.store import EventStore, StoreConfig
-from polyport.gateway.embedded_pg import EmbeddedPostgres
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
 from tests.faults.support import (
     SUMMARY,
     Appender,

@@ -23,7 +23,7 @@ from bench.faults import PROTOCOLS, Appender, audit
 from polyport.core.migrate import asyncpg_dsn
 from polyport.gateway.app import Gateway
 from polyport.gateway.config import DEFAULT_PORTS, GatewayConfig
-from polyport.gateway.embedded_pg import EmbeddedPostgres
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
 from polyport.protocols.bson.client import BsonClient
 from polyport.protocols.micromsg2.client import MicroMsg2Client
 from polyport.protocols.reactivesocket.client import ReactiveSocketClient

@@ -20,9 +20,9 @@ from jsonschema import Draft4Validator
 from polyport.core.commands import Append, FromBeginning, Selector
 from polyport.core.errors import Malformed
 from polyport.core.events import EventData
-from polyport.gateway import admin
-from polyport.gateway.admin_routes import OPENAPI_PATH, PREFIX, Reply, Route, openapi
-from polyport.gateway.admin_schema import (
+from polyport.gateway.http import admin
+from polyport.gateway.http.admin_routes import OPENAPI_PATH, PREFIX, Reply, Route, openapi
+from polyport.gateway.http.admin_schema import (
     COMPONENTS,
     SUBSCRIPTION_RESET,
     USER_CONTEXTS,

@@ -358,7 +358,7 @@ async def test_subscriber_that_stops_acking_pauses_others_keep_receiving(gateway
 
 async def _cli(*args: str) -> str:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", *args, cwd=REPO,
+        sys.executable, "-m", "polyport.gateway.cli.main", *args, cwd=REPO,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await proc.communicate()

@@ -25,7 +25,7 @@ def polyport(*args: str, env: dict[str, str] | None = None,
     # (tests/conftest.py): never the machine's default one.
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("POLYPORT_") or k == "POLYPORT_DATA_DIR"}
-    return subprocess.run([sys.executable, "-m", "polyport.gateway.cli", *args],
+    return subprocess.run([sys.executable, "-m", "polyport.gateway.cli.main", *args],
                           check=False, capture_output=True, text=True, timeout=120, input=stdin,
                           env={**base, **(env or {})})
 
@@ -212,7 +212,7 @@ def test_numbers_out_of_range_stop_the_start(variable: str, value: str) -> None:
 def test_a_closed_pipe_is_not_an_error() -> None:
     """``polyport migrate --sql | head -1``: the reader leaving is not a failure."""
 
-    proc = subprocess.Popen([sys.executable, "-m", "polyport.gateway.cli", "migrate", "--sql"],
+    proc = subprocess.Popen([sys.executable, "-m", "polyport.gateway.cli.main", "migrate", "--sql"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.readline()

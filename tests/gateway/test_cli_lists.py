@@ -10,7 +10,7 @@ import pytest
 
 from polyport.core.commands import FromBeginning, Selector
 from polyport.core.store import EventStore
-from polyport.gateway.cli import main
+from polyport.gateway.cli.main import main
 
 
 async def test_lists_are_tables_and_json_on_request(

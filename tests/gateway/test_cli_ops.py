@@ -10,7 +10,7 @@ import pytest
 
 from polyport.core.commands import Append, Selector, Subscribe
 from polyport.core.events import EventData
-from polyport.gateway.cli import main
+from polyport.gateway.cli.main import main
 from polyport.protocols.bson.client import BsonClient
 
 TOKEN = "cli-token"

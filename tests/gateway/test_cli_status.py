@@ -10,7 +10,7 @@ import pytest
 
 from polyport.core.commands import Append, FromBeginning, Selector
 from polyport.core.events import EventData
-from polyport.gateway.cli import main
+from polyport.gateway.cli.main import main
 
 
 async def test_status_command_reads_database_and_running_gateway(

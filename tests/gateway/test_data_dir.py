@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from polyport.gateway import config as config_module
-from polyport.gateway import database
 from polyport.gateway.config import GatewayConfig, default_data_dir
-from polyport.gateway.database import NoDatabase, database_url
+from polyport.gateway.process import database
+from polyport.gateway.process.database import NoDatabase, database_url
 from tests.gateway.test_cli_errors import assert_one_clean_line, polyport
 
 

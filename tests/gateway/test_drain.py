@@ -56,7 +56,7 @@ async def test_sigterm_drains_a_real_serve(db_url: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
     env["POLYPORT_DATABASE_URL"] = db_url
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve", *port_flags("0"),
+        sys.executable, "-m", "polyport.gateway.cli.main", "serve", *port_flags("0"),
         "--data-dir", str(tmp_path / "data"),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**env, "POLYPORT_SHUTDOWN_GRACE": "20"})

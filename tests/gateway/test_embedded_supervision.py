@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from polyport.gateway.embedded_pg import EmbeddedPostgres
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
 from polyport.protocols.bson.client import BsonClient
 from tests.gateway.test_workers import Served, serve_embedded, wait_until
 

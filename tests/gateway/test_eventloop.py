@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from polyport.gateway.config import ConfigError, available_cores, load_config
-from polyport.gateway.eventloop import choose_loop, run, running_loop_name
+from polyport.gateway.process.eventloop import choose_loop, run, running_loop_name
 from tests.listeners import port_flags
 
 ALL_OFF = port_flags("off", but=("http",))
@@ -82,7 +82,7 @@ async def test_serve_says_which_loop_runs(
     if setting is not None:
         env["POLYPORT_EVENT_LOOP"] = setting
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", db_url,
+        sys.executable, "-m", "polyport.gateway.cli.main", "serve", "--database-url", db_url,
         "--data-dir", str(tmp_path), "--http-port", "0", *ALL_OFF,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
     assert proc.stderr is not None and proc.stdout is not None

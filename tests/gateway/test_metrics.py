@@ -246,7 +246,7 @@ async def test_promtool_finds_nothing_to_warn_about(gateway_factory) -> None:
     await http_traffic(gw)
     # A failed login: the login counters have a value to check too (with
     # http_traffic's /admin/users without the token: wrong admin tokens
-    # count as failed logins, gateway/admin.py).
+    # count as failed logins, gateway/http/admin.py).
     with pytest.raises(BsonError):
         await BsonClient.connect(*gw.listeners["bson"].address, username="x", password="y")
     text = await scrape_text(gw, ADMIN_TOKEN)

@@ -23,7 +23,7 @@ from polyport.core.commands import Append, ReadStream
 from polyport.core.events import EventData
 from polyport.core.health import Health
 from polyport.core.migrate import asyncpg_dsn, schema_behind
-from polyport.gateway.embedded_pg import EmbeddedPostgres
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
 
 
 @pytest.fixture

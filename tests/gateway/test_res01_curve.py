@@ -1,4 +1,4 @@
-"""Res01 over ZeroMQ CURVE (gateway/curve.py): registered client keys are
+"""Res01 over ZeroMQ CURVE (gateway/transports/curve.py): registered client keys are
 served, unknown keys and NULL sockets get nothing, the wire is encrypted, and
 ``polyport keys`` creates key pairs."""
 
@@ -15,9 +15,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from polyport.gateway.cli import _keys, build_parser
+from polyport.gateway.cli.commands import _keys
+from polyport.gateway.cli.parser import build_parser
 from polyport.gateway.config import ConfigError, GatewayConfig
-from polyport.gateway.curve import KEY_FILE, new_key_pair, server_keys
+from polyport.gateway.transports.curve import KEY_FILE, new_key_pair, server_keys
 from polyport.protocols.res01.client import CurveClientKeys, Res01Client, new_event
 
 pytestmark = pytest.mark.timeout(120)

@@ -192,12 +192,13 @@ async def test_resent_data_at_or_below_ack_level_is_dropped(gateway_factory, sto
 
 
 class GatewayProcess:
-    """``python -m polyport.gateway.cli serve`` in a subprocess with only the segment listener."""
+    """``python -m polyport.gateway.cli.main serve`` in a subprocess with only the segment
+    listener."""
 
     def __init__(self, db_url: str) -> None:
         off = port_flags("off", but=("segment",))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "polyport.gateway.cli", "serve", "--database-url", db_url,
+            [sys.executable, "-m", "polyport.gateway.cli.main", "serve", "--database-url", db_url,
              "--segment-port", "0", *off],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1",

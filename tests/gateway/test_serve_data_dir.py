@@ -31,7 +31,7 @@ async def _second_serve(db_url: str, data_dir: Path, conf: Path) -> tuple[int, s
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
     env["POLYPORT_DATABASE_URL"] = db_url
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve",
+        sys.executable, "-m", "polyport.gateway.cli.main", "serve",
         "--data-dir", str(data_dir), "--config", str(conf), *ALL_PORTS_ZERO,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
     assert proc.stdout is not None and proc.stderr is not None

@@ -22,7 +22,7 @@ async def _start(db_url: str, data_dir: Path, conf: Path) -> asyncio.subprocess.
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
     env["POLYPORT_DATABASE_URL"] = db_url  # a password: environment, never argv
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve",
+        sys.executable, "-m", "polyport.gateway.cli.main", "serve",
         "--data-dir", str(data_dir), "--config", str(conf), *ALL_PORTS_ZERO,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
     assert proc.stdout is not None
@@ -111,7 +111,7 @@ async def test_sighup_reloads_the_certificate_of_a_running_serve(
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
     env["POLYPORT_DATABASE_URL"] = db_url  # a password: environment, never argv
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve",
+        sys.executable, "-m", "polyport.gateway.cli.main", "serve",
         "--data-dir", str(tmp_path / "data"), "--config", str(conf), *ALL_PORTS_ZERO,
         "--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)

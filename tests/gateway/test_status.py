@@ -14,8 +14,8 @@ import pytest
 from polyport.core.commands import Append, FromBeginning, Selector, Subscribe
 from polyport.core.events import EventData
 from polyport.core.matcher import event_matcher
-from polyport.gateway import status
-from polyport.gateway.cli import JsonFormatter
+from polyport.gateway.http import status
+from polyport.gateway.process.logging_setup import JsonFormatter
 from polyport.protocols.bson.client import BsonClient, BsonError
 
 
@@ -224,7 +224,7 @@ async def test_status_page_assets_are_served(gateway_factory) -> None:
             "<body>")[1].replace("http://www.w3.org", "")
         async with http.get(base(gw) + "/static/status.js") as r:
             assert r.status == 200 and "fetch(\"/status\"" in await r.text()
-        async with http.get(base(gw) + "/static/../app.py") as r:
+        async with http.get(base(gw) + "/static/../status.py") as r:
             assert r.status == 404
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import aiohttp
 
-from polyport.gateway.telemetry import CHART_BUCKETS, LATENCY_BUCKETS, bucket_quantile
-from polyport.gateway.workers import merge_status
+from polyport.gateway.http.telemetry import CHART_BUCKETS, LATENCY_BUCKETS, bucket_quantile
+from polyport.gateway.process.workers import merge_status
 from polyport.protocols.bson.client import BsonClient
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from polyport.core.commands import Append
 from polyport.core.events import EventData
-from polyport.gateway import chart_history
+from polyport.gateway.http import chart_history
 from polyport.protocols.bson.client import BsonClient
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from polyport.gateway.cli import build_parser
+from polyport.gateway.cli.parser import build_parser
 from polyport.gateway.config import load_config
 from tests.listeners import port_flags
 
@@ -50,7 +50,7 @@ async def _serve(db_url: str, notify: Path | None, *extra: str) -> asyncio.subpr
     if notify is not None:
         env["NOTIFY_SOCKET"] = str(notify)
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve", *port_flags("0"), *extra,
+        sys.executable, "-m", "polyport.gateway.cli.main", "serve", *port_flags("0"), *extra,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
 
 

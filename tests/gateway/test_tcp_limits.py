@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from polyport.gateway.tcp import KEEPALIVE_IDLE, TcpListener, set_keepalive
+from polyport.gateway.transports.tcp import KEEPALIVE_IDLE, TcpListener, set_keepalive
 from polyport.protocols.session import ListenerStats, Outbound
 
 pytestmark = pytest.mark.timeout(30)

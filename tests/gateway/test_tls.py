@@ -1,4 +1,4 @@
-"""TLS on every TCP listener and the HTTP port (gateway/tls.py): each
+"""TLS on every TCP listener and the HTTP port (gateway/transports/tls.py): each
 protocol's own client over TLS, plain clients on TLS-only and dual ports,
 untrusted client certificates, certificate login, SIGHUP reload, and the
 checks ``polyport serve`` makes on the material."""
@@ -19,8 +19,8 @@ import pytest
 import trustme
 
 from polyport.gateway.config import ConfigError, TlsOptions, load_config
-from polyport.gateway.fatal import describe
-from polyport.gateway.tls import check_material, looks_like_tls, server_context
+from polyport.gateway.process.fatal import describe
+from polyport.gateway.transports.tls import check_material, looks_like_tls, server_context
 from polyport.protocols.bson import client as bson_client
 from polyport.protocols.bson.client import BsonClient
 from polyport.protocols.micromsg2 import client as mm2_client

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from polyport.gateway.config import load_config
-from polyport.gateway.websocket import origin_allowed
+from polyport.gateway.transports.websocket import origin_allowed
 from tests.gateway.test_status_page import browser, find_browser
 
 pytestmark = pytest.mark.timeout(90)

@@ -25,9 +25,9 @@ import asyncpg
 import pytest
 
 from polyport.core.migrate import asyncpg_dsn
-from polyport.gateway.embedded_pg import EmbeddedPostgres
-from polyport.gateway.supervisor import restart_delay
-from polyport.gateway.workers import (
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
+from polyport.gateway.process.supervisor import restart_delay
+from polyport.gateway.process.workers import (
     GAUGE_MAX,
     WorkerRole,
     merge_families,
@@ -100,7 +100,7 @@ async def serve(db_url: str, *extra: str, workers: str = "2"
     # the tests could not find (pytest-xdist's tmp_path is longer).
     data_dir = Path(tempfile.mkdtemp(prefix="pp-", dir="/tmp")) / "data"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve",
+        sys.executable, "-m", "polyport.gateway.cli.main", "serve",
         "--data-dir", str(data_dir), "--workers", workers,
         *ALL_PORTS_ZERO, *extra,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
@@ -453,7 +453,7 @@ async def serve_embedded(*extra: str) -> AsyncIterator[Served]:
     root.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "polyport.gateway.cli", "serve", *extra,
+        sys.executable, "-m", "polyport.gateway.cli.main", "serve", *extra,
         "--data-dir", str(root / "data"), *ALL_PORTS_ZERO,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
     served = Served(proc, root / "data", {})

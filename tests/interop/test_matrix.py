@@ -41,7 +41,7 @@ from polyport.core.commands import ReadStream
 from polyport.core.events import RecordedEvent
 from polyport.gateway.app import Gateway
 from polyport.gateway.config import DEFAULT_PORTS, GatewayConfig, TlsOptions
-from polyport.gateway.curve import new_key_pair
+from polyport.gateway.transports.curve import new_key_pair
 from polyport.protocols.bson.client import BsonClient, ClientSubscription
 from polyport.protocols.micromsg2.client import MicroMsg2Client
 from polyport.protocols.reactivesocket.client import NewEvent, ReactiveSocketClient

@@ -77,7 +77,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def polyport_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "polyport.gateway.cli", *args]
+    return [sys.executable, "-m", "polyport.gateway.cli.main", *args]
 
 
 def run_cli(

@@ -152,8 +152,9 @@ async def test_cli_says_how_to_get_java_or_the_driver(
 
 def test_gateway_runs_without_pyspark() -> None:
     probe = (
-        "import sys, polyport.gateway.cli, polyport.gateway.app\n"
-        "polyport.gateway.cli.build_parser().parse_args(['pipeline', 'export', '--out', 'x'])\n"
+        "import sys, polyport.gateway.cli.main, polyport.gateway.app\n"
+        "from polyport.gateway.cli.parser import build_parser\n"
+        "build_parser().parse_args(['pipeline', 'export', '--out', 'x'])\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j'))\n"
         "assert not loaded, loaded\n"
     )
@@ -165,7 +166,7 @@ def test_gateway_runs_without_pyspark() -> None:
 # (or py4j, its JVM bridge) was ever imported: a job answered before Spark.
 NO_SPARK_PROBE = """
 import sys
-from polyport.gateway.cli import main
+from polyport.gateway.cli.main import main
 try:
     rc = main(sys.argv[1:])
 except SystemExit as exc:

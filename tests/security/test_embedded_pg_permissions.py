@@ -18,7 +18,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from polyport.gateway.embedded_pg import EmbeddedPostgres
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
 from tests.conftest import remove_in_background
 
 AS_ROOT = os.geteuid() == 0

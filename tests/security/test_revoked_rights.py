@@ -42,7 +42,7 @@ async def polyport(db_url: str, *args: str) -> None:
 
     def run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "polyport.gateway.cli", *args, "--database-url", db_url],
+            [sys.executable, "-m", "polyport.gateway.cli.main", *args, "--database-url", db_url],
             check=False, capture_output=True, text=True, timeout=60, env=env,
         )
 

@@ -251,14 +251,9 @@ class Subscriptions:
 
     def _recev_bytes(self, sub: _Sub, ev: RecordedEvent) -> bytes:
         def frame(doc: dict[str, Any]) -> Recev:
-            return Recev(
-                sub_id=sub.sub_id,
-                stream_name=ev.stream,
-                event_type=ev.type,
-                timestamp=ev.recorded_at_ms,
-                seq_no=ev.version - 1,
-                event=doc,
-            )
+            # Positional (sub_id, stream_name, event_type, timestamp, seq_no,
+            # event): one per event delivered.
+            return Recev(sub.sub_id, ev.stream, ev.type, ev.recorded_at_ms, ev.version - 1, doc)
 
         conn = self.session.conn
         try:

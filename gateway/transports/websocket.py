@@ -396,20 +396,12 @@ class WebSocketEndpoint:
                     frame.waiting = waiting  # moved earlier when a frame starts
                     msg = await ws.receive()
             except TimeoutError:
-                message = frame.expired(self.name, peer)
-                if message is not None:
-                    await session.frame_timed_out(message)
-                    out.close(WSCloseCode.POLICY_VIOLATION, b"frame not completed in time")
-                    reason = FRAME_TIMEOUT
+                # (Still inside the timeout's wait: frame.waiting is cleared after.)
+                ended, reason = await self._timed_out(
+                    out, session, deadline, frame, timeout, peer)
+                if ended:
                     break
-                if deadline.expired(self.name, peer, out.handshaken):
-                    out.close(WSCloseCode.POLICY_VIOLATION, b"no handshake in time")
-                    break
-                if timeout != self.idle_timeout:
-                    continue  # the handshake completed while waiting: idle time restarts
-                log.info("%s: closing idle WebSocket from %s", self.name, peer)
-                reason = IDLE
-                break
+                continue  # the handshake completed while waiting: idle time restarts
             finally:
                 frame.waiting = None
             # A whole message: what arrived is used (a chunk that also
@@ -441,6 +433,25 @@ class WebSocketEndpoint:
             await session.data_received(data)
             frame.server_busy(asyncio.get_running_loop().time() - started)
         return reason
+
+    async def _timed_out(
+        self, out: WebSocketOutbound, session: StreamSession, deadline: HandshakeDeadline,
+        frame: FrameDeadline, timeout: float | None, peer: str,
+    ) -> tuple[bool, str | None]:
+        """A read that waited ``timeout``: whether the connection ends, and why
+        (None: the server side closed it)."""
+        message = frame.expired(self.name, peer)
+        if message is not None:
+            await session.frame_timed_out(message)
+            out.close(WSCloseCode.POLICY_VIOLATION, b"frame not completed in time")
+            return True, FRAME_TIMEOUT
+        if deadline.expired(self.name, peer, out.handshaken):
+            out.close(WSCloseCode.POLICY_VIOLATION, b"no handshake in time")
+            return True, None
+        if timeout != self.idle_timeout:
+            return False, None
+        log.info("%s: closing idle WebSocket from %s", self.name, peer)
+        return True, IDLE
 
     async def _on_shutdown(self, app: web.Application) -> None:
         """Close every connection (going away) so the HTTP server can stop

@@ -478,12 +478,12 @@ class Telemetry:
         now = time.time()
         try:
             snap.durable = await asyncio.wait_for(self._durable_lag(now), DB_TIMEOUT)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure: named in the snapshot
             snap.error = f"{exc.__class__.__name__}: {exc}"
         try:
             snap.parked = await asyncio.wait_for(
                 self.gw.store.parking.parked_counts(), DB_TIMEOUT)
-        except Exception:
+        except Exception:  # noqa: BLE001 - as above: the error is in snap.error
             # The database is away (snap.error says so): the last counts
             # rather than a drop to zero that would clear an alert.
             snap.parked = dict(self.lag.parked)
@@ -519,8 +519,10 @@ class Telemetry:
                 )
         for lag, ask in pending:
             if ask is not None and ask in times:
-                lag = SubscriptionLag(**{**_fields(lag), "lag_seconds": _age(times[ask], now)})
-            snap.transient.append(lag)
+                snap.transient.append(
+                    SubscriptionLag(**{**_fields(lag), "lag_seconds": _age(times[ask], now)}))
+            else:
+                snap.transient.append(lag)
         snap.transient.sort(key=lambda x: (-x.lag_events, -x.lag_seconds))
         return snap
 

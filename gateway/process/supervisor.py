@@ -462,7 +462,7 @@ class Supervisor:
         try:  # the supervisor's own log lines follow the new settings
             new = config_from_args(self.args)
             setup_logging(new.log_format, new.log_level)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the workers say what was wrong
             log.debug("supervisor keeps its logging settings: %s", exc)
         # Each worker reloads and says what changed (or why not).
         self._signal_workers(signal.SIGHUP, ready_only=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ClassVar, Protocol, cast
 
 from polyport.core.access import Tenant
@@ -51,7 +51,7 @@ from polyport.protocols.reactive.payloads import (
     ReadRequest,
     SubscribeRequest,
 )
-from polyport.protocols.session import DELIVERY_BATCH, Outbound, SessionContext
+from polyport.protocols.session import DELIVERY_BATCH, Outbound, SessionContext, SessionTasks
 
 
 class _Coded(Protocol):
@@ -100,15 +100,15 @@ class EventServiceSession:
         self.tenant: Tenant | None = None
         self._work: dict[int, StreamWork] = {}
         self._fnf_slots = asyncio.Semaphore(self.limits.max_fnf_inflight)
-        self._fnf_tasks: set[asyncio.Task[None]] = set()
-        # Every stream task, also those already told to stop, so that
-        # connection_lost can wait for their cleanup.
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Fire-and-forgets started and not yet ended (each holds a slot).
+        self._fnf_inflight = 0
+        # Every task of the connection, ended with it: each stream's (also
+        # those already told to stop, so that connection_lost waits for their
+        # cleanup), each fire-and-forget's and the version's watchdog (idle
+        # connections, SETUP and KEEPALIVE deadlines).
+        self._tasks = SessionTasks()
         self._closing = False
         self._last_input = asyncio.get_running_loop().time()
-        # The version's watchdog (idle connections, SETUP and KEEPALIVE
-        # deadlines), ended with the connection.
-        self._watchdog: asyncio.Task[None] | None = None
         self._open()
 
     # --- transport callbacks --------------------------------------------------------
@@ -142,13 +142,7 @@ class EventServiceSession:
         # whatever their streams' state.
         self.conn.release_budget()
         self._stop_all()
-        tasks = [*self._tasks, *self._fnf_tasks]
-        if self._watchdog is not None:
-            tasks.append(self._watchdog)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.close()
 
     # --- the version's part ------------------------------------------------------------
 
@@ -157,7 +151,8 @@ class EventServiceSession:
         return {}
 
     def _open(self) -> None:
-        """The version's own state of a new connection."""
+        """The version's own state of a new connection (and its watchdog, if
+        any, started through :meth:`_spawn`)."""
 
     def _wire_code(self, exc: RemoteProtocolError) -> int | None:
         """The version's own error code for a connection fault, if it has one."""
@@ -211,10 +206,8 @@ class EventServiceSession:
         if isinstance(ev, frames.RequestFnf):
             # Waiting for a slot stops the transport reading: backpressure.
             await self._fnf_slots.acquire()
-            task = asyncio.create_task(
-                self._fire_and_forget(ev), name=f"{self.task_prefix}-fnf-{ev.stream_id}"
-            )
-            self._fnf_tasks.add(task)
+            task = self._spawn(self._fire_and_forget(ev), f"fnf-{ev.stream_id}")
+            self._fnf_inflight += 1
             task.add_done_callback(self._fnf_done)
         elif isinstance(ev, frames.RequestN):
             work = self._work.get(ev.stream_id)
@@ -236,7 +229,8 @@ class EventServiceSession:
             await self._dispatch_frame(ev)
 
     def _fnf_done(self, task: asyncio.Task[None]) -> None:
-        self._fnf_tasks.discard(task)
+        """A fire-and-forget ended (done, failed or cancelled): its slot is free."""
+        self._fnf_inflight -= 1
         self._fnf_slots.release()
 
     async def _fire_and_forget(self, frame: Any) -> None:
@@ -257,15 +251,15 @@ class EventServiceSession:
 
     # --- stream tasks -----------------------------------------------------------------
 
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A task of this connection, named ``<task_prefix>-<name>``: cancelled
+        and awaited when the connection is lost."""
+        return self._tasks.spawn(coro, name=f"{self.task_prefix}-{name}")
+
     def _start(self, stream_id: int, body: Callable[[StreamWork], Awaitable[None]]) -> None:
         work = StreamWork(stream_id)
         self._work[stream_id] = work
-        task = asyncio.create_task(
-            self._serve(work, body), name=f"{self.task_prefix}-stream-{stream_id}"
-        )
-        work.task = task
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        work.task = self._spawn(self._serve(work, body), f"stream-{stream_id}")
 
     def _stop_work(self, stream_id: int) -> None:
         work = self._work.pop(stream_id, None)

@@ -92,7 +92,7 @@ class RSocketSession(EventServiceSession):
         self._lifetime: float | None = None
         self._lease_renew_at: float | None = None
         self._wake_watch = asyncio.Event()
-        self._watchdog = asyncio.create_task(self._watch(), name="rsocket-watch")
+        self._spawn(self._watch(), "watch")
 
     # --- dispatch ------------------------------------------------------------------
 

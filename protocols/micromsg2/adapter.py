@@ -21,7 +21,6 @@ docs/protocols/micromsg2.md.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import uuid
 from collections import deque
@@ -67,7 +66,7 @@ from polyport.protocols.micromsg2.pubsub import (
     parse_pubsub_command,
 )
 from polyport.protocols.micromsg2.state import State
-from polyport.protocols.session import Outbound, SessionContext, logged_in
+from polyport.protocols.session import Outbound, SessionContext, SessionTasks, logged_in
 
 SERVER_IDENTITY = "polyport"
 
@@ -283,17 +282,22 @@ class MicroMsg2Session:
         self._pending_messages = 0
         self._pending_bytes = 0
         self._append_room = asyncio.Event()
-        self._confirm_task: asyncio.Task[None] | None = None
+        # The connection's tasks (the confirmer, the watchdog, one per
+        # subscription), cancelled and awaited when it is lost.
+        self._tasks = SessionTasks()
+        # Appends handed to the store: never cancelled, left to finish when the
+        # connection is lost (they may commit; the client resends what was
+        # not acked).
+        self._commits = SessionTasks()
         # Queue deliveries waiting for the client's ack: seq -> (member, position).
         self._inflight: dict[int, tuple[GroupMember, int]] = {}
         self._window_open = asyncio.Event()
         self._last_activity = self._loop.time()
         self._started = self._last_activity
-        self._watchdog: asyncio.Task[None] | None = None
         # Called once the connection is gone (the listener's session registry).
         self.on_close: Callable[[MicroMsg2Session], None] | None = None
         if self._opts.idle_timeout:
-            self._watchdog = asyncio.create_task(self._watch_idle(self._opts.idle_timeout))
+            self._tasks.spawn(self._watch_idle(self._opts.idle_timeout))
 
     # --- introspection (status, tests) ----------------------------------------------
 
@@ -356,20 +360,14 @@ class MicroMsg2Session:
             self.on_close(self)
         self._window_open.set()
         self._append_room.set()
-        for task in (self._confirm_task, self._watchdog):
-            if task is not None:
-                task.cancel()
         for sub in self._subs:
             sub.close()
-        tasks = [s.task for s in self._subs if s.task is not None]
         self._subs.clear()
         self._inflight.clear()
-        for task in tasks + [t for t in (self._confirm_task, self._watchdog) if t is not None]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        # Appends already handed to the store are left to finish: they may
-        # commit, but the client can no longer be told (it resends what was
-        # not acked).
+        await self._tasks.close()
+        # Appends already handed to the store (self._commits) are left to
+        # finish: they may commit, but the client can no longer be told (it
+        # resends what was not acked).
 
     # --- frames -----------------------------------------------------------------------
 
@@ -424,7 +422,7 @@ class MicroMsg2Session:
         self._out.handshake_done()
         self._json = negotiated.has(EXT_JSON)
         self._acks = negotiated.ack_window is not None
-        self._confirm_task = asyncio.create_task(self._confirm_appends())
+        self._tasks.spawn(self._confirm_appends())
 
     # --- appends ----------------------------------------------------------------------
 
@@ -463,7 +461,7 @@ class MicroMsg2Session:
             self._pending_bytes += size
             # Tasks start in creation order, so runs reach the writer (and
             # commit) in the order the client sent them.
-            future = asyncio.ensure_future(self._store_appends(appends))
+            future = self._commits.spawn(self._store_appends(appends))
             pending = _PendingRun(messages[0].seq, messages[taken - 1].seq, taken, size, future)
             future.add_done_callback(lambda f: self._append_done(pending))
             self._appends.append(pending)
@@ -579,7 +577,7 @@ class MicroMsg2Session:
             handle.close()
             return
         sub = _Sub(request.destination, filter_text, handle)
-        sub.task = asyncio.create_task(self._pump(sub))
+        sub.task = self._tasks.spawn(self._pump(sub))
         self._subs.append(sub)
 
     def _unsubscribe(self, request: Unsubscribe) -> None:

@@ -78,7 +78,7 @@ from polyport.protocols.segment.frames import (
 from polyport.protocols.segment.limits import Limits
 from polyport.protocols.segment.state import BlockEvents
 from polyport.protocols.segment.wire import split_segment_name
-from polyport.protocols.session import ListenerStats, Outbound, SessionContext
+from polyport.protocols.session import ListenerStats, Outbound, SessionContext, SessionTasks
 
 # Segment data carries no type or content type of its own.
 EVENT_TYPE = "segment-event"
@@ -127,8 +127,9 @@ class AppenderRegistry:
     def __init__(self) -> None:
         self._owners: dict[AppenderKey, SegmentSession] = {}
         self._locks: dict[AppenderKey, tuple[asyncio.Lock, int]] = {}
-        # In-flight commits outlive their connection (see SegmentSession).
-        self.background: set[asyncio.Task[Any]] = set()
+        # In-flight commits outlive their connection (see SegmentSession):
+        # held here while they run, never cancelled.
+        self.background = SessionTasks()
 
     @contextlib.asynccontextmanager
     async def locked(self, key: AppenderKey) -> AsyncIterator[None]:
@@ -155,13 +156,12 @@ class AppenderRegistry:
             del self._owners[key]
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
-        self.background.add(task)
+        task: asyncio.Task[Any] = self.background.spawn(coro)
         task.add_done_callback(self._settled)
         return task
 
-    def _settled(self, task: asyncio.Task[Any]) -> None:
-        self.background.discard(task)
+    @staticmethod
+    def _settled(task: asyncio.Task[Any]) -> None:
         # Its connection may be gone; the error was reported there if it was not.
         if not task.cancelled():
             task.exception()
@@ -261,6 +261,9 @@ class SegmentSession:
         self._appends = _AppendQueue(limit=MAX_QUEUED_APPEND_BYTES)
         self._reads: asyncio.Queue[ReadSegment] = asyncio.Queue(maxsize=MAX_QUEUED_READS)
         self._appenders: dict[uuid.UUID, _Appender] = {}
+        # The append and read workers, each started with its first request,
+        # cancelled and awaited when the connection is lost.
+        self._tasks = SessionTasks()
         self._append_task: asyncio.Task[None] | None = None
         self._read_task: asyncio.Task[None] | None = None
         self._closing = False
@@ -312,11 +315,7 @@ class SegmentSession:
         self._closing = True
         if self._codec.budget is not None:
             self._codec.budget.close()
-        for task in (self._append_task, self._read_task):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        await self._tasks.close()
         # An append already handed to the core is not cancelled (it runs in a
         # registry task holding its key's lock), so a reconnecting writer
         # reads the ack level only after it settled.
@@ -328,13 +327,13 @@ class SegmentSession:
 
     def _ensure_append_worker(self) -> None:
         if self._append_task is None:
-            self._append_task = asyncio.create_task(
+            self._append_task = self._tasks.spawn(
                 self._append_worker(), name=f"segment-append {self._out.peer}"
             )
 
     def _ensure_read_worker(self) -> None:
         if self._read_task is None:
-            self._read_task = asyncio.create_task(
+            self._read_task = self._tasks.spawn(
                 self._read_worker(), name=f"segment-read {self._out.peer}"
             )
 

@@ -162,7 +162,7 @@ class BsonSession:
         self._replies: deque[Reply] = deque()
         self._replies_wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
-        # Its tasks (besides the reply writer): cancelled when it is lost.
+        # Its tasks (the reply writer too): cancelled when it is lost.
         self._tasks = SessionTasks()
         self.transactions = Transactions(
             self.conn.transactions,
@@ -216,8 +216,6 @@ class BsonSession:
         if self._writer is not None:
             self._writer.cancel()
         await self._tasks.close()
-        if self._writer is not None:
-            await asyncio.gather(self._writer, return_exceptions=True)
         self.transactions.clear()
         self.conn.close()
 
@@ -271,7 +269,7 @@ class BsonSession:
 
     def _ensure_writer(self) -> None:
         if self._writer is None:
-            self._writer = asyncio.create_task(self._write_replies(), name="bson-replies")
+            self._writer = self._tasks.spawn(self._write_replies(), name="bson-replies")
 
     async def _write_replies(self) -> None:
         """Send replies strictly in request order, each once its outcome is

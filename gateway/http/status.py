@@ -48,9 +48,11 @@ async def event_chart(gw: Gateway) -> dict[str, Any]:
     seconds from this gateway's live counters."""
     monitor = gw.store.monitor
     try:
-        exists = await asyncio.wait_for(monitor.has_event_stats(), DB_TIMEOUT)
+        async with asyncio.timeout(DB_TIMEOUT):
+            exists = await monitor.has_event_stats()
         if exists:
-            rows = await asyncio.wait_for(monitor.event_stats_hourly(), DB_TIMEOUT)
+            async with asyncio.timeout(DB_TIMEOUT):
+                rows = await monitor.event_stats_hourly()
             if rows:
                 return {
                     "source": "event_stats",
@@ -96,7 +98,8 @@ async def _database(gw: Gateway) -> dict[str, Any]:
     }
     started = time.monotonic()
     try:
-        await asyncio.wait_for(monitor.ping(), DB_TIMEOUT)
+        async with asyncio.timeout(DB_TIMEOUT):
+            await monitor.ping()
         out["reachable"] = True
         out["round_trip_ms"] = round((time.monotonic() - started) * 1000, 2)
     except Exception as exc:  # noqa: BLE001 - any failure: reported as unreachable

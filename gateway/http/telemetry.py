@@ -477,12 +477,13 @@ class Telemetry:
         snap = LagSnapshot(taken=time.monotonic())
         now = time.time()
         try:
-            snap.durable = await asyncio.wait_for(self._durable_lag(now), DB_TIMEOUT)
+            async with asyncio.timeout(DB_TIMEOUT):
+                snap.durable = await self._durable_lag(now)
         except Exception as exc:  # noqa: BLE001 - any failure: named in the snapshot
             snap.error = f"{exc.__class__.__name__}: {exc}"
         try:
-            snap.parked = await asyncio.wait_for(
-                self.gw.store.parking.parked_counts(), DB_TIMEOUT)
+            async with asyncio.timeout(DB_TIMEOUT):
+                snap.parked = await self.gw.store.parking.parked_counts()
         except Exception:  # noqa: BLE001 - as above: the error is in snap.error
             # The database is away (snap.error says so): the last counts
             # rather than a drop to zero that would clear an alert.
@@ -514,9 +515,8 @@ class Telemetry:
         times: dict[int, datetime] = {}
         if need:
             with contextlib.suppress(Exception):
-                times = await asyncio.wait_for(
-                    self.gw.store.monitor.recorded_at_many(need), DB_TIMEOUT
-                )
+                async with asyncio.timeout(DB_TIMEOUT):
+                    times = await self.gw.store.monitor.recorded_at_many(need)
         for lag, ask in pending:
             if ask is not None and ask in times:
                 snap.transient.append(

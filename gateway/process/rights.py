@@ -79,6 +79,7 @@ async def _end(table: ConnectionTable, conn: Connection, code: str, message: str
     if conn.revoker is not None:
         conn.close_reason = reason
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(conn.revoker(code, message), REVOKE_TIMEOUT)
+            async with asyncio.timeout(REVOKE_TIMEOUT):
+                await conn.revoker(code, message)
     # Whatever the session did: the transport closes (a no-op once closed).
     table.close(conn.id, reason)

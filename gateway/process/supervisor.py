@@ -343,7 +343,8 @@ class Supervisor:
             log.error("%s (pid %s) %s; restarting it in %.1fs",
                       slot.name, slot.pid, slot.last_exit, delay)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self.stopping.wait()
             if not self.stopping.is_set():
                 slot.restarts += 1
 
@@ -416,7 +417,8 @@ class Supervisor:
         transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
         try:
-            line = await asyncio.wait_for(reader.readline(), READY_TIMEOUT)
+            async with asyncio.timeout(READY_TIMEOUT):
+                line = await reader.readline()
         except TimeoutError:
             log.error("worker pid %d did not get ready in %.0fs; killing it", proc.pid,
                       READY_TIMEOUT)

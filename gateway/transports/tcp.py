@@ -84,16 +84,18 @@ class StreamOutbound:
         buffered = self._pending_bytes + self._writer.transport.get_write_buffer_size()
         if buffered <= WRITE_HIGH_WATER:
             # Below the high-water mark the transport is not paused and drain
-            # would not wait; but wait_for around it costs a task, a timer and
-            # a trip through the event loop on every send, so a delivery task
-            # sent one event per loop iteration and fell behind under load.
+            # would not wait; but a timed drain costs a timer and a trip through
+            # the event loop on every send (with wait_for, a task too), so a
+            # delivery task sent one event per loop iteration and fell behind
+            # under load.
             if not self._flush_due:
                 self._flush_due = True
                 asyncio.get_running_loop().call_soon(self.flush)
             return
         self.flush()
         try:
-            await asyncio.wait_for(self._writer.drain(), self._stats.write_timeout)
+            async with asyncio.timeout(self._stats.write_timeout):
+                await self._writer.drain()
         except TimeoutError:  # first: TimeoutError is an OSError too
             self._write_timed_out()
         except (ConnectionError, OSError):
@@ -366,7 +368,8 @@ class TcpListener:
             await asyncio.gather(*self._connections, return_exceptions=True)
         if self._server is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+                async with asyncio.timeout(2):
+                    await self._server.wait_closed()
 
     def _register(self, out: StreamOutbound) -> Connection:
         out.connection = register_connection(self.stats, self.name, out.peer, out.close)

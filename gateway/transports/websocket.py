@@ -110,7 +110,8 @@ class WebSocketOutbound:
         # the close frame follows them.  A peer that stops reading cannot hold
         # the close up for long: on timeout aiohttp drops the transport.
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._ws.close(code=code, message=message), CLOSE_TIMEOUT * 2)
+            async with asyncio.timeout(CLOSE_TIMEOUT * 2):
+                await self._ws.close(code=code, message=message)
 
 
 SessionFactory = Callable[[Outbound], StreamSession]
@@ -245,7 +246,8 @@ class _LingeringResponse(web.WebSocketResponse):
         if done is None:
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(done), CLOSE_TIMEOUT)
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await asyncio.shield(done)
         if not done.done():
             done.set_result(None)
 

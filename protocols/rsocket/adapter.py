@@ -254,7 +254,8 @@ class RSocketSession(EventServiceSession):
             if delay > 0:
                 self._wake_watch.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake_watch.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake_watch.wait()
                 continue
             now = self._now()
             if self.conn.setup is None:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from polyport.core.access import Tenant
 from polyport.core.errors import Unauthenticated
@@ -310,13 +310,18 @@ class ServerCodec(Protocol):
     def receive_data(self, data: bytes) -> Any: ...
 
 
-class ByteStreamSession:
+LimitsT = TypeVar("LimitsT", bound=ProtocolLimits)
+CodecT = TypeVar("CodecT", bound=ServerCodec)
+
+
+class ByteStreamSession(Generic[LimitsT, CodecT]):
     """The part every session over a byte stream does alike (BSON, MicroMsg2,
     segment and both ReactiveSocket versions; each a :class:`StreamSession`).
 
     Made as ``Session(ctx, out, limits=None, input_budget=None)``, it keeps
-    its context and outbound side, its package's ``Limits`` (``limits_type``)
-    and its sans-IO server connection (``_connection``), whose input not yet
+    its context and outbound side, its package's ``Limits`` (``LimitsT``,
+    built by ``limits_type`` unless given) and its sans-IO server connection
+    (``CodecT``, made by ``_connection``), whose input not yet
     whole is charged to ``input_budget``; it owns the tasks it starts in one
     :class:`SessionTasks`; its user's revoked rights end it (``_revoked``).
     ``data_received`` reads nothing once the session is ``closing``, decodes
@@ -327,14 +332,11 @@ class ByteStreamSession:
     """
 
     # The package's limits class and the peer's decoding faults.
-    limits_type: ClassVar[type[ProtocolLimits]]
+    limits_type: type[LimitsT]
     peer_fault: ClassVar[type[RemoteProtocolError]] = RemoteProtocolError
 
-    limits: ProtocolLimits
-    conn: ServerCodec
-
     def __init__(
-        self, ctx: SessionContext, out: Outbound, limits: ProtocolLimits | None = None,
+        self, ctx: SessionContext, out: Outbound, limits: LimitsT | None = None,
         input_budget: BudgetAccount | None = None,
     ) -> None:
         self.ctx = ctx
@@ -351,7 +353,7 @@ class ByteStreamSession:
 
     # --- what each protocol adds --------------------------------------------------
 
-    def _connection(self) -> ServerCodec:
+    def _connection(self) -> CodecT:
         """The package's sans-IO server connection, for ``self.limits``."""
         raise NotImplementedError
 

@@ -135,13 +135,11 @@ def emit_event_id(event: Mapping[str, Any]) -> uuid.UUID:
 # --- the session -----------------------------------------------------------------
 
 
-class BsonSession(ByteStreamSession):
+class BsonSession(ByteStreamSession[Limits, ServerConnection]):
     """Server side of one BSON frames connection (implements StreamSession)."""
 
     limits_type = Limits
     peer_fault = RemoteProtocolError
-    limits: Limits
-    conn: ServerConnection
 
     def _connection(self) -> ServerConnection:
         s = self.limits

@@ -245,13 +245,11 @@ class _Sub:
         self.handle.close()
 
 
-class MicroMsg2Session(ByteStreamSession):
+class MicroMsg2Session(ByteStreamSession[Limits, ServerConnection]):
     """Implements protocols.session.StreamSession for one client connection."""
 
     limits_type = Limits
     peer_fault = RemoteProtocolError
-    limits: Limits
-    conn: ServerConnection
 
     def _connection(self) -> ServerConnection:
         return ServerConnection(

@@ -31,7 +31,6 @@ from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
 from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT, LocalProtocolError, RemoteProtocolError
-from polyport.protocols.framing import InputBuffer
 from polyport.protocols.reactive.connection import StreamError
 from polyport.protocols.reactive.eventservice import (
     StreamWork,
@@ -51,7 +50,12 @@ from polyport.protocols.reactive.payloads import (
     ReadRequest,
     SubscribeRequest,
 )
-from polyport.protocols.session import DELIVERY_BATCH, Outbound, SessionContext, SessionTasks
+from polyport.protocols.session import (
+    DELIVERY_BATCH,
+    ByteStreamSession,
+    Outbound,
+    SessionContext,
+)
 
 
 class _Coded(Protocol):
@@ -61,13 +65,13 @@ class _Coded(Protocol):
     message: str
 
 
-class EventServiceSession:
+class EventServiceSession(ByteStreamSession[StreamLimits, Any]):
     """Server side of one connection of either version (a StreamSession)."""
 
     # Task names start with this.
     task_prefix: ClassVar[str] = ""
     # The version's limits and sans-IO server connection classes.
-    limits_type: ClassVar[type[StreamLimits]] = StreamLimits
+    limits_type = StreamLimits
     connection_type: ClassVar[type[Any]] = type(None)
     # Errors a request ends with that its stream is answered with (ERROR
     # ``{code, message}``); anything else is a bug, answered ``internal``.
@@ -84,16 +88,16 @@ class EventServiceSession:
         """``budget``: this connection's share of the gateway's reassembly
         budget (fragments of every connection together), released when the
         connection is lost."""
-        self.ctx = ctx
-        ctx.on_revoke(self._fail_connection)
-        self.stats = ctx.stats
-        self.out = out
         self.transport = transport
-        self.limits = limits or self.limits_type.from_settings(ctx.settings)
-        self.conn = self.connection_type(
-            transport, **self.limits.connection_args(), **self._connection_options()
+        super().__init__(ctx, out, limits, budget)
+
+    def _connection(self) -> Any:
+        return self.connection_type(
+            self.transport, **self.limits.connection_args(), **self._connection_options()
         )
-        self.conn.budget = budget
+
+    def _init_state(self) -> None:
+        self.stats = self.ctx.stats
         # The version's frame classes.
         self.frames = self.conn.frames
         # The store as the SETUP's principal may use it; None before SETUP.
@@ -101,43 +105,38 @@ class EventServiceSession:
         self._work: dict[int, StreamWork] = {}
         self._fnf_slots = asyncio.Semaphore(self.limits.max_fnf_inflight)
         # Fire-and-forgets started and not yet ended (each holds a slot).
+        # self._tasks holds every task of the connection, ended with it: each
+        # stream's (also those already told to stop, so that connection_lost
+        # waits for their cleanup), each fire-and-forget's and the version's
+        # watchdog (idle connections, SETUP and KEEPALIVE deadlines).
         self._fnf_inflight = 0
-        # Every task of the connection, ended with it: each stream's (also
-        # those already told to stop, so that connection_lost waits for their
-        # cleanup), each fire-and-forget's and the version's watchdog (idle
-        # connections, SETUP and KEEPALIVE deadlines).
-        self._tasks = SessionTasks()
-        self._closing = False
         self._last_input = asyncio.get_running_loop().time()
         self._open()
 
     # --- transport callbacks --------------------------------------------------------
 
-    async def data_received(self, data: bytes) -> None:
-        if self._closing:
-            return
+    def _input_arrived(self) -> None:
         self._last_input = asyncio.get_running_loop().time()
-        try:
-            events = self.conn.receive_data(data)
-        except RemoteProtocolError as exc:
-            # Frames decoded before the fault are dropped with the connection.
-            await self._fail_connection(exc.code, exc.message, self._wire_code(exc))
-            return
+
+    async def _undecodable(self, exc: RemoteProtocolError) -> None:
+        # Frames decoded before the fault are dropped with the connection.
+        await self._fail_connection(exc.code, exc.message, self._wire_code(exc))
+
+    async def _received(self, events: list[Any]) -> None:
         for ev in events:
-            if self._closing:
+            if self.closing:
                 return
             self.stats.frames_in += 1
             await self._dispatch(ev)
 
-    @property
-    def input_buffer(self) -> InputBuffer:
-        return self.conn.input_buffer  # type: ignore[no-any-return]
+    async def _revoked(self, code: str, message: str) -> None:
+        await self._fail_connection(code, message)
 
     async def frame_timed_out(self, message: str) -> None:
         await self._fail_connection(TIMEOUT, message)
 
     async def connection_lost(self) -> None:
-        self._closing = True
+        self.closing = True
         # Fragments held for half-received requests go back to the budget now,
         # whatever their streams' state.
         self.conn.release_budget()
@@ -403,9 +402,9 @@ class EventServiceSession:
         """ERROR on stream 0, then close (codec faults, refused SETUP,
         lifetime).  ``wire_code``: the version's own error code, where it has
         one and the default does not fit."""
-        if self._closing:
+        if self.closing:
             return
-        self._closing = True
+        self.closing = True
         self.ctx.log.info("closing %s: %s: %s", self.out.peer, code, message)
         self._stop_all()
         self.stats.error(code, message)
@@ -420,6 +419,6 @@ class EventServiceSession:
         self.out.close()
 
     def _close(self) -> None:
-        self._closing = True
+        self.closing = True
         self._stop_all()
         self.out.close()

@@ -200,7 +200,7 @@ class ReactiveSocketSession(EventServiceSession):
         timeout = self.limits.idle_timeout
         assert timeout
         loop = asyncio.get_running_loop()
-        while not self._closing:
+        while not self.closing:
             idle_for = loop.time() - self._last_input
             if idle_for >= timeout and not self._work and not self._fnf_inflight:
                 self.ctx.log.info("closing idle connection from %s", self.out.peer)

@@ -249,7 +249,7 @@ class RSocketSession(EventServiceSession):
         return min(deadlines) if deadlines else self._now() + 3600
 
     async def _watch(self) -> None:
-        while not self._closing:
+        while not self.closing:
             delay = self._next_deadline() - self._now()
             if delay > 0:
                 self._wake_watch.clear()

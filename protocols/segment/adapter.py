@@ -239,13 +239,11 @@ def _block_cost(block: BlockEvents) -> int:
     return block.end_offset - block.offset + 64
 
 
-class SegmentSession(ByteStreamSession):
+class SegmentSession(ByteStreamSession[Limits, ServerConnection]):
     """The server side of one segment-wire connection (a StreamSession)."""
 
     limits_type = Limits
     peer_fault = RemoteProtocolError
-    limits: Limits
-    conn: ServerConnection
 
     def __init__(
         self,

@@ -329,7 +329,8 @@ class EventStore:
         head = self.schema_head
         try:
             # On the pool itself: core.db would translate the missing table.
-            current = await asyncio.wait_for(self._pool.fetchval(sql.SCHEMA_REVISION), 5.0)
+            async with asyncio.timeout(5.0):
+                current = await self._pool.fetchval(sql.SCHEMA_REVISION)
         except asyncpg.UndefinedTableError:
             self.schema_revision = None
             self._health.ok()
@@ -356,9 +357,8 @@ class EventStore:
         try:
             async with self._reads:
                 try:
-                    rows: list[asyncpg.Record] = await asyncio.wait_for(
-                        self._db.fetch(query, *args), self.config.read_timeout
-                    )
+                    async with asyncio.timeout(self.config.read_timeout):
+                        rows: list[asyncpg.Record] = await self._db.fetch(query, *args)
                     return rows
                 except TimeoutError:
                     raise Timeout(

@@ -311,7 +311,6 @@ class Gateway:
             with naming_bind_errors(d.name, self.config.host, port):
                 listener = await d.start(self, self.config.host, port)
             self.listeners[d.name] = listener
-            host, bound = listener.address
 
     async def _start_http(self, port: int) -> None:
         """The HTTP port, with the routes the listeners add (WebSocket endpoints)."""

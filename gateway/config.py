@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
 import stat
 import tomllib
@@ -432,7 +433,7 @@ def _parse_number(key: str, value: Any, where: str) -> int | float:
         number = int(value) if key in _INT_KEYS else float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{where}: expected a number, got {value!r}") from None
-    if number != number or number in (float("inf"), float("-inf")):  # NaN, inf
+    if isinstance(number, float) and not math.isfinite(number):  # NaN, inf
         raise ConfigError(f"{where}: expected a finite number, got {value!r}")
     if key in _ZERO_ALLOWED:
         if number < 0:
@@ -483,29 +484,46 @@ def load_config(
     env = dict(os.environ if env is None else env)
     config_file = config_file or env.get("POLYPORT_CONFIG")
     if config_file:
-        path = Path(config_file)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-        data = data.get("polyport", data)
-        if any(key.replace("-", "_") == "admin_token" for key in data):
-            check_private_file(path, "admin_token: config file",
-                               " or set POLYPORT_ADMIN_TOKEN instead")
-        for key, value in data.items():
-            k = key.replace("-", "_")
-            if k == "tls" and isinstance(value, dict):
-                _tls_table(value, tls, path)
-                continue
-            if k in _TLS_KEYS:
-                fld, opt = _TLS_KEYS[k]
-                tls.setdefault(fld, {})[opt] = _tls_option(opt, value, f"{path}: {key}")
-                continue
-            if k not in _KNOWN:
-                raise ConfigError(f"config file {path}: unknown key {key!r}")
-            values[k] = coerce(k, value, f"{path}: {key}")
+        _from_file(Path(config_file), values, tls)
+    _from_env(env, values, tls)
+    _from_overrides(overrides or {}, values, tls)
+    for fld, options in tls.items():
+        values[fld] = replace(TlsOptions(), **options)
+    return replace(GatewayConfig(), **values)
+
+
+def _from_file(
+    path: Path, values: dict[str, Any], tls: dict[str, dict[str, str | None]]
+) -> None:
+    """The config file's settings into ``values`` and ``tls``."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    data = data.get("polyport", data)
+    if any(key.replace("-", "_") == "admin_token" for key in data):
+        check_private_file(path, "admin_token: config file",
+                           " or set POLYPORT_ADMIN_TOKEN instead")
+    for key, value in data.items():
+        k = key.replace("-", "_")
+        if k == "tls" and isinstance(value, dict):
+            _tls_table(value, tls, path)
+            continue
+        if k in _TLS_KEYS:
+            fld, opt = _TLS_KEYS[k]
+            tls.setdefault(fld, {})[opt] = _tls_option(opt, value, f"{path}: {key}")
+            continue
+        if k not in _KNOWN:
+            raise ConfigError(f"config file {path}: unknown key {key!r}")
+        values[k] = coerce(k, value, f"{path}: {key}")
+
+
+def _from_env(
+    env: dict[str, str], values: dict[str, Any], tls: dict[str, dict[str, str | None]]
+) -> None:
+    """The ``POLYPORT_*`` environment variables over the file's settings."""
     for key in _KNOWN:
         env_key = f"POLYPORT_{key.upper()}"
         if env_key in env:
@@ -514,7 +532,13 @@ def load_config(
         env_key = f"POLYPORT_{key.upper()}"
         if env_key in env:
             tls.setdefault(fld, {})[opt] = _tls_option(opt, env[env_key], env_key)
-    for key, value in (overrides or {}).items():
+
+
+def _from_overrides(
+    overrides: dict[str, Any], values: dict[str, Any], tls: dict[str, dict[str, str | None]]
+) -> None:
+    """The command line's flags over everything else (``None``: not given)."""
+    for key, value in overrides.items():
         if value is None:
             continue
         flag = "--" + key.replace("_", "-")
@@ -523,9 +547,6 @@ def load_config(
             tls.setdefault(fld, {})[opt] = _tls_option(opt, value, flag)
         else:
             values[key] = coerce(key, value, flag)
-    for fld, options in tls.items():
-        values[fld] = replace(TlsOptions(), **options)
-    return replace(GatewayConfig(), **values)
 
 
 def _tls_table(table: dict[str, Any], out: dict[str, dict[str, str | None]], path: Path) -> None:

@@ -16,12 +16,15 @@ from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from polyport.core.access import Tenant
 from polyport.core.errors import Unauthenticated
+from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.connections import Connection, ConnectionTable
+from polyport.protocols.errors import RemoteProtocolError
 from polyport.protocols.framing import InputBuffer
+from polyport.protocols.settings import ProtocolLimits
 
 if TYPE_CHECKING:
     from polyport.core.commands import Principal
@@ -294,6 +297,102 @@ class SessionTasks:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+
+class ServerCodec(Protocol):
+    """What a byte-stream session needs of its sans-IO server connection."""
+
+    budget: BudgetAccount | None
+
+    @property
+    def input_buffer(self) -> InputBuffer: ...
+
+    def receive_data(self, data: bytes) -> Any: ...
+
+
+LimitsT = TypeVar("LimitsT", bound=ProtocolLimits)
+CodecT = TypeVar("CodecT", bound=ServerCodec)
+
+
+class ByteStreamSession(Generic[LimitsT, CodecT]):
+    """The part every session over a byte stream does alike (BSON, MicroMsg2,
+    segment and both ReactiveSocket versions; each a :class:`StreamSession`).
+
+    Made as ``Session(ctx, out, limits=None, input_budget=None)``, it keeps
+    its context and outbound side, its package's ``Limits`` (``LimitsT``,
+    built by ``limits_type`` unless given) and its sans-IO server connection
+    (``CodecT``, made by ``_connection``), whose input not yet
+    whole is charged to ``input_budget``; it owns the tasks it starts in one
+    :class:`SessionTasks`; its user's revoked rights end it (``_revoked``).
+    ``data_received`` reads nothing once the session is ``closing``, decodes
+    the bytes and hands what they finish to ``_received``, or the peer's
+    fault in them (``peer_fault``, the package's ``RemoteProtocolError``) to
+    ``_undecodable``; anything else the codec raises (our own bug) goes up to
+    the transport.
+    """
+
+    # The package's limits class and the peer's decoding faults.
+    limits_type: type[LimitsT]
+    peer_fault: ClassVar[type[RemoteProtocolError]] = RemoteProtocolError
+
+    def __init__(
+        self, ctx: SessionContext, out: Outbound, limits: LimitsT | None = None,
+        input_budget: BudgetAccount | None = None,
+    ) -> None:
+        self.ctx = ctx
+        ctx.on_revoke(self._revoked)
+        self.out = out
+        self.limits = limits or self.limits_type.from_settings(ctx.settings)
+        self.conn = self._connection()
+        self.conn.budget = input_budget
+        # Every task the session starts: ended when the connection is lost.
+        self._tasks = SessionTasks()
+        # Set once the connection is ending: read no more, start nothing new.
+        self.closing = False
+        self._init_state()
+
+    # --- what each protocol adds --------------------------------------------------
+
+    def _connection(self) -> CodecT:
+        """The package's sans-IO server connection, for ``self.limits``."""
+        raise NotImplementedError
+
+    def _init_state(self) -> None:
+        """The protocol's own state of a new connection."""
+
+    async def _revoked(self, code: str, message: str) -> None:
+        """The user's rights were revoked while connected: the protocol's
+        error form, then close."""
+        raise NotImplementedError
+
+    def _input_arrived(self) -> None:
+        """Bytes arrived, before they are decoded (a session that watches for
+        idle connections notes the time)."""
+
+    async def _undecodable(self, exc: RemoteProtocolError) -> None:
+        """The peer's bytes broke the protocol (``exc``, a ``peer_fault``)."""
+        raise NotImplementedError
+
+    async def _received(self, received: Any) -> None:
+        """What the bytes finished (the codec's ``receive_data``)."""
+        raise NotImplementedError
+
+    # --- StreamSession ----------------------------------------------------------------
+
+    @property
+    def input_buffer(self) -> InputBuffer:
+        return self.conn.input_buffer
+
+    async def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self._input_arrived()
+        try:
+            received = self.conn.receive_data(data)
+        except self.peer_fault as exc:
+            await self._undecodable(exc)
+            return
+        await self._received(received)
 
 
 class SessionContext:

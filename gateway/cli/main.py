@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         # does not complain either.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the last resort: said, and an exit status
         level = config.log_level if config else _raw_setting(args, "log_level", "info")
         fmt = config.log_format if config else _raw_setting(args, "log_format", "text")
         if getattr(args, "debug", False) or level == "debug":

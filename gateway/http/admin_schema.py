@@ -384,11 +384,29 @@ def _unencodable(value: Any, where: str) -> str | None:
     return None
 
 
+# The keywords whose problem is a phrase around the schema's limit.
+_LIMIT_PROBLEMS = {
+    "minLength": "must not be shorter than {}",
+    "maxLength": "must not be longer than {}",
+    "pattern": "must match {}",
+    "minimum": "must be at least {}",
+    "maximum": "must be at most {}",
+    "maxItems": "at most {} items",
+}
+
+
 def _describe(error: ValidationError, root: str) -> str:
     """``root.path: what is wrong``, in words that do not repeat the value."""
     where = root
     for part in error.absolute_path:
         where += f"[{part}]" if isinstance(part, int) else f".{part}"
+    template = _LIMIT_PROBLEMS.get(str(error.validator))
+    problem = template.format(error.validator_value) if template else _problem(error, root)
+    return f"{where}: {problem}"
+
+
+def _problem(error: ValidationError, root: str) -> str:
+    """What is wrong, for the keywords the table above does not phrase."""
     limit, instance = error.validator_value, error.instance
     match error.validator:
         case "type":
@@ -401,18 +419,6 @@ def _describe(error: ValidationError, root: str) -> str:
             problem = f"unknown field {min(key for key in instance if key not in known)!r}"
         case "enum":
             problem = f"must be one of {', '.join(map(str, limit))}"
-        case "minLength":
-            problem = f"must not be shorter than {limit}"
-        case "maxLength":
-            problem = f"must not be longer than {limit}"
-        case "pattern":
-            problem = f"must match {limit}"
-        case "minimum":
-            problem = f"must be at least {limit}"
-        case "maximum":
-            problem = f"must be at most {limit}"
-        case "maxItems":
-            problem = f"at most {limit} items"
         case "not" if "required" in limit:
             problem = f"give at most one of {', '.join(limit['required'])}"
         case "format" if error.cause is not None:
@@ -430,4 +436,4 @@ def _describe(error: ValidationError, root: str) -> str:
         case _:
             # A keyword no schema here uses yet: the library's own words.
             problem = error.message
-    return f"{where}: {problem}"
+    return problem

@@ -29,9 +29,7 @@ class WithoutCreated(Collector):
             if metric.name in self._hidden:
                 continue
             kept = [s for s in metric.samples if not s.name.endswith("_created")]
-            if len(kept) != len(metric.samples):
-                metric = _copy(metric, kept)
-            yield metric
+            yield _copy(metric, kept) if len(kept) != len(metric.samples) else metric
 
 
 def _copy(metric: Metric, samples: list[Sample]) -> Metric:

@@ -477,13 +477,14 @@ class Telemetry:
         snap = LagSnapshot(taken=time.monotonic())
         now = time.time()
         try:
-            snap.durable = await asyncio.wait_for(self._durable_lag(now), DB_TIMEOUT)
-        except Exception as exc:
+            async with asyncio.timeout(DB_TIMEOUT):
+                snap.durable = await self._durable_lag(now)
+        except Exception as exc:  # noqa: BLE001 - any failure: named in the snapshot
             snap.error = f"{exc.__class__.__name__}: {exc}"
         try:
-            snap.parked = await asyncio.wait_for(
-                self.gw.store.parking.parked_counts(), DB_TIMEOUT)
-        except Exception:
+            async with asyncio.timeout(DB_TIMEOUT):
+                snap.parked = await self.gw.store.parking.parked_counts()
+        except Exception:  # noqa: BLE001 - as above: the error is in snap.error
             # The database is away (snap.error says so): the last counts
             # rather than a drop to zero that would clear an alert.
             snap.parked = dict(self.lag.parked)
@@ -514,13 +515,14 @@ class Telemetry:
         times: dict[int, datetime] = {}
         if need:
             with contextlib.suppress(Exception):
-                times = await asyncio.wait_for(
-                    self.gw.store.monitor.recorded_at_many(need), DB_TIMEOUT
-                )
+                async with asyncio.timeout(DB_TIMEOUT):
+                    times = await self.gw.store.monitor.recorded_at_many(need)
         for lag, ask in pending:
             if ask is not None and ask in times:
-                lag = SubscriptionLag(**{**_fields(lag), "lag_seconds": _age(times[ask], now)})
-            snap.transient.append(lag)
+                snap.transient.append(
+                    SubscriptionLag(**{**_fields(lag), "lag_seconds": _age(times[ask], now)}))
+            else:
+                snap.transient.append(lag)
         snap.transient.sort(key=lambda x: (-x.lag_events, -x.lag_seconds))
         return snap
 

@@ -105,7 +105,7 @@ def _pick_user() -> pwd.struct_passwd | None:
     made = subprocess.run(
         ["useradd", "--system", "--user-group", "--no-create-home",
          "--shell", "/usr/sbin/nologin", ACCOUNT],
-        capture_output=True, text=True,
+        capture_output=True, text=True, check=False,  # the lookup below decides
     )
     try:  # another process may have created it first
         return pwd.getpwnam(ACCOUNT)
@@ -135,8 +135,9 @@ def _secure_hba(text: str) -> str:
         fields = body.split()
         if fields and fields[-1] == "trust":
             head, _, tail = body.rpartition("trust")
-            line = head + AUTH_METHOD + tail + hash_ + comment
-        out.append(line)
+            out.append(head + AUTH_METHOD + tail + hash_ + comment)
+        else:
+            out.append(line)
     return "".join(out)
 
 
@@ -175,8 +176,10 @@ class EmbeddedPostgres:
         env["LC_ALL"] = "C"
         if password:
             env["PGPASSWORD"] = self.password
+        # Each caller reads the return code itself.
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, env=env, cwd="/", **extra, **kw  # type: ignore[call-overload]
+            cmd, capture_output=True, text=True, env=env, cwd="/", check=False,
+            **extra, **kw,  # type: ignore[call-overload]
         )
         return proc  # type: ignore[no-any-return]
 

@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 
 LOG_FIELDS = ("protocol", "peer", "code", "worker")
 # Set in a worker process (gateway/process/worker.py): every line names its worker.
-_log_worker: int | str | None = None
+# (A one-slot table rather than a global rebound by setup_logging.)
+_log_worker: dict[str, int | str] = {}
 
 
 class _WorkerTag(logging.Filter):
@@ -59,13 +60,12 @@ class _OneLineLibraries(logging.Filter):
 
 def setup_logging(fmt: str = "text", level: str = "info", worker: int | str | None = None) -> None:
     """``worker``: this process is that worker (kept for later calls)."""
-    global _log_worker
     if worker is not None:
-        _log_worker = worker
+        _log_worker["worker"] = worker
     handler = logging.StreamHandler(sys.stderr)
     tag = ""
-    if _log_worker is not None:
-        handler.addFilter(_WorkerTag(_log_worker))
+    if "worker" in _log_worker:
+        handler.addFilter(_WorkerTag(_log_worker["worker"]))
         tag = "[worker %(worker)s] "
     if level != "debug":
         handler.addFilter(_OneLineLibraries())

@@ -78,6 +78,9 @@ async def _end(table: ConnectionTable, conn: Connection, code: str, message: str
     log.info("%s: connection %d of user %s ends: %s", conn.protocol, conn.id, conn.user, message)
     if conn.revoker is not None:
         conn.close_reason = reason
+        # wait_for, not asyncio.timeout: the revoker runs in a task of its own,
+        # and the loop turns that takes let a session that only queues its
+        # error form (BSON's reply writer) send it before the close below.
         with contextlib.suppress(Exception):
             await asyncio.wait_for(conn.revoker(code, message), REVOKE_TIMEOUT)
     # Whatever the session did: the transport closes (a no-op once closed).

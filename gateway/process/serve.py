@@ -85,13 +85,13 @@ def _reload(
         new = config_from_args(args)
         if adjust is not None:
             new = adjust(new)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a reload never stops the process
         log.error("reload refused, nothing changed: %s", describe(exc))
         return
     old = gw.config
     try:
         reloaded = gw.reload_tls(new)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a reload never stops the process
         log.error("TLS reload refused, the running certificates stay: %s", describe(exc))
         reloaded = []
         new = replace(new, **{k: getattr(old, k) for k in TLS_FIELDS})

@@ -343,7 +343,8 @@ class Supervisor:
             log.error("%s (pid %s) %s; restarting it in %.1fs",
                       slot.name, slot.pid, slot.last_exit, delay)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self.stopping.wait()
             if not self.stopping.is_set():
                 slot.restarts += 1
 
@@ -416,7 +417,8 @@ class Supervisor:
         transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
         try:
-            line = await asyncio.wait_for(reader.readline(), READY_TIMEOUT)
+            async with asyncio.timeout(READY_TIMEOUT):
+                line = await reader.readline()
         except TimeoutError:
             log.error("worker pid %d did not get ready in %.0fs; killing it", proc.pid,
                       READY_TIMEOUT)
@@ -462,7 +464,7 @@ class Supervisor:
         try:  # the supervisor's own log lines follow the new settings
             new = config_from_args(self.args)
             setup_logging(new.log_format, new.log_level)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the workers say what was wrong
             log.debug("supervisor keeps its logging settings: %s", exc)
         # Each worker reloads and says what changed (or why not).
         self._signal_workers(signal.SIGHUP, ready_only=True)

@@ -142,7 +142,7 @@ def run_child(control_fd: int, tag: int | str, name: str,
         return run_on_loop(main(payload, choice), choice)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the last resort: said, and exit status 1
         if config.log_level == "debug" or payload["args"].get("debug"):
             traceback.print_exc()
         with contextlib.suppress(Exception):

@@ -84,16 +84,18 @@ class StreamOutbound:
         buffered = self._pending_bytes + self._writer.transport.get_write_buffer_size()
         if buffered <= WRITE_HIGH_WATER:
             # Below the high-water mark the transport is not paused and drain
-            # would not wait; but wait_for around it costs a task, a timer and
-            # a trip through the event loop on every send, so a delivery task
-            # sent one event per loop iteration and fell behind under load.
+            # would not wait; but a timed drain costs a timer and a trip through
+            # the event loop on every send (with wait_for, a task too), so a
+            # delivery task sent one event per loop iteration and fell behind
+            # under load.
             if not self._flush_due:
                 self._flush_due = True
                 asyncio.get_running_loop().call_soon(self.flush)
             return
         self.flush()
         try:
-            await asyncio.wait_for(self._writer.drain(), self._stats.write_timeout)
+            async with asyncio.timeout(self._stats.write_timeout):
+                await self._writer.drain()
         except TimeoutError:  # first: TimeoutError is an OSError too
             self._write_timed_out()
         except (ConnectionError, OSError):
@@ -366,7 +368,8 @@ class TcpListener:
             await asyncio.gather(*self._connections, return_exceptions=True)
         if self._server is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+                async with asyncio.timeout(2):
+                    await self._server.wait_closed()
 
     def _register(self, out: StreamOutbound) -> Connection:
         out.connection = register_connection(self.stats, self.name, out.peer, out.close)
@@ -406,41 +409,9 @@ class TcpListener:
         self._connections.add(task)
         log.debug("%s: connection from %s", self.name, out.peer)
         session: StreamSession | None = None
-        loop = asyncio.get_running_loop()
         try:
             session = self.factory(out)
-            deadline = HandshakeDeadline(self.stats)
-            frame = FrameDeadline(self.stats)
-            while not out.closed:
-                timeout = deadline.read_timeout(self.idle_timeout, out.handshaken)
-                timeout = frame.read_timeout(timeout)
-                try:
-                    # asyncio.timeout, not wait_for: wait_for runs the read in
-                    # a task of its own (Python 3.11), once per read.
-                    async with asyncio.timeout(timeout):
-                        data = await reader.read(READ_CHUNK)
-                except TimeoutError:
-                    message = frame.expired(self.name, out.peer, session.input_buffer)
-                    if message is not None:
-                        await session.frame_timed_out(message)
-                        await out.wait_closed(ERROR_GRACE)
-                        reason = FRAME_TIMEOUT
-                        break
-                    if deadline.expired(self.name, out.peer, out.handshaken):
-                        break
-                    if timeout != self.idle_timeout:
-                        continue  # the handshake completed while waiting: idle time restarts
-                    log.info("%s: closing idle connection from %s", self.name, out.peer)
-                    reason = IDLE
-                    break
-                if not data:
-                    reason = PEER_CLOSED
-                    break
-                self.stats.bytes_in += len(data)
-                conn.bytes_in += len(data)
-                started = loop.time()
-                await session.data_received(data)
-                frame.after_input(session.input_buffer, loop.time() - started)
+            reason = await self._receive(reader, out, session, conn)
         except (ConnectionError, asyncio.IncompleteReadError):
             reason = PEER_CLOSED
         except asyncio.CancelledError:
@@ -460,3 +431,41 @@ class TcpListener:
                     log.exception("%s: cleanup after %s failed", self.name, out.peer)
             out.close()
             self._connections.discard(task)
+
+    async def _receive(
+        self, reader: asyncio.StreamReader, out: StreamOutbound, session: StreamSession,
+        conn: Connection,
+    ) -> str | None:
+        """Hand what arrives to the session until the connection ends; the
+        reason it ended (None: the server side closed it)."""
+        loop = asyncio.get_running_loop()
+        deadline = HandshakeDeadline(self.stats)
+        frame = FrameDeadline(self.stats)
+        while not out.closed:
+            timeout = deadline.read_timeout(self.idle_timeout, out.handshaken)
+            timeout = frame.read_timeout(timeout)
+            try:
+                # asyncio.timeout, not wait_for: wait_for runs the read in
+                # a task of its own (Python 3.11), once per read.
+                async with asyncio.timeout(timeout):
+                    data = await reader.read(READ_CHUNK)
+            except TimeoutError:
+                message = frame.expired(self.name, out.peer, session.input_buffer)
+                if message is not None:
+                    await session.frame_timed_out(message)
+                    await out.wait_closed(ERROR_GRACE)
+                    return FRAME_TIMEOUT
+                if deadline.expired(self.name, out.peer, out.handshaken):
+                    return None
+                if timeout != self.idle_timeout:
+                    continue  # the handshake completed while waiting: idle time restarts
+                log.info("%s: closing idle connection from %s", self.name, out.peer)
+                return IDLE
+            if not data:
+                return PEER_CLOSED
+            self.stats.bytes_in += len(data)
+            conn.bytes_in += len(data)
+            started = loop.time()
+            await session.data_received(data)
+            frame.after_input(session.input_buffer, loop.time() - started)
+        return None

@@ -110,7 +110,8 @@ class WebSocketOutbound:
         # the close frame follows them.  A peer that stops reading cannot hold
         # the close up for long: on timeout aiohttp drops the transport.
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._ws.close(code=code, message=message), CLOSE_TIMEOUT * 2)
+            async with asyncio.timeout(CLOSE_TIMEOUT * 2):
+                await self._ws.close(code=code, message=message)
 
 
 SessionFactory = Callable[[Outbound], StreamSession]
@@ -245,7 +246,8 @@ class _LingeringResponse(web.WebSocketResponse):
         if done is None:
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(done), CLOSE_TIMEOUT)
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await asyncio.shield(done)
         if not done.done():
             done.set_result(None)
 
@@ -396,20 +398,12 @@ class WebSocketEndpoint:
                     frame.waiting = waiting  # moved earlier when a frame starts
                     msg = await ws.receive()
             except TimeoutError:
-                message = frame.expired(self.name, peer)
-                if message is not None:
-                    await session.frame_timed_out(message)
-                    out.close(WSCloseCode.POLICY_VIOLATION, b"frame not completed in time")
-                    reason = FRAME_TIMEOUT
+                # (Still inside the timeout's wait: frame.waiting is cleared after.)
+                ended, reason = await self._timed_out(
+                    out, session, deadline, frame, timeout, peer)
+                if ended:
                     break
-                if deadline.expired(self.name, peer, out.handshaken):
-                    out.close(WSCloseCode.POLICY_VIOLATION, b"no handshake in time")
-                    break
-                if timeout != self.idle_timeout:
-                    continue  # the handshake completed while waiting: idle time restarts
-                log.info("%s: closing idle WebSocket from %s", self.name, peer)
-                reason = IDLE
-                break
+                continue  # the handshake completed while waiting: idle time restarts
             finally:
                 frame.waiting = None
             # A whole message: what arrived is used (a chunk that also
@@ -441,6 +435,25 @@ class WebSocketEndpoint:
             await session.data_received(data)
             frame.server_busy(asyncio.get_running_loop().time() - started)
         return reason
+
+    async def _timed_out(
+        self, out: WebSocketOutbound, session: StreamSession, deadline: HandshakeDeadline,
+        frame: FrameDeadline, timeout: float | None, peer: str,
+    ) -> tuple[bool, str | None]:
+        """A read that waited ``timeout``: whether the connection ends, and why
+        (None: the server side closed it)."""
+        message = frame.expired(self.name, peer)
+        if message is not None:
+            await session.frame_timed_out(message)
+            out.close(WSCloseCode.POLICY_VIOLATION, b"frame not completed in time")
+            return True, FRAME_TIMEOUT
+        if deadline.expired(self.name, peer, out.handshaken):
+            out.close(WSCloseCode.POLICY_VIOLATION, b"no handshake in time")
+            return True, None
+        if timeout != self.idle_timeout:
+            return False, None
+        log.info("%s: closing idle WebSocket from %s", self.name, peer)
+        return True, IDLE
 
     async def _on_shutdown(self, app: web.Application) -> None:
         """Close every connection (going away) so the HTTP server can stop

@@ -35,7 +35,7 @@ import asyncio
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import bson
 import bson.binary
@@ -85,8 +85,8 @@ from polyport.protocols.bson.transactions import PendingCommit, Transactions
 from polyport.protocols.bson.wire import ENCODE_OPTIONS, is_supported_version
 from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT
-from polyport.protocols.framing import InputBuffer
-from polyport.protocols.session import Outbound, SessionContext, SessionTasks, logged_in
+from polyport.protocols.errors import RemoteProtocolError as SharedRemoteProtocolError
+from polyport.protocols.session import ByteStreamSession, Outbound, SessionContext, logged_in
 
 ORIGIN = PROTOCOL
 # Replies already decided that go out in one write.
@@ -135,35 +135,32 @@ def emit_event_id(event: Mapping[str, Any]) -> uuid.UUID:
 # --- the session -----------------------------------------------------------------
 
 
-class BsonSession:
+class BsonSession(ByteStreamSession[Limits, ServerConnection]):
     """Server side of one BSON frames connection (implements StreamSession)."""
 
-    def __init__(
-        self, ctx: SessionContext, out: Outbound, limits: Limits | None = None,
-        input_budget: BudgetAccount | None = None,
-    ) -> None:
-        self.ctx = ctx
-        self._tenant: Tenant | None = None
-        ctx.on_revoke(self._revoked)
-        self.out = out
-        self.limits = limits or Limits.from_settings(ctx.settings)
+    limits_type = Limits
+    peer_fault = RemoteProtocolError
+
+    def _connection(self) -> ServerConnection:
         s = self.limits
-        self.conn = ServerConnection(
+        return ServerConnection(
             max_frame_size=s.max_frame_bytes,
             flow_pause_bytes=s.flow_pause_bytes,
             flow_resume_bytes=s.flow_resume_bytes,
             max_unacked_query_results=s.query_window,
         )
-        self.conn.budget = input_budget
+
+    def _init_state(self) -> None:
+        s = self.limits
+        self._tenant: Tenant | None = None
         self.principal: Principal | None = None
         self.context = ""
         self.budget = Budget(s.max_inflight_requests, s.max_inflight_bytes)
         # Requests awaiting their reply, in request order (bounded by budget).
         self._replies: deque[Reply] = deque()
         self._replies_wake = asyncio.Event()
+        # The reply writer, one of the session's tasks (started with the first reply).
         self._writer: asyncio.Task[None] | None = None
-        # Its tasks (besides the reply writer): cancelled when it is lost.
-        self._tasks = SessionTasks()
         self.transactions = Transactions(
             self.conn.transactions,
             max_open=s.max_transactions,
@@ -172,17 +169,15 @@ class BsonSession:
         )
         self.subscriptions = Subscriptions(self)
         self.queries = Queries(self)
-        # Set once the connection is ending: read no more, start nothing new.
-        self.closing = False
         self._lost = False
 
     # --- StreamSession ------------------------------------------------------------
 
-    async def data_received(self, data: bytes) -> None:
-        if self.closing:
-            return
+    async def _undecodable(self, exc: SharedRemoteProtocolError) -> None:
+        await self.fatal(cast(RemoteProtocolError, exc))  # a peer_fault
+
+    async def _received(self, frames: list[Frame]) -> None:
         try:
-            frames = self.conn.receive_data(data)
             while frames:
                 self.ctx.stats.frames_in += len(frames)
                 for frame in frames:
@@ -196,10 +191,6 @@ class BsonSession:
             # Our own bug, never the peer's fault: say so rather than blame them.
             log.error("%s: BSON adapter error: %s", self.out.peer, err)
             await self.fatal(ProtocolError(f"internal error: {err.message}", code="internal"))
-
-    @property
-    def input_buffer(self) -> InputBuffer:
-        return self.conn.input_buffer
 
     async def frame_timed_out(self, message: str) -> None:
         if self.closing:
@@ -216,8 +207,6 @@ class BsonSession:
         if self._writer is not None:
             self._writer.cancel()
         await self._tasks.close()
-        if self._writer is not None:
-            await asyncio.gather(self._writer, return_exceptions=True)
         self.transactions.clear()
         self.conn.close()
 
@@ -271,7 +260,7 @@ class BsonSession:
 
     def _ensure_writer(self) -> None:
         if self._writer is None:
-            self._writer = asyncio.create_task(self._write_replies(), name="bson-replies")
+            self._writer = self._tasks.spawn(self._write_replies(), name="bson-replies")
 
     async def _write_replies(self) -> None:
         """Send replies strictly in request order, each once its outcome is

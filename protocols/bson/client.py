@@ -130,16 +130,14 @@ class BsonClient:
     ) -> BsonClient:
         """Open the connection (TLS with ``ssl``) and send CONNECT; raises
         BsonError if refused."""
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=ssl), timeout
-        )
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
         client = cls(reader, writer)
         client._task = asyncio.create_task(client._read_loop(), name="bson-client-reader")
         try:
-            reply = await asyncio.wait_for(
-                client._request(Connect(version=version, username=username, password=password)),
-                timeout,
-            )
+            async with asyncio.timeout(timeout):
+                reply = await client._request(
+                    Connect(version=version, username=username, password=password))
             _check(reply)
         except BaseException:
             await client.close()
@@ -437,7 +435,8 @@ class ClientSubscription(IterateUntilNone[Recev]):
                 return None
             self._readable.clear()
             try:
-                await asyncio.wait_for(self._readable.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._readable.wait()
             except TimeoutError:
                 return None
         frame, size = self._queue.popleft()
@@ -498,7 +497,8 @@ class QueryResults(IterateUntilNone[Any]):
                 return None
             self._readable.clear()
             try:
-                await asyncio.wait_for(self._readable.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._readable.wait()
             except TimeoutError:
                 return None
         self.taken += 1

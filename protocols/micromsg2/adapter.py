@@ -21,7 +21,6 @@ docs/protocols/micromsg2.md.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import uuid
 from collections import deque
@@ -37,9 +36,8 @@ from polyport.core.errors import Busy, NotFound, PolyportError
 from polyport.core.events import DEFAULT_CONTEXT, EventData, RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
-from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT, UNSUPPORTED
-from polyport.protocols.framing import InputBuffer
+from polyport.protocols.errors import RemoteProtocolError as SharedRemoteProtocolError
 from polyport.protocols.micromsg2.connection import ServerConnection
 from polyport.protocols.micromsg2.errors import LocalProtocolError, RemoteProtocolError
 from polyport.protocols.micromsg2.filters import INT64_MAX, INT64_MIN, Filter
@@ -67,7 +65,7 @@ from polyport.protocols.micromsg2.pubsub import (
     parse_pubsub_command,
 )
 from polyport.protocols.micromsg2.state import State
-from polyport.protocols.session import Outbound, SessionContext, logged_in
+from polyport.protocols.session import ByteStreamSession, SessionTasks, logged_in
 
 SERVER_IDENTITY = "polyport"
 
@@ -247,31 +245,27 @@ class _Sub:
         self.handle.close()
 
 
-class MicroMsg2Session:
+class MicroMsg2Session(ByteStreamSession[Limits, ServerConnection]):
     """Implements protocols.session.StreamSession for one client connection."""
 
-    def __init__(
-        self, ctx: SessionContext, out: Outbound, limits: Limits | None = None,
-        input_budget: BudgetAccount | None = None,
-    ) -> None:
-        self._ctx = ctx
-        ctx.on_revoke(self._fail)
-        # The store as the x-auth (or anonymous) principal may use it.
-        self._tenant: Tenant | None = None
-        self._stats = ctx.stats
-        self._log = ctx.log
-        self._out = out
-        self._opts = limits or Limits.from_settings(ctx.settings)
-        self._conn = ServerConnection(
+    limits_type = Limits
+    peer_fault = RemoteProtocolError
+
+    def _connection(self) -> ServerConnection:
+        return ServerConnection(
             SERVER_IDENTITY,
             SERVER_EXTENSIONS,
-            self._opts.required_extensions,
-            max_payload=self._opts.max_payload,
-            first_outbound_seq=self._opts.initial_seq,
+            self.limits.required_extensions,
+            max_payload=self.limits.max_payload,
+            first_outbound_seq=self.limits.initial_seq,
         )
-        self._conn.budget = input_budget
+
+    def _init_state(self) -> None:
+        # The store as the x-auth (or anonymous) principal may use it.
+        self._tenant: Tenant | None = None
+        self._stats = self.ctx.stats
+        self._log = self.ctx.log
         self._loop = asyncio.get_running_loop()
-        self._closing = False
         self.principal: Principal | None = None
         self.context = ""
         self._json = False
@@ -283,17 +277,21 @@ class MicroMsg2Session:
         self._pending_messages = 0
         self._pending_bytes = 0
         self._append_room = asyncio.Event()
-        self._confirm_task: asyncio.Task[None] | None = None
+        # self._tasks (ByteStreamSession's) holds the confirmer, the watchdog and
+        # each subscription's pump.
+        # Appends handed to the store: never cancelled, left to finish when the
+        # connection is lost (they may commit; the client resends what was
+        # not acked).
+        self._commits = SessionTasks()
         # Queue deliveries waiting for the client's ack: seq -> (member, position).
         self._inflight: dict[int, tuple[GroupMember, int]] = {}
         self._window_open = asyncio.Event()
         self._last_activity = self._loop.time()
         self._started = self._last_activity
-        self._watchdog: asyncio.Task[None] | None = None
         # Called once the connection is gone (the listener's session registry).
         self.on_close: Callable[[MicroMsg2Session], None] | None = None
-        if self._opts.idle_timeout:
-            self._watchdog = asyncio.create_task(self._watch_idle(self._opts.idle_timeout))
+        if self.limits.idle_timeout:
+            self._tasks.spawn(self._watch_idle(self.limits.idle_timeout))
 
     # --- introspection (status, tests) ----------------------------------------------
 
@@ -303,24 +301,22 @@ class MicroMsg2Session:
 
     @property
     def negotiated(self) -> Negotiated | None:
-        return self._conn.negotiated
+        return self.conn.negotiated
 
     # --- StreamSession ----------------------------------------------------------------
 
-    async def data_received(self, data: bytes) -> None:
-        if self._closing:
-            return
+    def _input_arrived(self) -> None:
         self._last_activity = self._loop.time()
-        try:
-            frames = self._conn.receive_data(data)
-        except RemoteProtocolError as exc:
-            await self._fail(exc.code, exc.message)
-            return
+
+    async def _undecodable(self, exc: SharedRemoteProtocolError) -> None:
+        await self._fail(exc.code, exc.message)
+
+    async def _received(self, frames: list[Frame]) -> None:
         self._stats.frames_in += len(frames)
         run: list[Message] = []
         try:
             for frame in frames:
-                if self._closing:
+                if self.closing:
                     return
                 # Consecutive MESSAGEs go to the store as one submission (one
                 # commit, far fewer tasks); anything else first flushes them, so
@@ -332,7 +328,7 @@ class MicroMsg2Session:
                     await self._append_run(run)
                     run = []
                 await self._handle(frame)
-            if run and not self._closing:
+            if run and not self.closing:
                 await self._append_run(run)
         except RemoteProtocolError as exc:
             # Only the peer's faults: a LocalProtocolError is our bug and goes
@@ -341,35 +337,25 @@ class MicroMsg2Session:
         except PolyportError as exc:
             await self._fail(exc.code, exc.message)
 
-    @property
-    def input_buffer(self) -> InputBuffer:
-        return self._conn.input_buffer
-
     async def frame_timed_out(self, message: str) -> None:
         await self._fail(TIMEOUT, message)
 
     async def connection_lost(self) -> None:
-        self._closing = True
-        if self._conn.budget is not None:
-            self._conn.budget.close()
+        self.closing = True
+        if self.conn.budget is not None:
+            self.conn.budget.close()
         if self.on_close is not None:
             self.on_close(self)
         self._window_open.set()
         self._append_room.set()
-        for task in (self._confirm_task, self._watchdog):
-            if task is not None:
-                task.cancel()
         for sub in self._subs:
             sub.close()
-        tasks = [s.task for s in self._subs if s.task is not None]
         self._subs.clear()
         self._inflight.clear()
-        for task in tasks + [t for t in (self._confirm_task, self._watchdog) if t is not None]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        # Appends already handed to the store are left to finish: they may
-        # commit, but the client can no longer be told (it resends what was
-        # not acked).
+        await self._tasks.close()
+        # Appends already handed to the store (self._commits) are left to
+        # finish: they may commit, but the client can no longer be told (it
+        # resends what was not acked).
 
     # --- frames -----------------------------------------------------------------------
 
@@ -378,12 +364,12 @@ class MicroMsg2Session:
             # Frames of one read are all decoded before any is handled, so the
             # connection's state may already be past this frame: which
             # handshake it is follows from whether the reply was sent.
-            if self._conn.state is State.CLOSED:
+            if self.conn.state is State.CLOSED:
                 # A later frame of the same read (the peer's ERROR) ended the
                 # handshake; that frame closes the connection when handled.
                 return
-            if self._conn.negotiated is None:  # the hello: answer it
-                await self._send(self._conn.reply_frame())
+            if self.conn.negotiated is None:  # the hello: answer it
+                await self._send(self.conn.reply_frame())
             else:  # the final handshake: the connection is open
                 await self._opened()
         elif isinstance(frame, Message):
@@ -393,7 +379,7 @@ class MicroMsg2Session:
         elif isinstance(frame, Ack):
             self._on_acked(frame.acked)
         elif isinstance(frame, Extension):
-            negotiated = self._conn.negotiated
+            negotiated = self.conn.negotiated
             ext = negotiated.by_index(frame.ext_id) if negotiated else None
             name = ext.name if ext else str(frame.ext_id)
             raise RemoteProtocolError(
@@ -402,9 +388,9 @@ class MicroMsg2Session:
         elif isinstance(frame, Error):
             # The peer gives up (e.g. it lacks an extension the server requires).
             # Not counted in the listener's errors: those are the server's own.
-            self._log.info("micromsg2: %s sent ERROR %r; closing", self._out.peer, frame.message)
-            self._closing = True
-            self._out.close()
+            self._log.info("micromsg2: %s sent ERROR %r; closing", self.out.peer, frame.message)
+            self.closing = True
+            self.out.close()
 
     @property
     def tenant(self) -> Tenant:
@@ -412,19 +398,19 @@ class MicroMsg2Session:
         return logged_in(self._tenant, "the handshake has not completed")
 
     async def _opened(self) -> None:
-        negotiated = self._conn.negotiated
+        negotiated = self.conn.negotiated
         assert negotiated is not None
         user, password = negotiated.credentials or (None, None)
-        tenant = await self._ctx.authenticate(user, password)
+        tenant = await self.ctx.authenticate(user, password)
         # The connection acts in the principal's default context, checked
         # like any other (a user may have been given a default it may not use).
         self.context = tenant.context()
         self._tenant = tenant
         self.principal = tenant.principal
-        self._out.handshake_done()
+        self.out.handshake_done()
         self._json = negotiated.has(EXT_JSON)
         self._acks = negotiated.ack_window is not None
-        self._confirm_task = asyncio.create_task(self._confirm_appends())
+        self._tasks.spawn(self._confirm_appends())
 
     # --- appends ----------------------------------------------------------------------
 
@@ -454,16 +440,16 @@ class MicroMsg2Session:
                 for stream, events in grouped
             )
             size = sum(len(m.payload) for m in messages[:taken])
-            while self._no_room(size) and not self._closing:
+            while self._no_room(size) and not self.closing:
                 self._append_room.clear()
                 await self._append_room.wait()
-            if self._closing:
+            if self.closing:
                 return
             self._pending_messages += taken
             self._pending_bytes += size
             # Tasks start in creation order, so runs reach the writer (and
             # commit) in the order the client sent them.
-            future = asyncio.ensure_future(self._store_appends(appends))
+            future = self._commits.spawn(self._store_appends(appends))
             pending = _PendingRun(messages[0].seq, messages[taken - 1].seq, taken, size, future)
             future.add_done_callback(lambda f: self._append_done(pending))
             self._appends.append(pending)
@@ -492,7 +478,7 @@ class MicroMsg2Session:
         if self._pending_messages >= MAX_PENDING_MESSAGES:
             return True
         pending = self._pending_bytes
-        return pending > 0 and pending + size > self._opts.max_pending_bytes
+        return pending > 0 and pending + size > self.limits.max_pending_bytes
 
     def _append_done(self, pending: _PendingRun) -> None:
         self._pending_messages -= pending.count
@@ -505,7 +491,7 @@ class MicroMsg2Session:
         """Acks the client's MESSAGEs in order, each only after its commit; a
         failed append ends the connection (MicroMsg2 has no per-message
         refusal, and the client's window would never reopen)."""
-        while not self._closing:
+        while not self.closing:
             if not self._appends:
                 self._appends_ready.clear()
                 await self._appends_ready.wait()
@@ -532,7 +518,7 @@ class MicroMsg2Session:
     # --- pubsub -----------------------------------------------------------------------
 
     async def _command(self, command: Command) -> None:
-        negotiated = self._conn.negotiated
+        negotiated = self.conn.negotiated
         if negotiated is None or not negotiated.has(EXT_PUBSUB):
             raise RemoteProtocolError(
                 f"command {command.name!r} needs the 'pubsub' extension, which this "
@@ -568,18 +554,18 @@ class MicroMsg2Session:
                 CoreSubscribe(selector, END, durable, SUBSCRIPTION_BUFFER), credit=True
             )
             assert isinstance(member, GroupMember)
-            window = self._conn.negotiated.ack_window if self._conn.negotiated else None
+            window = self.conn.negotiated.ack_window if self.conn.negotiated else None
             member.grant(window or QUEUE_CREDIT_WITHOUT_ACKS)
             handle = member
         else:
             handle = await self.tenant.subscribe(
                 CoreSubscribe(selector, END, None, SUBSCRIPTION_BUFFER)
             )
-        if self._closing:
+        if self.closing:
             handle.close()
             return
         sub = _Sub(request.destination, filter_text, handle)
-        sub.task = asyncio.create_task(self._pump(sub))
+        sub.task = self._tasks.spawn(self._pump(sub))
         self._subs.append(sub)
 
     def _unsubscribe(self, request: Unsubscribe) -> None:
@@ -599,7 +585,7 @@ class MicroMsg2Session:
     async def _pump(self, sub: _Sub) -> None:
         destination = str(sub.destination)
         try:
-            while not self._closing:
+            while not self.closing:
                 ev = await sub.handle.next()
                 if ev is None:
                     return
@@ -607,20 +593,20 @@ class MicroMsg2Session:
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - the last resort: logged, and the client told
-            self._log.exception("micromsg2: delivery to %s failed", self._out.peer)
+            self._log.exception("micromsg2: delivery to %s failed", self.out.peer)
             await self._fail("internal", f"delivery on {destination} failed")
 
     async def _deliver(self, sub: _Sub, destination: str, ev: RecordedEvent) -> None:
         payload = event_payload(ev, json_negotiated=self._json)
         properties = event_properties(ev)
-        while not self._closing:
-            if not self._conn.can_send_message():
+        while not self.closing:
+            if not self.conn.can_send_message():
                 self._window_open.clear()
                 await self._window_open.wait()
                 continue
-            seq = self._conn.next_seq
+            seq = self.conn.next_seq
             try:
-                data = self._conn.send(Message(seq, destination, payload, properties))
+                data = self.conn.send(Message(seq, destination, payload, properties))
             except LocalProtocolError as exc:
                 # Deliberately caught although it is ours: the window and state
                 # were checked just above, so what is left is an event that
@@ -643,7 +629,7 @@ class MicroMsg2Session:
             self._last_activity = self._loop.time()
             # No await between encoding and writing: frames hit the socket in
             # sequence order.  The await itself is the backpressure.
-            await self._out.send(data)
+            await self.out.send(data)
             if not self._acks:
                 self._settle(sub, ev.position)
             return
@@ -666,40 +652,43 @@ class MicroMsg2Session:
     # --- output and failure -------------------------------------------------------------
 
     async def _send(self, frame: Frame) -> None:
-        if self._out.closed:
+        if self.out.closed:
             return
-        data = self._conn.send(frame)
+        data = self.conn.send(frame)
         self._stats.frames_out += 1
         self._last_activity = self._loop.time()
-        await self._out.send(data)
+        await self.out.send(data)
+
+    async def _revoked(self, code: str, message: str) -> None:
+        await self._fail(code, message)
 
     async def _fail(self, code: str, message: str) -> None:
         """One ERROR frame, then close."""
-        if self._closing:
+        if self.closing:
             return
-        self._closing = True
+        self.closing = True
         self._window_open.set()
         self._append_room.set()
         self._stats.error(code, message)
-        self._log.info("micromsg2: closing %s: %s: %s", self._out.peer, code, message)
+        self._log.info("micromsg2: closing %s: %s: %s", self.out.peer, code, message)
         try:
-            data = self._conn.send(Error.from_code(code, message))
+            data = self.conn.send(Error.from_code(code, message))
         except LocalProtocolError:
             # An ERROR may be sent in every state; failing here is our bug.
             # The connection is closed all the same.
-            self._log.exception("micromsg2: cannot send the ERROR frame to %s", self._out.peer)
+            self._log.exception("micromsg2: cannot send the ERROR frame to %s", self.out.peer)
             data = b""
-        if data and not self._out.closed:
+        if data and not self.out.closed:
             self._stats.frames_out += 1
-            await self._out.send(data)
-        self._out.close()
+            await self.out.send(data)
+        self.out.close()
 
     async def _watch_idle(self, limit: float) -> None:
         """Closes a connection that never finishes its handshake, or that has
         been silent both ways for ``limit`` seconds with nothing to wait for.
         (A subscriber legitimately sends nothing, so the transport's own idle
         timeout is off for this protocol.)"""
-        while not self._closing:
+        while not self.closing:
             now = self._loop.time()
             if self.principal is None:
                 remaining = self._started + limit - now

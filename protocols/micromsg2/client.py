@@ -129,12 +129,12 @@ class MicroMsg2Client:
             version=version,
             first_inbound_seq=first_inbound_seq,
         )
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=ssl), timeout
-        )
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
         client = cls(reader, writer, conn, queue_size=queue_size)
         try:
-            await asyncio.wait_for(client._handshake(), timeout)
+            async with asyncio.timeout(timeout):
+                await client._handshake()
         except BaseException:
             writer.close()
             raise
@@ -220,7 +220,8 @@ class MicroMsg2Client:
                 await self._window.wait()
             await self._writer.drain()
 
-        await asyncio.wait_for(settled(), timeout)
+        async with asyncio.timeout(timeout):
+            await settled()
 
     async def subscribe(self, destination: str, filter: str | Filter | None = None) -> None:
         with as_local:  # the caller's destination and filter, not the server's
@@ -270,7 +271,8 @@ class MicroMsg2Client:
         TimeoutError when nothing arrives within ``timeout`` seconds."""
         if self._closed.is_set() and self._queue.empty():
             raise self._closed_error()
-        item = await asyncio.wait_for(self._queue.get(), timeout)
+        async with asyncio.timeout(timeout):
+            item = await self._queue.get()
         if item is _CLOSED:
             self._queue.put_nowait(_CLOSED)  # for the next caller too
             raise self._closed_error()
@@ -280,7 +282,8 @@ class MicroMsg2Client:
         return item
 
     async def wait_closed(self, timeout: float | None = None) -> None:
-        await asyncio.wait_for(self._closed.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await self._closed.wait()
 
     async def _read_loop(self) -> None:
         try:

@@ -193,7 +193,8 @@ class ResponseStream(IterateUntilNone[bytes]):
             item = self._queue.get_nowait()
         else:
             try:
-                item = await asyncio.wait_for(self._queue.get(), timeout)
+                async with asyncio.timeout(timeout):
+                    item = await self._queue.get()
             except TimeoutError:
                 return None
         if isinstance(item, _End):

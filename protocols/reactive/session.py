@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ClassVar, Protocol, cast
 
 from polyport.core.access import Tenant
@@ -31,7 +31,6 @@ from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
 from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT, LocalProtocolError, RemoteProtocolError
-from polyport.protocols.framing import InputBuffer
 from polyport.protocols.reactive.connection import StreamError
 from polyport.protocols.reactive.eventservice import (
     StreamWork,
@@ -51,7 +50,12 @@ from polyport.protocols.reactive.payloads import (
     ReadRequest,
     SubscribeRequest,
 )
-from polyport.protocols.session import DELIVERY_BATCH, Outbound, SessionContext
+from polyport.protocols.session import (
+    DELIVERY_BATCH,
+    ByteStreamSession,
+    Outbound,
+    SessionContext,
+)
 
 
 class _Coded(Protocol):
@@ -61,13 +65,13 @@ class _Coded(Protocol):
     message: str
 
 
-class EventServiceSession:
+class EventServiceSession(ByteStreamSession[StreamLimits, Any]):
     """Server side of one connection of either version (a StreamSession)."""
 
     # Task names start with this.
     task_prefix: ClassVar[str] = ""
     # The version's limits and sans-IO server connection classes.
-    limits_type: ClassVar[type[StreamLimits]] = StreamLimits
+    limits_type = StreamLimits
     connection_type: ClassVar[type[Any]] = type(None)
     # Errors a request ends with that its stream is answered with (ERROR
     # ``{code, message}``); anything else is a bug, answered ``internal``.
@@ -84,71 +88,60 @@ class EventServiceSession:
         """``budget``: this connection's share of the gateway's reassembly
         budget (fragments of every connection together), released when the
         connection is lost."""
-        self.ctx = ctx
-        ctx.on_revoke(self._fail_connection)
-        self.stats = ctx.stats
-        self.out = out
         self.transport = transport
-        self.limits = limits or self.limits_type.from_settings(ctx.settings)
-        self.conn = self.connection_type(
-            transport, **self.limits.connection_args(), **self._connection_options()
+        super().__init__(ctx, out, limits, budget)
+
+    def _connection(self) -> Any:
+        return self.connection_type(
+            self.transport, **self.limits.connection_args(), **self._connection_options()
         )
-        self.conn.budget = budget
+
+    def _init_state(self) -> None:
+        self.stats = self.ctx.stats
         # The version's frame classes.
         self.frames = self.conn.frames
         # The store as the SETUP's principal may use it; None before SETUP.
         self.tenant: Tenant | None = None
         self._work: dict[int, StreamWork] = {}
         self._fnf_slots = asyncio.Semaphore(self.limits.max_fnf_inflight)
-        self._fnf_tasks: set[asyncio.Task[None]] = set()
-        # Every stream task, also those already told to stop, so that
-        # connection_lost can wait for their cleanup.
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._closing = False
+        # Fire-and-forgets started and not yet ended (each holds a slot).
+        # self._tasks holds every task of the connection, ended with it: each
+        # stream's (also those already told to stop, so that connection_lost
+        # waits for their cleanup), each fire-and-forget's and the version's
+        # watchdog (idle connections, SETUP and KEEPALIVE deadlines).
+        self._fnf_inflight = 0
         self._last_input = asyncio.get_running_loop().time()
-        # The version's watchdog (idle connections, SETUP and KEEPALIVE
-        # deadlines), ended with the connection.
-        self._watchdog: asyncio.Task[None] | None = None
         self._open()
 
     # --- transport callbacks --------------------------------------------------------
 
-    async def data_received(self, data: bytes) -> None:
-        if self._closing:
-            return
+    def _input_arrived(self) -> None:
         self._last_input = asyncio.get_running_loop().time()
-        try:
-            events = self.conn.receive_data(data)
-        except RemoteProtocolError as exc:
-            # Frames decoded before the fault are dropped with the connection.
-            await self._fail_connection(exc.code, exc.message, self._wire_code(exc))
-            return
+
+    async def _undecodable(self, exc: RemoteProtocolError) -> None:
+        # Frames decoded before the fault are dropped with the connection.
+        await self._fail_connection(exc.code, exc.message, self._wire_code(exc))
+
+    async def _received(self, events: list[Any]) -> None:
         for ev in events:
-            if self._closing:
+            if self.closing:
                 return
             self.stats.frames_in += 1
             await self._dispatch(ev)
 
-    @property
-    def input_buffer(self) -> InputBuffer:
-        return self.conn.input_buffer  # type: ignore[no-any-return]
+    async def _revoked(self, code: str, message: str) -> None:
+        await self._fail_connection(code, message)
 
     async def frame_timed_out(self, message: str) -> None:
         await self._fail_connection(TIMEOUT, message)
 
     async def connection_lost(self) -> None:
-        self._closing = True
+        self.closing = True
         # Fragments held for half-received requests go back to the budget now,
         # whatever their streams' state.
         self.conn.release_budget()
         self._stop_all()
-        tasks = [*self._tasks, *self._fnf_tasks]
-        if self._watchdog is not None:
-            tasks.append(self._watchdog)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.close()
 
     # --- the version's part ------------------------------------------------------------
 
@@ -157,7 +150,8 @@ class EventServiceSession:
         return {}
 
     def _open(self) -> None:
-        """The version's own state of a new connection."""
+        """The version's own state of a new connection (and its watchdog, if
+        any, started through :meth:`_spawn`)."""
 
     def _wire_code(self, exc: RemoteProtocolError) -> int | None:
         """The version's own error code for a connection fault, if it has one."""
@@ -211,10 +205,8 @@ class EventServiceSession:
         if isinstance(ev, frames.RequestFnf):
             # Waiting for a slot stops the transport reading: backpressure.
             await self._fnf_slots.acquire()
-            task = asyncio.create_task(
-                self._fire_and_forget(ev), name=f"{self.task_prefix}-fnf-{ev.stream_id}"
-            )
-            self._fnf_tasks.add(task)
+            task = self._spawn(self._fire_and_forget(ev), f"fnf-{ev.stream_id}")
+            self._fnf_inflight += 1
             task.add_done_callback(self._fnf_done)
         elif isinstance(ev, frames.RequestN):
             work = self._work.get(ev.stream_id)
@@ -236,7 +228,8 @@ class EventServiceSession:
             await self._dispatch_frame(ev)
 
     def _fnf_done(self, task: asyncio.Task[None]) -> None:
-        self._fnf_tasks.discard(task)
+        """A fire-and-forget ended (done, failed or cancelled): its slot is free."""
+        self._fnf_inflight -= 1
         self._fnf_slots.release()
 
     async def _fire_and_forget(self, frame: Any) -> None:
@@ -257,15 +250,15 @@ class EventServiceSession:
 
     # --- stream tasks -----------------------------------------------------------------
 
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A task of this connection, named ``<task_prefix>-<name>``: cancelled
+        and awaited when the connection is lost."""
+        return self._tasks.spawn(coro, name=f"{self.task_prefix}-{name}")
+
     def _start(self, stream_id: int, body: Callable[[StreamWork], Awaitable[None]]) -> None:
         work = StreamWork(stream_id)
         self._work[stream_id] = work
-        task = asyncio.create_task(
-            self._serve(work, body), name=f"{self.task_prefix}-stream-{stream_id}"
-        )
-        work.task = task
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        work.task = self._spawn(self._serve(work, body), f"stream-{stream_id}")
 
     def _stop_work(self, stream_id: int) -> None:
         work = self._work.pop(stream_id, None)
@@ -409,9 +402,9 @@ class EventServiceSession:
         """ERROR on stream 0, then close (codec faults, refused SETUP,
         lifetime).  ``wire_code``: the version's own error code, where it has
         one and the default does not fit."""
-        if self._closing:
+        if self.closing:
             return
-        self._closing = True
+        self.closing = True
         self.ctx.log.info("closing %s: %s: %s", self.out.peer, code, message)
         self._stop_all()
         self.stats.error(code, message)
@@ -426,6 +419,6 @@ class EventServiceSession:
         self.out.close()
 
     def _close(self) -> None:
-        self._closing = True
+        self.closing = True
         self._stop_all()
         self.out.close()

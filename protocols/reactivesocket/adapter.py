@@ -70,7 +70,7 @@ class ReactiveSocketSession(EventServiceSession):
         # REQUEST_SUB streams whose group events the client settles itself.
         self._manual_ack: set[int] = set()
         if self.limits.idle_timeout:
-            self._watchdog = asyncio.create_task(self._idle_watch(), name="rs-idle")
+            self._spawn(self._idle_watch(), "idle")
 
     # --- dispatch -------------------------------------------------------------
 
@@ -200,9 +200,9 @@ class ReactiveSocketSession(EventServiceSession):
         timeout = self.limits.idle_timeout
         assert timeout
         loop = asyncio.get_running_loop()
-        while not self._closing:
+        while not self.closing:
             idle_for = loop.time() - self._last_input
-            if idle_for >= timeout and not self._work and not self._fnf_tasks:
+            if idle_for >= timeout and not self._work and not self._fnf_inflight:
                 self.ctx.log.info("closing idle connection from %s", self.out.peer)
                 self._close()
                 return

@@ -92,7 +92,7 @@ class RSocketSession(EventServiceSession):
         self._lifetime: float | None = None
         self._lease_renew_at: float | None = None
         self._wake_watch = asyncio.Event()
-        self._watchdog = asyncio.create_task(self._watch(), name="rsocket-watch")
+        self._spawn(self._watch(), "watch")
 
     # --- dispatch ------------------------------------------------------------------
 
@@ -249,12 +249,13 @@ class RSocketSession(EventServiceSession):
         return min(deadlines) if deadlines else self._now() + 3600
 
     async def _watch(self) -> None:
-        while not self._closing:
+        while not self.closing:
             delay = self._next_deadline() - self._now()
             if delay > 0:
                 self._wake_watch.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake_watch.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake_watch.wait()
                 continue
             now = self._now()
             if self.conn.setup is None:

@@ -37,7 +37,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from polyport.core.access import Tenant
 from polyport.core.commands import (
@@ -60,8 +60,8 @@ from polyport.core.errors import (
 from polyport.core.events import EventData
 from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT
-from polyport.protocols.framing import InputBuffer
-from polyport.protocols.segment.connection import ServerConnection
+from polyport.protocols.errors import RemoteProtocolError as SharedRemoteProtocolError
+from polyport.protocols.segment.connection import ServerConnection, ServerInput
 from polyport.protocols.segment.errors import LocalProtocolError, RemoteProtocolError, error_reply
 from polyport.protocols.segment.frames import (
     PROTOCOL,
@@ -78,7 +78,13 @@ from polyport.protocols.segment.frames import (
 from polyport.protocols.segment.limits import Limits
 from polyport.protocols.segment.state import BlockEvents
 from polyport.protocols.segment.wire import split_segment_name
-from polyport.protocols.session import ListenerStats, Outbound, SessionContext
+from polyport.protocols.session import (
+    ByteStreamSession,
+    ListenerStats,
+    Outbound,
+    SessionContext,
+    SessionTasks,
+)
 
 # Segment data carries no type or content type of its own.
 EVENT_TYPE = "segment-event"
@@ -127,8 +133,9 @@ class AppenderRegistry:
     def __init__(self) -> None:
         self._owners: dict[AppenderKey, SegmentSession] = {}
         self._locks: dict[AppenderKey, tuple[asyncio.Lock, int]] = {}
-        # In-flight commits outlive their connection (see SegmentSession).
-        self.background: set[asyncio.Task[Any]] = set()
+        # In-flight commits outlive their connection (see SegmentSession):
+        # held here while they run, never cancelled.
+        self.background = SessionTasks()
 
     @contextlib.asynccontextmanager
     async def locked(self, key: AppenderKey) -> AsyncIterator[None]:
@@ -155,13 +162,12 @@ class AppenderRegistry:
             del self._owners[key]
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
-        self.background.add(task)
+        task: asyncio.Task[Any] = self.background.spawn(coro)
         task.add_done_callback(self._settled)
         return task
 
-    def _settled(self, task: asyncio.Task[Any]) -> None:
-        self.background.discard(task)
+    @staticmethod
+    def _settled(task: asyncio.Task[Any]) -> None:
         # Its connection may be gone; the error was reported there if it was not.
         if not task.cancelled():
             task.exception()
@@ -233,8 +239,11 @@ def _block_cost(block: BlockEvents) -> int:
     return block.end_offset - block.offset + 64
 
 
-class SegmentSession:
+class SegmentSession(ByteStreamSession[Limits, ServerConnection]):
     """The server side of one segment-wire connection (a StreamSession)."""
+
+    limits_type = Limits
+    peer_fault = RemoteProtocolError
 
     def __init__(
         self,
@@ -244,44 +253,40 @@ class SegmentSession:
         limits: Limits | None = None,
         input_budget: BudgetAccount | None = None,
     ) -> None:
-        self._ctx = ctx
-        ctx.on_revoke(self._revoked)
+        self._registry = registry
+        super().__init__(ctx, out, limits, input_budget)
+
+    def _connection(self) -> ServerConnection:
+        return ServerConnection(
+            self.limits.max_message_size, max_block_size=self.limits.max_block_size
+        )
+
+    def _init_state(self) -> None:
         # Logins of this connection by credentials string ("" = anonymous):
         # a client sends the same credentials with every request.
         self._tenants: dict[str, Tenant] = {}
-        self._stats: ListenerStats = ctx.stats
-        self._log = ctx.log
-        self._out = out
-        self._registry = registry
-        self._limits = limits or Limits.from_settings(ctx.settings)
-        self._codec = ServerConnection(
-            self._limits.max_message_size, max_block_size=self._limits.max_block_size
-        )
-        self._codec.budget = input_budget
+        self._stats: ListenerStats = self.ctx.stats
+        self._log = self.ctx.log
         self._appends = _AppendQueue(limit=MAX_QUEUED_APPEND_BYTES)
         self._reads: asyncio.Queue[ReadSegment] = asyncio.Queue(maxsize=MAX_QUEUED_READS)
         self._appenders: dict[uuid.UUID, _Appender] = {}
+        # The append and read workers (in self._tasks), each started with its
+        # first request.
         self._append_task: asyncio.Task[None] | None = None
         self._read_task: asyncio.Task[None] | None = None
-        self._closing = False
 
     # --- StreamSession ------------------------------------------------------
 
-    async def data_received(self, data: bytes) -> None:
-        if self._closing:
-            return
-        try:
-            inputs = self._codec.receive_data(data)
-        except RemoteProtocolError as exc:
-            # The byte stream cannot be resynchronised: answer what came
-            # before (already queued), then the error, then close.
-            self._log.debug("segment: %s from %s: %s", exc.code, self._out.peer, exc.message)
-            self._closing = True
-            self._ensure_append_worker()
-            await self._appends.put(_Fatal(exc.reply(), exc.code), 0)
-            return
+    async def _undecodable(self, exc: SharedRemoteProtocolError) -> None:
+        # The byte stream cannot be resynchronised: answer what came
+        # before (already queued), then the error, then close.
+        fault = cast(RemoteProtocolError, exc)  # a peer_fault
+        self._log.debug("segment: %s from %s: %s", fault.code, self.out.peer, fault.message)
+        await self._fail_after_queued(fault.reply(), fault.code)
+
+    async def _received(self, inputs: list[ServerInput]) -> None:
         if inputs:  # segment has no login: its first valid request ends the handshake
-            self._out.handshake_done()
+            self.out.handshake_done()
         for item in inputs:
             self._stats.frames_in += 1
             if isinstance(item, KeepAlive):
@@ -296,27 +301,24 @@ class SegmentSession:
                 self._ensure_append_worker()
                 await self._appends.put(item, 64)
 
-    @property
-    def input_buffer(self) -> InputBuffer:
-        return self._codec.input_buffer
-
     async def frame_timed_out(self, message: str) -> None:
-        if self._closing:
+        if self.closing:
             return
         # As a codec fault: the replies already due, then the error, then close.
-        self._closing = True
+        await self._fail_after_queued(error_reply(TIMEOUT, message), TIMEOUT)
+
+    async def _fail_after_queued(self, reply: ErrorReply, code: str) -> None:
+        """Read no more; the append worker answers what is queued, then sends
+        ``reply`` and closes."""
+        self.closing = True
         self._ensure_append_worker()
-        await self._appends.put(_Fatal(error_reply(TIMEOUT, message), TIMEOUT), 0)
+        await self._appends.put(_Fatal(reply, code), 0)
 
     async def connection_lost(self) -> None:
-        self._closing = True
-        if self._codec.budget is not None:
-            self._codec.budget.close()
-        for task in (self._append_task, self._read_task):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        self.closing = True
+        if self.conn.budget is not None:
+            self.conn.budget.close()
+        await self._tasks.close()
         # An append already handed to the core is not cancelled (it runs in a
         # registry task holding its key's lock), so a reconnecting writer
         # reads the ack level only after it settled.
@@ -328,34 +330,34 @@ class SegmentSession:
 
     def _ensure_append_worker(self) -> None:
         if self._append_task is None:
-            self._append_task = asyncio.create_task(
-                self._append_worker(), name=f"segment-append {self._out.peer}"
+            self._append_task = self._tasks.spawn(
+                self._append_worker(), name=f"segment-append {self.out.peer}"
             )
 
     def _ensure_read_worker(self) -> None:
         if self._read_task is None:
-            self._read_task = asyncio.create_task(
-                self._read_worker(), name=f"segment-read {self._out.peer}"
+            self._read_task = self._tasks.spawn(
+                self._read_worker(), name=f"segment-read {self.out.peer}"
             )
 
     async def _send(self, reply: ReplyFrame) -> None:
-        data = self._codec.send(reply)
+        data = self.conn.send(reply)
         self._stats.frames_out += 1
-        await self._out.send(data)
+        await self.out.send(data)
 
     async def _fail(self, reply: ErrorReply, code: str) -> None:
         """Error reply, then close: used wherever the client's view of its
         appends may no longer match the server's (it resends after
         reconnecting)."""
-        self._closing = True
+        self.closing = True
         self._stats.error(code, getattr(reply, "message", None))
         try:
             await self._send(reply)
         except LocalProtocolError:
             # An error reply may always be sent; failing here is our bug.  The
             # connection is closed all the same.
-            self._log.exception("segment: cannot send the error reply to %s", self._out.peer)
-        self._out.close()
+            self._log.exception("segment: cannot send the error reply to %s", self.out.peer)
+        self.out.close()
 
     async def _revoked(self, code: str, message: str) -> None:
         """The user's rights were revoked while connected: AUTH_FAILED, then close."""
@@ -367,7 +369,7 @@ class SegmentSession:
         tenant = self._tenants.get(credentials)
         if tenant is None:
             user, password = split_credentials(credentials)
-            tenant = await self._ctx.authenticate(user, password)
+            tenant = await self.ctx.authenticate(user, password)
             self._tenants[credentials] = tenant
         tenant.check(context)
         return tenant
@@ -417,7 +419,7 @@ class SegmentSession:
         if previous is not None and previous.key != key:
             self._registry.release(previous.key, self)
         self._appenders[frame.connection_id] = _Appender(key, frame.segment, ack, tenant)
-        if self._codec.segment_of(frame.connection_id) != frame.segment:
+        if self.conn.segment_of(frame.connection_id) != frame.segment:
             return  # a later SetupAppend for this cid (other segment) supersedes this one
         # The same SetupAppend sent twice before our reply: the first reply
         # already set the appender up with this ack level.
@@ -535,10 +537,10 @@ class SegmentSession:
     async def _read(self, request: ReadSegment) -> SegmentRead:
         context, stream = split_segment_name(request.segment)
         tenant = await self._tenant_for(request.credentials, context)
-        limit = self._limits.max_reply_bytes
+        limit = self.limits.max_reply_bytes
         budget = min(request.suggested_length, limit) if request.suggested_length > 0 else limit
         chunk = await self._read_chunk(tenant, request, context, stream, budget)
-        if not chunk.data and self._limits.read_wait > 0:
+        if not chunk.data and self.limits.read_wait > 0:
             chunk = await self._wait_for_data(tenant, request, context, stream, budget)
         data, at_tail = chunk.data, chunk.at_tail
         if len(data) > budget:
@@ -587,7 +589,7 @@ class SegmentSession:
             chunk = await self._read_chunk(tenant, request, context, stream, budget)
             if chunk.data:
                 return chunk
-            await sub.next(timeout=self._limits.read_wait)
+            await sub.next(timeout=self.limits.read_wait)
             return await self._read_chunk(tenant, request, context, stream, budget)
         finally:
             sub.close()

@@ -146,9 +146,8 @@ class _Link:
         ssl: SSLContext | None = None,
     ) -> _Link:
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, ssl=ssl), seconds
-            )
+            async with asyncio.timeout(seconds):
+                reader, writer = await asyncio.open_connection(host, port, ssl=ssl)
         except (OSError, TimeoutError) as exc:
             raise ConnectionLost(f"cannot connect to {host}:{port}: {exc}") from exc
         return cls(reader, writer, on_reply, on_close, max_message_size)
@@ -239,7 +238,8 @@ async def _keep_alive(link: _Link, keep_alives: _KeepAlives, data: bytes, second
     fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
     keep_alives.pending.append(fut)
     await link.send([KeepAlive(data)])
-    return await asyncio.wait_for(fut, seconds)
+    async with asyncio.timeout(seconds):  # cancels fut, as wait_for did
+        return await fut
 
 
 # --- writing ----------------------------------------------------------------------
@@ -392,7 +392,8 @@ class SegmentWriter:
         self._setups[writer.connection_id] = fut
         try:
             await link.send([writer.setup_append()])
-            ack = await asyncio.wait_for(fut, self.timeout)
+            async with asyncio.timeout(self.timeout):  # cancels fut, as wait_for did
+                ack = await fut
         finally:
             self._setups.pop(writer.connection_id, None)
         await link.send(writer.resume(ack, block_size=self.resend_block_bytes))
@@ -420,7 +421,8 @@ class SegmentWriter:
                 self._changed.clear()
                 await self._changed.wait()
 
-        await asyncio.wait_for(wait(), seconds)
+        async with asyncio.timeout(seconds):
+            await wait()
 
     def _on_reply(self, link: _Link, reply: ClientInput) -> None:
         if link is not self._link:
@@ -495,7 +497,8 @@ class SegmentReader:
         fut: asyncio.Future[SegmentRead] = asyncio.get_running_loop().create_future()
         self._pending.append(fut)
         await link.send([ReadSegment(segment, offset, suggested_length, self.credentials)])
-        return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+        async with asyncio.timeout(self.timeout):
+            return await asyncio.shield(fut)
 
     async def iterate(
         self,

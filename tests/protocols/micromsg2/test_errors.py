@@ -167,7 +167,7 @@ async def test_adapter_does_not_swallow_its_own_protocol_bug() -> None:
     # Our reply breaks the protocol (an identity over 255 bytes): the
     # connection refuses to send it, and the adapter must not answer that as
     # if the peer had sent something wrong.
-    session._conn.reply_frame = lambda: Handshake("x" * 300)  # type: ignore[method-assign]
+    session.conn.reply_frame = lambda: Handshake("x" * 300)  # type: ignore[method-assign]
     with pytest.raises(LocalProtocolError, match="identity is 300 bytes"):
         await session.data_received(encode_handshake(Handshake("client")))
     # Left to the transport, which logs it and closes: no ERROR frame blaming

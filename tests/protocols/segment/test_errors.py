@@ -140,7 +140,7 @@ async def test_adapter_lets_a_local_error_from_the_codec_through() -> None:
     def broken(data: bytes) -> list[Any]:
         raise LocalProtocolError("our bug", code=shared.MALFORMED)
 
-    session._codec.receive_data = broken  # type: ignore[method-assign]
+    session.conn.receive_data = broken  # type: ignore[method-assign]
     with pytest.raises(LocalProtocolError, match="our bug"):
         await session.data_received(b"\x00")
     # Left to the transport (which logs it and closes): no error reply that

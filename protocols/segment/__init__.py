@@ -1,6 +1,7 @@
 """Segment wire: the append/read protocol of a segment store (spec:
 specs/segment-wire.md), as a sans-IO codec.  See docs/protocols/segment.md."""
 
+from polyport.protocols.segment.client import AppendWriter, block_frames, encode_block
 from polyport.protocols.segment.connection import (
     ClientConnection,
     ClientInput,
@@ -34,7 +35,6 @@ from polyport.protocols.segment.frames import (
 )
 from polyport.protocols.segment.state import BlockEvents, BlockState
 from polyport.protocols.segment.wire import decode_frame, encode_frame, split_segment_name
-from polyport.protocols.segment.writer import AppendWriter, block_frames, encode_block
 
 __all__ = [
     "DEFAULT_PORT",

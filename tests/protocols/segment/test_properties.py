@@ -9,6 +9,7 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from polyport.protocols.segment.client import AppendWriter
 from polyport.protocols.segment.connection import ClientConnection, FrameReader, ServerConnection
 from polyport.protocols.segment.errors import ProtocolError
 from polyport.protocols.segment.frames import (
@@ -33,7 +34,6 @@ from polyport.protocols.segment.frames import (
 )
 from polyport.protocols.segment.state import BlockEvents
 from polyport.protocols.segment.wire import decode_frame, encode_frame
-from polyport.protocols.segment.writer import AppendWriter
 
 SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -111,7 +111,7 @@ def test_uuid_is_most_significant_byte_first() -> None:
 
 def test_split_block_wire_bytes() -> None:
     """The spec's trick: [Begin][Event][Partial Begin][End][Partial End]."""
-    from polyport.protocols.segment.writer import encode_block
+    from polyport.protocols.segment.client import encode_block
 
     # Event "ab" framed: 00000000 00000002 6162 (10 bytes); event "xyz": 11 bytes,
     # cut after 4 bytes.  Boundary = 10 + (9 + 4) = 23 wire bytes before End.

@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from polyport.protocols.segment.client import AppendWriter, block_frames
 from polyport.protocols.segment.errors import ProtocolError
 from polyport.protocols.segment.frames import (
     BeginAppendBlock,
@@ -15,7 +16,6 @@ from polyport.protocols.segment.frames import (
     PartialMessage,
     SetupAppend,
 )
-from polyport.protocols.segment.writer import AppendWriter, block_frames
 
 CID = uuid.UUID(int=7)
 

@@ -10,7 +10,7 @@ the limit.  ``docs/operations.md`` ("Limits") lists each one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -80,7 +80,8 @@ def check_appends(
     :class:`TooLarge` naming the limit."""
     n = sum(len(a.events) for a in appends)
     bodies = names = 0
-    ids: set[object] = set()
+    if n > 1:
+        check_unique_ids((e.event_id for a in appends for e in a.events), "one append")
     max_name = limits.max_name_bytes
     for a in appends:
         if not a.stream:
@@ -89,10 +90,6 @@ def check_appends(
         names += _name(a.stream, "stream name", max_name)
         check_text(a.origin, "origin")
         for e in a.events:
-            if n > 1:
-                if e.event_id in ids:
-                    raise Malformed(f"event id {e.event_id} appears twice in one append")
-                ids.add(e.event_id)
             names += _name(e.type, "event type", max_name)
             names += _name(e.content_type, "content type", max_name)
             headers = e.headers
@@ -108,10 +105,7 @@ def check_appends(
                     names += _text_bytes(value, f"header {key!r}", limits.max_header_value_bytes,
                                         "max_header_value_bytes")
             size = len(e.body)
-            if size > max_event_bytes:
-                raise TooLarge(
-                    f"event body of {size} bytes exceeds the limit of {max_event_bytes} bytes"
-                )
+            check_body_size(size, max_event_bytes)
             if body_depth_exceeds(e.content_type, e.body, limits.max_body_depth):
                 raise Malformed(
                     f"event body ({e.content_type}) is nested deeper than "
@@ -119,6 +113,24 @@ def check_appends(
                 )
             bodies += size
     return bodies, bodies + names
+
+
+def check_body_size(size: int, limit: int, what: str = "event body") -> None:
+    """An event body within ``max_event_bytes``: the one check, whether core
+    or a protocol's own (smaller or larger) setting asks; ``what`` names the
+    event the way the protocol's request does."""
+    if size > limit:
+        raise TooLarge(f"{what} of {size} bytes exceeds the limit of {limit} bytes")
+
+
+def check_unique_ids(ids: Iterable[object], where: str) -> None:
+    """Each event id is one event's idempotency key: a submission naming
+    one twice cannot be stored, and must not reach the shared group commit."""
+    seen: set[object] = set()
+    for event_id in ids:
+        if event_id in seen:
+            raise Malformed(f"event id {event_id} appears twice in {where}")
+        seen.add(event_id)
 
 
 def _name(value: str, what: str, limit: int) -> int:

@@ -43,8 +43,9 @@ import bson.binary
 from polyport.core.access import Tenant
 from polyport.core.bodies import BSON
 from polyport.core.commands import Append, AppendBatch, Principal
-from polyport.core.errors import Malformed, PolyportError, TooLarge, Unsupported
+from polyport.core.errors import Malformed, PolyportError, Unsupported
 from polyport.core.events import EventData
+from polyport.core.limits import check_body_size
 from polyport.protocols.bson.connection import ServerConnection
 from polyport.protocols.bson.errors import (
     LocalProtocolError,
@@ -376,12 +377,7 @@ class BsonSession(ByteStreamSession[Limits, ServerConnection]):
 
     def _event(self, frame: Emit) -> tuple[Append, int]:
         body = encode_event(frame.event)
-        limit = self.limits.max_event_bytes
-        if len(body) > limit:
-            raise TooLarge(
-                f"EMIT: event of {len(body)} bytes exceeds the limit of {limit} bytes; "
-                "nothing was stored"
-            )
+        check_body_size(len(body), self.limits.max_event_bytes, "EMIT: event")
         event = EventData(
             type=frame.event_type, body=body, content_type=BSON,
             event_id=emit_event_id(frame.event),

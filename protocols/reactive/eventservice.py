@@ -34,9 +34,9 @@ from polyport.core.commands import (
     Start,
     Subscribe,
 )
-from polyport.core.errors import TooLarge
 from polyport.core.events import DEFAULT_CONTENT_TYPE, EventData, RecordedEvent
 from polyport.core.groups import GroupMember
+from polyport.core.limits import check_body_size
 from polyport.core.subscriptions import Subscription
 from polyport.protocols.reactive.payloads import (
     AppendRequest,
@@ -105,11 +105,7 @@ def append_command(
 ) -> Append:
     events = []
     for i, e in enumerate(request.events):
-        if len(e.body) > max_event_bytes:
-            raise TooLarge(
-                f"events[{i}]: body of {len(e.body)} bytes exceeds the limit of "
-                f"{max_event_bytes} bytes"
-            )
+        check_body_size(len(e.body), max_event_bytes, f"events[{i}]: body")
         events.append(
             EventData(
                 type=e.type,

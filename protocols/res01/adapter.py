@@ -36,11 +36,11 @@ from polyport.core.errors import (
     NotFound,
     PolyportError,
     Timeout,
-    TooLarge,
     Unsupported,
     new_error_id,
 )
 from polyport.core.events import EventData, RecordedEvent
+from polyport.core.limits import check_body_size, check_text, check_unique_ids
 from polyport.protocols.res01.errors import ErrorCode, error_code, error_reply
 from polyport.protocols.res01.frames import (
     EXPECTED_VERSION_ANY,
@@ -101,17 +101,6 @@ def expected_version(value: int) -> Expected:
     )
 
 
-def _check_text(value: str, what: str) -> None:
-    """PostgreSQL text cannot hold NUL, and one bad row would fail the whole
-    group commit it shares with other clients: refuse it here."""
-    if "\x00" in value:
-        raise Malformed(f"{what} must not contain a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate from a JSON \\ud800 escape
-        raise Malformed(f"{what} is not valid Unicode (lone surrogate)") from None
-
-
 def _compact_json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
@@ -161,26 +150,20 @@ def to_append(request: AppendCommit, max_event_bytes: int | None = None) -> Appe
         raise Malformed("AppendCommit: stream must not be empty")
     if not request.events:
         raise Malformed("AppendCommit: a commit needs at least one event")
-    _check_text(request.context, "AppendCommit context")
-    _check_text(request.stream, "AppendCommit stream")
+    check_text(request.context, "AppendCommit context")
+    check_text(request.stream, "AppendCommit stream")
     expected = expected_version(request.expected_version)
-    if len({e.event_id for e in request.events}) != len(request.events):
-        # Each id is one event's idempotency key; a commit naming one twice
-        # cannot be stored and must not reach the shared group commit.
-        raise Malformed("AppendCommit: the same event id appears twice in one commit")
+    check_unique_ids((e.event_id for e in request.events), "one AppendCommit")
     events: list[EventData] = []
     for i, e in enumerate(request.events):
-        _check_text(e.type, f"AppendCommit event {i} type")
+        check_text(e.type, f"AppendCommit event {i} type")
         headers = headers_from_text(e.headers)
         for key, value in headers.items():
-            _check_text(key, f"AppendCommit event {i} header name")
-            _check_text(value, f"AppendCommit event {i} header {key!r}")
+            check_text(key, f"AppendCommit event {i} header name")
+            check_text(value, f"AppendCommit event {i} header {key!r}")
         body = e.body.encode("utf-8")
-        if max_event_bytes is not None and len(body) > max_event_bytes:
-            raise TooLarge(
-                f"AppendCommit event {i}: body of {len(body)} bytes exceeds the limit of "
-                f"{max_event_bytes} bytes"
-            )
+        if max_event_bytes is not None:
+            check_body_size(len(body), max_event_bytes, f"AppendCommit event {i}: body")
         events.append(
             EventData(
                 type=e.type,
@@ -211,9 +194,9 @@ def selector_for(context: str, filter_: str) -> Selector:
 
 def subscription_name(subscriber_id: str, context: str, filter_: str) -> str:
     """The durable subscription's name for (SubscriberId, Context, Filter)."""
-    _check_text(subscriber_id, "subscriber id")
-    _check_text(context, "subscription context")
-    _check_text(filter_, "subscription filter")
+    check_text(subscriber_id, "subscriber id")
+    check_text(context, "subscription context")
+    check_text(filter_, "subscription filter")
     if not context:
         raise Malformed("subscription context must not be empty")
     name = SUBSCRIPTION_NAME_PREFIX + _compact_json(

@@ -14,7 +14,8 @@ extensions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar, TypedDict, Unpack
@@ -415,12 +416,17 @@ class StreamConnection:
 
     def _send_all(self, stream_id: int, frames: list[Any]) -> list[bytes]:
         """Send several frames of one stream all or nothing."""
+        with self._all_or_nothing(stream_id):
+            return [self.send(frame) for frame in frames]
+
+    @contextlib.contextmanager
+    def _all_or_nothing(self, stream_id: int) -> Iterator[None]:
+        """Frames sent inside count all or none: on the version's
+        LocalProtocolError the stream's record is put back as it was."""
         rec = self._streams.get(stream_id)
         saved = None if rec is None else (rec.phase, rec.credits)
-        sent: list[bytes] = []
         try:
-            for frame in frames:
-                sent.append(self.send(frame))
+            yield
         except self.local_error:
             if saved is None or rec is None:
                 self._streams.pop(stream_id, None)
@@ -428,7 +434,6 @@ class StreamConnection:
                 rec.phase, rec.credits = saved
                 self._streams[stream_id] = rec
             raise
-        return sent
 
     def item_frames(self, stream_id: int, data: bytes) -> list[Any]:
         """The frames of one item (NEXT) carrying ``data``: one when it fits
@@ -449,9 +454,7 @@ class StreamConnection:
             return []
         frames = [self.item_frames(stream_id, d) for d in datas]
         rest = frames[1:]
-        rec = self._streams.get(stream_id)
-        saved = None if rec is None else (rec.phase, rec.credits)
-        try:
+        with self._all_or_nothing(stream_id):
             sent = [self.send(f) for f in frames[0]]
             rec = self._streams.get(stream_id)
             if rest and self._repeats_next(rec, len(rest)) and all(len(f) == 1 for f in rest):
@@ -459,13 +462,6 @@ class StreamConnection:
             else:
                 for item in rest:
                     sent += [self.send(f) for f in item]
-        except self.local_error:
-            if saved is None or rec is None:
-                self._streams.pop(stream_id, None)
-            else:
-                rec.phase, rec.credits = saved
-                self._streams[stream_id] = rec
-            raise
         return sent
 
     def _repeats_next(self, rec: Any, n: int) -> bool:

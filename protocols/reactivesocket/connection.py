@@ -329,9 +329,9 @@ class ServerConnection(BaseConnection, role="server"):
         return [f for f in frames if isinstance(f, Response)]
 
     def item_frames(self, stream_id: int, data: bytes) -> list[Any]:
-        if len(data) <= self.max_fragment:  # what fragment() would keep whole
-            return [Response(stream_id, data)]
-        return list(self.fragment_response(stream_id, data))
+        # fragment() itself: an item is a RESPONSE that never completes, so
+        # fragment_response's filtering is not needed on this per-event path.
+        return fragment(Response(stream_id, data), self.max_fragment)
 
     def send_response(
         self,

@@ -437,9 +437,9 @@ class ServerConnection(_Connection, role="server"):
         return [f for f in frames if isinstance(f, Payload)]
 
     def item_frames(self, stream_id: int, data: bytes) -> list[Any]:
-        if len(data) <= self.max_fragment:  # what fragment() would keep whole
-            return [Payload(stream_id, None, data, next=True)]
-        return list(self.payload_frames(stream_id, data))
+        # fragment() itself: an item has no metadata and never completes, so
+        # payload_frames' filtering is not needed on this per-event path.
+        return fragment(Payload(stream_id, None, data, next=True), self.max_fragment)
 
     def send_payload(self, stream_id: int, data: bytes, *, metadata: bytes | None = None,
                      complete: bool = False) -> list[bytes]:

@@ -155,14 +155,21 @@ def audit_appends(
     return acked, stored_n, lost, dup
 
 
+def _gaps(
+    received: list[int], expected: list[int]
+) -> tuple[list[int], Counter[int], list[tuple[int, int]]]:
+    """(positions missing, how often each was received, pairs out of order)."""
+    missing = sorted(set(expected) - set(received))
+    disorder = [(a, b) for a, b in itertools.pairwise(received) if b <= a]
+    return missing, Counter(received), disorder
+
+
 def describe_gaps(received: list[int], expected: list[int]) -> str:
     """What :func:`delivery_gaps` counted, for an assertion message: a
     one-off failure under load must say whether a reader skipped, repeated,
     reordered or merely lagged."""
-    missing = sorted(set(expected) - set(received))
-    counts = Counter(received)
+    missing, counts, disorder = _gaps(received, expected)
     repeats = sorted(p for p, n in counts.items() if n > 1)
-    disorder = [(a, b) for a, b in itertools.pairwise(received) if b <= a]
     return (f"received {len(received)} (last {received[-1:]}) of {len(expected)} "
             f"(last {expected[-1:]}); missing {missing[:10]}{'...' if len(missing) > 10 else ''}; "
             f"repeated {repeats[:10]}; out of order {disorder[:5]}")
@@ -173,10 +180,9 @@ def delivery_gaps(received: list[int], expected: list[int]) -> int:
     ``received`` (a reader that got exactly ``expected`` scores 0)."""
     if received == expected:
         return 0
-    missing = len(set(expected) - set(received))
-    repeats = len(received) - len(set(received))
-    disorder = sum(1 for a, b in itertools.pairwise(received) if b <= a)
-    return max(1, missing + repeats + disorder)
+    missing, counts, disorder = _gaps(received, expected)
+    repeats = len(received) - len(counts)
+    return max(1, len(missing) + repeats + len(disorder))
 
 
 class PgProxy:

@@ -266,12 +266,12 @@ class ServeProcess:
     gateway.json it writes into its data directory."""
 
     def __init__(self, root: Path, database_url: str, listeners: Sequence[str],
-                 workers: int | None, chain: bool = True) -> None:
+                 workers: int | None, chain: str = "auto") -> None:
         self.data_dir = root
         self.database_url = database_url
         self.listeners = tuple(listeners)
         self.workers = workers
-        # With workers > 1: the commit chain (off: each worker commits itself).
+        # With workers > 1: the commit_chain setting (auto, process, worker, off).
         self.chain = chain
         self.proc: asyncio.subprocess.Process | None = None
         self.ports: dict[str, tuple[str, int]] = {}
@@ -296,7 +296,7 @@ class ServeProcess:
             # the 2,000 idle connections.
             "POLYPORT_MAX_CONNECTIONS_PER_ADDRESS": "0",
             "POLYPORT_MAX_CONNECTIONS": "0",
-            "POLYPORT_COMMIT_CHAIN": "on" if self.chain else "off",
+            "POLYPORT_COMMIT_CHAIN": self.chain,
         }
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "polyport.gateway.cli.main", "serve",

@@ -47,22 +47,37 @@ from bench.peers import (
     say,
     w1,
 )
+from polyport.gateway.config import GatewayConfig
+from polyport.gateway.process.supervisor import chain_mode
 
 DEFAULT_PROTOCOLS = ("bson", "micromsg2")
 
 
+# How workers commit (the gateway's commit_chain setting) -> the table's label.
+CHAIN_LABELS = {"process": "chain", "worker": "hosted", "off": "own"}
+CHAIN_SETS = {"on": ("auto",), "off": ("off",), "process": ("process",),
+              "worker": ("worker",), "both": ("off", "auto"),
+              "all": ("off", "process", "worker")}
+
+
 @dataclass(frozen=True)
 class Setup:
-    """A worker count and how its workers commit."""
+    """A worker count and where its commit chain runs (``commit_chain``:
+    auto, process, worker or off)."""
 
     workers: int
-    chain: bool = True
+    chain: str = "auto"
+
+    @property
+    def mode(self) -> str:
+        """The chain as the gateway will run it on this machine."""
+        return chain_mode(GatewayConfig(workers=self.workers, commit_chain=self.chain))
 
     @property
     def label(self) -> str:
         if self.workers == 1:
             return "1"
-        return f"{self.workers} chain" if self.chain else f"{self.workers} own"
+        return f"{self.workers} {CHAIN_LABELS[self.mode]}"
 
 
 @dataclass
@@ -91,9 +106,9 @@ async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[st
                        args: argparse.Namespace, roots: Roots,
                        zmq_ctx: zmq.asyncio.Context, label: str) -> list[Run]:
     workers = setup.workers
-    gateway = ServeProcess(root / f"gateway-{label}", pg_url, protocols, workers, setup.chain)
+    gateway = ServeProcess(root / f"gateway-{label}", pg_url, protocols, workers, setup.mode)
     say(f"[{label}] starting polyport serve --workers {workers}"
-        f"{'' if workers == 1 else ' (commit chain ' + ('on' if setup.chain else 'off') + ')'}...")
+        f"{'' if workers == 1 else ' (commit chain: ' + setup.mode + ')'}...")
     await gateway.start()
     roots.gateway = gateway.pid
     env = Env("", gateway, None, zmq_ctx, roots, args.client_processes)
@@ -142,9 +157,10 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
               f"{r.total:>6.2f} {per_event:>7.0f} {'' if is_first else f'{ratio:.2f}':>6} "
               f"{'' if is_first else f'{per_event / b_per_event:.2f}':>7} {ceiling:>8} "
               f"{chain_max:>8}")
-    print("  workers: 'N chain' = N workers feeding one commit chain process (the default); "
-          "'N own' = each worker commits itself (POLYPORT_COMMIT_CHAIN=off, the design "
-          "before issue 26)")
+    print("  workers: 'N chain' = N workers feeding one commit chain process "
+          "(POLYPORT_COMMIT_CHAIN=process); 'N hosted' = the chain inside the last worker "
+          "(=worker); 'N own' = each worker commits itself (=off, the design before issue 26); "
+          "the default (auto) is a process when the machine has more cores than workers")
     print(f"  ratio: events/s against --workers {first.label}; CPU/ev ratio: CPU per event "
           f"(gateway + PG + client) against --workers {first.label}")
     print("  chain cores: the commit chain process's share of the gateway's; chain max "
@@ -192,9 +208,11 @@ def main(argv: list[str]) -> int:
                         f"(default {','.join(DEFAULT_PROTOCOLS)})")
     p.add_argument("--publishers", type=int, default=32, help="W1 publishers (default 32)")
     p.add_argument("--seconds", type=float, default=5.0, help="length of each measurement")
-    p.add_argument("--chain", choices=("on", "off", "both"), default="both",
-                   help="for counts above 1: workers feed one commit chain (on), commit "
-                        "each on their own (off), or both side by side (default both)")
+    p.add_argument("--chain", choices=tuple(CHAIN_SETS), default="both",
+                   help="for counts above 1: workers feed the commit chain where the "
+                        "gateway's default puts it (on), a chain process (process), the "
+                        "chain in a worker (worker), or commit each on their own (off); "
+                        "both = off and on, all = off, process and worker (default both)")
     p.add_argument("--repeat", type=int, default=3,
                    help="alternating runs per worker count; medians reported (default 3)")
     add_client_processes(p)
@@ -210,9 +228,8 @@ def main(argv: list[str]) -> int:
         if min(args.repeat, args.publishers, args.client_processes) < 1 or args.seconds <= 0:
             raise BenchError("--seconds, --repeat, --publishers and --client-processes must "
                              "be positive")
-        modes = {"on": (True,), "off": (False,), "both": (False, True)}[args.chain]
         args.setups = [Setup(w, c) for w in args.workers
-                       for c in ((True,) if w == 1 else modes)]
+                       for c in (("off",) if w == 1 else CHAIN_SETS[args.chain])]
     except (BenchError, ValueError) as exc:
         print(f"python -m bench workers: {one_line(exc)}", file=sys.stderr)
         return 2

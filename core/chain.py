@@ -46,6 +46,7 @@ stream (the peers are processes of one gateway, behind a 0700 directory)::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -198,9 +199,10 @@ class _Outbox:
     written once per event-loop turn: one write (and one wake-up of the
     peer) for everything a turn produced."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, *, wait_a_turn: bool = True) -> None:
         self.writer = writer
         self.loop = asyncio.get_running_loop()
+        self._later = self._next_turn if wait_a_turn else self._flush
         self._pack = msgpack.Packer().pack
         self._messages: list[list[Any]] = []
         self._scheduled = False
@@ -209,7 +211,7 @@ class _Outbox:
         self._messages.append(message)
         if not self._scheduled:
             self._scheduled = True
-            self.loop.call_soon(self._next_turn)
+            self.loop.call_soon(self._later)
 
     def _next_turn(self) -> None:
         # One turn later: the callbacks the current turn scheduled (a
@@ -253,11 +255,18 @@ class CommitChain:
     """The one writer of a multi-process gateway (see the module docstring)."""
 
     def __init__(self, dsn: str, limits: WriterLimits | None = None,
-                 notify_interval: float = 0.005) -> None:
+                 notify_interval: float = 0.005, *, writer: Writer | None = None) -> None:
         self.health = Health()
-        self.writer = Writer(dsn, limits, on_commit=self._committed, health=self.health)
-        self._notifier = Notifier(dsn, notify_interval)
         self._peers: set[_Peer] = set()
+        self._left = asyncio.Event()  # set when the last worker has left
+        if writer is None:
+            self.writer = Writer(dsn, limits, on_commit=self._committed, health=self.health)
+            self._notifier: Notifier | None = Notifier(dsn, notify_interval)
+        else:
+            # Hosted by a worker: its store owns the writer and notifies,
+            # and calls :meth:`tell_peers` from its own commit callback.
+            self.writer = writer
+            self._notifier = None
 
     @property
     def peers(self) -> int:
@@ -265,11 +274,29 @@ class CommitChain:
 
     def start(self) -> None:
         self.writer.start()
-        self._notifier.start()
+        if self._notifier is not None:
+            self._notifier.start()
 
     async def drain_and_stop(self) -> None:
         await self.writer.drain_and_stop()
-        self._notifier.stop()
+        if self._notifier is not None:
+            self._notifier.stop()
+
+    async def peers_gone(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) for the workers to close their
+        connections: stopping together, they drain their appends through
+        the chain and then close."""
+        if self._peers:
+            self._left = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._left.wait()
+
+    def disconnect(self) -> None:
+        """Close every worker's connection: they commit on their own until
+        a chain is back (a hosting worker stopping or restarting)."""
+        for peer in self._peers:
+            peer.out.writer.close()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One worker's connection, until it closes."""
@@ -293,6 +320,8 @@ class CommitChain:
         finally:
             self._peers.discard(peer)
             writer.close()
+            if not self._peers:
+                self._left.set()
 
     def _append(self, peer: _Peer, uid: int, appends: list[Any],
                 checked: tuple[int, int]) -> None:
@@ -300,7 +329,7 @@ class CommitChain:
             # The worker checked the limits (a process of the same gateway,
             # with the same configuration): not again here, on the one core
             # every commit goes through.
-            fut = self.writer.enqueue([decode_append(a) for a in appends], checked)
+            fut = self.writer.enqueue([decode_append(a) for a in appends], checked, own=False)
         except PolyportError as exc:
             peer.out.put(encode_failure(uid, exc))
             return
@@ -310,6 +339,11 @@ class CommitChain:
         """Every worker hears of every commit, in commit order, before the
         commit's appenders get their results (those are settled after this)."""
         self.health.ok()
+        self.tell_peers(base, t0, rows)
+        if self._notifier is not None:
+            self._notifier.committed(base + len(rows))
+
+    def tell_peers(self, base: int, t0: datetime, rows: list[tuple[Any, ...]]) -> None:
         n = len(rows)
         us = _us(t0)
         head = [COMMIT, base, us, n, None]
@@ -321,7 +355,6 @@ class CommitChain:
                 peer.out.put(full)
             else:
                 peer.out.put(head)
-        self._notifier.committed(base + n)
 
 
 # --- a worker's side --------------------------------------------------------------------
@@ -436,7 +469,7 @@ class ChainClient:
                 delay = min(RECONNECT_MAX, delay * 2)
                 continue
             delay = RECONNECT_MIN
-            self._out = _Outbox(writer)
+            self._out = _Outbox(writer, wait_a_turn=False)
             self._sent_want = None
             self._feed()
             self.connected.set()

@@ -17,7 +17,7 @@ import asyncpg
 
 from polyport.core import migrate, sql
 from polyport.core.binders import BinderQuery, BinderService
-from polyport.core.chain import ChainClient, Connect
+from polyport.core.chain import ChainClient, CommitChain, Connect
 from polyport.core.commands import (
     Append,
     AppendBatch,
@@ -95,6 +95,9 @@ class StoreConfig:
     # Whether this process counts the chain's commits in its writer stats
     # (every worker hears of every commit; one of them counts).
     chain_counts_commits: bool = True
+    # This process's writer is the commit chain the other workers feed
+    # (core/chain.py, "hosted"): :attr:`EventStore.chain` serves them.
+    hosts_chain: bool = False
     # pg_stat_activity's name for this store's sessions (serving gateways use
     # migrate.GATEWAY_APPLICATION_NAME); None: the URL's own, if any.
     application_name: str | None = None
@@ -164,6 +167,8 @@ class EventStore:
         # StorageUnavailable); the writer, tailer and locks own their retries.
         self._db: Db = None  # type: ignore[assignment]
         self.writer: Writer | ChainClient = None  # type: ignore[assignment]
+        # The commit chain this store hosts for the other workers, if any.
+        self.chain: CommitChain | None = None
         self.tailer: Tailer = None  # type: ignore[assignment]
         self.users: UserService = None  # type: ignore[assignment]
         self.binders: BinderService = None  # type: ignore[assignment]
@@ -217,6 +222,8 @@ class EventStore:
         await self.tailer.start()
         local = Writer(self._dsn, self.config.writer, on_commit=self._committed,
                        health=self._health)
+        if self.config.hosts_chain:
+            self.chain = CommitChain(self._dsn, writer=local)
         if self.config.chain is None:
             self.writer = local
         else:
@@ -291,6 +298,8 @@ class EventStore:
     def _committed(self, base: int, t0: datetime, rows: list[tuple[Any, ...]]) -> None:
         self._health.ok()
         self.tailer.committed(base, t0, rows)
+        if self.chain is not None:
+            self.chain.tell_peers(base, t0, rows)
         self._notifier.committed(base + len(rows))
 
     def _chain_committed(self, base: int, t0: datetime, n: int,

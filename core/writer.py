@@ -73,6 +73,9 @@ class _Pending:
     queued_at: float = 0.0
     # Bytes held for it until sent (bodies, headers, names): max_pending_bytes.
     cost: int = 0
+    # False: another worker's unit, queued by the commit chain this writer
+    # hosts; that worker reports it in its own metrics.
+    own: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +248,8 @@ class Writer:
         return not self._queue and not self._inflight
 
     def enqueue(
-        self, appends: Sequence[Append], checked: tuple[int, int] | None = None
+        self, appends: Sequence[Append], checked: tuple[int, int] | None = None,
+        *, own: bool = True,
     ) -> asyncio.Future[list[AppendResult]]:
         """Queue ``appends`` as one unit without awaiting: the future gets the
         outcome.  Refusals (limits, a full queue, shutdown) raise at once.
@@ -260,7 +264,7 @@ class Writer:
         fut: asyncio.Future[list[AppendResult]] = loop.create_future()
         deadline = loop.time() + self.limits.commit_timeout
         self._queue.append(
-            _Pending(tuple(appends), fut, n, size, deadline, time.monotonic(), cost)
+            _Pending(tuple(appends), fut, n, size, deadline, time.monotonic(), cost, own)
         )
         self._waiting_events += n
         self._waiting_bytes += cost
@@ -366,7 +370,7 @@ class Writer:
                 done - p.queued_at,
                 p.future.done() and not p.future.cancelled() and p.future.exception() is None,
             )
-            for p in batch
+            for p in batch if p.own
         )
         try:
             self.observer(CommitObservation(events, elapsed, units))

@@ -28,7 +28,13 @@ from polyport.gateway.http.telemetry import Telemetry
 from polyport.gateway.process.database import database, supervise_embedded
 from polyport.gateway.process.fatal import naming_bind_errors
 from polyport.gateway.process.rights import recheck
-from polyport.gateway.process.workers import Aggregator, WorkerRole, WorkerServer, chain_connector
+from polyport.gateway.process.workers import (
+    Aggregator,
+    WorkerRole,
+    WorkerServer,
+    chain_connector,
+    listen_for_workers,
+)
 from polyport.gateway.registry import ListenerDef, RunningListener, discover
 from polyport.gateway.transports.tls import ServerTls, check_material
 from polyport.gateway.transports.websocket import TLS_USER_FROM
@@ -93,6 +99,7 @@ class Gateway:
         # The first worker's view of every worker (/metrics, /status).
         self.aggregator: Aggregator | None = None
         self._worker_server: WorkerServer | None = None
+        self._chain_server: asyncio.AbstractServer | None = None
         self.store: EventStore = None  # type: ignore[assignment]
         self.database_url = ""
         self.listeners: dict[str, RunningListener] = {}
@@ -272,6 +279,9 @@ class Gateway:
             await self._start_listeners()
             if self.config.http_port is not None:
                 await self._start_http(self.config.http_port)
+            if self.store.chain is not None and self.role is not None:
+                self._chain_server = await listen_for_workers(self.store.chain.serve,
+                                                              self.role.run_dir)
             if self.role is not None:
                 self._worker_server = WorkerServer(self, self.role)
                 await self._worker_server.start()
@@ -290,9 +300,12 @@ class Gateway:
             anonymous_contexts=self.config.anonymous_contexts,
             read_timeout=self.config.read_timeout,
             writer=writer_limits(self.config),
-            chain=None if self.role is None or not self.role.chain else chain_connector(
-                self.role.run_dir),
-            chain_counts_commits=self.role is None or self.role.first,
+            chain=None if self.role is None or not self.role.chain or self.role.hosts_chain
+            else chain_connector(self.role.run_dir),
+            hosts_chain=self.role is not None and self.role.hosts_chain,
+            # The hosting worker's own writer counts a hosted chain's commits.
+            chain_counts_commits=self.role is None or (
+                self.role.first and not self.role.chain_in_worker),
             application_name=migrate.GATEWAY_APPLICATION_NAME,
             durable=DurableLimits(
                 max_name_bytes=self.config.max_durable_name_bytes,
@@ -377,6 +390,16 @@ class Gateway:
             self._user_changes = None
         if self.telemetry is not None:
             await self.telemetry.stop()
+        if self._chain_server is not None:
+            self._chain_server.close()
+            self._chain_server = None
+            if self.store is not None and self.store.chain is not None:
+                # Stopping with the others (SIGTERM reaches every worker),
+                # they drain through this chain and leave; one still here
+                # after the grace commits on its own from here (units this
+                # writer holds commit below; re-sent ones are idempotent).
+                await self.store.chain.peers_gone(self.config.shutdown_grace)
+                self.store.chain.disconnect()
         if self.store is not None:
             await self.store.close()
         for listener in self.listeners.values():

@@ -44,6 +44,10 @@ def default_data_dir() -> str:
 
 # gateway/process/eventloop.py: auto = uvloop when it can be imported, else asyncio.
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+# Where the commit chain of ``--workers N`` runs (core/chain.py): a process of
+# its own, inside the last worker, or nowhere (each worker commits itself);
+# auto: a process when the machine has a core to spare for it, else a worker.
+COMMIT_CHAINS = ("auto", "process", "worker", "off")
 # --workers: more than this is a typo, not a machine.
 MAX_WORKERS = 256
 
@@ -97,6 +101,19 @@ def _parse_bool(value: Any, key: str) -> bool:
     if text in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+def _parse_commit_chain(value: Any, where: str) -> str:
+    """One of COMMIT_CHAINS; true and false (the setting's first spelling)
+    still mean auto and off."""
+    text = str(value).strip().lower() if not isinstance(value, bool) else ""
+    if text in COMMIT_CHAINS:
+        return text
+    try:
+        return "auto" if _parse_bool(value, where) else "off"
+    except ConfigError:
+        raise ConfigError(f"{where}: expected one of {', '.join(COMMIT_CHAINS)}, "
+                          f"got {value!r}") from None
 
 
 def _parse_networks(value: Any, where: str) -> tuple[str, ...]:
@@ -268,10 +285,11 @@ class GatewayConfig:
     # first.  1 = one process, no supervisor.  "auto" in the file, the
     # environment or the flag = the number of cores this process may use.
     workers: int = 1
-    # With workers > 1: one commit chain process commits for every worker
-    # (core/chain.py); off: each worker commits on its own (the head row
+    # With workers > 1: one commit chain commits for every worker
+    # (core/chain.py), in a process of its own or in the last worker (see
+    # COMMIT_CHAINS); off: each worker commits on its own (the head row
     # makes them take turns).
-    commit_chain: bool = True
+    commit_chain: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def port_for(self, listener: str) -> int | None:
@@ -301,7 +319,7 @@ class GatewayConfig:
 PORT_KEYS = tuple(f.name for f in fields(GatewayConfig) if f.name.endswith("_port"))
 _PORT_KEYS = set(PORT_KEYS)
 _TLS_FIELDS = {"tls", *(f"{n}_tls" for n in TLS_LISTENERS)}
-_BOOL_KEYS = {"allow_anonymous", "commit_chain", "metrics_per_subscription", "res01_curve"}
+_BOOL_KEYS = {"allow_anonymous", "metrics_per_subscription", "res01_curve"}
 _INT_KEYS = {
     "max_event_bytes",
     "max_pending_events",
@@ -451,6 +469,8 @@ def coerce(key: str, value: Any, where: str | None = None) -> Any:
         return parse_port(value, where)
     if key in _BOOL_KEYS:
         return _parse_bool(value, where)
+    if key == "commit_chain":
+        return _parse_commit_chain(value, where)
     if key == "res01_allow_from":
         return _parse_networks(value, where)
     if key in _LIST_KEYS:

@@ -25,20 +25,18 @@ log = logging.getLogger("polyport.chain")
 
 
 async def _serve(payload: dict[str, Any], control_fd: int, ready_fd: int) -> int:
-    from polyport.core.chain import MAX_MESSAGE_BYTES, CommitChain
+    from polyport.core.chain import CommitChain
     from polyport.core.migrate import GATEWAY_APPLICATION_NAME, asyncpg_dsn, with_application_name
     from polyport.gateway.app import writer_limits
     from polyport.gateway.process.eventloop import settle_heap
     from polyport.gateway.process.worker import watch_lifeline
-    from polyport.gateway.process.workers import chain_socket_path
+    from polyport.gateway.process.workers import chain_socket_path, listen_for_workers
 
     role = payload["role"]
     config = role.apply(payload["config"])
     dsn = with_application_name(asyncpg_dsn(config.database_url), GATEWAY_APPLICATION_NAME)
     chain = CommitChain(dsn, writer_limits(config))
     chain.start()
-    path = chain_socket_path(role.run_dir)
-    path.unlink(missing_ok=True)  # a killed predecessor's
     connections: set[asyncio.Task[None]] = set()
 
     async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -50,8 +48,8 @@ async def _serve(payload: dict[str, Any], control_fd: int, ready_fd: int) -> int
         finally:
             connections.discard(task)
 
-    server = await asyncio.start_unix_server(accepted, str(path), limit=MAX_MESSAGE_BYTES)
-    os.chmod(path, 0o600)
+    server = await listen_for_workers(accepted, role.run_dir)
+    path = chain_socket_path(role.run_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -93,6 +93,30 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def chain_mode(config: GatewayConfig, cpus: int | None = None) -> str:
+    """Where the commit chain runs: ``process``, ``worker`` or ``off``.
+
+    ``auto`` gives the chain a process of its own only when the machine has
+    a core to spare beside the workers: a third process on two cores paid
+    for its wake-ups and system calls in every worker's CPU per event (W1,
+    two workers: 1.44x one worker's with a chain process, 1.31x with the
+    chain in a worker; docs/performance.md, session 11)."""
+    mode = config.commit_chain
+    if config.workers <= 1 or mode == "off":
+        return "off"
+    if mode == "auto":
+        cpus = usable_cpus() if cpus is None else cpus
+        return "process" if cpus > config.workers else "worker"
+    return mode
+
+
 def restart_delay(quick_failures: int) -> float:
     """Seconds before a restart, after ``quick_failures`` crashes in a row of
     a worker that had not run STABLE_AFTER (the current one included)."""
@@ -221,21 +245,15 @@ class Supervisor:
                 await migrate.check_current(url)
             ports = self._reserve_ports()
             self._run_dir = self._make_run_dir()
+            mode = chain_mode(config)
             self._role = WorkerRole(
                 index=0, count=config.workers, run_dir=str(self._run_dir), database_url=url,
                 ports=ports, shared=frozenset(d.name for d in discover() if d.per_worker),
-                supervisor_pid=os.getpid(), chain=config.commit_chain,
+                supervisor_pid=os.getpid(), chain=mode != "off", chain_in_worker=mode == "worker",
             )
             if self.stopping.is_set():  # a signal while the database started
                 return 0
-            log.info("starting %d workers%s (event loop %s)", config.workers,
-                     " and the commit chain" if config.commit_chain else "", choice.describe())
-            self.slots = [_Slot(i) for i in range(config.workers)]
-            if config.commit_chain:
-                self.slots.insert(0, _Slot(-1, CHAIN_MODULE))
-            self._initial = loop.create_future()
-            for slot in self.slots:
-                slot.task = asyncio.create_task(self._keep_running(slot))
+            self._start_slots(mode, choice.describe())
             await self._wait_initial()
             if self._failed is not None:
                 log.error("%s; stopping", self._failed)
@@ -261,6 +279,19 @@ class Supervisor:
             await loop.run_in_executor(None, stack.close)
 
     # --- start-up -------------------------------------------------------------------
+
+    def _start_slots(self, chain: str, event_loop: str) -> None:
+        workers = self.config.workers
+        log.info("starting %d workers%s (event loop %s)", workers,
+                 {"process": " and the commit chain process",
+                  "worker": f", worker {workers - 1} hosting the commit chain"}.get(chain, ""),
+                 event_loop)
+        self.slots = [_Slot(i) for i in range(workers)]
+        if chain == "process":
+            self.slots.insert(0, _Slot(-1, CHAIN_MODULE))
+        self._initial = asyncio.get_running_loop().create_future()
+        for slot in self.slots:
+            slot.task = asyncio.create_task(self._keep_running(slot))
 
     def _reserve_ports(self) -> dict[str, int]:
         """Setting -> concrete port; TCP ports are held (SO_REUSEPORT).  The

@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -102,6 +102,17 @@ def chain_connector(run_dir: str) -> Connect:
     return connect
 
 
+async def listen_for_workers(
+    serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], run_dir: str
+) -> asyncio.AbstractServer:
+    """The commit chain's socket, whether its own process or a worker hosts it."""
+    path = chain_socket_path(run_dir)
+    path.unlink(missing_ok=True)  # a killed predecessor's
+    server = await asyncio.start_unix_server(serve, str(path), limit=READ_LIMIT)
+    os.chmod(path, 0o600)
+    return server
+
+
 @dataclass(frozen=True)
 class WorkerRole:
     index: int  # 0: also Res01, HTTP and the aggregated /metrics and /status
@@ -117,6 +128,12 @@ class WorkerRole:
     # Appends go through the commit chain process (core/chain.py) rather
     # than each worker's own writer.
     chain: bool = False
+    # The chain runs in the last worker rather than a process of its own.
+    chain_in_worker: bool = False
+
+    @property
+    def hosts_chain(self) -> bool:
+        return self.chain and self.chain_in_worker and self.index == self.count - 1
 
     @property
     def first(self) -> bool:

@@ -9,24 +9,28 @@ import re
 from tests.bench.command import bench
 
 
-def test_workers_bench_prints_both_counts_with_ratio_and_ceiling() -> None:
+def test_workers_bench_prints_every_chain_mode_with_ratio_and_ceiling() -> None:
     done = bench("workers", "--seconds", "0.3", "--repeat", "1", "--protocols", "bson",
-                 "--publishers", "4", "--workers", "1,2", "--client-processes", "1")
+                 "--publishers", "4", "--workers", "1,2", "--client-processes", "1",
+                 "--chain", "all")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     rows = {
         m.group(1): m.group(2).split()
-        for m in re.finditer(r"^  bson +(1|2 own|2 chain) +[\d,]+ +(.*)$", done.stdout, re.M)
+        for m in re.finditer(r"^  bson +(1|2 own|2 chain|2 hosted) +[\d,]+ +(.*)$",
+                             done.stdout, re.M)
     }
-    # --workers 2 twice: each worker committing itself, and through the chain.
-    assert set(rows) == {"1", "2 own", "2 chain"}, done.stdout
-    one, own, chain = rows["1"], rows["2 own"], rows["2 chain"]
+    # --workers 2 three times: each worker committing itself, through a
+    # chain process, and through the chain hosted by a worker.
+    assert set(rows) == {"1", "2 own", "2 chain", "2 hosted"}, done.stdout
+    one, own, chain, hosted = rows["1"], rows["2 own"], rows["2 chain"], rows["2 hosted"]
     # gateway, chain, PG, client, total, us/event, then ratio and CPU ratio
     # (not on the reference row), the ceiling (only there), the chain's max.
     assert len(one) == 7 and float(one[-1]) > 0  # the ceiling, on the reference row
     assert float(one[1]) == 0  # no chain process at one worker
-    assert len(own) == 8 and float(own[6]) > 0 and float(own[7]) > 0
-    assert float(own[1]) == 0
+    for row in (own, hosted):  # no chain process of its own either
+        assert len(row) == 8 and float(row[6]) > 0 and float(row[7]) > 0
+        assert float(row[1]) == 0
     assert len(chain) == 9 and float(chain[6]) > 0
     assert float(chain[1]) > 0  # the chain's cores were read at all
     assert float(chain[8].replace(",", "")) > 0  # and what it could carry

@@ -214,6 +214,54 @@ async def test_a_lost_chain_hands_its_unanswered_appends_to_the_local_writer(
     assert versions == [1, 2, 3]
 
 
+async def test_a_store_hosting_the_chain_commits_for_another_and_feeds_both(
+    db_url: str
+) -> None:
+    """commit_chain = worker: one store's own writer is the chain the other
+    feeds.  Both commit in one order, each hears of the other's commits,
+    and the host's metrics count only the appends of its own callers."""
+    import tempfile
+
+    host = EventStore(StoreConfig(db_url, poll_interval=0.2, hosts_chain=True))
+    await host.start()
+    assert host.chain is not None and host.chain.writer is host.writer
+    seen: list[int] = []
+    host.writer.observer = lambda o: seen.extend(u.events for u in o.appends)
+    path = Path(tempfile.mkdtemp(prefix="pp-chain-", dir="/tmp")) / "chain.sock"
+    server = await asyncio.start_unix_server(host.chain.serve, str(path))
+
+    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(str(path))
+
+    peer = EventStore(StoreConfig(db_url, poll_interval=0.2, chain=connect,
+                                  chain_counts_commits=False))
+    await peer.start()
+    await asyncio.wait_for(peer.writer.connected.wait(), 10)  # type: ignore[union-attr]
+    try:
+        stream = unique("hosted")
+        on_host = await host.subscribe(Subscribe(Selector(context="default", stream=stream)))
+        on_peer = await peer.subscribe(Subscribe(Selector(context="default", stream=stream)))
+        results = await asyncio.gather(*(
+            (host if i % 2 else peer).append(append(stream, ev(i))) for i in range(40)))
+        assert sorted(r.first_version for r in results) == list(range(1, 41))
+        for sub in (on_host, on_peer):
+            got = [await asyncio.wait_for(sub.next(), 5) for _ in range(40)]
+            assert [e.version for e in got] == list(range(1, 41))
+            sub.close()
+        assert peer.writer.local.stats.commits == 0  # type: ignore[union-attr]
+        assert sum(seen) == 20  # the host's own 20, not the peer's
+        # The host stopping hands the peer back to its own writer.
+        server.close()
+        host.chain.disconnect()
+        await asyncio.sleep(0.2)
+        late = await peer.append(append(stream, ev(99), expected=ExactVersion(41)))
+        assert late.first_version == 41
+        assert peer.writer.local.stats.commits == 1  # type: ignore[union-attr]
+    finally:
+        await peer.close()
+        await host.close()
+
+
 def test_time_round_trip_is_exact_to_the_microsecond() -> None:
     from polyport.core.chain import _time, _us
 

@@ -26,14 +26,14 @@ import pytest
 
 from polyport.core.migrate import asyncpg_dsn
 from polyport.gateway.process.embedded_pg import EmbeddedPostgres
-from polyport.gateway.process.supervisor import restart_delay
+from polyport.gateway.process.supervisor import chain_mode, restart_delay
 from polyport.gateway.process.workers import (
     GAUGE_MAX,
     WorkerRole,
     merge_families,
     socket_path,
 )
-from polyport.protocols.bson.client import BsonClient
+from polyport.protocols.bson.client import BsonClient, ConnectionClosed
 from polyport.protocols.res01.client import Res01Client, new_event
 from tests.gateway.test_cli_errors import polyport
 from tests.listeners import port_flags
@@ -90,11 +90,12 @@ async def _drain(proc: asyncio.subprocess.Process, into: list[str]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serve(db_url: str, *extra: str, workers: str = "2"
+async def serve(db_url: str, *extra: str, workers: str = "2", chain: str = "auto"
                 ) -> AsyncIterator[Served]:
     # The URL carries the test cluster's password: the environment, never argv.
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
     env["POLYPORT_DATABASE_URL"] = db_url
+    env["POLYPORT_COMMIT_CHAIN"] = chain
     # Short: the workers' unix sockets live under it, and past a path length
     # unix sockets allow the supervisor puts them in a temporary directory
     # the tests could not find (pytest-xdist's tmp_path is longer).
@@ -511,7 +512,7 @@ def _gone(pid: int) -> bool:
 
 
 async def test_workers_stop_when_the_supervisor_dies(db_url: str) -> None:
-    async with serve(db_url) as gw:
+    async with serve(db_url, chain="process") as gw:
         pids = [w["pid"] for w in (await gw.status())["workers"]]
         gw.proc.kill()  # SIGKILL: no chance to stop them itself
         await gw.proc.wait()
@@ -568,6 +569,38 @@ def test_restart_backoff_doubles_up_to_a_bound() -> None:
     assert restart_delay(50) == 30.0
 
 
+@pytest.mark.parametrize(("value", "parsed"), [
+    ("auto", "auto"), ("Process", "process"), ("worker", "worker"), ("off", "off"),
+    # The setting's first spelling, a boolean, still works.
+    (True, "auto"), ("true", "auto"), ("on", "auto"), (False, "off"), ("no", "off"),
+])
+def test_commit_chain_takes_a_place_or_a_boolean(value: Any, parsed: str) -> None:
+    from polyport.gateway.config import coerce
+
+    assert coerce("commit_chain", value, "POLYPORT_COMMIT_CHAIN") == parsed
+
+
+def test_a_bad_commit_chain_names_the_choices() -> None:
+    from polyport.gateway.config import ConfigError, coerce
+
+    with pytest.raises(ConfigError, match="POLYPORT_COMMIT_CHAIN: expected one of auto, "
+                                          "process, worker, off, got 'chained'"):
+        coerce("commit_chain", "chained", "POLYPORT_COMMIT_CHAIN")
+
+
+def test_auto_gives_the_chain_a_process_only_with_a_core_to_spare() -> None:
+    from polyport.gateway.config import GatewayConfig
+
+    def mode(workers: int, chain: str, cpus: int) -> str:
+        return chain_mode(GatewayConfig(workers=workers, commit_chain=chain), cpus)
+
+    assert [mode(2, "auto", c) for c in (2, 3, 16)] == ["worker", "process", "process"]
+    assert [mode(8, "auto", c) for c in (8, 9)] == ["worker", "process"]
+    assert mode(1, "auto", 16) == mode(1, "process", 16) == "off"  # one worker: no chain
+    assert mode(2, "process", 2) == "process" and mode(4, "worker", 16) == "worker"
+    assert mode(4, "off", 16) == "off"
+
+
 def test_a_worker_role_turns_off_what_is_not_its_own() -> None:
     from polyport.gateway.config import GatewayConfig
 
@@ -618,9 +651,7 @@ async def test_killing_the_commit_chain_under_load_loses_no_acknowledged_event(
     append: every acknowledged event is stored exactly once, positions stay
     gapless, no append fails (the workers commit on their own until the
     supervisor has the chain back), and the restarted chain is used again."""
-    import bson
-
-    async with serve(db_url) as gw:
+    async with serve(db_url, chain="process") as gw:
         host, port = gw.port("bson")
         await gw.said(r"\[worker 0\].*appends go through the commit chain")
         await gw.said(r"\[worker 1\].*appends go through the commit chain")
@@ -664,11 +695,77 @@ async def test_killing_the_commit_chain_under_load_loses_no_acknowledged_event(
         assert not failures, failures[:3]
         assert before > 0 and sum(acked.values()) > mark, (before, mark, acked)
         assert any("the commit chain went away" in line for line in gw.stderr)
+    await _each_acknowledged_event_once(db_url, acked)
+
+
+async def test_killing_the_worker_that_hosts_the_chain_loses_no_acknowledged_event(
+    db_url: str
+) -> None:
+    """With the chain inside the last worker (commit_chain = worker, what
+    auto picks on a machine with no core to spare): SIGKILL that worker
+    while 16 publishers append.  Its own connections drop with it; the other
+    worker's publishers never see a failure (it commits on its own until the
+    supervisor has the host back, then returns to it), and every
+    acknowledged event is stored exactly once, gapless."""
+    async with serve(db_url, chain="worker") as gw:
+        host, port = gw.port("bson")
+        await gw.said(r"worker 1 hosting the commit chain")
+        await gw.said(r"\[worker 0\].*appends go through the commit chain")
+        [_first, hosting] = _supervisor_state(gw)["workers"]
+        acked: Counter[int] = Counter()
+        dropped: dict[int, BaseException] = {}
+        stop = asyncio.Event()
+
+        async def appender(i: int) -> None:
+            async with await BsonClient.connect(host, port) as c:
+                n = 0
+                while not stop.is_set():
+                    try:
+                        await c.emit(f"host-{i}", "Added", {"client": i, "n": n})
+                    except Exception as exc:  # noqa: BLE001 - asserted below
+                        dropped[i] = exc
+                        return
+                    acked[i] += 1
+                    n += 1
+
+        tasks = [asyncio.create_task(appender(i)) for i in range(16)]
+        await asyncio.sleep(1.0)
+        os.kill(hosting["pid"], signal.SIGKILL)
+
+        async def host_back() -> bool:
+            [_w0, now] = _supervisor_state(gw)["workers"]
+            return bool(now["restarts"] == 1 and now["pid"] != hosting["pid"])
+
+        await wait_until(host_back, 60, "the supervisor to restart the hosting worker")
+
+        async def rejoined() -> bool:  # worker 0 connected twice
+            return sum(bool(re.search(r"\[worker 0\].*appends go through the commit chain",
+                                      line)) for line in gw.stderr) >= 2
+
+        await wait_until(rejoined, 30, "worker 0 to use the restarted host's chain")
+        survivors = [i for i in range(16) if i not in dropped]
+        mark = sum(acked[i] for i in survivors)
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.gather(*tasks)
+        # Only the killed worker's own connections failed, and as closed
+        # connections; the others went on through the kill and the return.
+        assert survivors and not any(i in dropped for i in survivors), dropped
+        assert all(isinstance(e, ConnectionClosed) for e in dropped.values()), dropped
+        assert sum(acked[i] for i in survivors) > mark, (mark, acked)
+        assert any(re.search(r"\[worker 0\].*the commit chain went away", line)
+                   for line in gw.stderr)
+    await _each_acknowledged_event_once(db_url, acked, prefix="host")
+
+
+async def _each_acknowledged_event_once(db_url: str, acked: Counter[int],
+                                        prefix: str = "kill") -> None:
+    import bson
 
     conn = await asyncpg.connect(asyncpg_dsn(db_url))
     try:
         rows = await conn.fetch("SELECT position, stream, version, body FROM events "
-                                "WHERE stream LIKE 'kill-%' ORDER BY position")
+                                "WHERE stream LIKE $1 ORDER BY position", f"{prefix}-%")
         head = await conn.fetchval("SELECT max(position) FROM events")
         count = await conn.fetchval("SELECT count(*) FROM events")
     finally:
@@ -676,7 +773,7 @@ async def test_killing_the_commit_chain_under_load_loses_no_acknowledged_event(
     assert count == head  # gapless from 1
     for i in range(16):
         stored = [(r["version"], bson.decode(r["body"])["n"]) for r in rows
-                  if r["stream"] == f"kill-{i}"]
+                  if r["stream"] == f"{prefix}-{i}"]
         # Each acknowledged event exactly once, in order (an append in flight
         # when the publisher stopped may be stored without its ack).
         assert [v for v, _n in stored] == list(range(1, len(stored) + 1))

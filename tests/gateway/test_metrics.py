@@ -15,6 +15,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from polyport.protocols.bson.client import BsonClient, BsonError
@@ -373,3 +375,28 @@ async def test_login_failures_and_throttling_are_counted(gateway_factory) -> Non
     assert value(samples, "polyport_login_failures_total") == throttle.free_failures + 1
     assert value(samples, "polyport_login_throttled_total") == 1
     assert {"polyport_login_failures:counter", "polyport_login_throttled:counter"} <= types
+
+
+@given(st.lists(st.floats(0, 1e6, allow_nan=False) | st.sampled_from([0.0, 0.005, 0.1, 1.0]),
+                max_size=40))
+def test_observing_a_batch_counts_as_observing_each(values: list[float]) -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from polyport.gateway.http.telemetry import LATENCY_BUCKETS, observe_many
+
+    def samples(fill: Any) -> list[tuple[str, dict[str, str], float]]:
+        registry = CollectorRegistry()
+        h = Histogram("h", "", ["p"], buckets=LATENCY_BUCKETS, registry=registry)
+        fill(h.labels("x"))
+        return [(s.name, s.labels, s.value) for m in registry.collect() for s in m.samples
+                if not s.name.endswith("_created")]
+
+    def one_by_one(child: Any) -> None:
+        for v in values:
+            child.observe(v)
+
+    got = samples(lambda child: observe_many(child, values))
+    want = samples(one_by_one)
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    for (_n, _l, g), (_n2, _l2, w) in zip(got, want, strict=True):
+        assert g == pytest.approx(w)  # the sum is added in another order

@@ -6,8 +6,11 @@ import uuid
 
 import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from polyport.core.errors import ERROR_BY_CODE
+from polyport.protocols.reactive import payloads as shared
 from polyport.protocols.reactivesocket import PayloadError, RemoteProtocolError
 from polyport.protocols.reactivesocket import payloads as P
 
@@ -306,3 +309,43 @@ def test_other_validation(decode, obj, fragment):
 def test_non_string_map_keys_are_refused():
     with pytest.raises(PayloadError):
         P.decode_request(bad({1: "x"}))
+
+
+# --- the event map's fast check -------------------------------------------------------
+
+
+_field_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 2**40), st.floats(allow_nan=False),
+    st.text(max_size=4), st.binary(max_size=17), st.just(b"\x01" * 16),
+    st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), min_size=1, max_size=1),
+    st.lists(st.integers(), max_size=2),
+)
+_good = {"id": b"\x01" * 16, "context": "c", "stream": "s", "version": 1, "position": 0,
+         "type": "", "headers": {}, "body": b"", "content_type": "", "recorded_at": 0}
+
+
+@given(st.dictionaries(st.sampled_from(sorted(_good)), _field_values, max_size=10),
+       st.booleans())
+def test_the_fast_event_check_agrees_with_the_field_by_field_one(fields, on_good):
+    """event_from_map checks a well-formed map in one expression and sends
+    anything else through _checked_event_from_map: the same result, or the
+    same error naming the same field, for every map."""
+    obj = {**_good, **fields} if on_good else fields
+
+    def outcome(decode):
+        try:
+            return decode(obj, "event")
+        except PayloadError as exc:
+            return str(exc)
+
+    assert outcome(shared.event_from_map) == outcome(shared._checked_event_from_map)
+
+
+def test_the_fast_event_check_refuses_what_msgpack_could_confuse():
+    # True is an int to Python but a boolean in MessagePack; a str body is
+    # the lenient form older clients send.
+    with pytest.raises(PayloadError, match="'version' must be an integer, got boolean"):
+        P.event_from_map({**_good, "version": True})
+    assert P.event_from_map({**_good, "body": "hé"}).body == "hé".encode()
+    assert P.event_from_map({**_good, "headers": {"a": "b"}}).headers == {"a": "b"}

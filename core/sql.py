@@ -285,6 +285,18 @@ SELECT id, context, name, selector, checkpoint, fetched_position, fetched_time
 FROM subscriptions WHERE context = $1 AND name = $2
 """
 
+# What one Res01 FE needs before it reads, in one round trip: the
+# subscription, its settings (max_retries), the head to read up to, and
+# whether parked events wait for replay (rarely: then FETCH_REPLAY_DUE).
+FETCH_STATE = """
+SELECT s.id, s.context, s.name, s.selector, s.checkpoint, s.settings,
+       (SELECT last_position FROM log_head WHERE id = 1) AS head,
+       EXISTS (SELECT 1 FROM parked_events p
+               WHERE p.subscription_id = s.id AND p.replay AND p.position <= s.checkpoint)
+           AS replay_due
+FROM subscriptions s WHERE s.id = $1
+"""
+
 GET_SUBSCRIPTION_BY_ID = """
 SELECT id, context, name, selector, checkpoint, fetched_position, fetched_time
 FROM subscriptions WHERE id = $1

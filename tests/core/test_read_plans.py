@@ -122,6 +122,7 @@ def _cases() -> dict[str, tuple[str, tuple[Any, ...]]]:
         "parked events": (sql.LIST_PARKED, (1, 100)),
         "parked events to replay": (sql.REPLAY_DUE, (1, 100)),
         "parked events to replay, fetch-style": (sql.FETCH_REPLAY_DUE, (1, 90_000, 100)),
+        "a fetch's subscription, head and replay flag": (sql.FETCH_STATE, (1,)),
     }
 
 

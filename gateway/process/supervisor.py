@@ -104,10 +104,10 @@ def chain_mode(config: GatewayConfig, cpus: int | None = None) -> str:
     """Where the commit chain runs: ``process``, ``worker`` or ``off``.
 
     ``auto`` gives the chain a process of its own only when the machine has
-    a core to spare beside the workers: a third process on two cores paid
-    for its wake-ups and system calls in every worker's CPU per event (W1,
-    two workers: 1.44x one worker's with a chain process, 1.31x with the
-    chain in a worker; docs/performance.md, session 11)."""
+    a core to spare beside the workers: a third busy process on two cores
+    paid in wake-ups and context switches (W1, two workers: 1.41-1.43x one
+    worker's CPU per event with a chain process, 1.31-1.37x with the chain
+    in a worker; docs/performance.md, session 11)."""
     mode = config.commit_chain
     if config.workers <= 1 or mode == "off":
         return "off"

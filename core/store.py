@@ -8,7 +8,7 @@ import json
 import logging
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -154,6 +154,18 @@ async def _nothing_to_reset(_conn: asyncpg.Connection) -> None:
     (core.locks) and LISTEN (the tailer) use connections of their own, and
     nothing SETs session variables.  asyncpg still rolls back a transaction
     left open before calling this."""
+
+
+def _subscription_row(row: Mapping[str, Any] | None, sub_id: int) -> Mapping[str, Any]:
+    if row is None:
+        raise NotFound(f"no subscription with id {sub_id}")
+    return row
+
+
+def _fetch_subscription(row: Mapping[str, Any]) -> FetchSubscription:
+    """A subscription row (GET_SUBSCRIPTION_BY_ID, FETCH_STATE) as a FetchSubscription."""
+    return FetchSubscription(row["id"], row["context"], row["name"],
+                             selector_from_json(json.loads(row["selector"])), row["checkpoint"])
 
 
 class EventStore:
@@ -649,15 +661,7 @@ class EventStore:
 
     async def get_fetch_subscription(self, sub_id: int) -> FetchSubscription:
         row = await self._db.fetchrow(sql.GET_SUBSCRIPTION_BY_ID, sub_id)
-        if row is None:
-            raise NotFound(f"no subscription with id {sub_id}")
-        return FetchSubscription(
-            row["id"],
-            row["context"],
-            row["name"],
-            selector_from_json(json.loads(row["selector"])),
-            row["checkpoint"],
-        )
+        return _fetch_subscription(_subscription_row(row, sub_id))
 
     async def fetch(
         self, sub_id: int, suggested_count: int, *, extend_same_time: bool = True,
@@ -687,12 +691,8 @@ class EventStore:
         # One round trip for the subscription, its settings, the head and
         # whether a replay is due: an FE/PS loop pays every round trip once
         # per cycle (four per FE in the common case, was seven).
-        row = await self._db.fetchrow(sql.FETCH_STATE, sub_id)
-        if row is None:
-            raise NotFound(f"no subscription with id {sub_id}")
-        sub = FetchSubscription(row["id"], row["context"], row["name"],
-                                selector_from_json(json.loads(row["selector"])),
-                                row["checkpoint"])
+        row = _subscription_row(await self._db.fetchrow(sql.FETCH_STATE, sub_id), sub_id)
+        sub = _fetch_subscription(row)
         settings = SubscriptionSettings.from_json(json.loads(row["settings"]))
         want = max(1, suggested_count)
         out: list[RecordedEvent] = []

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from polyport.core import migrate
-from polyport.gateway.config import PORT_KEYS, TLS_LISTENERS, GatewayConfig
+from polyport.gateway.config import PORT_KEYS, TLS_LISTENERS, GatewayConfig, available_cores
 from polyport.gateway.process.announce import Announcement, announce, notify_systemd
 from polyport.gateway.process.database import database, supervise_embedded
 from polyport.gateway.process.eventloop import choose_loop
@@ -93,13 +93,6 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def chain_mode(config: GatewayConfig, cpus: int | None = None) -> str:
     """Where the commit chain runs: ``process``, ``worker`` or ``off``.
 
@@ -112,7 +105,7 @@ def chain_mode(config: GatewayConfig, cpus: int | None = None) -> str:
     if config.workers <= 1 or mode == "off":
         return "off"
     if mode == "auto":
-        cpus = usable_cpus() if cpus is None else cpus
+        cpus = available_cores() if cpus is None else cpus
         return "process" if cpus > config.workers else "worker"
     return mode
 

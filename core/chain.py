@@ -78,7 +78,7 @@ from polyport.core.errors import (
 )
 from polyport.core.events import EventData
 from polyport.core.health import Health
-from polyport.core.notify import Notifier
+from polyport.core.notify import Notifier, new_notify_group
 from polyport.core.writer import (
     CommitObservation,
     SubmittedAppend,
@@ -255,13 +255,18 @@ class CommitChain:
     """The one writer of a multi-process gateway (see the module docstring)."""
 
     def __init__(self, dsn: str, limits: WriterLimits | None = None,
-                 notify_interval: float = 0.005, *, writer: Writer | None = None) -> None:
+                 notify_interval: float = 0.005, *, writer: Writer | None = None,
+                 notify_group: int | None = None) -> None:
         self.health = Health()
         self._peers: set[_Peer] = set()
         self._left = asyncio.Event()  # set when the last worker has left
         if writer is None:
             self.writer = Writer(dsn, limits, on_commit=self._committed, health=self.health)
-            self._notifier: Notifier | None = Notifier(dsn, notify_interval)
+            # The workers' tailers listen in ``notify_group``: they hear of
+            # every commit from this chain instead.
+            self._notifier: Notifier | None = Notifier(
+                dsn, notify_interval,
+                new_notify_group() if notify_group is None else notify_group)
         else:
             # Hosted by a worker: its store owns the writer and notifies,
             # and calls :meth:`tell_peers` from its own commit callback.

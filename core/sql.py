@@ -96,6 +96,23 @@ WHERE producer_id = $1 AND context = $2 AND stream = $3
 NOTIFY_CHANNEL = "polyport_events"
 NOTIFY = "SELECT pg_notify('polyport_events', $1)"
 
+# Who hears NOTIFY_CHANNEL (core/notify.py).  Every tailer's LISTEN
+# connection also holds a shared advisory lock (LISTENER_LOCK_KEY, its
+# notify group): it lives exactly as long as the LISTEN, and pg_locks,
+# unlike the listen registry, is readable by any role.  A notifier sends
+# only while some other group's listener holds one; processes of its own
+# group hear of its commits without a NOTIFY.
+LISTENER_LOCK_KEY = 0x706F6C79  # "poly"
+HOLD_LISTENER_LOCK = "SELECT pg_advisory_lock_shared($1::int4, $2::int4)"
+OTHER_LISTENERS = """
+SELECT EXISTS (
+    SELECT 1 FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 2
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND classid = $1::int4::oid AND objid <> $2::int4::oid
+)
+"""
+
 # Sent by every migration run, in its transaction (so at its commit): a
 # gateway hearing it checks its schema at once instead of at its next timer.
 SCHEMA_CHANNEL = "polyport_schema"

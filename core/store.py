@@ -57,7 +57,7 @@ from polyport.core.locks import GroupLocks
 from polyport.core.matcher import event_matcher
 from polyport.core.migrate import asyncpg_dsn
 from polyport.core.monitor import Monitor
-from polyport.core.notify import Notifier
+from polyport.core.notify import Notifier, new_notify_group
 from polyport.core.parking import ParkedEvent, Parking, SubscriptionSettings, start_from_json
 from polyport.core.records import record_from_row
 from polyport.core.subscriptions import Subscription, Tailer
@@ -98,6 +98,10 @@ class StoreConfig:
     # This process's writer is the commit chain the other workers feed
     # (core/chain.py, "hosted"): :attr:`EventStore.chain` serves them.
     hosts_chain: bool = False
+    # The processes that hear of this one's commits without a NOTIFY
+    # (core/notify.py): a gateway's workers fed by one commit chain.
+    # None: a group of its own.
+    notify_group: int | None = None
     # pg_stat_activity's name for this store's sessions (serving gateways use
     # migrate.GATEWAY_APPLICATION_NAME); None: the URL's own, if any.
     application_name: str | None = None
@@ -195,7 +199,11 @@ class EventStore:
         self._group_locks = GroupLocks(self._dsn)
         self._reads = asyncio.Semaphore(config.max_concurrent_reads)
         self._waiting_reads = 0
-        self._notifier = Notifier(self._dsn, config.notify_interval)
+        group = new_notify_group() if config.notify_group is None else config.notify_group
+        # A chain client's own writer commits only while the chain is away:
+        # its siblings hear of those commits by NOTIFY alone.
+        self._notifier = Notifier(self._dsn, config.notify_interval, group,
+                                  always=config.chain is not None)
         # The tailer polls at least every poll interval when idle.
         self._health = Health(stale_after=max(DEFAULT_STALE_AFTER, 3 * config.poll_interval))
         self._schema_task: asyncio.Task[None] | None = None
@@ -229,7 +237,8 @@ class EventStore:
                 "server is running"
             ) from exc
         self._db = Db(self._pool)
-        self.tailer = Tailer(self._pool, self._dsn, self.config.poll_interval, self._health)
+        self.tailer = Tailer(self._pool, self._dsn, self.config.poll_interval, self._health,
+                             notify_group=self._notifier.group)
         self.tailer.on_schema_change = self._schema_wake.set
         await self.tailer.start()
         local = Writer(self._dsn, self.config.writer, on_commit=self._committed,

@@ -32,6 +32,7 @@ from polyport.core.errors import StorageUnavailable
 from polyport.core.events import RecordedEvent
 from polyport.core.health import Health
 from polyport.core.logs import RateLimitedLog
+from polyport.core.notify import new_notify_group
 from polyport.core.reader import BufferedReader
 from polyport.core.records import record_from_row
 from polyport.core.retry import Outage, reconnecting
@@ -184,9 +185,12 @@ class Tailer:
 
     def __init__(
         self, pool: asyncpg.Pool, dsn: str, poll_interval: float = 1.0,
-        health: Health | None = None,
+        health: Health | None = None, *, notify_group: int | None = None,
     ) -> None:
         self._pool = pool
+        # Held on the LISTEN connection so that other groups' notifiers
+        # know someone listens (core/notify.py).
+        self.notify_group = new_notify_group() if notify_group is None else notify_group
         self._dsn = dsn
         self.poll_interval = poll_interval
         # Told of every round trip's outcome: readiness answers from it.
@@ -239,6 +243,7 @@ class Tailer:
             conn = await asyncpg.connect(self._dsn, timeout=self.poll_interval + 2)
             await conn.add_listener(sql.NOTIFY_CHANNEL, self._on_notify)
             await conn.add_listener(sql.SCHEMA_CHANNEL, self._on_schema_notify)
+            await conn.execute(sql.HOLD_LISTENER_LOCK, sql.LISTENER_LOCK_KEY, self.notify_group)
         except Exception as exc:  # noqa: BLE001 - any failure here means "poll instead"
             log.debug("LISTEN failed (%s); relying on polling", exc)
             if conn is not None:

@@ -303,6 +303,7 @@ class Gateway:
             chain=None if self.role is None or not self.role.chain or self.role.hosts_chain
             else chain_connector(self.role.run_dir),
             hosts_chain=self.role is not None and self.role.hosts_chain,
+            notify_group=None if self.role is None else self.role.store_notify_group,
             # The hosting worker's own writer counts a hosted chain's commits.
             chain_counts_commits=self.role is None or (
                 self.role.first and not self.role.chain_in_worker),

@@ -35,7 +35,7 @@ async def _serve(payload: dict[str, Any], control_fd: int, ready_fd: int) -> int
     role = payload["role"]
     config = role.apply(payload["config"])
     dsn = with_application_name(asyncpg_dsn(config.database_url), GATEWAY_APPLICATION_NAME)
-    chain = CommitChain(dsn, writer_limits(config))
+    chain = CommitChain(dsn, writer_limits(config), notify_group=role.notify_group)
     chain.start()
     connections: set[asyncio.Task[None]] = set()
 

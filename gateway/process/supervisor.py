@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from polyport.core import migrate
+from polyport.core.notify import new_notify_group
 from polyport.gateway.config import PORT_KEYS, TLS_LISTENERS, GatewayConfig, available_cores
 from polyport.gateway.process.announce import Announcement, announce, notify_systemd
 from polyport.gateway.process.database import database, supervise_embedded
@@ -243,6 +244,7 @@ class Supervisor:
                 index=0, count=config.workers, run_dir=str(self._run_dir), database_url=url,
                 ports=ports, shared=frozenset(d.name for d in discover() if d.per_worker),
                 supervisor_pid=os.getpid(), chain=mode != "off", chain_in_worker=mode == "worker",
+                notify_group=new_notify_group(),
             )
             if self.stopping.is_set():  # a signal while the database started
                 return 0

@@ -130,6 +130,15 @@ class WorkerRole:
     chain: bool = False
     # The chain runs in the last worker rather than a process of its own.
     chain_in_worker: bool = False
+    # The notify group (core/notify.py) of every process of this gateway
+    # when a commit chain tells each worker every commit; without a chain
+    # each worker is a group of its own and they NOTIFY each other.
+    notify_group: int = 0
+
+    @property
+    def store_notify_group(self) -> int | None:
+        """This process's notify group; None: one of its own."""
+        return self.notify_group if self.chain else None
 
     @property
     def hosts_chain(self) -> bool:

@@ -197,12 +197,14 @@ def _unpacker() -> msgpack.Unpacker:
 class _Outbox:
     """Messages to one peer, packed together as one MessagePack array and
     written once per event-loop turn: one write (and one wake-up of the
-    peer) for everything a turn produced."""
+    peer) for everything a turn produced.  A commit's COMMIT message and
+    its units' results are put in the turn that commits it (the writer
+    tells the chain of each outcome synchronously, Writer.enqueue's
+    ``on_settle``), so they travel together."""
 
-    def __init__(self, writer: asyncio.StreamWriter, *, wait_a_turn: bool = True) -> None:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.loop = asyncio.get_running_loop()
-        self._later = self._next_turn if wait_a_turn else self._flush
         self._pack = msgpack.Packer().pack
         self._messages: list[list[Any]] = []
         self._scheduled = False
@@ -211,13 +213,7 @@ class _Outbox:
         self._messages.append(message)
         if not self._scheduled:
             self._scheduled = True
-            self.loop.call_soon(self._later)
-
-    def _next_turn(self) -> None:
-        # One turn later: the callbacks the current turn scheduled (a
-        # commit's results, settled right after its COMMIT message) join
-        # the same write.
-        self.loop.call_soon(self._flush)
+            self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -334,11 +330,10 @@ class CommitChain:
             # The worker checked the limits (a process of the same gateway,
             # with the same configuration): not again here, on the one core
             # every commit goes through.
-            fut = self.writer.enqueue([decode_append(a) for a in appends], checked, own=False)
+            self.writer.enqueue([decode_append(a) for a in appends], checked, own=False,
+                                on_settle=functools.partial(peer.settled, uid))
         except PolyportError as exc:
             peer.out.put(encode_failure(uid, exc))
-            return
-        fut.add_done_callback(lambda f: peer.settled(uid, f))
 
     def _committed(self, base: int, t0: datetime, rows: list[tuple[Any, ...]]) -> None:
         """Every worker hears of every commit, in commit order, before the
@@ -474,7 +469,7 @@ class ChainClient:
                 delay = min(RECONNECT_MAX, delay * 2)
                 continue
             delay = RECONNECT_MIN
-            self._out = _Outbox(writer, wait_a_turn=False)
+            self._out = _Outbox(writer)
             self._sent_want = None
             self._feed()
             self.connected.set()

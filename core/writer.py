@@ -76,6 +76,15 @@ class _Pending:
     # False: another worker's unit, queued by the commit chain this writer
     # hosts; that worker reports it in its own metrics.
     own: bool = True
+    # Told of the outcome in the same event-loop turn as the future is
+    # settled, once (see Writer.enqueue).
+    on_settle: Callable[[asyncio.Future[list[AppendResult]]], None] | None = None
+    told: bool = False
+
+    def tell(self, fut: asyncio.Future[list[AppendResult]]) -> None:
+        if not self.told and self.on_settle is not None:
+            self.told = True
+            self.on_settle(fut)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +146,7 @@ class Writer:
         self._inflight_keys: dict[int, set[tuple[str, str]] | None] = {}
         # Outcomes of a batch, settled only after the next batch may go to
         # the database, so waking the appenders never delays the next commit.
-        self._settle: dict[int, list[tuple[asyncio.Future[list[AppendResult]],
-                                           list[AppendResult] | PolyportError]]] = {}
+        self._settle: dict[int, list[tuple[_Pending, list[AppendResult] | PolyportError]]] = {}
         self._last_done: asyncio.Future[None] | None = None
         self._closing = False
         self._on_commit = on_commit
@@ -250,12 +258,19 @@ class Writer:
     def enqueue(
         self, appends: Sequence[Append], checked: tuple[int, int] | None = None,
         *, own: bool = True,
+        on_settle: Callable[[asyncio.Future[list[AppendResult]]], None] | None = None,
     ) -> asyncio.Future[list[AppendResult]]:
         """Queue ``appends`` as one unit without awaiting: the future gets the
         outcome.  Refusals (limits, a full queue, shutdown) raise at once.
         The commit chain (core/chain.py) queues a worker's units this way,
         one callback each instead of one task each, passing as ``checked``
-        the (size, cost) the worker's own :func:`check_appends` returned."""
+        the (size, cost) the worker's own :func:`check_appends` returned.
+
+        ``on_settle`` is called once with the settled future: when a commit
+        settles it, in that same turn, right after the commit's
+        ``on_commit`` (a done-callback would run a turn later, after
+        whatever the loop had ready, on a busy worker hosting the chain);
+        otherwise (a failure, an expiry) as the future's done-callback."""
         if self._closing:
             raise StorageUnavailable("the store is shutting down; retry against a running gateway")
         n, size, cost = admit(appends, self.limits, self._waiting_events,
@@ -263,9 +278,11 @@ class Writer:
         loop = self._loop or asyncio.get_running_loop()
         fut: asyncio.Future[list[AppendResult]] = loop.create_future()
         deadline = loop.time() + self.limits.commit_timeout
-        self._queue.append(
-            _Pending(tuple(appends), fut, n, size, deadline, time.monotonic(), cost, own)
-        )
+        pending = _Pending(tuple(appends), fut, n, size, deadline, time.monotonic(), cost, own,
+                           on_settle)
+        if on_settle is not None:
+            fut.add_done_callback(pending.tell)
+        self._queue.append(pending)
         self._waiting_events += n
         self._waiting_bytes += cost
         self._wake.set()
@@ -339,13 +356,15 @@ class Writer:
             # planned on the predecessor's expected stream states, must still
             # wait for the predecessor.
             _when_done(previous, lambda: done_future.set_result(None))
-            for fut, outcome in self._settle.pop(slot):
+            for p, outcome in self._settle.pop(slot):
+                fut = p.future
                 if fut.done():
                     continue
                 if isinstance(outcome, PolyportError):
                     fut.set_exception(outcome)
                 else:
                     fut.set_result(outcome)
+                p.tell(fut)
             del self._inflight[slot]
             self._inflight_keys.pop(slot, None)
             self._free_slots.append(slot)
@@ -714,9 +733,9 @@ class Writer:
             if p.future.done():
                 continue
             if isinstance(outcome, PolyportError):
-                settle.append((p.future, outcome))
+                settle.append((p, outcome))
             else:
-                settle.append((p.future, [r.resolve(base, t0) for r in outcome]))
+                settle.append((p, [r.resolve(base, t0) for r in outcome]))
         if n and self._on_commit is not None:
             self._on_commit(base, t0, plan.rows)
 

@@ -11,11 +11,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
+import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from polyport.core.chain import (
+    APPEND,
+    COMMIT,
+    RESULT,
     CommitChain,
     decode_append,
     decode_failure,
@@ -174,6 +178,28 @@ async def test_two_stores_commit_through_one_chain_gapless_and_feed_live(
     finally:
         await conn.close()
     assert positions == list(range(1, 41))
+
+
+async def test_a_commit_and_its_results_reach_a_worker_in_one_write(chain: _Chain) -> None:
+    # The worker wakes once per commit, not once for the COMMIT and again
+    # for the results (the writer tells the chain of each outcome in the
+    # turn that commits it).
+    reader, writer = await chain.connect()
+    try:
+        units = [[APPEND, uid, [encode_append(append(unique("one"), ev(uid)))], 100, 100]
+                 for uid in range(3)]
+        writer.write(msgpack.packb(units))
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        writes: list[list[list[object]]] = []
+        while sum(m[0] == RESULT for w in writes for m in w) < 3:
+            unpacker.feed(await asyncio.wait_for(reader.read(1 << 16), 5))
+            writes.extend(unpacker)
+        for w in writes:
+            kinds = [m[0] for m in w]
+            # Each write: a commit, then the results it settled.
+            assert kinds[0] == COMMIT and set(kinds[1:]) == {RESULT}, kinds
+    finally:
+        writer.close()
 
 
 async def test_a_lost_chain_hands_its_unanswered_appends_to_the_local_writer(

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from polyport.core.commands import ReadStream
-from polyport.core.errors import Busy, WrongExpectedVersion
+from polyport.core.commands import ExactVersion, ReadStream
+from polyport.core.errors import Busy, Timeout, WrongExpectedVersion
 from polyport.core.events import EventData
 from polyport.core.limits import _VALID_TEXT, _VALID_TEXT_MAX
 from polyport.core.limits import check_text as _check_text
@@ -229,3 +229,56 @@ async def test_a_batch_after_one_that_went_ahead_still_waits_for_the_earlier_one
         assert positions == sorted(positions)
     finally:
         await store.close()
+
+
+async def test_on_settle_hears_each_outcome_once_in_the_committing_turn(
+    store: EventStore,
+) -> None:
+    # The commit chain answers another worker from on_settle: in the turn
+    # that commits, so the answer joins the commit's own message.
+    writer = store.writer
+    heard: list[tuple[str, bool]] = []
+    committed_in_turn: list[bool] = []
+
+    def told(name: str):
+        def on_settle(fut: asyncio.Future) -> None:
+            heard.append((name, fut.exception() is None))
+            # Called from the commit's own task; a done-callback runs a
+            # turn later, outside any task.
+            committed_in_turn.append(asyncio.current_task() is not None)
+        return on_settle
+
+    stream = unique("told")
+    ok = writer.enqueue([append(stream, ev(1))], on_settle=told("ok"))
+    bad = writer.enqueue([append(stream, ev(2), expected=ExactVersion(9))],
+                         on_settle=told("bad"))
+    assert (await ok)[0].first_version == 1
+    with pytest.raises(WrongExpectedVersion):
+        await bad
+    await asyncio.sleep(0.05)  # the futures' done-callbacks ran too: still once each
+    assert sorted(heard) == [("bad", False), ("ok", True)]
+    assert committed_in_turn == [True, True]
+
+
+async def test_on_settle_hears_a_refusal_settled_outside_a_commit(db_url: str) -> None:
+    # A unit that expires in the queue is settled by the timer, not by a
+    # commit: on_settle hears of it through the future.
+    limits = WriterLimits(commit_timeout=0.3)
+    store = EventStore(StoreConfig(db_url, writer=limits))
+    await store.start()
+    heard: list[BaseException | None] = []
+    try:
+        async with row_locked(db_url, HEAD_LOCK):
+            first = asyncio.create_task(store.append(append(unique("held"), ev(1))))
+            await lock_waiters(db_url, 1)
+            second = asyncio.create_task(store.append(append(unique("held2"), ev(2))))
+            await lock_waiters(db_url, 2)
+            late = store.writer.enqueue([append(unique("late"), ev(3))],
+                                        on_settle=lambda f: heard.append(f.exception()))
+            with pytest.raises(Timeout):
+                await late
+            await asyncio.sleep(0.05)
+        await asyncio.gather(first, second, return_exceptions=True)
+    finally:
+        await store.close()
+    assert len(heard) == 1 and isinstance(heard[0], Timeout)

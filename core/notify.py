@@ -15,8 +15,10 @@ while a listener of another group holds one, looked up at most once per
 ``PRESENCE_INTERVAL`` while commits come.  A gateway alone on its database
 thus sends none: at 200 a second they cost two workers 12 % of their W1
 events/s on the 2-core machine, mostly in PostgreSQL and in the listeners'
-wake-ups (docs/performance.md, session 12).  A gateway that starts beside
-it is heard from within ``PRESENCE_INTERVAL``; until then it has its poll.
+wake-ups (docs/performance.md, session 12).  A listener that starts says
+so on sql.LISTENER_HELLO_CHANNEL, which the notifier's connection hears:
+the next commit looks again.  A notification lost in that race costs the
+newcomer one poll, like any lost notification.
 
 The connection commits asynchronously (``synchronous_commit = off``).  A
 NOTIFY is a transaction of its own with a transaction id and a commit
@@ -83,6 +85,10 @@ class Notifier:
             if others or self._always or time.monotonic() - at >= PRESENCE_INTERVAL:
                 self._wake.set()
 
+    def _on_hello(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload != str(self.group):
+            self._others = (False, float("-inf"))  # look again at the next commit
+
     async def _others_listen(self, conn: asyncpg.Connection) -> bool:
         if self._always:
             return True
@@ -106,6 +112,8 @@ class Notifier:
             try:
                 if conn is None or conn.is_closed():
                     conn = await asyncpg.connect(self._dsn, server_settings=NOTIFY_SETTINGS)
+                    self._others = (False, float("-inf"))
+                    await conn.add_listener(sql.LISTENER_HELLO_CHANNEL, self._on_hello)
                 if await self._others_listen(conn):
                     await conn.execute(sql.NOTIFY, str(target))
                     self.sent += 1

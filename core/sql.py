@@ -104,6 +104,10 @@ NOTIFY = "SELECT pg_notify('polyport_events', $1)"
 # group hear of its commits without a NOTIFY.
 LISTENER_LOCK_KEY = 0x706F6C79  # "poly"
 HOLD_LISTENER_LOCK = "SELECT pg_advisory_lock_shared($1::int4, $2::int4)"
+# Said by a listener once it holds the lock (payload: its group), so that
+# notifiers look again at once rather than at their next PRESENCE_INTERVAL.
+LISTENER_HELLO_CHANNEL = "polyport_listeners"
+LISTENER_HELLO = "SELECT pg_notify('polyport_listeners', $1)"
 OTHER_LISTENERS = """
 SELECT EXISTS (
     SELECT 1 FROM pg_locks

@@ -244,6 +244,7 @@ class Tailer:
             await conn.add_listener(sql.NOTIFY_CHANNEL, self._on_notify)
             await conn.add_listener(sql.SCHEMA_CHANNEL, self._on_schema_notify)
             await conn.execute(sql.HOLD_LISTENER_LOCK, sql.LISTENER_LOCK_KEY, self.notify_group)
+            await conn.execute(sql.LISTENER_HELLO, str(self.notify_group))
         except Exception as exc:  # noqa: BLE001 - any failure here means "poll instead"
             log.debug("LISTEN failed (%s); relying on polling", exc)
             if conn is not None:

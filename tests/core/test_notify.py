@@ -30,6 +30,7 @@ class _Heard:
             sql.NOTIFY_CHANNEL, lambda *a: self.payloads.append(int(a[-1])))
         if group is not None:
             await self.conn.execute(sql.HOLD_LISTENER_LOCK, sql.LISTENER_LOCK_KEY, group)
+            await self.conn.execute(sql.LISTENER_HELLO, str(group))
 
     async def close(self) -> None:
         assert self.conn is not None
@@ -113,6 +114,34 @@ async def test_a_store_wakes_another_store_without_polling(db_url: str) -> None:
         sub.close()
     finally:
         await reader.close()
+        await writer.close()
+
+
+async def test_a_store_that_starts_later_is_heard_from_at_once(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first store found nobody else listening and would not look again
+    # for an hour: the newcomer's hello makes it look at the next commit.
+    monkeypatch.setattr(notify, "PRESENCE_INTERVAL", 3600.0)
+    writer = EventStore(StoreConfig(db_url, poll_interval=30, run_binders=False))
+    await writer.start()
+    reader: EventStore | None = None
+    try:
+        await writer.append(append("early", ev(0)))
+        await asyncio.sleep(0.2)
+        assert writer._notifier.sent == 0
+        reader = EventStore(StoreConfig(db_url, poll_interval=30, run_binders=False))
+        await reader.start()
+        sub = await reader.subscribe(Subscribe(Selector(context="default", stream="late")))
+        await asyncio.sleep(0.2)  # the hello reaches the writer's notifier
+        await writer.append(append("late", ev(1)))
+        got = await sub.next(5.0)
+        assert got is not None and got.stream == "late"
+        assert writer._notifier.sent >= 1
+        sub.close()
+    finally:
+        if reader is not None:
+            await reader.close()
         await writer.close()
 
 

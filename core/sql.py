@@ -103,7 +103,10 @@ NOTIFY = "SELECT pg_notify('polyport_events', $1)"
 # only while some other group's listener holds one; processes of its own
 # group hear of its commits without a NOTIFY.
 LISTENER_LOCK_KEY = 0x706F6C79  # "poly"
-HOLD_LISTENER_LOCK = "SELECT pg_advisory_lock_shared($1::int4, $2::int4)"
+# The try form never waits: an exclusive lock on the same two keys (a
+# consumer group whose names hash to them, GroupLocks) must not hang the
+# LISTEN; without the lock this process is only heard from by polling.
+HOLD_LISTENER_LOCK = "SELECT pg_try_advisory_lock_shared($1::int4, $2::int4)"
 # Said by a listener once it holds the lock (payload: its group), so that
 # notifiers look again at once rather than at their next PRESENCE_INTERVAL.
 LISTENER_HELLO_CHANNEL = "polyport_listeners"

@@ -243,8 +243,12 @@ class Tailer:
             conn = await asyncpg.connect(self._dsn, timeout=self.poll_interval + 2)
             await conn.add_listener(sql.NOTIFY_CHANNEL, self._on_notify)
             await conn.add_listener(sql.SCHEMA_CHANNEL, self._on_schema_notify)
-            await conn.execute(sql.HOLD_LISTENER_LOCK, sql.LISTENER_LOCK_KEY, self.notify_group)
-            await conn.execute(sql.LISTENER_HELLO, str(self.notify_group))
+            if await conn.fetchval(sql.HOLD_LISTENER_LOCK, sql.LISTENER_LOCK_KEY,
+                                   self.notify_group):
+                await conn.execute(sql.LISTENER_HELLO, str(self.notify_group))
+            else:
+                log.warning("another session holds this process's listener lock; other "
+                            "gateways' commits reach it by polling (poll_interval)")
         except Exception as exc:  # noqa: BLE001 - any failure here means "poll instead"
             log.debug("LISTEN failed (%s); relying on polling", exc)
             if conn is not None:

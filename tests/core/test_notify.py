@@ -155,3 +155,26 @@ async def test_a_store_alone_sends_no_notifications(db_url: str) -> None:
         assert store._notifier.sent == 0
     finally:
         await store.close()
+
+
+async def test_a_taken_listener_lock_does_not_hang_the_listen(db_url: str) -> None:
+    # An exclusive lock on the same keys (a consumer group whose names hash
+    # to them) must not make the tailer wait: it starts, and polls.
+    group = 4242
+    holder = await asyncpg.connect(asyncpg_dsn(db_url))
+    try:
+        await holder.execute("SELECT pg_advisory_lock($1::int4, $2::int4)",
+                             sql.LISTENER_LOCK_KEY, group)
+        store = EventStore(StoreConfig(db_url, poll_interval=0.2, run_binders=False,
+                                       notify_group=group))
+        await asyncio.wait_for(store.start(), 10)
+        try:
+            sub = await store.subscribe(Subscribe(Selector(context="default"), start=BEGINNING))
+            await store.append(append("taken", ev(1)))
+            got = await sub.next(5.0)
+            assert got is not None and got.stream == "taken"
+            sub.close()
+        finally:
+            await store.close()
+    finally:
+        await holder.close()

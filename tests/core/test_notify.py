@@ -47,6 +47,17 @@ async def _heard_after(notifier: Notifier, heard: _Heard, position: int) -> bool
     return False
 
 
+async def _delivered(reader: EventStore, writer: EventStore, stream: str) -> None:
+    """An append through ``writer`` reaches a live subscriber on ``reader``."""
+    sub = await reader.subscribe(Subscribe(Selector(context="default"), start=BEGINNING))
+    try:
+        await writer.append(append(stream, ev(1)))
+        got = await sub.next(5.0)
+        assert got is not None and got.stream == stream
+    finally:
+        sub.close()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_presence(monkeypatch: pytest.MonkeyPatch) -> None:
     # Look again at every notification rather than once a second.
@@ -107,11 +118,7 @@ async def test_a_store_wakes_another_store_without_polling(db_url: str) -> None:
     await reader.start()
     try:
         assert writer.tailer.notify_group != reader.tailer.notify_group
-        sub = await reader.subscribe(Subscribe(Selector(context="default"), start=BEGINNING))
-        await writer.append(append("n", ev(1)))
-        got = await sub.next(5.0)
-        assert got is not None and got.stream == "n"
-        sub.close()
+        await _delivered(reader, writer, "n")
     finally:
         await reader.close()
         await writer.close()
@@ -169,11 +176,7 @@ async def test_a_taken_listener_lock_does_not_hang_the_listen(db_url: str) -> No
                                        notify_group=group))
         await asyncio.wait_for(store.start(), 10)
         try:
-            sub = await store.subscribe(Subscribe(Selector(context="default"), start=BEGINNING))
-            await store.append(append("taken", ev(1)))
-            got = await sub.next(5.0)
-            assert got is not None and got.stream == "taken"
-            sub.close()
+            await _delivered(store, store, "taken")
         finally:
             await store.close()
     finally:

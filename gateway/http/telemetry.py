@@ -46,7 +46,7 @@ from polyport.core.errors import ERROR_BY_CODE
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.store import selector_from_json
-from polyport.core.writer import CommitObservation
+from polyport.core.writer import CommitObservation, SubmittedAppend
 from polyport.gateway.http import chart_history
 from polyport.protocols.session import CURRENT_PEER
 
@@ -319,15 +319,25 @@ class Telemetry:
         if obs.commit:
             self.commit_duration.observe(obs.seconds)
             self._commit_le[bisect.bisect_left(LATENCY_BUCKETS, obs.seconds)] += 1
+        # One pass per protocol, not per unit: a commit settles dozens of
+        # units, and two histogram observes each (a lock and a bisect apiece)
+        # were ~5 % of the gateway's W1 samples.
+        by_origin: dict[str, list[SubmittedAppend]] = {}
         for unit in obs.appends:
-            self._child(self.append_latency, unit.origin).observe(unit.seconds)
-            self._append_le[bisect.bisect_left(LATENCY_BUCKETS, unit.seconds)] += 1
-            self._child(self.append_size, unit.origin).observe(unit.events)
-            self.append_requests[unit.origin] += 1
-            if unit.ok:
-                self.appended[unit.origin] += unit.events
-            else:
-                self.append_failures[unit.origin] += 1
+            by_origin.setdefault(unit.origin, []).append(unit)
+        append_le = self._append_le
+        for origin, units in by_origin.items():
+            seconds = [u.seconds for u in units]
+            observe_many(self._child(self.append_latency, origin), seconds)
+            observe_many(self._child(self.append_size, origin), [u.events for u in units])
+            for s in seconds:
+                append_le[bisect.bisect_left(LATENCY_BUCKETS, s)] += 1
+            self.append_requests[origin] += len(units)
+            ok = [u.events for u in units if u.ok]
+            if ok:
+                self.appended[origin] += sum(ok)
+            if len(ok) < len(units):
+                self.append_failures[origin] += len(units) - len(ok)
 
     def known_protocols(self) -> list[str]:
         """``protocol`` label values known before any traffic: every running

@@ -400,3 +400,38 @@ def test_observing_a_batch_counts_as_observing_each(values: list[float]) -> None
     assert [g[:2] for g in got] == [w[:2] for w in want]
     for (_n, _l, g), (_n2, _l2, w) in zip(got, want, strict=True):
         assert g == pytest.approx(w)  # the sum is added in another order
+
+
+def test_a_commit_of_many_units_counts_as_each_unit_alone() -> None:
+    # observe_commit takes a commit's units per protocol at once; the series
+    # must read as if each unit had been observed by itself.
+    from polyport.core.writer import CommitObservation, SubmittedAppend
+    from polyport.gateway.http.telemetry import Telemetry
+
+    units = tuple(
+        SubmittedAppend(origin, events, seconds, ok)
+        for origin, events, seconds, ok in [
+            ("bson", 1, 0.0004, True), ("bson", 3, 0.002, True), ("micromsg2", 1, 0.2, True),
+            ("bson", 2, 0.05, False), ("micromsg2", 5, 1.5, False), ("bson", 1, 0.0004, True),
+        ]
+    )
+
+    def exposed(observations: list[CommitObservation]) -> list[tuple[str, Any, float]]:
+        t = Telemetry(None)  # type: ignore[arg-type]  # observe_commit reads no gateway
+        for o in observations:
+            t.observe_commit(o)
+        series = [(s.name, sorted(s.labels.items()), s.value)
+                  for h in (t.append_latency, t.append_size) for m in h.collect()
+                  for s in m.samples if not s.name.endswith("_created")]
+        series += [(name, sorted(counts.items()), 0.0) for name, counts in (
+            ("requests", t.append_requests), ("appended", t.appended),
+            ("failures", t.append_failures), ("le", dict(enumerate(t._append_le))))]
+        return sorted(series)
+
+    together = exposed([CommitObservation(8, 0.01, units)])
+    alone = exposed([CommitObservation(8, 0.01, units[:1])]
+                    + [CommitObservation(0, 0.0, (u,), commit=False) for u in units[1:]])
+    assert [g[:2] for g in together] == [a[:2] for a in alone]
+    for (_n, _l, g), (_n2, _l2, a) in zip(together, alone, strict=True):
+        assert g == pytest.approx(a)
+    assert ("requests", [("bson", 4), ("micromsg2", 2)], 0.0) in together

@@ -44,7 +44,7 @@ from polyport.core.access import Tenant
 from polyport.core.bodies import BSON
 from polyport.core.commands import Append, AppendBatch, Principal
 from polyport.core.errors import Malformed, PolyportError, Unsupported
-from polyport.core.events import EventData
+from polyport.core.events import EventData, new_event_id
 from polyport.core.limits import check_body_size
 from polyport.protocols.bson.connection import ServerConnection
 from polyport.protocols.bson.errors import (
@@ -116,7 +116,7 @@ def emit_event_id(event: Mapping[str, Any]) -> uuid.UUID:
     one, a fresh id (such an EMIT is not safe to resend: docs/errors.md)."""
     value = event.get(EVENT_ID_FIELD)
     if value is None:
-        return uuid.uuid4()
+        return new_event_id()
     if isinstance(value, uuid.UUID):
         return value
     if isinstance(value, bson.binary.Binary) and value.subtype == bson.binary.UUID_SUBTYPE \

@@ -33,7 +33,7 @@ from polyport.core.bodies import JSON, OCTETS, body_json_text, loads_json
 from polyport.core.commands import END, Append, AppendBatch, Principal, Selector
 from polyport.core.commands import Subscribe as CoreSubscribe
 from polyport.core.errors import Busy, NotFound, PolyportError
-from polyport.core.events import DEFAULT_CONTEXT, EventData, RecordedEvent
+from polyport.core.events import DEFAULT_CONTEXT, EventData, RecordedEvent, new_event_id
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
 from polyport.protocols.errors import TIMEOUT, UNSUPPORTED
@@ -167,7 +167,7 @@ def message_event_id(message: Message, context: str = DEFAULT_CONTEXT) -> uuid.U
             return uuid.UUID(text)
         except ValueError:
             return uuid.uuid5(uuid.uuid5(MESSAGE_ID_NAMESPACE, context), text)
-    return uuid.uuid4()
+    return new_event_id()
 
 
 def event_properties(ev: RecordedEvent) -> dict[str, PropertyValue]:

@@ -12,7 +12,6 @@ context against the principal.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,7 +33,7 @@ from polyport.core.commands import (
     Start,
     Subscribe,
 )
-from polyport.core.events import DEFAULT_CONTENT_TYPE, EventData, RecordedEvent
+from polyport.core.events import DEFAULT_CONTENT_TYPE, EventData, RecordedEvent, new_event_id
 from polyport.core.groups import GroupMember
 from polyport.core.limits import check_body_size
 from polyport.core.subscriptions import Subscription
@@ -110,7 +109,7 @@ def append_command(
             EventData(
                 type=e.type,
                 body=e.body,
-                event_id=e.id if e.id is not None else uuid.uuid4(),
+                event_id=e.id if e.id is not None else new_event_id(),
                 headers=dict(e.headers),
                 content_type=e.content_type or DEFAULT_CONTENT_TYPE,
             )

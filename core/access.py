@@ -15,6 +15,7 @@ same name and never meet.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
@@ -108,6 +109,12 @@ class Tenant:
     async def append(self, command: Append) -> AppendResult:
         self.check(command.context)
         return await self._store.append(command)
+
+    def start_append(self, command: Append) -> asyncio.Future[list[AppendResult]]:
+        """:meth:`append` queued now, its outcome in the future (the
+        writer's: one result per append).  Refusals raise here."""
+        self.check(command.context)
+        return self._store.start_append(command)
 
     async def append_batch(self, command: AppendBatch) -> list[AppendResult]:
         # All or nothing: one forbidden context refuses the whole transaction.

@@ -572,13 +572,19 @@ class ChainClient:
     # --- appends ------------------------------------------------------------------------
 
     async def submit(self, appends: Sequence[Append]) -> list[AppendResult]:
+        return await self.enqueue(appends)
+
+    def enqueue(self, appends: Sequence[Append]) -> asyncio.Future[list[AppendResult]]:
+        """Send ``appends`` as one unit without awaiting, as
+        :meth:`~core.writer.Writer.enqueue`: refusals raise at once, the
+        future gets the outcome."""
         if self._closing:
             raise StorageUnavailable("the store is shutting down; retry against a running gateway")
         out = self._out
         if out is None or not self.local.idle:
             # The chain is away, or the local writer still holds appends
             # from while it was: those must commit first.
-            return await self.local.submit(appends)
+            return self.local.enqueue(appends)
         limits = self.limits
         n, size, cost = admit(appends, limits, self._events, self._bytes)
         fut: asyncio.Future[list[AppendResult]] = out.loop.create_future()
@@ -592,7 +598,7 @@ class ChainClient:
         self._events += n
         self._bytes += cost
         out.put([APPEND, uid, [encode_append(a) for a in appends], size, cost])
-        return await fut
+        return fut
 
 
 def _pass_on(src: asyncio.Future[list[AppendResult]], *,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import uuid
@@ -304,6 +305,21 @@ class EventStore:
         results = await self.writer.submit([command])
         self._appended([command])
         return results[0]
+
+    def start_append(self, command: Append) -> asyncio.Future[list[AppendResult]]:
+        """:meth:`append` without a coroutine: queued now (refusals raise
+        here), the future gets the writer's outcome.  For a protocol that
+        answers from a callback or its reply queue, which saves a task per
+        append (docs/performance.md)."""
+        fut = self.writer.enqueue([command])
+        if self.on_append is not None:
+            fut.add_done_callback(functools.partial(self._started_append_done, command))
+        return fut
+
+    def _started_append_done(self, command: Append,
+                             fut: asyncio.Future[list[AppendResult]]) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self._appended([command])
 
     async def append_batch(self, command: AppendBatch) -> list[AppendResult]:
         if not command.appends:

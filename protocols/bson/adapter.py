@@ -277,6 +277,8 @@ class BsonSession(ByteStreamSession[Limits, ServerConnection]):
                 return
             try:
                 frame = await item.outcome
+                if item.success is not None:
+                    frame = item.success
             except asyncio.CancelledError:
                 if self._lost:
                     raise
@@ -289,7 +291,7 @@ class BsonSession(ByteStreamSession[Limits, ServerConnection]):
                 if head.fatal is not None or not head.outcome.done():
                     break
                 self._replies.popleft()
-                batch.append((head, reply_frame(head.outcome)))
+                batch.append((head, reply_frame(head.outcome, head.success)))
             chunks: list[bytes] = []
             try:
                 for _item, reply in batch:
@@ -400,18 +402,16 @@ class BsonSession(ByteStreamSession[Limits, ServerConnection]):
                 tx.doom(exc)
             await self.reply(done(error_response(exc)))
             return
-        # The append starts now (so pipelined EMITs share group commits); its
-        # RESPONSE leaves, in order, once the commit is confirmed.
+        # The append is queued now (so pipelined EMITs share group commits);
+        # its RESPONSE leaves, in order, once the commit is confirmed.  The
+        # reply queue awaits the store's own future: no task per EMIT.
         await self.budget.acquire(size)
-        task = self.spawn(self._append(append))
-        self.queue_reply(Reply(task, size))
-
-    async def _append(self, append: Append) -> Frame:
         try:
-            await self.tenant.append(append)
-        except Exception as exc:  # noqa: BLE001 - translated for the client
-            return error_response(exc)
-        return OK
+            outcome = self.tenant.start_append(append)
+        except PolyportError as exc:
+            self.queue_reply(Reply(done(error_response(exc)), size))
+            return
+        self.queue_reply(Reply(outcome, size, success=OK))
 
     async def _commit(self, sess_id: int) -> None:
         commit = self.transactions.commit(sess_id)

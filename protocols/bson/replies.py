@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from polyport.protocols.bson.errors import ProtocolError, error_response
 from polyport.protocols.bson.frames import Frame, Response
@@ -20,12 +21,16 @@ from polyport.protocols.bson.frames import Frame, Response
 OK = Response(ok=True)
 
 
-def reply_frame(fut: asyncio.Future[Frame]) -> Frame:
-    """The reply a finished outcome future stands for."""
+def reply_frame(fut: asyncio.Future[Any], success: Frame | None = None) -> Frame:
+    """The reply a finished outcome future stands for: its frame, or
+    ``success`` when given (the future is then the store's, e.g. an
+    append's results)."""
     if fut.cancelled():
         return Response(ok=False, err_code="internal", err_msg="request cancelled")
     exc = fut.exception()
-    return error_response(exc) if exc is not None else fut.result()
+    if exc is not None:
+        return error_response(exc)
+    return success if success is not None else fut.result()
 
 
 def done(frame: Frame) -> asyncio.Future[Frame]:
@@ -37,13 +42,16 @@ def done(frame: Frame) -> asyncio.Future[Frame]:
 
 @dataclass(slots=True)
 class Reply:
-    outcome: asyncio.Future[Frame]
+    # The reply frame, or (with ``success``) the store's outcome: success
+    # answers ``success``, a failure its error RESPONSE.
+    outcome: asyncio.Future[Any]
     # Event bytes this request holds against the in-flight budget.
     cost: int = 0
     # Runs right after the reply was sent (e.g. start RECEV delivery).
     after: Callable[[Frame], None] | None = None
     # Set on the sentinel that ends the connection after the replies before it.
     fatal: ProtocolError | None = None
+    success: Frame | None = None
 
 
 class Budget:

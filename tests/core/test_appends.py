@@ -137,3 +137,22 @@ async def test_bad_text_fails_alone_not_its_batch(store: EventStore) -> None:
     # streams have no defined order between them: either may go first.)
     positions = sorted(r.first_position for r in (results[0], results[-1]))
     assert positions[0] + 1 == positions[1]
+
+
+async def test_a_started_append_is_queued_at_once_and_counted_once_committed(
+    store: EventStore,
+) -> None:
+    counted: list[int] = []
+    store.on_append = counted.append
+    try:
+        first = store.start_append(append("started", ev(1), ev(2)))
+        second = store.start_append(append("started", ev(3), expected=NO_STREAM))
+        # Queued in call order without awaiting: the second fails its check.
+        (result,) = await first
+        assert (result.first_version, result.last_version) == (1, 2)
+        with pytest.raises(WrongExpectedVersion):
+            await second
+        await asyncio.sleep(0)  # the counting callback
+        assert counted == [2]  # the failed one is not counted
+    finally:
+        store.on_append = None

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from polyport.core.commands import Principal
+from polyport.core.errors import Busy
 from polyport.protocols import errors as shared
 from polyport.protocols.micromsg2 import (
     Ack,
@@ -210,6 +211,9 @@ class _SlowStore:
         await self.commit.wait()
         self.appended += len(append.events)
 
+    def start_append(self, append: Any) -> asyncio.Future[None]:
+        return asyncio.ensure_future(self.append(append))
+
 
 async def test_pending_bytes_stop_reading_until_commits_catch_up() -> None:
     # Per connection at most max_pending_bytes of MESSAGE payloads wait for
@@ -243,3 +247,65 @@ async def test_pending_bytes_stop_reading_until_commits_catch_up() -> None:
     await asyncio.sleep(0.05)
     assert store.appended == 2 and not out.closed
     await session.connection_lost()
+
+
+class _BusyOnceStore(_SlowStore):
+    """The store's queue refuses the first MESSAGE as busy, once: at once
+    (``sync``) or when its commit comes; later tries are taken."""
+
+    def __init__(self, sync: bool) -> None:
+        super().__init__()
+        self.commit.set()
+        self.sync = sync
+        self.refused = 0
+
+    def start_append(self, append: Any) -> asyncio.Future[None]:
+        if self.refused == 0:
+            self.refused += 1
+            if self.sync:
+                raise Busy("the writer's queue is full")
+            refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            refused.set_exception(Busy("the chain's queue is full"))
+            return refused
+        return super().start_append(append)
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["at-once", "at-commit"])
+async def test_a_busy_store_is_retried_not_reported(sync: bool) -> None:
+    # MicroMsg2 has no per-message refusal: a busy writer is waited out (the
+    # retrying task), whether it refused when queued or when committing.
+    store = _BusyOnceStore(sync)
+    ctx = SessionContext(
+        store=store,  # type: ignore[arg-type]
+        stats=ListenerStats("micromsg2"),
+        settings={},
+        log=logging.getLogger("test.micromsg2"),
+    )
+    out = RecordingOutbound()
+    session = MicroMsg2Session(ctx, out, Limits(idle_timeout=None))
+    client = ClientConnection("c")
+    await session.data_received(client.send(client.hello_frame()))
+    client.receive_data(out.sent.pop())
+    await session.data_received(client.send(client.final_frame()))
+    await session.data_received(client.send(Message(1, "topic/a", b"x")))
+    for _ in range(100):
+        if store.appended:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.05)
+    assert store.refused == 1 and store.appended == 1
+    assert not out.closed
+    assert not [f for data in out.sent for f in _frames(data) if isinstance(f, Error)]
+    await session.connection_lost()
+
+
+def _frames(data: bytes) -> list[Any]:
+    frames = []
+    while data:
+        decoded = decode_frame(data)
+        if decoded is None:
+            break
+        frame, used = decoded
+        frames.append(frame)
+        data = data[used:]
+    return frames

@@ -156,6 +156,17 @@ FROM (SELECT $1::text AS context, $2::text AS stream) k
 CROSS JOIN LATERAL ({_LAST_EVENT_STATE}) st
 """
 
+# A stream's state and the log's head in one snapshot: every event of the
+# stream beyond segment_length has a position above head (visible positions
+# are a prefix), so a reader at the tail can wait for positions after head.
+SEGMENT_STATE = f"""
+SELECT h.last_position AS head, st.last_version, st.segment_length
+FROM log_head h
+CROSS JOIN (SELECT $1::text AS context, $2::text AS stream) k
+LEFT JOIN LATERAL ({_LAST_EVENT_STATE}) st ON true
+WHERE h.id = 1
+"""
+
 
 def _bisect(upper: str, hit: str) -> str:
     """The least key in [1, ``upper``] for which ``hit`` (a scalar subquery

@@ -38,7 +38,7 @@ from polyport.core.commands import (
 )
 from polyport.core.db import Db
 from polyport.core.errors import Busy, Malformed, NotFound, StorageUnavailable, Timeout
-from polyport.core.events import RecordedEvent
+from polyport.core.events import SEGMENT_EVENT_HEADER_SIZE, RecordedEvent
 from polyport.core.groups import ConsumerGroup, GroupMember
 from polyport.core.health import (
     DEFAULT_STALE_AFTER,
@@ -443,12 +443,13 @@ class EventStore:
     async def read_segment(self, command: ReadSegment) -> SegmentChunk:
         """Bytes of the stream's segment view from ``offset``; at most
         ``max_bytes`` unless a single event is larger (then that event)."""
-        state = await self.stream_state(command.context, command.stream)
-        tail = state[1] if state else 0
+        self._check_stream(command.context, command.stream)
+        state = (await self._read(sql.SEGMENT_STATE, command.context, command.stream))[0]
+        tail = state["segment_length"] or 0
         if command.offset < 0 or command.offset > tail:
             raise Malformed(f"offset {command.offset} is outside the segment (length {tail})")
         if command.offset == tail:
-            return SegmentChunk(command.offset, b"", True, tail, tail)
+            return SegmentChunk(command.offset, b"", True, tail, tail, int(state["head"]))
         limit = max(1, min(1000, command.max_bytes // 64 + 1))
         rows = await self._read(
             sql.READ_SEGMENT_FROM, command.context, command.stream, command.offset, limit
@@ -843,3 +844,31 @@ def _fill_batch(
 def segment_frame(ev: RecordedEvent) -> bytes:
     """An event as it appears in its stream's segment view: an EVENT command."""
     return (0).to_bytes(4, "big", signed=True) + len(ev.body).to_bytes(4, "big") + ev.body
+
+
+def segment_chunk_from_live(offset: int, events: Sequence[RecordedEvent],
+                            max_bytes: int) -> SegmentChunk | None:
+    """What :meth:`EventStore.read_segment` would return from ``offset``,
+    made from ``events`` a live subscription to the stream just delivered
+    (every event it holds, in order), without a round trip; None when they
+    do not start exactly at ``offset`` (then read the database).  The chunk
+    is at the tail when it takes every delivered event: a later append
+    would have been delivered too."""
+    if not events or events[0].segment_offset != offset:
+        return None
+    out = bytearray()
+    end = offset
+    taken = 0
+    for ev in events:
+        if ev.segment_offset != end:
+            break  # not contiguous: what follows comes from the database
+        framed = segment_frame(ev)
+        if out and len(out) + len(framed) > max_bytes:
+            break
+        out += framed
+        end += len(framed)
+        taken += 1
+    last = events[-1]
+    tail = max(end, last.segment_offset + SEGMENT_EVENT_HEADER_SIZE + len(last.body))
+    return SegmentChunk(offset, bytes(out), taken == len(events), end, tail)
+

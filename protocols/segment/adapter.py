@@ -43,9 +43,11 @@ from polyport.core.access import Tenant
 from polyport.core.commands import (
     END,
     Append,
+    FromPosition,
     ProducerCheckpoint,
     SegmentChunk,
     Selector,
+    Start,
     Subscribe,
 )
 from polyport.core.commands import ReadSegment as CoreReadSegment
@@ -58,6 +60,7 @@ from polyport.core.errors import (
     WrongExpectedVersion,
 )
 from polyport.core.events import EventData
+from polyport.core.store import segment_chunk_from_live
 from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT
 from polyport.protocols.errors import RemoteProtocolError as SharedRemoteProtocolError
@@ -101,6 +104,9 @@ MAX_COALESCE_BYTES = 8 << 20
 # The core answers Busy when its writer queue is full; an append is retried
 # for this long before the connection fails with ``busy``.
 BUSY_RETRY_SECONDS = 10.0
+# Appends a tail read's live wait takes in at once (a burst that woke it);
+# more than these overflow to a read of the database.
+LIVE_READ_EVENTS = 64
 
 AppenderKey = tuple[uuid.UUID, str, str]  # (ConnectionId, context, stream)
 
@@ -541,7 +547,7 @@ class SegmentSession(ByteStreamSession[Limits, ServerConnection]):
         budget = min(request.suggested_length, limit) if request.suggested_length > 0 else limit
         chunk = await self._read_chunk(tenant, request, context, stream, budget)
         if not chunk.data and self.limits.read_wait > 0:
-            chunk = await self._wait_for_data(tenant, request, context, stream, budget)
+            chunk = await self._wait_for_data(tenant, request, context, stream, budget, chunk)
         data, at_tail = chunk.data, chunk.at_tail
         if len(data) > budget:
             # The core returns a whole event even when it is larger than asked;
@@ -577,19 +583,31 @@ class SegmentSession(ByteStreamSession[Limits, ServerConnection]):
         return NotFound(f"segment {segment!r} does not exist (no event was ever appended to it)")
 
     async def _wait_for_data(
-        self, tenant: Tenant, request: ReadSegment, context: str, stream: str, budget: int
+        self, tenant: Tenant, request: ReadSegment, context: str, stream: str, budget: int,
+        at_tail: SegmentChunk,
     ) -> SegmentChunk:
-        """At the tail: wait up to ``read_wait`` seconds for an append to the
-        stream.  Subscribing before re-reading means no append can slip in
-        between the read and the wait."""
+        """At the tail (``at_tail``, the empty read): wait up to
+        ``read_wait`` seconds for an append to the stream.  The subscription
+        starts at the log head that read saw, so no append can slip in
+        between the read and the wait; without that head, it starts at the
+        end and the stream is read again first."""
+        head = at_tail.head_position
+        start: Start = END if head is None else FromPosition(head)
         sub = await tenant.subscribe(
-            Subscribe(Selector(context=context, stream=stream), start=END, buffer_size=1)
+            Subscribe(Selector(context=context, stream=stream), start=start,
+                      buffer_size=LIVE_READ_EVENTS)
         )
         try:
-            chunk = await self._read_chunk(tenant, request, context, stream, budget)
-            if chunk.data:
-                return chunk
-            await sub.next(timeout=self.limits.read_wait)
+            if head is None:
+                chunk = await self._read_chunk(tenant, request, context, stream, budget)
+                if chunk.data:
+                    return chunk
+            events = await sub.next_batch(LIVE_READ_EVENTS, timeout=self.limits.read_wait)
+            # The append that woke the wait is in hand: answered from it, not
+            # by reading it back (two round trips on W3's critical path).
+            live = segment_chunk_from_live(request.offset, events, budget)
+            if live is not None:
+                return live
             return await self._read_chunk(tenant, request, context, stream, budget)
         finally:
             sub.close()

@@ -156,3 +156,47 @@ async def test_a_started_append_is_queued_at_once_and_counted_once_committed(
         assert counted == [2]  # the failed one is not counted
     finally:
         store.on_append = None
+
+
+async def test_a_segment_chunk_from_live_events_reads_as_the_database(store: EventStore) -> None:
+    from polyport.core.store import segment_chunk_from_live
+
+    await store.append(append("seg", ev(1)))
+    tail = (await store.read_segment(ReadSegment("default", "seg", 0))).tail_offset
+    await store.append(append("seg", ev(2), ev(3), ev(4)))
+    live = await store.read_stream(ReadStream("default", "seg", from_version=2))
+    whole = (await store.read_segment(ReadSegment("default", "seg", 0))).data
+    for budget, events in ((1, 1), (40, 2), (1 << 20, 3)):
+        made = segment_chunk_from_live(tail, live, budget)
+        assert made is not None
+        # The bytes of the segment view from ``tail``: whole events, within
+        # the budget (one event even when larger), at the tail once all fit.
+        assert made.data == whole[tail:made.end_offset]
+        assert made.end_offset == tail + 16 * events  # each framed event is 16 bytes
+        assert made.tail_offset == len(whole)
+        assert made.at_tail == (events == 3)
+    # Events that do not start at the offset asked for: read the database.
+    assert segment_chunk_from_live(tail + 1, live, 1 << 20) is None
+    assert segment_chunk_from_live(0, live, 1 << 20) is None
+    assert segment_chunk_from_live(tail, [], 1 << 20) is None
+
+
+async def test_an_empty_segment_read_names_the_head_its_next_event_comes_after(
+    store: EventStore,
+) -> None:
+    # A segment reader at the tail waits from the head its read saw: an append
+    # committed between that read and the wait is still delivered.
+    from polyport.core.commands import FromPosition, Selector, Subscribe
+
+    await store.append(append("wait", ev(1)))
+    await store.append(append("elsewhere", ev(2)))
+    at_tail = await store.read_segment(ReadSegment("default", "wait", 16))
+    assert at_tail.data == b"" and at_tail.head_position == 2
+    await store.append(append("wait", ev(3)))  # before the subscription exists
+    sub = await store.subscribe(Subscribe(
+        Selector(context="default", stream="wait"), start=FromPosition(at_tail.head_position)))
+    try:
+        got = await sub.next(timeout=5)
+        assert got is not None and got.segment_offset == 16 and got.body == b'{"n": 3}'
+    finally:
+        sub.close()

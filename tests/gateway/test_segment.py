@@ -390,6 +390,30 @@ async def test_read_at_tail_waits_for_new_data(gateway_factory, store) -> None:
     await reader2.close()
 
 
+async def test_a_burst_that_wakes_a_tail_read_is_answered_whole_or_in_part(
+    gateway_factory, store
+) -> None:
+    # The wait is answered from the appends that woke it: three events in one
+    # commit, asked for with room for one, then for the rest.
+    gw = await gateway_factory(extra={"segment_read_wait": 3.0})
+    await store.append(Append("t", "burst", (EventData("x", b"first"),)))
+    tail = len(framed(b"first"))
+    reader = await SegmentReader.connect(*address(gw))
+    bodies = [b"second", b"third", b"fourth"]
+
+    async def later() -> None:
+        await asyncio.sleep(0.3)
+        await store.append(Append("t", "burst", tuple(EventData("x", b) for b in bodies)))
+
+    task = asyncio.create_task(later())
+    reply = await reader.read("t/burst", tail, suggested_length=len(framed(b"second")))
+    await task
+    assert reply.data == framed(b"second") and not reply.at_tail
+    rest = await reader.read("t/burst", tail + len(reply.data))
+    assert rest.data == framed(b"third") + framed(b"fourth") and rest.at_tail
+    await reader.close()
+
+
 # --- keep-alive and idle connections ---------------------------------------------------
 
 

@@ -378,8 +378,14 @@ SET checkpoint = $2, fetched_position = NULL, fetched_time = NULL, updated_at = 
 WHERE id = $1
 """
 
+# Which batch an FE handed out, so that its PS can be matched; on the path of
+# every fetch reply, so it commits without waiting for its WAL flush
+# (set_config(..., true) lasts only for this statement's transaction).  A
+# record lost in a crash only makes the PS that names it a no-op: the client
+# fetches the same batch again (at least once), never skips one.
 RECORD_FETCH = """
 UPDATE subscriptions SET fetched_position = $2, fetched_time = $3, updated_at = now()
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush
 WHERE id = $1
 """
 

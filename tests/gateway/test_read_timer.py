@@ -9,6 +9,13 @@ import pytest
 from polyport.gateway.transports.tcp import ReadTimer
 
 
+def _timer(kind: type[ReadTimer] = ReadTimer) -> ReadTimer:
+    """A read timer for the running task."""
+    current = asyncio.current_task()
+    assert current is not None
+    return kind(current)
+
+
 async def _read_until_cut(timer: ReadTimer, reads: int, gap: float, timeout: float) -> float:
     """``reads`` reads that each return after ``gap`` seconds, then one that
     waits for ever; how long after the last read began it was cut."""
@@ -36,9 +43,7 @@ async def test_a_busy_connection_is_cut_a_timeout_after_its_last_read() -> None:
     # Twelve reads over 0.6 s, each well inside the 0.3 s deadline: the timer
     # armed by the first read fires meanwhile and must sleep again, not cut.
     async def run() -> float:
-        current = asyncio.current_task()
-        assert current is not None
-        return await _read_until_cut(ReadTimer(current), reads=12, gap=0.05, timeout=0.3)
+        return await _read_until_cut(_timer(), reads=12, gap=0.05, timeout=0.3)
 
     waited = await asyncio.wait_for(run(), 5)
     assert 0.29 <= waited < 0.6
@@ -46,9 +51,7 @@ async def test_a_busy_connection_is_cut_a_timeout_after_its_last_read() -> None:
 
 async def test_an_earlier_deadline_moves_the_timer_sooner() -> None:
     async def run() -> float:
-        current = asyncio.current_task()
-        assert current is not None
-        timer = ReadTimer(current)
+        timer = _timer()
         timer.start(30.0)  # armed far out...
         timer.stop()
         return await _read_until_cut(timer, reads=0, gap=0, timeout=0.1)  # ...then due soon
@@ -68,9 +71,7 @@ class _CancelledBesides(ReadTimer):
 
 async def test_a_real_cancellation_is_not_taken_for_the_deadline() -> None:
     async def run() -> None:
-        current = asyncio.current_task()
-        assert current is not None
-        timer = _CancelledBesides(current)
+        timer = _timer(_CancelledBesides)
         timer.start(0.05)
         try:
             await asyncio.Event().wait()
@@ -90,9 +91,7 @@ async def test_no_read_waiting_means_no_cut() -> None:
     # The deadline passing while the connection is busy elsewhere (not
     # reading) cancels nothing; the next read arms the timer again.
     async def run() -> bool:
-        current = asyncio.current_task()
-        assert current is not None
-        timer = ReadTimer(current)
+        timer = _timer()
         timer.start(0.05)
         timer.stop()
         await asyncio.sleep(0.15)  # the timer fires here and finds no read

@@ -215,11 +215,10 @@ class _SlowStore:
         return asyncio.ensure_future(self.append(append))
 
 
-async def test_pending_bytes_stop_reading_until_commits_catch_up() -> None:
-    # Per connection at most max_pending_bytes of MESSAGE payloads wait for
-    # the store: the next data_received does not return (the transport does
-    # not read the socket) until earlier appends are done.
-    store = _SlowStore()
+async def _logged_in(
+    store: _SlowStore, limits: Limits
+) -> tuple[MicroMsg2Session, RecordingOutbound, ClientConnection]:
+    """A session over ``store`` whose client has completed the handshake."""
     ctx = SessionContext(
         store=store,  # type: ignore[arg-type]
         stats=ListenerStats("micromsg2"),
@@ -227,13 +226,21 @@ async def test_pending_bytes_stop_reading_until_commits_catch_up() -> None:
         log=logging.getLogger("test.micromsg2"),
     )
     out = RecordingOutbound()
-    session = MicroMsg2Session(
-        ctx, out, Limits(idle_timeout=None, max_pending_bytes=100)
-    )
+    session = MicroMsg2Session(ctx, out, limits)
     client = ClientConnection("c")
     await session.data_received(client.send(client.hello_frame()))
     client.receive_data(out.sent.pop())
     await session.data_received(client.send(client.final_frame()))
+    return session, out, client
+
+
+async def test_pending_bytes_stop_reading_until_commits_catch_up() -> None:
+    # Per connection at most max_pending_bytes of MESSAGE payloads wait for
+    # the store: the next data_received does not return (the transport does
+    # not read the socket) until earlier appends are done.
+    store = _SlowStore()
+    session, out, client = await _logged_in(store, Limits(idle_timeout=None,
+                                                          max_pending_bytes=100))
     assert session.principal is not None
     # The first run is admitted alone, whatever its size.
     await session.data_received(client.send(Message(1, "topic/a", b"x" * 150)))
@@ -275,18 +282,7 @@ async def test_a_busy_store_is_retried_not_reported(sync: bool) -> None:
     # MicroMsg2 has no per-message refusal: a busy writer is waited out (the
     # retrying task), whether it refused when queued or when committing.
     store = _BusyOnceStore(sync)
-    ctx = SessionContext(
-        store=store,  # type: ignore[arg-type]
-        stats=ListenerStats("micromsg2"),
-        settings={},
-        log=logging.getLogger("test.micromsg2"),
-    )
-    out = RecordingOutbound()
-    session = MicroMsg2Session(ctx, out, Limits(idle_timeout=None))
-    client = ClientConnection("c")
-    await session.data_received(client.send(client.hello_frame()))
-    client.receive_data(out.sent.pop())
-    await session.data_received(client.send(client.final_frame()))
+    session, out, client = await _logged_in(store, Limits(idle_timeout=None))
     await session.data_received(client.send(Message(1, "topic/a", b"x")))
     for _ in range(100):
         if store.appended:

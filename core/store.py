@@ -38,7 +38,7 @@ from polyport.core.commands import (
 )
 from polyport.core.db import Db
 from polyport.core.errors import Busy, Malformed, NotFound, StorageUnavailable, Timeout
-from polyport.core.events import SEGMENT_EVENT_HEADER_SIZE, RecordedEvent
+from polyport.core.events import RecordedEvent
 from polyport.core.groups import ConsumerGroup, GroupMember
 from polyport.core.health import (
     DEFAULT_STALE_AFTER,
@@ -61,6 +61,7 @@ from polyport.core.monitor import Monitor
 from polyport.core.notify import Notifier, new_notify_group
 from polyport.core.parking import ParkedEvent, Parking, SubscriptionSettings, start_from_json
 from polyport.core.records import record_from_row
+from polyport.core.segments import segment_frame
 from polyport.core.subscriptions import Subscription, Tailer
 from polyport.core.users import UserService
 from polyport.core.writer import Writer, WriterLimits
@@ -839,36 +840,3 @@ def _fill_batch(
             return True
         out.append(ev)
     return False
-
-
-def segment_frame(ev: RecordedEvent) -> bytes:
-    """An event as it appears in its stream's segment view: an EVENT command."""
-    return (0).to_bytes(4, "big", signed=True) + len(ev.body).to_bytes(4, "big") + ev.body
-
-
-def segment_chunk_from_live(offset: int, events: Sequence[RecordedEvent],
-                            max_bytes: int) -> SegmentChunk | None:
-    """What :meth:`EventStore.read_segment` would return from ``offset``,
-    made from ``events`` a live subscription to the stream just delivered
-    (every event it holds, in order), without a round trip; None when they
-    do not start exactly at ``offset`` (then read the database).  The chunk
-    is at the tail when it takes every delivered event: a later append
-    would have been delivered too."""
-    if not events or events[0].segment_offset != offset:
-        return None
-    out = bytearray()
-    end = offset
-    taken = 0
-    for ev in events:
-        if ev.segment_offset != end:
-            break  # not contiguous: what follows comes from the database
-        framed = segment_frame(ev)
-        if out and len(out) + len(framed) > max_bytes:
-            break
-        out += framed
-        end += len(framed)
-        taken += 1
-    last = events[-1]
-    tail = max(end, last.segment_offset + SEGMENT_EVENT_HEADER_SIZE + len(last.body))
-    return SegmentChunk(offset, bytes(out), taken == len(events), end, tail)
-

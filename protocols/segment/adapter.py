@@ -60,7 +60,7 @@ from polyport.core.errors import (
     WrongExpectedVersion,
 )
 from polyport.core.events import EventData
-from polyport.core.store import segment_chunk_from_live
+from polyport.core.segments import segment_chunk_from_live
 from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT
 from polyport.protocols.errors import RemoteProtocolError as SharedRemoteProtocolError

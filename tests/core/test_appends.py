@@ -6,7 +6,8 @@ import pytest
 
 from polyport.core.commands import NO_STREAM, AppendBatch, ExactVersion, ReadSegment, ReadStream
 from polyport.core.errors import Malformed, WrongExpectedVersion
-from polyport.core.store import EventStore, segment_frame
+from polyport.core.segments import segment_frame
+from polyport.core.store import EventStore
 from tests.core.helpers import append, ev
 
 
@@ -159,7 +160,7 @@ async def test_a_started_append_is_queued_at_once_and_counted_once_committed(
 
 
 async def test_a_segment_chunk_from_live_events_reads_as_the_database(store: EventStore) -> None:
-    from polyport.core.store import segment_chunk_from_live
+    from polyport.core.segments import segment_chunk_from_live
 
     await store.append(append("seg", ev(1)))
     tail = (await store.read_segment(ReadSegment("default", "seg", 0))).tail_offset

@@ -28,7 +28,7 @@ from polyport.core.errors import PolyportError, WrongExpectedVersion
 from polyport.core.events import EventData, RecordedEvent
 from polyport.core.planner import ONE_MICROSECOND, Plan, Planned, StreamState, plan_batch
 from polyport.core.records import record_from_row
-from polyport.core.store import segment_frame
+from polyport.core.segments import segment_frame
 
 KEYS = [("c1", "a"), ("c1", "b"), ("c2", "a")]
 PRODUCERS = [uuid.UUID(int=1), uuid.UUID(int=2)]

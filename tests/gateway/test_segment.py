@@ -17,7 +17,8 @@ import pytest
 
 from polyport.core.commands import Append, ReadStream
 from polyport.core.events import EventData
-from polyport.core.store import EventStore, segment_frame
+from polyport.core.segments import segment_frame
+from polyport.core.store import EventStore
 from polyport.protocols.segment.client import (
     NoSuchSegmentError,
     SegmentError,

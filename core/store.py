@@ -313,12 +313,14 @@ class EventStore:
         answers from a callback or its reply queue, which saves a task per
         append (docs/performance.md)."""
         fut = self.writer.enqueue([command])
-        if self.on_append is not None:
-            fut.add_done_callback(functools.partial(self._started_append_done, command))
+        fut.add_done_callback(functools.partial(self._started_append_done, command))
         return fut
 
     def _started_append_done(self, command: Append,
                              fut: asyncio.Future[list[AppendResult]]) -> None:
+        # The outcome is retrieved here: a caller whose connection closed
+        # before it looked (a BSON reply queue ended by a fatal error) leaves
+        # no "exception was never retrieved" behind.
         if not fut.cancelled() and fut.exception() is None:
             self._appended([command])
 

@@ -114,8 +114,8 @@ class SegmentChunk:
     # Offset one past the data returned; the segment's current length is tail_offset.
     end_offset: int
     tail_offset: int
-    # The log's last position when tail_offset was read (None: not known):
-    # the stream's next event comes after it.
+    # The log's last position when tail_offset was read, on every empty
+    # chunk (None on the others): the stream's next event comes after it.
     head_position: int | None = None
 
 

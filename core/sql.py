@@ -150,16 +150,11 @@ WHERE context = $1 AND stream = $2 AND version >= $3
 ORDER BY version LIMIT $4
 """
 
+# A stream's state (NULLs when it has no events) and the log's head in one
+# snapshot: every event of the stream beyond segment_length has a position
+# above head (visible positions are a prefix), so a reader at the tail can
+# wait for positions after head.
 STREAM_STATE = f"""
-SELECT st.last_version, st.segment_length
-FROM (SELECT $1::text AS context, $2::text AS stream) k
-CROSS JOIN LATERAL ({_LAST_EVENT_STATE}) st
-"""
-
-# A stream's state and the log's head in one snapshot: every event of the
-# stream beyond segment_length has a position above head (visible positions
-# are a prefix), so a reader at the tail can wait for positions after head.
-SEGMENT_STATE = f"""
 SELECT h.last_position AS head, st.last_version, st.segment_length
 FROM log_head h
 CROSS JOIN (SELECT $1::text AS context, $2::text AS stream) k

@@ -437,17 +437,20 @@ class EventStore:
 
     async def stream_state(self, context: str, stream: str) -> tuple[int, int] | None:
         """(last version, segment length in bytes), or None if the stream does not exist."""
-        self._check_stream(context, stream)
-        rows = await self._read(sql.STREAM_STATE, context, stream)
-        if not rows:
+        row = await self._stream_row(context, stream)
+        if row["last_version"] is None:
             return None
-        return rows[0]["last_version"], rows[0]["segment_length"]
+        return row["last_version"], row["segment_length"]
+
+    async def _stream_row(self, context: str, stream: str) -> asyncpg.Record:
+        """sql.STREAM_STATE's row: the stream's state and the log head."""
+        self._check_stream(context, stream)
+        return (await self._read(sql.STREAM_STATE, context, stream))[0]
 
     async def read_segment(self, command: ReadSegment) -> SegmentChunk:
         """Bytes of the stream's segment view from ``offset``; at most
         ``max_bytes`` unless a single event is larger (then that event)."""
-        self._check_stream(command.context, command.stream)
-        state = (await self._read(sql.SEGMENT_STATE, command.context, command.stream))[0]
+        state = await self._stream_row(command.context, command.stream)
         tail = state["segment_length"] or 0
         if command.offset < 0 or command.offset > tail:
             raise Malformed(f"offset {command.offset} is outside the segment (length {tail})")

@@ -215,7 +215,8 @@ def queue_group_name(context: str, destination: Destination, flt: Filter | None)
 # --- the session ----------------------------------------------------------------------
 
 
-def _pass_outcome(outcome: asyncio.Future[None], source: asyncio.Future[None]) -> None:
+def _pass_outcome(outcome: asyncio.Future[None], source: asyncio.Future[Any]) -> None:
+    """``source``'s end, as a run's outcome (its result is not wanted)."""
     if outcome.done():
         return
     if source.cancelled():
@@ -494,21 +495,14 @@ class MicroMsg2Session(ByteStreamSession[Limits, ServerConnection]):
 
     def _run_settled(self, appends: tuple[Append, ...], outcome: asyncio.Future[None],
                      queued: asyncio.Future[Any]) -> None:
-        if outcome.done():
-            return
-        if queued.cancelled():
-            outcome.cancel()
-            return
-        exc = queued.exception()
-        if isinstance(exc, Busy):
+        if not outcome.done() and not queued.cancelled() \
+                and isinstance(queued.exception(), Busy):
             # Refused when its commit came (a chain's full queue): retried
             # as a run that could not be queued at first.
             retry = self._commits.spawn(self._store_appends(appends))
             retry.add_done_callback(functools.partial(_pass_outcome, outcome))
-        elif exc is not None:
-            outcome.set_exception(exc)
-        else:
-            outcome.set_result(None)
+            return
+        _pass_outcome(outcome, queued)
 
     async def _store_appends(self, appends: tuple[Append, ...]) -> None:
         delay = 0.01

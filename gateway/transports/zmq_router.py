@@ -32,7 +32,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import zmq
 import zmq.asyncio
@@ -55,6 +55,13 @@ log = logging.getLogger("polyport.res01")
 # Parts taken without awaiting before the receive loop yields once.
 RECV_BURST = 256
 
+# Flags as plain ints: pyzmq's are enum.IntFlag members, and combining them
+# per part (what send_multipart does) goes through the enum machinery.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_DONTWAIT = int(zmq.DONTWAIT)
+_DONTWAIT_MORE = int(zmq.DONTWAIT | zmq.SNDMORE)
+
 # Messages ZeroMQ may queue per peer in each direction.  Small: a message may
 # be up to max_request_bytes, and the in-flight limits already bound the work.
 RECEIVE_HWM = 100
@@ -71,6 +78,71 @@ def _endpoint(host: str, port: int) -> str:
     return f"tcp://{where}:{port if port else '*'}"
 
 
+class Readable:
+    """Waits, by hand, until a ZeroMQ socket has a message to receive.
+
+    The socket's descriptor is edge-triggered: it signals that the socket's
+    state changed, not that a message is queued, and any call on the socket,
+    a send included, may take that signal without anyone seeing it.  So the
+    receive loop waits only after a receive found nothing *and* ZMQ_EVENTS
+    says nothing is queued, and each send made while it waits looks at
+    ZMQ_EVENTS again (:meth:`sent`).  pyzmq's asyncio sockets do the same,
+    with a future per receive and per send; this is the receive loop's one
+    wait, and sends go straight through the socket."""
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self._sock = sock
+        self._fd = sock.FD
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+        self._waiting = False
+        self._loop.add_reader(self._fd, self._event.set)
+
+    async def wait(self) -> None:
+        self._event.clear()
+        if self._queued():
+            return
+        self._waiting = True
+        try:
+            await self._event.wait()
+        finally:
+            self._waiting = False
+
+    def sent(self) -> None:
+        if self._waiting and self._queued():
+            self._event.set()
+
+    def _queued(self) -> bool:
+        return bool(cast(int, self._sock.get(_EVENTS)) & _POLLIN)
+
+    def close(self) -> None:
+        self._loop.remove_reader(self._fd)
+
+
+def send_message(io: zmq.Socket[bytes], frames: list[bytes],
+                 readable: Readable | None) -> bool | None:
+    """Send one message without waiting: True sent, False not sendable (the
+    peer disconnected), None while the peer's queue is full.  ``readable``:
+    the receive loop's wait on the same socket, told of the send."""
+    try:
+        # A ROUTER with ROUTER_MANDATORY refuses a message at its first
+        # part (peer gone, queue full) or takes it whole.
+        send = io.send
+        for part in frames[:-1]:
+            send(part, _DONTWAIT_MORE)
+        send(frames[-1], _DONTWAIT)
+    except zmq.Again:
+        return None
+    except zmq.ZMQError as exc:
+        if exc.errno != zmq.EHOSTUNREACH:
+            log.warning("res01: send failed: %s", exc)
+        return False  # the peer disconnected: nobody to answer
+    finally:
+        if readable is not None:
+            readable.sent()
+    return True
+
+
 @dataclass(eq=False)
 class _Endpoint:
     """One ROUTER socket of the listener.  ``plain``: connections log in
@@ -82,6 +154,10 @@ class _Endpoint:
     # CURVE: the client's public key, mapped to a user by ZAP, is its login.
     curve: bool = False
     sock: zmq.asyncio.Socket | None = None
+    # The same libzmq socket without pyzmq's futures: every receive and send.
+    io: zmq.Socket[bytes] | None = None
+    # While the receive loop runs: its wait for a message.
+    readable: Readable | None = None
     monitor: zmq.asyncio.Socket | None = None
     endpoint: str = ""
     address: tuple[str, int] = ("", 0)
@@ -221,6 +297,7 @@ class RouterListener:
                 exc.errno, f"res01: cannot listen on {self.host}:{endpoint.port}: {exc.strerror}"
             ) from exc
         endpoint.sock = sock
+        endpoint.io = zmq.Socket.shadow(sock.underlying)
         endpoint.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         host, _, port = endpoint.endpoint.removeprefix("tcp://").rpartition(":")
         endpoint.address = (host.strip("[]"), int(port))
@@ -258,6 +335,7 @@ class RouterListener:
                     endpoint.sock.disable_monitor()
             if endpoint.monitor is not None:
                 endpoint.monitor.close(linger=0)
+            endpoint.io = None  # a late reply now finds no socket, not a freed one
             if endpoint.sock is not None:
                 endpoint.sock.close()
         if self._zap_started:
@@ -269,8 +347,17 @@ class RouterListener:
     # --- receiving ----------------------------------------------------------
 
     async def _receive_loop(self, index: int, endpoint: _Endpoint) -> None:
-        sock = endpoint.sock
-        assert sock is not None
+        io = endpoint.io
+        assert io is not None
+        readable = endpoint.readable = Readable(io)
+        try:
+            await self._receive(index, endpoint, io, readable)
+        finally:
+            endpoint.readable = None
+            readable.close()
+
+    async def _receive(self, index: int, endpoint: _Endpoint, io: zmq.Socket[bytes],
+                       readable: Readable) -> None:
         session = self.session
         # Parts one at a time, so an oversized message is refused as it
         # arrives: nothing past the limits is kept (ZeroMQ delivers a message
@@ -280,22 +367,21 @@ class RouterListener:
         user: str | None = None
         srcfd = -1
         first = True  # the next part starts a message
-        # What is already queued is taken without awaiting, through a plain
-        # socket on the same libzmq socket (what pyzmq itself does for a
-        # DONTWAIT recv): awaiting each part cost a future and a trip round
-        # the loop per part, 44 % of the gateway's samples in a pipelined
-        # Res01 bench.  Only an empty queue is awaited.
-        shadow: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
+        # What is queued is taken without awaiting: awaiting each part (an
+        # asyncio socket's recv) cost a future and a trip round the loop per
+        # part, 44 % of the gateway's samples in a pipelined Res01 bench.
+        # Only an empty queue is waited for.
         taken = 0
         while True:
             try:
                 try:
-                    frame = shadow.recv(zmq.DONTWAIT, copy=False)
+                    frame = io.recv(_DONTWAIT, copy=False)
                     taken += 1
                     if taken % RECV_BURST == 0:
                         await asyncio.sleep(0)  # let replies and other peers' work run
                 except zmq.Again:
-                    frame = await sock.recv(copy=False)
+                    await readable.wait()
+                    continue
                 if first:
                     # The TCP connection the message came over: how an
                     # admin close disconnects this peer (disconnect).
@@ -323,13 +409,11 @@ class RouterListener:
         """Send without blocking the loop.  ``wait``: retry while the peer's
         queue is full, up to send_timeout (request tasks); otherwise drop at
         once (the receive loop must never wait on one peer)."""
-        sock = self._endpoints[endpoint].sock
-        if sock is None or sock.closed:
-            return False
+        where = self._endpoints[endpoint]
         deadline = time.monotonic() + self.limits.send_timeout
         delay = 0.001
         while True:
-            sent = self._send_now(sock, frames)
+            sent = self._send_now(where, frames)
             if sent is not None:
                 return sent
             if not wait or time.monotonic() >= deadline:
@@ -342,32 +426,15 @@ class RouterListener:
     def send_now(self, endpoint: int, frames: list[bytes]) -> bool | None:
         """One try of :meth:`send`: True sent, False not sendable (the peer
         disconnected), None while the peer's queue is full."""
-        sock = self._endpoints[endpoint].sock
-        if sock is None or sock.closed:
-            return False
-        return self._send_now(sock, frames)
+        return self._send_now(self._endpoints[endpoint], frames)
 
     @staticmethod
-    def _send_now(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool | None:
-        # With DONTWAIT pyzmq sends at once and returns a settled future,
-        # which also keeps its edge-triggered wake-ups right for the receive
-        # loop; it is only left pending behind a waiting send, which this
-        # transport never starts.  Not awaiting it saves a trip round the
-        # event loop per reply.
-        fut = cast("asyncio.Future[Any]", sock.send_multipart(frames, flags=zmq.DONTWAIT))
-        if not fut.done():
-            fut.cancel()
-            return None
-        exc = fut.exception()
-        if exc is None:
-            return True
-        if isinstance(exc, zmq.Again):
-            return None
-        if isinstance(exc, zmq.ZMQError):
-            if exc.errno != zmq.EHOSTUNREACH and not sock.closed:
-                log.warning("res01: send failed: %s", exc)
-            return False  # the peer disconnected: nobody to answer
-        raise exc
+    def _send_now(endpoint: _Endpoint, frames: list[bytes]) -> bool | None:
+        # Not io.closed: a shadow does not own the libzmq socket; close()
+        # drops io before it closes the socket.
+        if endpoint.io is None:
+            return False
+        return send_message(endpoint.io, frames, endpoint.readable)
 
     def source(self, fd: int) -> Source:
         """(fd, its remote address now): what :meth:`disconnect` checks first."""

@@ -303,6 +303,25 @@ async def test_bad_input_gets_er_while_another_client_is_served(gateway_factory)
 # --- storage slow or saturated: codes 4, 5, 9, 10 ---------------------------------
 
 
+async def test_replies_sent_while_the_receiver_waits_strand_no_request(gateway_factory) -> None:
+    # Replies go out from commit callbacks straight through the socket, which
+    # may take the descriptor's signal of a request that just arrived
+    # (ZeroMQ's descriptor is edge-triggered; tests/gateway/test_zmq_readable.py
+    # makes that happen on purpose).  Closed-loop clients would then wait
+    # for a reply to a request the receive loop never woke up for.
+    gw = await start_gateway(gateway_factory)
+    clients = [await connect(gw) for _ in range(8)]
+    stream = stream_name("closed-loop-")
+
+    async def run(client: Res01Client, i: int) -> None:
+        for _ in range(60):
+            await client.commit("ctx", f"{stream}-{i}", -1, [new_event("T", "{}")])
+
+    await asyncio.wait_for(asyncio.gather(*(run(c, i) for i, c in enumerate(clients))), 45)
+    for client in clients:
+        await client.close()
+
+
 async def test_slow_commit_does_not_hold_up_a_fetch(gateway_factory, db_url: str) -> None:
     gw = await start_gateway(gateway_factory)
     writer, reader = await connect(gw), await connect(gw)

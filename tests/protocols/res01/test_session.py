@@ -91,7 +91,7 @@ async def deliver(session: Res01Session, request: AppendCommit) -> None:
 
 async def settle(session: Res01Session) -> None:
     for _ in range(500):
-        if session.in_flight == (0, 0):
+        if session.in_flight == (0, 0) and not session._tasks:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"requests still in flight: {session.in_flight}")

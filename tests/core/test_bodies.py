@@ -65,3 +65,23 @@ def test_msgpack_timestamps_become_dates() -> None:
 def test_any_body_has_a_document_and_text(body: bytes, content_type: str) -> None:
     assert isinstance(bodies.body_document(content_type, body), dict)
     assert isinstance(bodies.body_json_text(content_type, body), str)
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(_JSON_VALUES, st.sampled_from(["utf-8", "utf-16", "utf-32-le", "utf-8-sig"]))
+def test_loads_json_is_json_loads_without_the_constants(value, encoding) -> None:
+    text = json.dumps(value, ensure_ascii=False)
+    assert bodies.loads_json(text) == json.loads(text)
+    assert bodies.loads_json(text.encode(encoding)) == json.loads(text.encode(encoding))
+
+
+@pytest.mark.parametrize("doc", ["NaN", "[Infinity]", '{"a": -Infinity}', "\ufeff{}", "{"])
+def test_loads_json_refuses_what_is_not_json(doc: str) -> None:
+    with pytest.raises(ValueError):
+        bodies.loads_json(doc)

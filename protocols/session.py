@@ -40,6 +40,12 @@ class Outbound(Protocol):
         """Write ``data``; returns once the transport buffer is below its
         high-water mark."""
 
+    def try_send(self, data: bytes) -> bool:
+        """:meth:`send` where it would not wait, for a caller that is not a
+        coroutine (a commit's callback): True when taken, False when it
+        must be awaited instead (above the high-water mark, or a transport
+        whose every send may wait)."""
+
     def close(self) -> None:
         """Flush what was sent, then close the connection."""
 

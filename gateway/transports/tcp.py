@@ -74,24 +74,9 @@ class StreamOutbound:
         return self._closed or self._writer.is_closing()
 
     async def send(self, data: bytes) -> None:
-        if self.closed:
+        if self.try_send(data):
             return
-        self._pending.append(data)
-        self._pending_bytes += len(data)
-        self._stats.bytes_out += len(data)
-        if self.connection is not None:
-            self.connection.bytes_out += len(data)
-        buffered = self._pending_bytes + self._writer.transport.get_write_buffer_size()
-        if buffered <= WRITE_HIGH_WATER:
-            # Below the high-water mark the transport is not paused and drain
-            # would not wait; but a timed drain costs a timer and a trip through
-            # the event loop on every send (with wait_for, a task too), so a
-            # delivery task sent one event per loop iteration and fell behind
-            # under load.
-            if not self._flush_due:
-                self._flush_due = True
-                asyncio.get_running_loop().call_soon(self.flush)
-            return
+        self._queue(data)
         self.flush()
         try:
             async with asyncio.timeout(self._stats.write_timeout):
@@ -100,6 +85,30 @@ class StreamOutbound:
             self._write_timed_out()
         except (ConnectionError, OSError):
             self._closed = True
+
+    def try_send(self, data: bytes) -> bool:
+        if self.closed:
+            return True  # dropped, as send drops it
+        buffered = self._pending_bytes + len(data) + self._writer.transport.get_write_buffer_size()
+        if buffered > WRITE_HIGH_WATER:
+            return False
+        # Below the high-water mark the transport is not paused and drain
+        # would not wait; but a timed drain costs a timer and a trip through
+        # the event loop on every send (with wait_for, a task too), so a
+        # delivery task sent one event per loop iteration and fell behind
+        # under load.
+        self._queue(data)
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self.flush)
+        return True
+
+    def _queue(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        self._stats.bytes_out += len(data)
+        if self.connection is not None:
+            self.connection.bytes_out += len(data)
 
     def flush(self) -> None:
         """Hand what was sent so far to the transport, as one write."""

@@ -92,6 +92,10 @@ class WebSocketOutbound:
             if self.connection is not None:
                 self.connection.bytes_out += len(data)
 
+    def try_send(self, data: bytes) -> bool:
+        # aiohttp's send may always wait (its lock, its drain).
+        return False
+
     def handshake_done(self) -> None:
         self.handshaken = True
 

@@ -3,7 +3,9 @@
 One session per connection, for either transport (TCP or WebSocket: only the
 wire framing differs).  The transport loop awaits ``data_received``, so
 anything that may take long (a request, a stream, a subscription) runs in a
-task of its own, one per live stream; the number of live streams is bounded
+task of its own, one per live stream, except a request-response append,
+which is queued on the writer at once and answered from its commit's
+callback through one responder task; the number of live streams is bounded
 by the connection object (``max_streams``) and fire-and-forget appends by a
 semaphore (more stop the reading of the socket, which is the backpressure
 path).  Every write awaits ``Outbound.send``.
@@ -20,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ClassVar, Protocol, cast
 
 from polyport.core.access import Tenant
-from polyport.core.commands import Append
+from polyport.core.commands import Append, AppendResult
 from polyport.core.errors import PolyportError, TooLarge
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
@@ -63,6 +67,10 @@ class _Coded(Protocol):
 
     code: str
     message: str
+
+
+# An append's answer as the version's response data.
+_AnswerEncoder = Callable[[AppendResponse], bytes]
 
 
 class EventServiceSession(ByteStreamSession[StreamLimits, Any]):
@@ -111,6 +119,12 @@ class EventServiceSession(ByteStreamSession[StreamLimits, Any]):
         # watchdog (idle connections, SETUP and KEEPALIVE deadlines).
         self._fnf_inflight = 0
         self._last_input = asyncio.get_running_loop().time()
+        # Answers of appends settled in a commit's callback that could not be
+        # written there (a WebSocket, a full buffer), and the one task that
+        # writes them.
+        self._answers: deque[list[bytes]] = deque()
+        self._answers_ready = asyncio.Event()
+        self._responder: asyncio.Task[None] | None = None
         self._open()
 
     # --- transport callbacks --------------------------------------------------------
@@ -197,6 +211,12 @@ class EventServiceSession(ByteStreamSession[StreamLimits, Any]):
 
     def _stream_ended(self, stream_id: int) -> None:
         """Forget what the version keeps for a stream."""
+
+    def _completion(self, stream_id: int, data: bytes) -> list[bytes]:
+        """A request-response stream's one answer, which completes it, as
+        the version's frames.  Raises LocalProtocolError when the stream has
+        ended."""
+        raise NotImplementedError
 
     # --- dispatch --------------------------------------------------------------------
 
@@ -295,6 +315,90 @@ class EventServiceSession(ByteStreamSession[StreamLimits, Any]):
                 del self._work[sid]
                 self._stream_ended(sid)
 
+    # --- appends answered from the commit's callback ------------------------------
+
+    def _start_append(self, stream_id: int, tenant: Tenant, command: Append,
+                      encode: _AnswerEncoder) -> None:
+        """A request-response append queued on the writer at once, and
+        answered from its commit's callback: written there when the
+        transport takes it without waiting, else by the connection's
+        responder task.  A task per request (created, stepped, awaited) cost
+        more than the rest of an append's path in the gateway
+        (docs/performance.md, session 14)."""
+        work = StreamWork(stream_id)
+        self._work[stream_id] = work
+        try:
+            outcome = tenant.start_append(command)
+        except self.request_errors as exc:  # refused before queuing: busy, forbidden
+            outcome = asyncio.get_running_loop().create_future()
+            outcome.set_exception(exc)
+        outcome.add_done_callback(functools.partial(self._append_settled, work, encode))
+
+    def _append_settled(self, work: StreamWork, encode: _AnswerEncoder,
+                        outcome: asyncio.Future[list[AppendResult]]) -> None:
+        if self.closing:
+            if not outcome.cancelled():
+                outcome.exception()  # retrieved: nobody is left to answer
+            return
+        frames = self._answer(work, encode, outcome)
+        if not frames:
+            return
+        # Behind answers still waiting, so that none overtakes another.
+        if not self._answers and self.conn.transport == "tcp" and \
+                self.out.try_send(frames[0] if len(frames) == 1 else b"".join(frames)):
+            self.stats.frames_out += len(frames)
+            return
+        self._answers.append(frames)
+        self._answers_ready.set()
+        if self._responder is None:
+            self._responder = self._spawn(self._write_answers(), "responder")
+
+    async def _write_answers(self) -> None:
+        """Writes the answers the callbacks could not, in their order."""
+        while not self.closing:
+            if not self._answers:
+                self._answers_ready.clear()
+                await self._answers_ready.wait()
+                continue
+            chunks: list[bytes] = []
+            while self._answers:
+                chunks += self._answers.popleft()
+            if self.conn.transport == "tcp" and len(chunks) > 1:
+                await self.out.send(b"".join(chunks))
+                self.stats.frames_out += len(chunks)
+            else:
+                await self._write(chunks)
+
+    def _answer(self, work: StreamWork, encode: _AnswerEncoder,
+                outcome: asyncio.Future[list[AppendResult]]) -> list[bytes]:
+        """The frames that answer a settled append: RESPONSE, or ERROR as
+        :meth:`_serve` would send it; none when the stream has ended."""
+        sid = work.stream_id
+        try:
+            if outcome.cancelled():
+                return []
+            exc = outcome.exception()
+            if exc is None:
+                result = outcome.result()[0]
+                return self._completion(sid, encode(AppendResponse(
+                    result.first_version, result.last_version, result.last_position)))
+            if isinstance(exc, self.request_errors):
+                coded = cast(_Coded, exc)
+                return self._error_frames(sid, coded.code, coded.message)
+            self.ctx.log.error("stream %d from %s failed", sid, self.out.peer, exc_info=exc)
+            return self._error_frames(sid, "internal", "internal error")
+        except LocalProtocolError as exc:
+            # The stream ended under us (CANCEL): nothing to send.  If it is
+            # still live, we broke the rules: a bug.
+            if self.conn.is_live(sid):
+                self.ctx.log.error("stream %d: %s", sid, exc.message)
+                return self._error_frames(sid, "internal", "internal error")
+            return []
+        finally:
+            if self._work.get(sid) is work:
+                del self._work[sid]
+                self._stream_ended(sid)
+
     async def _wait_credit(self, work: StreamWork) -> None:
         sid = work.stream_id
         while self.conn.credits(sid) <= 0:
@@ -387,14 +491,20 @@ class EventServiceSession(ByteStreamSession[StreamLimits, Any]):
             self.stats.frames_out += 1
 
     async def _send_error(self, stream_id: int, code: str, message: str) -> None:
+        frames = self._error_frames(stream_id, code, message)
+        if frames:
+            await self._write(frames)
+
+    def _error_frames(self, stream_id: int, code: str, message: str) -> list[bytes]:
+        """ERROR on a live stream (counted), or nothing once it has ended."""
         if not self.conn.is_live(stream_id) or self.conn.closed:
-            return
+            return []
         try:
             wire = self.conn.send_error(stream_id, code, message)
         except LocalProtocolError:
-            return
+            return []
         self.stats.error(code, message)
-        await self._write([wire])
+        return [wire]
 
     async def _fail_connection(
         self, code: str, message: str, wire_code: int | None = None

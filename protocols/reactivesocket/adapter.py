@@ -78,7 +78,8 @@ class ReactiveSocketSession(EventServiceSession):
         if isinstance(ev, Setup):
             await self._setup(ev)
         elif isinstance(ev, RequestResponse):
-            self._start(ev.stream_id, lambda w: self._request_response(ev))
+            if not self._started_append(ev):
+                self._start(ev.stream_id, lambda w: self._request_response(ev))
         elif isinstance(ev, RequestStream):
             self._start(ev.stream_id, lambda w: self._request_stream(w, ev))
         elif isinstance(ev, RequestSub):
@@ -116,6 +117,25 @@ class ReactiveSocketSession(EventServiceSession):
         self.out.handshake_done()
 
     # --- requests ---------------------------------------------------------------
+
+    def _started_append(self, frame: RequestResponse) -> bool:
+        """An append (W1's every request) queued at once and answered from
+        its commit's callback; False for anything else, or anything that
+        fails before it is queued, which a task serves (and answers with the
+        same error)."""
+        try:
+            request = payloads.decode_request(frame.data)
+            if not isinstance(request, payloads.AppendRequest):
+                return False
+            tenant, context = self._tenant(), self._context()
+            command = self._append_command(context, request)
+        except self.request_errors:
+            return False
+        self._start_append(frame.stream_id, tenant, command, payloads.encode_append_response)
+        return True
+
+    def _completion(self, stream_id: int, data: bytes) -> list[bytes]:
+        return self.conn.send_response(stream_id, data, complete=True)
 
     async def _request_response(self, frame: RequestResponse) -> None:
         request = payloads.decode_request(frame.data)

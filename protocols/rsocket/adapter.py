@@ -54,6 +54,7 @@ from polyport.protocols.rsocket.metadata import (
     ROUTING,
     Credentials,
     MetadataError,
+    RequestMetadata,
     read_metadata,
 )
 
@@ -111,6 +112,8 @@ class RSocketSession(EventServiceSession):
             await self._send_error(
                 ev.stream_id, "unsupported", "request-channel is not served; see the routes"
             )
+        elif isinstance(ev, RequestResponse) and self._started_append(ev):
+            pass  # answered from its commit's callback
         elif isinstance(ev, (RequestResponse, RequestStream)):
             self._start(ev.stream_id, lambda w: self._request(w, ev))
         elif isinstance(ev, MetadataPush):
@@ -159,16 +162,19 @@ class RSocketSession(EventServiceSession):
     async def _login(self, credentials: Credentials | None) -> Tenant:
         if credentials is None:
             return await self.ctx.authenticate(None, None)
+        tenant = self._known_login(credentials)
+        if tenant is None:
+            tenant = await self.ctx.authenticate(credentials.user, credentials.password)
+            self._logins[(credentials.user, credentials.password)] = tenant
+        return tenant
+
+    def _known_login(self, credentials: Credentials) -> Tenant | None:
+        """The tenant of credentials this connection logged in with before."""
         if credentials.auth_type != AUTH_SIMPLE:
             raise Unauthenticated(
                 f"authentication type {credentials.auth_type!r} is not served (simple is)"
             )
-        key = (credentials.user, credentials.password)
-        tenant = self._logins.get(key)
-        if tenant is None:
-            tenant = await self.ctx.authenticate(credentials.user, credentials.password)
-            self._logins[key] = tenant
-        return tenant
+        return self._logins.get((credentials.user, credentials.password))
 
     async def _grant_lease(self) -> None:
         lease = Lease(self.limits.lease_ttl_ms, self.limits.lease_requests)
@@ -180,6 +186,47 @@ class RSocketSession(EventServiceSession):
     ) -> tuple[payloads.RoutedRequest, Tenant, str]:
         """Route, tenant (the connection's, or the request's own credentials')
         and context of a request, checked."""
+        meta = self._route(frame, interaction)
+        tenant = self.tenant
+        if meta.credentials is not None:
+            tenant = await self._login(meta.credentials)
+        assert tenant is not None, "requests arrive only after an accepted SETUP"
+        return self._decoded(frame, meta, tenant)
+
+    def _decoded(self, frame: Request, meta: RequestMetadata,
+                 tenant: Tenant) -> tuple[payloads.RoutedRequest, Tenant, str]:
+        assert meta.route is not None, "checked by _route"
+        routed = payloads.decode_request(meta.route, frame.data, self.data_format)
+        return routed, tenant, tenant.context(routed.context)
+
+    def _started_append(self, frame: RequestResponse) -> bool:
+        """An append (W1's every request) queued at once and answered from
+        its commit's callback; False for anything else, for credentials not
+        yet logged in, or for anything that fails before it is queued, which
+        a task serves (and answers with the same error)."""
+        try:
+            meta = self._route(frame, payloads.RR)
+            tenant = self.tenant if meta.credentials is None else \
+                self._known_login(meta.credentials)
+            if tenant is None:
+                return False
+            routed, tenant, context = self._decoded(frame, meta, tenant)
+            if not isinstance(routed.request, payloads.AppendRequest):
+                return False
+            command = self._append_command(context, routed.request)
+        except self.request_errors:
+            return False
+        fmt = self.data_format
+        self._start_append(frame.stream_id, tenant, command,
+                           lambda answer: payloads.encode_append_response(answer, fmt))
+        return True
+
+    def _completion(self, stream_id: int, data: bytes) -> list[bytes]:
+        return self.conn.send_payload(stream_id, data, complete=True)
+
+    def _route(self, frame: Request, interaction: str) -> RequestMetadata:
+        """The request's metadata, its route checked against the routes and
+        the interaction."""
         meta = read_metadata(frame.metadata, self.metadata_mime)
         if meta.route is None:
             raise Unsupported(
@@ -195,12 +242,7 @@ class RSocketSession(EventServiceSession):
                 f"route {meta.route} is served as {' or '.join(sorted(served))}, "
                 f"not {interaction}"
             )
-        tenant = self.tenant
-        if meta.credentials is not None:
-            tenant = await self._login(meta.credentials)
-        assert tenant is not None, "requests arrive only after an accepted SETUP"
-        routed = payloads.decode_request(meta.route, frame.data, self.data_format)
-        return routed, tenant, tenant.context(routed.context)
+        return meta
 
     async def _request(self, work: StreamWork, frame: RequestResponse | RequestStream) -> None:
         routed, tenant, context = await self._routed(frame, _INTERACTION[type(frame)])

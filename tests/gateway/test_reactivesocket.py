@@ -22,7 +22,12 @@ import pytest
 from polyport.core.commands import Append
 from polyport.core.events import EventData
 from polyport.protocols.reactivesocket import payloads
-from polyport.protocols.reactivesocket.client import NewEvent, ReactiveSocketClient, RemoteError
+from polyport.protocols.reactivesocket.client import (
+    NewEvent,
+    ReactiveSocketClient,
+    RemoteError,
+    append_request,
+)
 from polyport.protocols.reactivesocket.frames import (
     Cancel,
     ErrorFrame,
@@ -34,6 +39,7 @@ from polyport.protocols.reactivesocket.frames import (
     Setup,
 )
 from polyport.protocols.reactivesocket.wire import decode_frame, encode_frame, split_tcp_frames
+from tests.pg import HEAD_LOCK, row_locked
 
 TRANSPORTS = ["tcp", "websocket"]
 QUIET = 0.3  # how long "nothing more arrives" is watched
@@ -565,6 +571,43 @@ async def test_request_n_on_closed_stream(gw: Any, bystander: Any, transport: st
     assert payloads.decode_error_data(err.data).code == "malformed"
     await raw.close()
     await _still_serving(bystander, 5)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_appends_answered_as_their_commits_settle(
+    gw: Any, db_url: str, transport: str
+) -> None:
+    # Appends are queued at once and answered from their commit's callback:
+    # a CANCEL while the commit waits means no answer (what was queued is
+    # still stored: a commit cannot be taken back), a refused append its
+    # ERROR, and the others their RESPONSE, however many are in flight.
+    raw = await RawConnection.open(gw, transport)
+    stream = unique("settle")
+
+    def append(expected: int | None) -> bytes:
+        return payloads.encode_request(append_request(stream, [NewEvent("e", b"1")], expected))
+
+    async with row_locked(db_url, HEAD_LOCK):
+        await raw.send_frame(RequestResponse(1, append(0)))
+        await raw.send_frame(RequestResponse(3, append(None)))
+        await raw.send_frame(RequestResponse(5, append(7)))
+        await raw.send_frame(Cancel(3))
+        assert await raw.quiet()
+    answers = {}
+    for _ in range(2):
+        frame = await raw.next_frame()
+        assert frame is not None
+        answers[frame.stream_id] = frame
+    assert await raw.quiet()
+    assert isinstance(answers[1], Response) and answers[1].complete
+    assert payloads.decode_append_response(answers[1].data).last_version == 1
+    assert isinstance(answers[5], ErrorFrame)
+    assert payloads.decode_error_data(answers[5].data).code == "wrong_expected_version"
+    await raw.send_frame(RequestResponse(7, payloads.pack({"op": "read", "stream": stream})))
+    read = await raw.next_frame()
+    assert isinstance(read, Response) and read.stream_id == 7
+    assert len(payloads.decode_read_response(read.data).events) == 2
+    await raw.close()
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

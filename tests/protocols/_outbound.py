@@ -18,6 +18,10 @@ class RecordingOutbound:
     async def send(self, data: bytes) -> None:
         self.sent.append(data)
 
+    def try_send(self, data: bytes) -> bool:
+        self.sent.append(data)
+        return True
+
     def close(self) -> None:
         self.closed = True
 

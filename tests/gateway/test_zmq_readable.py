@@ -4,8 +4,9 @@ ZeroMQ's edge-triggered descriptor, on real sockets over loopback."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import zmq
@@ -42,28 +43,33 @@ async def receive(router: zmq.Socket[bytes], readable: Readable) -> list[bytes]:
             await readable.wait()
 
 
-async def test_a_message_that_arrives_wakes_the_wait(pair) -> None:
-    router, dealer = pair
+@contextlib.asynccontextmanager
+async def waiting(
+    router: zmq.Socket[bytes],
+) -> AsyncIterator[tuple[Readable, asyncio.Task[list[bytes]]]]:
+    """A receive that has found nothing and waits."""
     readable = Readable(router)
     try:
-        waiting = asyncio.create_task(receive(router, readable))
+        task = asyncio.create_task(receive(router, readable))
         await asyncio.sleep(0.05)
-        assert not waiting.done()
-        dealer.send(b"hello")
-        assert await asyncio.wait_for(waiting, 5) == [b"peer", b"hello"]
+        assert not task.done()
+        yield readable, task
     finally:
         readable.close()
+
+
+async def test_a_message_that_arrives_wakes_the_wait(pair) -> None:
+    router, dealer = pair
+    async with waiting(router) as (_, task):
+        dealer.send(b"hello")
+        assert await asyncio.wait_for(task, 5) == [b"peer", b"hello"]
 
 
 async def test_a_send_that_takes_the_signal_still_wakes_the_wait(pair) -> None:
     router, dealer = pair
     dealer.send(b"first")  # the peer is known to the ROUTER
     assert router.recv_multipart() == [b"peer", b"first"]
-    readable = Readable(router)
-    try:
-        waiting = asyncio.create_task(receive(router, readable))
-        await asyncio.sleep(0.05)
-        assert not waiting.done()
+    async with waiting(router) as (readable, task):
         dealer.send(b"second")
         # Blocking: the event loop does not run while the message reaches the
         # ROUTER's side and leaves its signal on the descriptor.
@@ -72,10 +78,8 @@ async def test_a_send_that_takes_the_signal_still_wakes_the_wait(pair) -> None:
         # takes the descriptor's signal while it sends (its commands are
         # processed at most once a millisecond, and it has been longer).
         assert send_message(router, [b"peer", b"reply"], readable) is True
-        assert await asyncio.wait_for(waiting, 5) == [b"peer", b"second"]
+        assert await asyncio.wait_for(task, 5) == [b"peer", b"second"]
         assert dealer.recv() == b"reply"
-    finally:
-        readable.close()
 
 
 def test_a_send_to_a_gone_peer_or_a_full_queue(pair) -> None:

@@ -697,7 +697,7 @@ class EventStore:
 
     async def fetch(
         self, sub_id: int, suggested_count: int, *, extend_same_time: bool = True,
-        wait: float = 0.0,
+        wait: float = 0.0, allowed: Callable[[FetchSubscription], None] | None = None,
     ) -> list[RecordedEvent]:
         """Up to ``suggested_count`` events after the checkpoint (more when
         later events share the last one's recorded time).  Fetching again
@@ -706,25 +706,31 @@ class EventStore:
 
         With nothing to return, a held fetch (``wait`` > 0) waits up to that
         many seconds for a commit and fetches again, so a client polling in
-        a loop gets a new event when it is committed, not on its next poll."""
+        a loop gets a new event when it is committed, not on its next poll.
+
+        ``allowed`` sees the subscription before anything is read or
+        recorded, and raises to refuse it (a tenant's ownership check)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:
             # Read before the fetch: a commit during it moves the head past.
             seen = self.tailer.head
-            out = await self._fetch_once(sub_id, suggested_count, extend_same_time)
+            out = await self._fetch_once(sub_id, suggested_count, extend_same_time, allowed)
             left = deadline - loop.time()
             if out or left <= 0 or not await self.tailer.wait_beyond(seen, left):
                 return out
 
     async def _fetch_once(
-        self, sub_id: int, suggested_count: int, extend_same_time: bool
+        self, sub_id: int, suggested_count: int, extend_same_time: bool,
+        allowed: Callable[[FetchSubscription], None] | None = None,
     ) -> list[RecordedEvent]:
         # One round trip for the subscription, its settings, the head and
         # whether a replay is due: an FE/PS loop pays every round trip once
-        # per cycle (four per FE in the common case, was seven).
+        # per cycle (three per FE in the common case, was seven).
         row = _subscription_row(await self._db.fetchrow(sql.FETCH_STATE, sub_id), sub_id)
         sub = _fetch_subscription(row)
+        if allowed is not None:
+            allowed(sub)
         settings = SubscriptionSettings.from_json(json.loads(row["settings"]))
         want = max(1, suggested_count)
         out: list[RecordedEvent] = []
@@ -744,7 +750,7 @@ class EventStore:
                     break
                 cursor = last_row
         if out and await self._park_refetched(sub, out, settings):
-            return await self._fetch_once(sub_id, suggested_count, extend_same_time)
+            return await self._fetch_once(sub_id, suggested_count, extend_same_time, allowed)
         if out:
             await self._db.execute(
                 sql.RECORD_FETCH, sub_id, out[-1].position, out[-1].recorded_at

@@ -7,6 +7,7 @@ import pytest
 from polyport.core.access import Tenant
 from polyport.core.commands import (
     BEGINNING,
+    Append,
     FromPosition,
     FromTime,
     FromVersion,
@@ -261,6 +262,16 @@ async def test_tenant_keeps_durable_subscriptions_in_its_contexts(store: EventSt
         with pytest.raises(Forbidden):
             await attempt
     assert (await alice.fetch_subscription(mine.id)).name == "f"
+    # A refused fetch is refused before it reads or records a batch: what
+    # Bob fetches first is still his first batch, and his PS takes it.
+    await store.append(Append("ctx-b", "s", (ev(1),)))
+    with pytest.raises(Forbidden):
+        await alice.fetch(theirs.id, 1, wait=0.2)
+    row = await store.db.fetchrow(
+        "SELECT fetched_position FROM subscriptions WHERE id = $1", theirs.id)
+    assert row["fetched_position"] is None
+    [first] = await bob.fetch(theirs.id, 1)
+    assert await bob.progress(theirs.id, first.recorded_at)
 
 
 async def test_a_subscriber_behind_catches_up_in_batches(store: EventStore) -> None:

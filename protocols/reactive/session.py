@@ -329,7 +329,9 @@ class EventServiceSession(ByteStreamSession[StreamLimits, Any]):
         self._work[stream_id] = work
         try:
             outcome = tenant.start_append(command)
-        except self.request_errors as exc:  # refused before queuing: busy, forbidden
+        # Refused before queuing (busy, forbidden): answered as any failure,
+        # and anything else as the bug it is (_answer logs it).
+        except Exception as exc:  # noqa: BLE001
             outcome = asyncio.get_running_loop().create_future()
             outcome.set_exception(exc)
         outcome.add_done_callback(functools.partial(self._append_settled, work, encode))

@@ -39,8 +39,13 @@ async def test_planned_batches_count_as_waiting_and_commit_in_order(db_url: str)
                 await store.append(append(unique("refused"), ev(4)))
         results = await asyncio.gather(first, second, third)
         positions = [r.first_position for r in results]
-        assert positions == sorted(positions)
-        assert positions[2] - positions[0] == 2
+        # The first holds the head first.  The second and the third (sent
+        # when the first's slot freed) touch other streams and have no
+        # defined order (docs/architecture.md, "Order"): PostgreSQL lets the
+        # third's UPDATE take the new head row while the second still
+        # follows the update chain from the old one (seen under load).
+        assert positions[0] == min(positions)
+        assert sorted(positions) == list(range(positions[0], positions[0] + 3))
         assert store.writer.queue_depth == 0
     finally:
         await store.close()

@@ -186,8 +186,14 @@ class Tenant:
         return await self._store.fetch(sub_id, suggested_count, allowed=self._check_owned, **kw)
 
     async def progress(self, sub_id: int, last_event_time: datetime) -> bool:
+        # The ownership rule rides on the statement (only this principal's
+        # contexts move); the row is read to tell why only when nothing
+        # moved: NotFound, Forbidden, or a PS that names no batch (False).
+        if await self._store.progress(sub_id, last_event_time,
+                                      contexts=self.principal.contexts):
+            return True
         await self._own(sub_id)
-        return await self._store.progress(sub_id, last_event_time)
+        return False
 
     async def seek(self, sub_id: int, start: Start) -> int:
         await self._own(sub_id)

@@ -393,6 +393,11 @@ PROGRESS_FETCHED = """
 WITH batch AS (
     SELECT id, checkpoint, fetched_position FROM subscriptions
     WHERE id = $1 AND fetched_time = $2 AND fetched_position IS NOT NULL
+      -- $3: the contexts the caller may use (NULL: every one).  The row and
+      -- its selector must both be among them (access.Tenant's ownership
+      -- rule), so a PS needs no read of the row before it.
+      AND ($3::text[] IS NULL
+           OR (context = ANY($3::text[]) AND selector->>'context' = ANY($3::text[])))
     FOR UPDATE
 ), moved AS (
     UPDATE subscriptions s

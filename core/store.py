@@ -783,12 +783,15 @@ class EventStore:
                  batch[-1].position, fetches)
         return True
 
-    async def progress(self, sub_id: int, last_event_time: datetime) -> bool:
+    async def progress(self, sub_id: int, last_event_time: datetime, *,
+                       contexts: frozenset[str] | None = None) -> bool:
         """Move the checkpoint past the last fetched batch if ``last_event_time``
         names it; otherwise nothing changes (idempotent).  A batch of replayed
         parked events is unparked instead (the checkpoint never moves back).
-        Returns whether the batch was accepted."""
-        row = await self._db.fetchrow(sql.PROGRESS_FETCHED, sub_id, last_event_time)
+        Returns whether the batch was accepted.  ``contexts``: only a
+        subscription (and selector) of these contexts moves (None: any)."""
+        allowed = None if contexts is None else sorted(contexts)
+        row = await self._db.fetchrow(sql.PROGRESS_FETCHED, sub_id, last_event_time, allowed)
         if row is None:
             await self.get_fetch_subscription(sub_id)  # NotFound, rather than False
         return row is not None

@@ -15,7 +15,7 @@ from polyport.core.commands import (
     Selector,
     Subscribe,
 )
-from polyport.core.errors import Forbidden, Malformed
+from polyport.core.errors import Forbidden, Malformed, NotFound
 from polyport.core.store import EventStore, StoreConfig
 from tests.core.helpers import append, ev
 
@@ -271,7 +271,14 @@ async def test_tenant_keeps_durable_subscriptions_in_its_contexts(store: EventSt
         "SELECT fetched_position FROM subscriptions WHERE id = $1", theirs.id)
     assert row["fetched_position"] is None
     [first] = await bob.fetch(theirs.id, 1)
+    # Alice naming Bob's batch is refused, and moves nothing: the batch is
+    # still Bob's to progress.
+    with pytest.raises(Forbidden):
+        await alice.progress(theirs.id, first.recorded_at)
     assert await bob.progress(theirs.id, first.recorded_at)
+    assert not await bob.progress(theirs.id, first.recorded_at)  # done: a no-op
+    with pytest.raises(NotFound):
+        await bob.progress(10**9, first.recorded_at)
 
 
 async def test_a_subscriber_behind_catches_up_in_batches(store: EventStore) -> None:

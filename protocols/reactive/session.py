@@ -196,12 +196,8 @@ class EventServiceSession(ByteStreamSession[StreamLimits, Any]):
     async def _send_events(self, stream_id: int, events: Sequence[RecordedEvent]) -> None:
         """Events as items, all or nothing, in one write on TCP.  Raises
         LocalProtocolError when the stream has ended."""
-        chunks = self.conn.send_items(stream_id, [self._event_data(ev) for ev in events])
-        if self.conn.transport == "tcp" and len(chunks) > 1:
-            await self.out.send(b"".join(chunks))
-            self.stats.frames_out += len(chunks)
-        else:
-            await self._write(chunks)
+        await self._write_together(
+            self.conn.send_items(stream_id, [self._event_data(ev) for ev in events]))
 
     def _acks_manually(
         self, stream_id: int, request: SubscribeRequest, sub: Subscription | GroupMember
@@ -296,18 +292,10 @@ class EventServiceSession(ByteStreamSession[StreamLimits, Any]):
             await body(work)
         except asyncio.CancelledError:
             raise
-        except self.request_errors as exc:
-            coded = cast(_Coded, exc)
-            await self._send_error(sid, coded.code, coded.message)
-        except LocalProtocolError as exc:
-            # The stream ended under us (CANCEL, connection error): nothing to
-            # send.  If it is still live, we broke the rules: a bug.
-            if self.conn.is_live(sid):
-                self.ctx.log.error("stream %d: %s", sid, exc.message)
-                await self._send_error(sid, "internal", "internal error")
-        except Exception:
-            self.ctx.log.exception("stream %d from %s failed", sid, self.out.peer)
-            await self._send_error(sid, "internal", "internal error")
+        except Exception as exc:  # noqa: BLE001 - _failure_frames logs a bug with its traceback
+            frames = self._failure_frames(sid, exc)
+            if frames:
+                await self._write(frames)
         finally:
             if work.sub is not None:
                 work.sub.close()
@@ -365,11 +353,7 @@ class EventServiceSession(ByteStreamSession[StreamLimits, Any]):
             chunks: list[bytes] = []
             while self._answers:
                 chunks += self._answers.popleft()
-            if self.conn.transport == "tcp" and len(chunks) > 1:
-                await self.out.send(b"".join(chunks))
-                self.stats.frames_out += len(chunks)
-            else:
-                await self._write(chunks)
+            await self._write_together(chunks)
 
     def _answer(self, work: StreamWork, encode: _AnswerEncoder,
                 outcome: asyncio.Future[list[AppendResult]]) -> list[bytes]:
@@ -384,22 +368,29 @@ class EventServiceSession(ByteStreamSession[StreamLimits, Any]):
                 result = outcome.result()[0]
                 return self._completion(sid, encode(AppendResponse(
                     result.first_version, result.last_version, result.last_position)))
-            if isinstance(exc, self.request_errors):
-                coded = cast(_Coded, exc)
-                return self._error_frames(sid, coded.code, coded.message)
-            self.ctx.log.error("stream %d from %s failed", sid, self.out.peer, exc_info=exc)
-            return self._error_frames(sid, "internal", "internal error")
-        except LocalProtocolError as exc:
-            # The stream ended under us (CANCEL): nothing to send.  If it is
-            # still live, we broke the rules: a bug.
-            if self.conn.is_live(sid):
-                self.ctx.log.error("stream %d: %s", sid, exc.message)
-                return self._error_frames(sid, "internal", "internal error")
-            return []
+        except LocalProtocolError as ended:
+            exc = ended
         finally:
             if self._work.get(sid) is work:
                 del self._work[sid]
                 self._stream_ended(sid)
+        return self._failure_frames(sid, exc)
+
+    def _failure_frames(self, sid: int, exc: BaseException) -> list[bytes]:
+        """What ends a stream whose request failed with ``exc``: its ERROR
+        (``internal`` for a bug, logged with its traceback), or nothing when
+        the stream has ended under it (CANCEL, a connection error)."""
+        if isinstance(exc, self.request_errors):
+            coded = cast(_Coded, exc)
+            return self._error_frames(sid, coded.code, coded.message)
+        if isinstance(exc, LocalProtocolError):
+            if not self.conn.is_live(sid):
+                return []
+            # Still live: we broke the rules, a bug.
+            self.ctx.log.error("stream %d: %s", sid, exc.message)
+        else:
+            self.ctx.log.error("stream %d from %s failed", sid, self.out.peer, exc_info=exc)
+        return self._error_frames(sid, "internal", "internal error")
 
     async def _wait_credit(self, work: StreamWork) -> None:
         sid = work.stream_id
@@ -491,6 +482,15 @@ class EventServiceSession(ByteStreamSession[StreamLimits, Any]):
         for chunk in chunks:
             await self.out.send(chunk)
             self.stats.frames_out += 1
+
+    async def _write_together(self, chunks: list[bytes]) -> None:
+        """Frames in one write on TCP (one send each on a WebSocket, where
+        a send is a message)."""
+        if self.conn.transport == "tcp" and len(chunks) > 1:
+            await self.out.send(b"".join(chunks))
+            self.stats.frames_out += len(chunks)
+        else:
+            await self._write(chunks)
 
     async def _send_error(self, stream_id: int, code: str, message: str) -> None:
         frames = self._error_frames(stream_id, code, message)

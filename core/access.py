@@ -189,11 +189,9 @@ class Tenant:
         # The ownership rule rides on the statement (only this principal's
         # contexts move); the row is read to tell why only when nothing
         # moved: NotFound, Forbidden, or a PS that names no batch (False).
-        if await self._store.progress(sub_id, last_event_time,
-                                      contexts=self.principal.contexts):
-            return True
-        await self._own(sub_id)
-        return False
+        return await self._store.progress(sub_id, last_event_time,
+                                          contexts=self.principal.contexts,
+                                          allowed=self._check_owned)
 
     async def seek(self, sub_id: int, start: Start) -> int:
         await self._own(sub_id)

@@ -784,16 +784,21 @@ class EventStore:
         return True
 
     async def progress(self, sub_id: int, last_event_time: datetime, *,
-                       contexts: frozenset[str] | None = None) -> bool:
+                       contexts: frozenset[str] | None = None,
+                       allowed: Callable[[FetchSubscription], None] | None = None) -> bool:
         """Move the checkpoint past the last fetched batch if ``last_event_time``
         names it; otherwise nothing changes (idempotent).  A batch of replayed
         parked events is unparked instead (the checkpoint never moves back).
         Returns whether the batch was accepted.  ``contexts``: only a
-        subscription (and selector) of these contexts moves (None: any)."""
-        allowed = None if contexts is None else sorted(contexts)
-        row = await self._db.fetchrow(sql.PROGRESS_FETCHED, sub_id, last_event_time, allowed)
+        subscription (and selector) of these contexts moves (None: any);
+        ``allowed``: when nothing moved, the same rule as a check that
+        raises, on the row read to tell why (as :meth:`fetch`)."""
+        listed = None if contexts is None else sorted(contexts)
+        row = await self._db.fetchrow(sql.PROGRESS_FETCHED, sub_id, last_event_time, listed)
         if row is None:
-            await self.get_fetch_subscription(sub_id)  # NotFound, rather than False
+            sub = await self.get_fetch_subscription(sub_id)  # NotFound, rather than False
+            if allowed is not None:
+                allowed(sub)
         return row is not None
 
     async def seek(self, sub_id: int, start: Start) -> int:

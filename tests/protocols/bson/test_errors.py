@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from polyport.protocols.bson import (
 )
 from polyport.protocols.bson.adapter import BsonSession
 from polyport.protocols.session import ListenerStats, SessionContext
+from tests.protocols._outbound import RecordingOutbound
 
 
 def test_bson_errors_build_on_the_shared_classes() -> None:
@@ -56,26 +56,6 @@ def test_peer_faults_from_the_connection_are_remote() -> None:
 # --- the adapter ----------------------------------------------------------------------
 
 
-@dataclass
-class _Out:
-    peer: str = "test"
-    sent: list[bytes] = field(default_factory=list)
-    closed: bool = False
-
-    async def send(self, data: bytes) -> None:
-        self.sent.append(data)
-
-    def try_send(self, data: bytes) -> bool:
-        self.sent.append(data)
-        return True
-
-    def close(self) -> None:
-        self.closed = True
-
-    def handshake_done(self) -> None:
-        pass
-
-
 class _Users:
     async def authenticate(
         self, user: str | None, password: str | None, *, peer: str | None = None
@@ -88,7 +68,7 @@ class _Store:
     on_login = None  # the gateway's connection-table hook
 
 
-def _session() -> tuple[BsonSession, _Out, ListenerStats]:
+def _session() -> tuple[BsonSession, RecordingOutbound, ListenerStats]:
     stats = ListenerStats("bson")
     ctx = SessionContext(
         store=_Store(),  # type: ignore[arg-type]
@@ -96,11 +76,11 @@ def _session() -> tuple[BsonSession, _Out, ListenerStats]:
         settings={},
         log=logging.getLogger("test.bson"),
     )
-    out = _Out()
+    out = RecordingOutbound()
     return BsonSession(ctx, out), out, stats
 
 
-async def _fatal_reply(session: BsonSession, out: _Out, data: bytes) -> Any:
+async def _fatal_reply(session: BsonSession, out: RecordingOutbound, data: bytes) -> Any:
     """Feed ``data`` to a connected session; the RESPONSE it closes with."""
     await session.data_received(data)
     # The writer task sends the replies in flight, then the fatal RESPONSE.

@@ -21,6 +21,7 @@ from polyport.protocols.reactivesocket.connection import ServerConnection, Strea
 from polyport.protocols.reactivesocket.frames import ErrorFrame, Setup
 from polyport.protocols.reactivesocket.limits import Limits
 from polyport.protocols.session import ListenerStats, SessionContext
+from tests.protocols._outbound import RecordingOutbound
 
 from .util import SETUP_TCP, h
 
@@ -46,28 +47,7 @@ def test_peer_faults_are_remote_errors() -> None:
         P.decode_request(b"\xc1")  # not MessagePack
 
 
-class _Out:
-    peer = "test-peer"
-
-    def __init__(self) -> None:
-        self.sent: list[bytes] = []
-        self.closed = False
-
-    async def send(self, data: bytes) -> None:
-        self.sent.append(data)
-
-    def try_send(self, data: bytes) -> bool:
-        self.sent.append(data)
-        return True
-
-    def close(self) -> None:
-        self.closed = True
-
-    def handshake_done(self) -> None:
-        pass
-
-
-def _session(out: _Out) -> ReactiveSocketSession:
+def _session(out: RecordingOutbound) -> ReactiveSocketSession:
     # The store is never reached: no request gets past the connection object.
     ctx = SessionContext(
         store=cast(Any, object()),
@@ -79,7 +59,7 @@ def _session(out: _Out) -> ReactiveSocketSession:
 
 
 async def test_adapter_answers_a_peer_fault_with_error_on_stream_0() -> None:
-    out = _Out()
+    out = RecordingOutbound()
     session = _session(out)
     await session.data_received(SETUP_TCP + h("00000010 01 00 0001 0000000000000000"))
     (wire,) = out.sent
@@ -93,7 +73,7 @@ async def test_adapter_answers_a_peer_fault_with_error_on_stream_0() -> None:
 async def test_adapter_peer_error_path_does_not_catch_our_own_bugs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    out = _Out()
+    out = RecordingOutbound()
     session = _session(out)
 
     def broken(data: bytes) -> list[object]:

@@ -266,13 +266,16 @@ class ServeProcess:
     gateway.json it writes into its data directory."""
 
     def __init__(self, root: Path, database_url: str, listeners: Sequence[str],
-                 workers: int | None, chain: str = "auto") -> None:
+                 workers: int | None, chain: str = "auto",
+                 cpu_scheduling: str = "auto") -> None:
         self.data_dir = root
         self.database_url = database_url
         self.listeners = tuple(listeners)
         self.workers = workers
         # With workers > 1: the commit_chain setting (auto, process, worker, off).
         self.chain = chain
+        # The cpu_scheduling setting (auto, batch, normal).
+        self.cpu_scheduling = cpu_scheduling
         self.proc: asyncio.subprocess.Process | None = None
         self.ports: dict[str, tuple[str, int]] = {}
 
@@ -297,6 +300,7 @@ class ServeProcess:
             "POLYPORT_MAX_CONNECTIONS_PER_ADDRESS": "0",
             "POLYPORT_MAX_CONNECTIONS": "0",
             "POLYPORT_COMMIT_CHAIN": self.chain,
+            "POLYPORT_CPU_SCHEDULING": self.cpu_scheduling,
         }
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "polyport.gateway.cli.main", "serve",

@@ -47,7 +47,8 @@ from bench.peers import (
     say,
     w1,
 )
-from polyport.gateway.config import GatewayConfig
+from polyport.gateway.config import CPU_SCHEDULINGS, GatewayConfig
+from polyport.gateway.process.scheduling import policy_for
 from polyport.gateway.process.supervisor import chain_mode
 
 DEFAULT_PROTOCOLS = ("bson", "micromsg2")
@@ -62,11 +63,12 @@ CHAIN_SETS = {"on": ("auto",), "off": ("off",), "process": ("process",),
 
 @dataclass(frozen=True)
 class Setup:
-    """A worker count and where its commit chain runs (``commit_chain``:
-    auto, process, worker or off)."""
+    """A worker count, where its commit chain runs (``commit_chain``: auto,
+    process, worker or off) and the processes' ``cpu_scheduling``."""
 
     workers: int
     chain: str = "auto"
+    scheduling: str = "auto"
 
     @property
     def mode(self) -> str:
@@ -74,10 +76,14 @@ class Setup:
         return chain_mode(GatewayConfig(workers=self.workers, commit_chain=self.chain))
 
     @property
+    def policy(self) -> str:
+        """batch or normal: the policy the gateway's processes will run under."""
+        return policy_for(self.scheduling, self.workers)
+
+    @property
     def label(self) -> str:
-        if self.workers == 1:
-            return "1"
-        return f"{self.workers} {CHAIN_LABELS[self.mode]}"
+        chain = "" if self.workers == 1 else f" {CHAIN_LABELS[self.mode]}"
+        return f"{self.workers}{chain} {self.policy}"
 
 
 @dataclass
@@ -90,6 +96,18 @@ class Run:
     @property
     def total(self) -> float:
         return sum(self.cores.get(k, 0.0) for k in ("gateway", "pg", "client"))
+
+
+def plan_setups(workers: list[int], chain: str, schedulings: list[str]) -> list[Setup]:
+    """Every worker count with every chain of ``--chain`` and every policy
+    of ``--cpu-scheduling``, each (workers, chain, policy) once: auto is
+    batch or normal, so it may name the same gateway as another setting."""
+    setups = [Setup(w, c, s) for w in workers for s in schedulings
+              for c in (("off",) if w == 1 else CHAIN_SETS[chain])]
+    first: dict[tuple[int, str, str], Setup] = {}
+    for s in setups:
+        first.setdefault((s.workers, s.mode, s.policy), s)
+    return list(first.values())
 
 
 def _median(runs: list[Run]) -> Run:
@@ -106,9 +124,11 @@ async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[st
                        args: argparse.Namespace, roots: Roots,
                        zmq_ctx: zmq.asyncio.Context, label: str) -> list[Run]:
     workers = setup.workers
-    gateway = ServeProcess(root / f"gateway-{label}", pg_url, protocols, workers, setup.mode)
+    gateway = ServeProcess(root / f"gateway-{label}", pg_url, protocols, workers, setup.mode,
+                           setup.scheduling)
     say(f"[{label}] starting polyport serve --workers {workers}"
-        f"{'' if workers == 1 else ' (commit chain: ' + setup.mode + ')'}...")
+        f"{'' if workers == 1 else ' (commit chain: ' + setup.mode + ')'}, "
+        f"CPU scheduling {setup.policy}...")
     await gateway.start()
     roots.gateway = gateway.pid
     env = Env("", gateway, None, zmq_ctx, roots, args.client_processes)
@@ -137,10 +157,10 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
     print(f"\nW1 closed loop, {args.publishers} publishers in {args.client_processes} client "
           f"process(es), by worker count (median of {args.repeat} run(s) of "
           f"{args.seconds:g} s, the worker counts alternating); {cpus} CPUs")
-    print(f"  {'protocol':<15} {'workers':>9} {'events/s':>10} {'gateway':>8} {'chain':>6} "
+    print(f"  {'protocol':<15} {'workers':>16} {'events/s':>10} {'gateway':>8} {'chain':>6} "
           f"{'PG':>6} {'client':>7} {'total':>6} {'us CPU':>7} {'ratio':>6} {'CPU/ev':>7} "
           f"{'ceiling':>8} {'chain':>8}")
-    print(f"  {'':<15} {'':>9} {'':>10} {'cores':>8} {'cores':>6} {'cores':>6} {'cores':>7} "
+    print(f"  {'':<15} {'':>16} {'':>10} {'cores':>8} {'cores':>6} {'cores':>6} {'cores':>7} "
           f"{'cores':>6} {'/event':>7} {'':>6} {'ratio':>7} {'':>8} {'max ev/s':>8}")
     for r in rows:
         b = base[r.protocol]
@@ -151,7 +171,7 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
         ceiling = f"{cpus / b.total:.2f}" if is_first and b.total else ""
         chain = r.cores.get("chain", 0.0)
         chain_max = f"{r.events / chain:,.0f}" if chain > 0.01 else ""
-        print(f"  {r.protocol:<15} {r.setup.label:>9} {r.events:>10,.0f} "
+        print(f"  {r.protocol:<15} {r.setup.label:>16} {r.events:>10,.0f} "
               f"{r.cores['gateway']:>8.2f} {chain:>6.2f} {r.cores['pg']:>6.2f} "
               f"{r.cores['client']:>7.2f} "
               f"{r.total:>6.2f} {per_event:>7.0f} {'' if is_first else f'{ratio:.2f}':>6} "
@@ -161,6 +181,8 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
           "(POLYPORT_COMMIT_CHAIN=process); 'N hosted' = the chain inside the last worker "
           "(=worker); 'N own' = each worker commits itself (=off, the design before issue 26); "
           "the default (auto) is a process when the machine has more cores than workers")
+    print("  batch / normal: the gateway's processes under SCHED_BATCH or the default policy "
+          "(POLYPORT_CPU_SCHEDULING; auto = batch with more than one worker)")
     print(f"  ratio: events/s against --workers {first.label}; CPU/ev ratio: CPU per event "
           f"(gateway + PG + client) against --workers {first.label}")
     print("  chain cores: the commit chain process's share of the gateway's; chain max "
@@ -215,6 +237,10 @@ def main(argv: list[str]) -> int:
                         "both = off and on, all = off, process and worker (default both)")
     p.add_argument("--repeat", type=int, default=3,
                    help="alternating runs per worker count; medians reported (default 3)")
+    p.add_argument("--cpu-scheduling", default="auto",
+                   help="the gateway's cpu_scheduling, comma-separated to compare: auto, "
+                        "batch, normal (default auto: batch with more than one worker); "
+                        "a worker count runs once per distinct policy")
     add_client_processes(p)
     args = p.parse_args(argv)
     try:
@@ -228,8 +254,11 @@ def main(argv: list[str]) -> int:
         if min(args.repeat, args.publishers, args.client_processes) < 1 or args.seconds <= 0:
             raise BenchError("--seconds, --repeat, --publishers and --client-processes must "
                              "be positive")
-        args.setups = [Setup(w, c) for w in args.workers
-                       for c in (("off",) if w == 1 else CHAIN_SETS[args.chain])]
+        schedulings = _choices(args.cpu_scheduling, CPU_SCHEDULINGS, "--cpu-scheduling")
+        if not schedulings:
+            raise BenchError("--cpu-scheduling: name at least one of "
+                             f"{', '.join(CPU_SCHEDULINGS)}")
+        args.setups = plan_setups(args.workers, args.chain, schedulings)
     except (BenchError, ValueError) as exc:
         print(f"python -m bench workers: {one_line(exc)}", file=sys.stderr)
         return 2

@@ -48,6 +48,9 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 # its own, inside the last worker, or nowhere (each worker commits itself);
 # auto: a process when the machine has a core to spare for it, else a worker.
 COMMIT_CHAINS = ("auto", "process", "worker", "off")
+# How the kernel schedules the gateway's processes (gateway/process/scheduling.py):
+# auto = SCHED_BATCH with workers > 1, the default policy for one process.
+CPU_SCHEDULINGS = ("auto", "batch", "normal")
 # --workers: more than this is a typo, not a machine.
 MAX_WORKERS = 256
 
@@ -290,6 +293,9 @@ class GatewayConfig:
     # COMMIT_CHAINS); off: each worker commits on its own (the head row
     # makes them take turns).
     commit_chain: str = "auto"
+    # SCHED_BATCH or the default policy for the gateway's processes (see
+    # CPU_SCHEDULINGS): with several, their wake-ups no longer preempt each other.
+    cpu_scheduling: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def port_for(self, listener: str) -> int | None:
@@ -392,7 +398,8 @@ def _tls_option(option: str, value: Any, where: str) -> str | None:
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
-_CHOICES = {"log_level": LOG_LEVELS, "log_format": LOG_FORMATS, "event_loop": EVENT_LOOPS}
+_CHOICES = {"log_level": LOG_LEVELS, "log_format": LOG_FORMATS, "event_loop": EVENT_LOOPS,
+            "cpu_scheduling": CPU_SCHEDULINGS}
 DATABASE_SCHEMES = ("postgresql", "postgres", "postgresql+asyncpg")
 
 

@@ -34,6 +34,7 @@ from polyport.gateway.process.eventloop import choose_loop
 from polyport.gateway.process.eventloop import run as run_on_loop
 from polyport.gateway.process.fatal import _say_fatal, describe
 from polyport.gateway.process.logging_setup import setup_logging
+from polyport.gateway.process.scheduling import apply_policy
 from polyport.gateway.process.serve import _serve
 from polyport.pipeline.cli import run as run_pipeline
 
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                     from polyport.gateway.process.supervisor import supervise
 
                     return supervise(config, args)
+                apply_policy(config.cpu_scheduling, config.workers)
                 choice = choose_loop(config.event_loop)
                 return run_on_loop(_serve(config, args, choice), choice)
         if args.command == "migrate":

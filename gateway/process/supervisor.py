@@ -59,6 +59,7 @@ from polyport.gateway.process.database import database, supervise_embedded
 from polyport.gateway.process.eventloop import choose_loop
 from polyport.gateway.process.fatal import naming_bind_errors
 from polyport.gateway.process.ports_file import remove_ports_file, write_ports
+from polyport.gateway.process.scheduling import policy_for
 from polyport.gateway.process.workers import STATE_FILE, WorkerRole, socket_path
 from polyport.gateway.registry import discover
 from polyport.gateway.transports.tls import check_material
@@ -277,10 +278,10 @@ class Supervisor:
 
     def _start_slots(self, chain: str, event_loop: str) -> None:
         workers = self.config.workers
-        log.info("starting %d workers%s (event loop %s)", workers,
+        log.info("starting %d workers%s (event loop %s, CPU scheduling %s)", workers,
                  {"process": " and the commit chain process",
                   "worker": f", worker {workers - 1} hosting the commit chain"}.get(chain, ""),
-                 event_loop)
+                 event_loop, policy_for(self.config.cpu_scheduling, workers))
         self.slots = [_Slot(i) for i in range(workers)]
         if chain == "process":
             self.slots.insert(0, _Slot(-1, CHAIN_MODULE))

@@ -133,10 +133,12 @@ def run_child(control_fd: int, tag: int | str, name: str,
     from polyport.gateway.process.eventloop import run as run_on_loop
     from polyport.gateway.process.fatal import _say_fatal, describe
     from polyport.gateway.process.logging_setup import setup_logging
+    from polyport.gateway.process.scheduling import apply_policy
 
     payload = read_payload(control_fd)
     config = payload["config"]
     setup_logging(config.log_format, config.log_level, worker=tag)
+    apply_policy(config.cpu_scheduling, config.workers)
     try:
         choice = choose_loop(config.event_loop)
         return run_on_loop(main(payload, choice), choice)

@@ -638,6 +638,11 @@ def test_merged_metrics_sum_counters_and_aggregate_gauges_by_kind() -> None:
                       "polyport_connections_open": 3.0}
 
 
+def _policies(pid: int) -> set[int]:
+    """The scheduling policies of a process's threads."""
+    return {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
 def _supervisor_state(gw: Served) -> dict[str, Any]:
     [state] = (gw.data_dir / "workers").glob("*/supervisor.json")
     doc: dict[str, Any] = json.loads(state.read_text())
@@ -655,6 +660,12 @@ async def test_killing_the_commit_chain_under_load_loses_no_acknowledged_event(
         await gw.said(r"\[worker 0\].*appends go through the commit chain")
         await gw.said(r"\[worker 1\].*appends go through the commit chain")
         [chain] = _supervisor_state(gw)["chain"]
+        # cpu_scheduling auto: every thread of the workers and the chain runs
+        # SCHED_BATCH, the supervisor keeps the default policy.
+        workers = [w["pid"] for w in _supervisor_state(gw)["workers"]]
+        for pid in (*workers, chain["pid"]):
+            assert _policies(pid) == {os.SCHED_BATCH}, pid
+        assert _policies(gw.proc.pid) == {os.SCHED_OTHER}
         acked: Counter[int] = Counter()
         failures: dict[int, BaseException] = {}
         stop = asyncio.Event()
@@ -675,6 +686,8 @@ async def test_killing_the_commit_chain_under_load_loses_no_acknowledged_event(
                        for line in gw.stderr) >= 4
 
         await wait_until(rejoined, 30, "both workers to use the restarted chain")
+        [restarted] = _supervisor_state(gw)["chain"]
+        assert _policies(restarted["pid"]) == {os.SCHED_BATCH}
         mark = sum(acked.values())
         await asyncio.sleep(1.0)
         stop.set()

@@ -118,6 +118,12 @@ def _time(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
 
 
+def _uuid(b: bytes) -> uuid.UUID:
+    # UUID(bytes=...) checks and converts in Python: 2.4 us against 1.2 us
+    # here, once per event on the chain's one core.
+    return uuid.UUID(int=int.from_bytes(b))
+
+
 # --- the wire ----------------------------------------------------------------------
 
 
@@ -140,12 +146,12 @@ def decode_append(x: list[Any]) -> Append:
     return Append(
         context, stream,
         tuple(
-            EventData(type_, body, uuid.UUID(bytes=eid), headers or {}, content_type,
+            EventData(type_, body, _uuid(eid), headers or {}, content_type,
                       None if ct is None else _time(ct))
             for eid, type_, body, headers, content_type, ct in events
         ),
         exp, origin,
-        None if cp_id is None else ProducerCheckpoint(uuid.UUID(bytes=cp_id), cp_level),
+        None if cp_id is None else ProducerCheckpoint(_uuid(cp_id), cp_level),
     )
 
 
@@ -156,7 +162,7 @@ def encode_results(results: Sequence[AppendResult]) -> list[Any]:
 
 
 def decode_results(x: list[Any]) -> list[AppendResult]:
-    return [AppendResult(c, s, fv, lv, fp, lp, _time(at), uuid.UUID(bytes=cid), idem)
+    return [AppendResult(c, s, fv, lv, fp, lp, _time(at), _uuid(cid), idem)
             for c, s, fv, lv, fp, lp, at, cid, idem in x]
 
 
@@ -184,7 +190,7 @@ def encode_rows(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
 
 
 def decode_rows(x: list[Any]) -> list[tuple[Any, ...]]:
-    return [(uuid.UUID(bytes=eid), c, s, v, t, h or {}, body, ct,
+    return [(_uuid(eid), c, s, v, t, h or {}, body, ct,
              None if client is None else _time(client), origin, offset)
             for eid, c, s, v, t, h, body, ct, client, origin, offset in x]
 

@@ -663,14 +663,18 @@ DROP_BINDER = "DELETE FROM binders WHERE name = $1 RETURNING name"
 # the unique index on (context, stream, version) refuses; the writer then
 # takes the checked path.  (The cache is never ahead of the database: see
 # Writer._cache_epoch.)  The rows travel as one jsonb document and the bodies
-# as one bytea array, zipped back together by ROWS FROM: one C-speed
-# json.dumps instead of a typed array per column, whose elements asyncpg
-# encodes one by one (measured in the running system: faster overall, the
-# server's jsonb parse included).
+# as one bytea, each row naming its body's offset and length in it: one
+# C-speed json.dumps instead of a typed array per column, whose elements
+# asyncpg encodes one by one (measured in the running system: faster overall,
+# the server's jsonb parse included), and one bytes.join instead of a bytea
+# array, which asyncpg also walks element by element (with two isinstance
+# checks against abstract classes each: 0.9 us of the writer's CPU per event,
+# measured on the 2-core machine, docs/performance.md, session 15).
 #   $1 number of events
 #   $2 [[event_id (32 hex digits), context, stream, version, type, headers{},
-#        content_type, client_time (ISO 8601) | null, origin, segment_offset], ...]
-#   $3 bodies, in the same order
+#        content_type, client_time (ISO 8601) | null, origin, segment_offset,
+#        body offset in $3, body length], ...]
+#   $3 the bodies, one after another in the rows' order
 # and, in the variants that need them (a CTE costs its executor set-up even
 # when it has no rows, so the common case leaves them out):
 #   new streams to register: context[], stream[]
@@ -692,10 +696,10 @@ ins AS (
     INSERT INTO events (position, event_id, context, stream, version, type, headers, body,
                         content_type, client_time, recorded_at, origin, segment_offset)
     SELECT h.base + k.i, (k.r->>0)::uuid, k.r->>1, k.r->>2, (k.r->>3)::bigint, k.r->>4,
-           k.r->5, k.body, k.r->>6, (k.r->>7)::timestamptz,
+           k.r->5, substring($3::bytea FROM (k.r->>10)::int + 1 FOR (k.r->>11)::int),
+           k.r->>6, (k.r->>7)::timestamptz,
            h.t0 + (k.i - 1) * interval '1 microsecond', k.r->>8, (k.r->>9)::bigint
-    FROM h, ROWS FROM (jsonb_array_elements($2::jsonb), unnest($3::bytea[]))
-            WITH ORDINALITY AS k(r, body, i)
+    FROM h, jsonb_array_elements($2::jsonb) WITH ORDINALITY AS k(r, i)
 )"""]
     if new_streams:
         parts.append(f"""

@@ -4,7 +4,7 @@
 # then the device tool's run with carry [".devbench"] and
 #   bash .devbench/run 'bash bench/device.sh'
 # Each bench writes its output to $OUT/<name>.txt as it goes (a run cut short
-# still brings back what finished); about 10.5 minutes on 16 cores.
+# still brings back what finished); about 9.5 minutes on 16 cores.
 set -u
 out=${OUT:-/tmp/polyport-device-out}
 mkdir -p "$out"
@@ -27,11 +27,8 @@ nproc >"$out/machine.txt"; free -g >>"$out/machine.txt"; "$py" --version >>"$out
 # worker, 32 then 256 publishers (the default, auto, is the process there).
 run workers-32 200 workers --workers 1,2,4,8 --protocols bson,micromsg2 --seconds 4 --repeat 1 \
   --chain all
-# At 256 publishers the default (SCHED_BATCH for several workers) beside the
-# normal policy: whether wake-ups preempting each other cost anything when
-# every process has a core (they did on 2 cores, performance.md session 15).
-run workers-256 210 workers --workers 1,4,8 --protocols bson,micromsg2 --publishers 256 \
-  --seconds 4 --repeat 1 --chain on --cpu-scheduling normal,auto
+run workers-256 150 workers --workers 1,4,8 --protocols bson,micromsg2 --publishers 256 \
+  --seconds 4 --repeat 1 --chain on
 # The peers (raw PostgreSQL, NATS JetStream) and polyport at its best worker
 # count, W1 at 32 and 256 publishers, W3's latency; the load spread over
 # client processes (--client-processes defaults to one per 4 cores).

@@ -267,14 +267,14 @@ class ServeProcess:
 
     def __init__(self, root: Path, database_url: str, listeners: Sequence[str],
                  workers: int | None, chain: str = "auto",
-                 cpu_scheduling: str = "auto") -> None:
+                 cpu_scheduling: str = "normal") -> None:
         self.data_dir = root
         self.database_url = database_url
         self.listeners = tuple(listeners)
         self.workers = workers
         # With workers > 1: the commit_chain setting (auto, process, worker, off).
         self.chain = chain
-        # The cpu_scheduling setting (auto, batch, normal).
+        # The cpu_scheduling setting (normal, batch).
         self.cpu_scheduling = cpu_scheduling
         self.proc: asyncio.subprocess.Process | None = None
         self.ports: dict[str, tuple[str, int]] = {}

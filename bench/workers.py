@@ -48,7 +48,6 @@ from bench.peers import (
     w1,
 )
 from polyport.gateway.config import CPU_SCHEDULINGS, GatewayConfig
-from polyport.gateway.process.scheduling import policy_for
 from polyport.gateway.process.supervisor import chain_mode
 
 DEFAULT_PROTOCOLS = ("bson", "micromsg2")
@@ -68,7 +67,7 @@ class Setup:
 
     workers: int
     chain: str = "auto"
-    scheduling: str = "auto"
+    scheduling: str = "normal"
 
     @property
     def mode(self) -> str:
@@ -76,14 +75,9 @@ class Setup:
         return chain_mode(GatewayConfig(workers=self.workers, commit_chain=self.chain))
 
     @property
-    def policy(self) -> str:
-        """batch or normal: the policy the gateway's processes will run under."""
-        return policy_for(self.scheduling, self.workers)
-
-    @property
     def label(self) -> str:
         chain = "" if self.workers == 1 else f" {CHAIN_LABELS[self.mode]}"
-        return f"{self.workers}{chain} {self.policy}"
+        return f"{self.workers}{chain}{' batch' if self.scheduling == 'batch' else ''}"
 
 
 @dataclass
@@ -99,15 +93,10 @@ class Run:
 
 
 def plan_setups(workers: list[int], chain: str, schedulings: list[str]) -> list[Setup]:
-    """Every worker count with every chain of ``--chain`` and every policy
-    of ``--cpu-scheduling``, each (workers, chain, policy) once: auto is
-    batch or normal, so it may name the same gateway as another setting."""
-    setups = [Setup(w, c, s) for w in workers for s in schedulings
-              for c in (("off",) if w == 1 else CHAIN_SETS[chain])]
-    first: dict[tuple[int, str, str], Setup] = {}
-    for s in setups:
-        first.setdefault((s.workers, s.mode, s.policy), s)
-    return list(first.values())
+    """Every worker count with every chain of ``--chain`` (one worker has
+    none) and every policy of ``--cpu-scheduling``, in that order."""
+    return [Setup(w, c, s) for w in workers for s in schedulings
+            for c in (("off",) if w == 1 else CHAIN_SETS[chain])]
 
 
 def _median(runs: list[Run]) -> Run:
@@ -128,7 +117,7 @@ async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[st
                            setup.scheduling)
     say(f"[{label}] starting polyport serve --workers {workers}"
         f"{'' if workers == 1 else ' (commit chain: ' + setup.mode + ')'}, "
-        f"CPU scheduling {setup.policy}...")
+        f"CPU scheduling {setup.scheduling}...")
     await gateway.start()
     roots.gateway = gateway.pid
     env = Env("", gateway, None, zmq_ctx, roots, args.client_processes)
@@ -181,8 +170,8 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
           "(POLYPORT_COMMIT_CHAIN=process); 'N hosted' = the chain inside the last worker "
           "(=worker); 'N own' = each worker commits itself (=off, the design before issue 26); "
           "the default (auto) is a process when the machine has more cores than workers")
-    print("  batch / normal: the gateway's processes under SCHED_BATCH or the default policy "
-          "(POLYPORT_CPU_SCHEDULING; auto = batch with more than one worker)")
+    print("  batch: the gateway's processes under SCHED_BATCH (POLYPORT_CPU_SCHEDULING=batch); "
+          "without it, the default policy")
     print(f"  ratio: events/s against --workers {first.label}; CPU/ev ratio: CPU per event "
           f"(gateway + PG + client) against --workers {first.label}")
     print("  chain cores: the commit chain process's share of the gateway's; chain max "
@@ -237,10 +226,9 @@ def main(argv: list[str]) -> int:
                         "both = off and on, all = off, process and worker (default both)")
     p.add_argument("--repeat", type=int, default=3,
                    help="alternating runs per worker count; medians reported (default 3)")
-    p.add_argument("--cpu-scheduling", default="auto",
-                   help="the gateway's cpu_scheduling, comma-separated to compare: auto, "
-                        "batch, normal (default auto: batch with more than one worker); "
-                        "a worker count runs once per distinct policy")
+    p.add_argument("--cpu-scheduling", default="normal",
+                   help="the gateway's cpu_scheduling, comma-separated to compare: normal "
+                        "(the default), batch; every worker count runs under each")
     add_client_processes(p)
     args = p.parse_args(argv)
     try:

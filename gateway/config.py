@@ -49,8 +49,9 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 # auto: a process when the machine has a core to spare for it, else a worker.
 COMMIT_CHAINS = ("auto", "process", "worker", "off")
 # How the kernel schedules the gateway's processes (gateway/process/scheduling.py):
-# auto = SCHED_BATCH with workers > 1, the default policy for one process.
-CPU_SCHEDULINGS = ("auto", "batch", "normal")
+# the default policy, or SCHED_BATCH (more W1 throughput on a saturated
+# machine with several workers, at some latency).
+CPU_SCHEDULINGS = ("normal", "batch")
 # --workers: more than this is a typo, not a machine.
 MAX_WORKERS = 256
 
@@ -293,9 +294,9 @@ class GatewayConfig:
     # COMMIT_CHAINS); off: each worker commits on its own (the head row
     # makes them take turns).
     commit_chain: str = "auto"
-    # SCHED_BATCH or the default policy for the gateway's processes (see
-    # CPU_SCHEDULINGS): with several, their wake-ups no longer preempt each other.
-    cpu_scheduling: str = "auto"
+    # The default policy or SCHED_BATCH for the gateway's processes (see
+    # CPU_SCHEDULINGS): with batch, their wake-ups no longer preempt each other.
+    cpu_scheduling: str = "normal"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def port_for(self, listener: str) -> int | None:

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                     from polyport.gateway.process.supervisor import supervise
 
                     return supervise(config, args)
-                apply_policy(config.cpu_scheduling, config.workers)
+                apply_policy(config.cpu_scheduling)
                 choice = choose_loop(config.event_loop)
                 return run_on_loop(_serve(config, args, choice), choice)
         if args.command == "migrate":

@@ -59,7 +59,6 @@ from polyport.gateway.process.database import database, supervise_embedded
 from polyport.gateway.process.eventloop import choose_loop
 from polyport.gateway.process.fatal import naming_bind_errors
 from polyport.gateway.process.ports_file import remove_ports_file, write_ports
-from polyport.gateway.process.scheduling import policy_for
 from polyport.gateway.process.workers import STATE_FILE, WorkerRole, socket_path
 from polyport.gateway.registry import discover
 from polyport.gateway.transports.tls import check_material
@@ -281,7 +280,7 @@ class Supervisor:
         log.info("starting %d workers%s (event loop %s, CPU scheduling %s)", workers,
                  {"process": " and the commit chain process",
                   "worker": f", worker {workers - 1} hosting the commit chain"}.get(chain, ""),
-                 event_loop, policy_for(self.config.cpu_scheduling, workers))
+                 event_loop, self.config.cpu_scheduling)
         self.slots = [_Slot(i) for i in range(workers)]
         if chain == "process":
             self.slots.insert(0, _Slot(-1, CHAIN_MODULE))

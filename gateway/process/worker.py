@@ -138,7 +138,7 @@ def run_child(control_fd: int, tag: int | str, name: str,
     payload = read_payload(control_fd)
     config = payload["config"]
     setup_logging(config.log_format, config.log_level, worker=tag)
-    apply_policy(config.cpu_scheduling, config.workers)
+    apply_policy(config.cpu_scheduling)
     try:
         choice = choose_loop(config.event_loop)
         return run_on_loop(main(payload, choice), choice)

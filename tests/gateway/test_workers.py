@@ -90,12 +90,13 @@ async def _drain(proc: asyncio.subprocess.Process, into: list[str]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serve(db_url: str, *extra: str, workers: str = "2", chain: str = "auto"
-                ) -> AsyncIterator[Served]:
+async def serve(db_url: str, *extra: str, workers: str = "2", chain: str = "auto",
+                settings: dict[str, str] | None = None) -> AsyncIterator[Served]:
     # The URL carries the test cluster's password: the environment, never argv.
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPORT_")}
     env["POLYPORT_DATABASE_URL"] = db_url
     env["POLYPORT_COMMIT_CHAIN"] = chain
+    env.update(settings or {})
     # Short: the workers' unix sockets live under it, and past a path length
     # unix sockets allow the supervisor puts them in a temporary directory
     # the tests could not find (pytest-xdist's tmp_path is longer).
@@ -386,6 +387,8 @@ async def test_sigterm_drains_every_worker_and_exits_zero(db_url: str) -> None:
         host, port = gw.port("bson")
         status = await gw.status()
         pids = [w["pid"] for w in status["workers"]]
+        # cpu_scheduling is normal unless asked: the kernel's default policy.
+        assert all(_policies(pid) == {os.SCHED_OTHER} for pid in pids)
         clients = [await BsonClient.connect(host, port) for _ in range(6)]
         # Appends in flight when SIGTERM comes: every one confirmed is stored.
         futures = [c.send_emit("drain", "T", {"c": i, "n": n})
@@ -655,13 +658,16 @@ async def test_killing_the_commit_chain_under_load_loses_no_acknowledged_event(
     """SIGKILL the process that owns the commit chain while 16 publishers
     append: every acknowledged event is stored exactly once, positions stay
     gapless, no append fails (the workers commit on their own until the
-    supervisor has the chain back), and the restarted chain is used again."""
-    async with serve(db_url, chain="process") as gw:
+    supervisor has the chain back), and the restarted chain is used again.
+    With cpu_scheduling = batch, which the restarted chain keeps."""
+    async with serve(db_url, chain="process",
+                     settings={"POLYPORT_CPU_SCHEDULING": "batch"}) as gw:
         await gw.said(r"\[worker 0\].*appends go through the commit chain")
         await gw.said(r"\[worker 1\].*appends go through the commit chain")
         [chain] = _supervisor_state(gw)["chain"]
-        # cpu_scheduling auto: every thread of the workers and the chain runs
-        # SCHED_BATCH, the supervisor keeps the default policy.
+        # cpu_scheduling batch: every thread of the workers and the chain
+        # runs SCHED_BATCH; the supervisor, which only watches, keeps the
+        # default policy.
         workers = [w["pid"] for w in _supervisor_state(gw)["workers"]]
         for pid in (*workers, chain["pid"]):
             assert _policies(pid) == {os.SCHED_BATCH}, pid

@@ -13,15 +13,17 @@ on every append (a worker hands its turn's appends to the commit chain, the
 chain answers), and under the default policy each wake-up may preempt the
 process that caused it in the middle of its event-loop turn when every core
 is busy: that turn finishes later, and every process runs more, shorter
-turns.  ``batch`` lets each turn run to its end.  Measured on 2 cores
-(docs/performance.md, session 15): two workers' W1 went from 0.92x one
-worker's events/s at 1.25x its CPU per event to 1.02x at 1.13x (BSON), one
-worker did not change, but W3's latency through two workers rose (p50
+turns.  ``batch`` lets each turn run to its end.  Measured on a noisy
+2-core machine (docs/performance.md, session 15): in two of three paired
+runs two workers' W1 rose 9-13 % under it through BSON and MicroMsg2; in
+the third MicroMsg2 rose 20 % and BSON fell 10 % (one worker: unchanged in
+one run, 10-15 % lower in another).  W3's latency through two workers rose every time (p50
 +45-84 %, p99 +32-43 %): a woken worker now waits for whatever runs on a
-busy core, the client's and PostgreSQL's processes included.  So it is for
-a gateway that is throughput-bound on a saturated machine, and left off by
-default.  With a core to spare for every process a woken thread takes an
-idle core, and the policy should change neither figure.
+busy core, the client's and PostgreSQL's processes included.  So it is
+left off by default: a setting to measure on a throughput-bound,
+saturated machine (``bench workers --cpu-scheduling normal,batch``).  With
+a core to spare for every process a woken thread takes an idle core, and
+the policy should change neither figure.
 
 Lowering a thread to ``SCHED_BATCH`` needs no privilege.  Where the
 platform refuses (not Linux, a sandbox without the call) the process says

@@ -49,8 +49,8 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 # auto: a process when the machine has a core to spare for it, else a worker.
 COMMIT_CHAINS = ("auto", "process", "worker", "off")
 # How the kernel schedules the gateway's processes (gateway/process/scheduling.py):
-# the default policy, or SCHED_BATCH (more W1 throughput on a saturated
-# machine with several workers, at some latency).
+# the default policy, or SCHED_BATCH (W1 throughput against W3 latency on a
+# saturated machine with several workers; the module says what was measured).
 CPU_SCHEDULINGS = ("normal", "batch")
 # --workers: more than this is a typo, not a machine.
 MAX_WORKERS = 256

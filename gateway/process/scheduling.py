@@ -17,9 +17,10 @@ turns.  ``batch`` lets each turn run to its end.  Measured on a noisy
 2-core machine (docs/performance.md, session 15): in two of three paired
 runs two workers' W1 rose 9-13 % under it through BSON and MicroMsg2; in
 the third MicroMsg2 rose 20 % and BSON fell 10 % (one worker: unchanged in
-one run, 10-15 % lower in another).  W3's latency through two workers rose every time (p50
-+45-84 %, p99 +32-43 %): a woken worker now waits for whatever runs on a
-busy core, the client's and PostgreSQL's processes included.  So it is
+one run, 10-15 % lower in another).  W3's latency through two workers rose
+every time (p50 +45-84 %, p99 +32-43 %): a woken worker now waits for
+whatever runs on a busy core, the client's and PostgreSQL's processes
+included.  So it is
 left off by default: a setting to measure on a throughput-bound,
 saturated machine (``bench workers --cpu-scheduling normal,batch``).  With
 a core to spare for every process a woken thread takes an idle core, and

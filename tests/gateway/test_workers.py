@@ -692,8 +692,12 @@ async def test_killing_the_commit_chain_under_load_loses_no_acknowledged_event(
                        for line in gw.stderr) >= 4
 
         await wait_until(rejoined, 30, "both workers to use the restarted chain")
-        [restarted] = _supervisor_state(gw)["chain"]
-        assert _policies(restarted["pid"]) == {os.SCHED_BATCH}
+
+        async def restarted_batch() -> bool:  # from its start-up, before it serves
+            [now] = _supervisor_state(gw)["chain"]
+            return _policies(now["pid"]) == {os.SCHED_BATCH}
+
+        await wait_until(restarted_batch, 30, "the restarted chain to run SCHED_BATCH")
         mark = sum(acked.values())
         await asyncio.sleep(1.0)
         stop.set()

@@ -636,14 +636,16 @@ class Writer:
         """(base position, first recorded_at), or None if the plan was made
         against cache entries that a failure has since withdrawn."""
         rows = plan.rows
-        bodies = [r[6] for r in rows]
+        bodies: list[bytes] = []
         offset = 0
         doc: list[list[Any]] = []
-        for r, body in zip(rows, bodies, strict=True):
-            size = len(body)
+        for r in rows:
+            body = r[6]
+            bodies.append(body)
             doc.append([r[0].hex, r[1], r[2], r[3], r[4], r[5], r[7],
-                        None if r[8] is None else r[8].isoformat(), r[9], r[10], offset, size])
-            offset += size
+                        None if r[8] is None else r[8].isoformat(), r[9], r[10], offset,
+                        len(body)])
+            offset += len(body)
         document = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
         args: list[Any] = [len(rows), document, b"".join(bodies)]
         # Planned as new from the cache; one that exists after all conflicts

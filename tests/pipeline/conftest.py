@@ -57,9 +57,33 @@ TEST_CONF = (
 )
 
 
+def _claim_spark_for_this_worker(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Fail when a second pytest-xdist worker starts a SparkSession in one
+    run: the group mark above no longer reaches the scheduler (as with
+    pytest 9.2 and pytest-xdist 3.8), and every worker pays for a JVM and
+    the 100,000-event dataset.  Nothing else would notice."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    # Shared by the run's workers (see _exclusive_when_marked in tests/conftest.py).
+    claim = tmp_path_factory.getbasetemp().parent / "spark.worker"
+    try:
+        fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        owner = claim.read_text()
+        if owner and owner != worker:
+            pytest.fail(f"the Spark tests run on {owner} and {worker}: --dist loadgroup "
+                        "is not grouping them (check the pytest and pytest-xdist "
+                        "versions against pyproject.toml's pins)", pytrace=False)
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(worker)
+
+
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     pytest.importorskip("pyspark", reason=SKIP_REASON)
+    _claim_spark_for_this_worker(tmp_path_factory)
     from polyport.pipeline.session import SparkSettings, discard_spark_log, spark_session
 
     session = spark_session(SparkSettings(master="local[2]", conf=TEST_CONF), say=False)

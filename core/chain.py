@@ -51,13 +51,15 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 import msgpack
 
+from polyport.core.builders import frozen_builder
 from polyport.core.commands import (
     ANY,
     NO_STREAM,
@@ -118,6 +120,14 @@ def _time(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
 
 
+# A worker's units and the chain's answers: values this gateway's own
+# processes checked, built without __init__ (core/builders.py).
+_build_event = frozen_builder(EventData)
+_build_append = frozen_builder(Append)
+_build_result = frozen_builder(AppendResult)
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
 def _uuid(b: bytes) -> uuid.UUID:
     # UUID(bytes=...) checks and converts in Python: 2.4 us against 1.2 us
     # here, once per event on the chain's one core.
@@ -143,13 +153,16 @@ def encode_append(a: Append) -> list[Any]:
 def decode_append(x: list[Any]) -> Append:
     context, stream, expected, origin, cp_id, cp_level, events = x
     exp: Expected = ANY if expected < 0 else NO_STREAM if expected == 0 else ExactVersion(expected)
-    return Append(
+    return _build_append(
         context, stream,
-        tuple(
-            EventData(type_, body, _uuid(eid), headers or {}, content_type,
-                      None if ct is None else _time(ct))
+        tuple([
+            # EventData's __post_init__ is skipped: headers frozen here, the
+            # body is bytes (MessagePack bin), a client time is UTC (_time).
+            _build_event(type_, body, _uuid(eid),
+                         MappingProxyType(headers) if headers else _NO_HEADERS,
+                         content_type, None if ct is None else _time(ct))
             for eid, type_, body, headers, content_type, ct in events
-        ),
+        ]),
         exp, origin,
         None if cp_id is None else ProducerCheckpoint(_uuid(cp_id), cp_level),
     )
@@ -162,7 +175,7 @@ def encode_results(results: Sequence[AppendResult]) -> list[Any]:
 
 
 def decode_results(x: list[Any]) -> list[AppendResult]:
-    return [AppendResult(c, s, fv, lv, fp, lp, _time(at), _uuid(cid), idem)
+    return [_build_result(c, s, fv, lv, fp, lp, _time(at), _uuid(cid), idem)
             for c, s, fv, lv, fp, lp, at, cid, idem in x]
 
 

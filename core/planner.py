@@ -23,11 +23,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
+from polyport.core.builders import frozen_builder
 from polyport.core.commands import AnyVersion, Append, AppendResult, ExactVersion, NoStream
 from polyport.core.errors import Malformed, PolyportError, WrongExpectedVersion
 from polyport.core.events import RecordedEvent
 
 ONE_MICROSECOND = timedelta(microseconds=1)
+# One per append of every commit (core/builders.py says why).
+_build_result = frozen_builder(AppendResult)
 
 StreamKey = tuple[str, str]  # (context, stream)
 # An event id is unique within its context (its tenant), not across them.
@@ -77,16 +80,10 @@ class Planned(NamedTuple):
     def resolve(self, base: int, t0: datetime) -> AppendResult:
         if self.done is not None:
             return self.done
-        return AppendResult(
-            context=self.context,
-            stream=self.stream,
-            first_version=self.first_version,
-            last_version=self.last_version,
-            first_position=base + self.first,
-            last_position=base + self.last,
-            recorded_at=t0 + (max(self.last, 1) - 1) * ONE_MICROSECOND,
-            commit_id=self.commit_id,
-            idempotent=self.idempotent,
+        return _build_result(
+            self.context, self.stream, self.first_version, self.last_version,
+            base + self.first, base + self.last,
+            t0 + (max(self.last, 1) - 1) * ONE_MICROSECOND, self.commit_id, self.idempotent,
         )
 
 

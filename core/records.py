@@ -6,7 +6,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from polyport.core.builders import frozen_builder
 from polyport.core.events import RecordedEvent
+
+# Once per event of every read (core/builders.py: 1.6 against 3.2 µs).
+_build_event = frozen_builder(RecordedEvent)
 
 
 def record_from_row(row: Mapping[str, Any]) -> RecordedEvent:
@@ -15,9 +19,7 @@ def record_from_row(row: Mapping[str, Any]) -> RecordedEvent:
         # Most events carry none: skip the parser for them.
         headers = {} if headers == "{}" else json.loads(headers)
     body = row["body"]
-    # Positional: keyword arguments cost twice as much in a frozen
-    # dataclass, and this runs once per event of every read.
-    return RecordedEvent(
+    return _build_event(
         row["position"],
         row["event_id"],
         row["context"],

@@ -26,6 +26,7 @@ import asyncpg
 
 from polyport.core import sql
 from polyport.core.aio import wait_event
+from polyport.core.builders import frozen_builder
 from polyport.core.commands import Selector
 from polyport.core.db import driver_errors
 from polyport.core.errors import StorageUnavailable
@@ -55,6 +56,8 @@ RECENT_BYTES = 8 << 20
 # What an event costs in the ring beyond its body (object, headers, strings).
 _RECENT_OVERHEAD = 256
 _ONE_MICROSECOND = timedelta(microseconds=1)
+# Once per committed event, in every process with live subscribers.
+_build_recorded = frozen_builder(RecordedEvent)
 
 
 class Subscription(BufferedReader):
@@ -470,19 +473,11 @@ def _jsonb_key_order(item: tuple[str, str]) -> tuple[int, bytes]:
 def _recorded(position: int, recorded_at: datetime, r: tuple[Any, ...]) -> RecordedEvent:
     (event_id, context, stream, version, type_, headers, body, content_type, client_time,
      origin, segment_offset) = r
-    return RecordedEvent(
-        position=position,
-        event_id=event_id,
-        context=context,
-        stream=stream,
-        version=version,
-        type=type_,
-        headers=_jsonb_order(headers),
-        body=body,
-        content_type=content_type,
+    # Field order: RecordedEvent's (built without __init__, core/builders.py).
+    return _build_recorded(
+        position, event_id, context, stream, version, type_, _jsonb_order(headers), body,
+        content_type,
         # Stored as timestamptz: read back in UTC.
-        client_time=None if client_time is None else client_time.astimezone(UTC),
-        recorded_at=recorded_at,
-        origin=origin,
-        segment_offset=segment_offset,
+        None if client_time is None else client_time.astimezone(UTC),
+        recorded_at, origin, segment_offset,
     )

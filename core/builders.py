@@ -1,0 +1,51 @@
+"""Building frozen dataclasses without their ``__init__``, for the paths that
+make one object per event.
+
+A frozen dataclass's ``__init__`` sets every field through
+``object.__setattr__`` (its own ``__setattr__`` refuses), and keyword
+arguments cost more again: an :class:`~core.commands.AppendResult` took
+3.6 µs to build by keywords and 2.6 µs positionally on the 2-core machine,
+and 1.2 µs through the slots' own descriptors, which is what
+:func:`frozen_builder` generates.  The commit chain builds one per append
+it answers, on the one core every commit goes through.
+
+A builder skips ``__post_init__``: its caller hands over values already in
+the form the class keeps (``EventData``'s headers frozen, its body
+``bytes``, its client time zone-aware).  Only trusted values take this
+path (the planner's, the database's, another process of this gateway's);
+what a client sends is built through ``__init__``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def frozen_builder(cls: type[T]) -> Callable[..., T]:
+    """A function taking every field of ``cls`` positionally, in declaration
+    order, and returning the instance ``cls(*values)`` would, without
+    running ``__init__`` or ``__post_init__``.  ``cls`` must be a frozen
+    dataclass with slots (a slot descriptor sets each field)."""
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.frozen or "__slots__" not in cls.__dict__:
+        raise TypeError(f"{cls.__name__} is not a frozen dataclass with slots")
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    for name in names:
+        namespace[f"_set_{name}"] = getattr(cls, name).__set__
+    # Generated, as dataclasses generates __init__: a loop over the setters
+    # costs 2.0 µs per AppendResult against 1.2 µs for straight-line calls.
+    source = "".join([
+        f"def build({', '.join(names)}):\n",
+        "    obj = _new(_cls)\n",
+        *(f"    _set_{name}(obj, {name})\n" for name in names),
+        "    return obj\n",
+    ])
+    exec(source, namespace)  # the source holds field names only
+    build: Callable[..., T] = namespace["build"]
+    build.__qualname__ = build.__name__ = f"build_{cls.__name__}"
+    return build

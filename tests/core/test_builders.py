@@ -42,6 +42,17 @@ def test_every_field_is_required_and_positional() -> None:
         build("ctx", "s", 1, 1, 1, 1, datetime.now(UTC), uuid.uuid4())  # idempotent left out
 
 
+def test_field_names_cannot_shadow_the_generated_code() -> None:
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Awkward:
+        obj: int
+        _new: str
+        _cls: str
+        build: int
+
+    assert frozen_builder(Awkward)(1, "n", "c", 2) == Awkward(1, "n", "c", 2)
+
+
 def test_a_class_it_cannot_build_is_refused_when_the_builder_is_made() -> None:
     @dataclasses.dataclass(frozen=True)
     class NoSlots:

@@ -285,7 +285,11 @@ class ReadTimer:
     def __init__(self, task: asyncio.Task[object]) -> None:
         self._loop = asyncio.get_running_loop()
         self._task = task
-        self._handle: asyncio.TimerHandle | None = None
+        # A plain Handle when the deadline was already due: uvloop's call_at
+        # then schedules with call_soon, whose handle has no when().  So the
+        # time it was armed for is kept here.
+        self._handle: asyncio.Handle | None = None
+        self._armed_for = 0.0
         self._at: float | None = None  # the waiting read's deadline
         self._fired = False
 
@@ -296,10 +300,14 @@ class ReadTimer:
             return
         at = self._at = self._loop.time() + timeout
         handle = self._handle
-        if handle is None or handle.when() > at:
+        if handle is None or self._armed_for > at:
             if handle is not None:
                 handle.cancel()
-            self._handle = self._loop.call_at(at, self._fire)
+            self._arm(at)
+
+    def _arm(self, at: float) -> None:
+        self._armed_for = at
+        self._handle = self._loop.call_at(at, self._fire)
 
     def stop(self) -> None:
         """The read returned (or failed)."""
@@ -311,7 +319,7 @@ class ReadTimer:
         if at is None:
             return  # no read waiting: the next one arms the timer again
         if at > self._loop.time() + TIMER_SLACK:
-            self._handle = self._loop.call_at(at, self._fire)
+            self._arm(at)
             return
         self._fired = True
         self._task.cancel()

@@ -99,3 +99,21 @@ async def test_no_read_waiting_means_no_cut() -> None:
         return True
 
     assert await asyncio.wait_for(run(), 5)
+
+
+async def test_a_deadline_already_due_cuts_at_once_and_the_timer_moves_on() -> None:
+    # A frame's deadline can be overdue when its read starts (frame_timeout
+    # counts from the frame's first byte): the timeout is then 0 or less.
+    # uvloop schedules such a call_at with call_soon, whose handle has no
+    # when(); the next read's start() asked it for one and the connection
+    # died with AttributeError instead of its protocol's timeout error.
+    async def run() -> float:
+        timer = _timer()
+        timer.start(-0.5)
+        timer.stop()
+        timer.start(0.0)
+        timer.stop()
+        return await _read_until_cut(timer, reads=0, gap=0, timeout=0.0)
+
+    waited = await asyncio.wait_for(run(), 5)
+    assert waited < 0.5

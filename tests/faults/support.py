@@ -100,6 +100,17 @@ class Appender:
         self._stop = True
 
 
+async def stop_appenders(appenders: list[Appender], tasks: list[asyncio.Task[None]],
+                         timeout: float = 45.0) -> None:
+    """Stop the appenders and wait for their runs to end: each ends once its
+    append in flight has an outcome.  An audit taken before that misses an
+    append acknowledged after it (one held up by the writer's reconnection,
+    6 s once in CI) and counts it lost."""
+    for a in appenders:
+        a.stop()
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout)
+
+
 @dataclass
 class LiveReader:
     """A live subscriber over every stream, recording positions it gets."""

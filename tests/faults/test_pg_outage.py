@@ -18,6 +18,7 @@ from tests.faults.support import (
     all_positions,
     audit_appends,
     delivery_gaps,
+    stop_appenders,
     stored_sequences,
 )
 
@@ -47,7 +48,8 @@ async def _under_load(
     appenders = [Appender(store, f"load-{i}") for i in range(APPENDERS)]
     tasks = [asyncio.create_task(r.run()) for r in readers]
     await asyncio.sleep(0.2)  # readers are live before the load starts
-    tasks += [asyncio.create_task(a.run()) for a in appenders]
+    appending = [asyncio.create_task(a.run()) for a in appenders]
+    tasks += appending
     try:
         await asyncio.sleep(1.0)
         before = sum(len(a.acked) for a in appenders)
@@ -63,9 +65,7 @@ async def _under_load(
                         APPEND_RECOVERY_BOUND)
         recovery = max(recovery, time.monotonic() - resumed)
         await asyncio.sleep(1.0)
-        for a in appenders:
-            a.stop()
-        await asyncio.sleep(0.3)
+        await stop_appenders(appenders, appending)
         positions = await all_positions(db_url)
         await _wait_for(lambda: all(r.positions[-1:] == positions[-1:] for r in readers), 15)
         stored = await stored_sequences(db_url)

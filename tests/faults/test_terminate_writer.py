@@ -22,6 +22,7 @@ from tests.faults.support import (
     audit_appends,
     delivery_gaps,
     describe_gaps,
+    stop_appenders,
     stored_sequences,
 )
 
@@ -61,7 +62,8 @@ async def test_terminated_writer_connections(fault_db: str) -> None:
     appenders = [Appender(store, f"kill-{i}", trust_failures=i % 2 == 0) for i in range(8)]
     tasks = [asyncio.create_task(r.run()) for r in readers]
     await asyncio.sleep(0.2)
-    tasks += [asyncio.create_task(a.run()) for a in appenders]
+    appending = [asyncio.create_task(a.run()) for a in appenders]
+    tasks += appending
     try:
         await asyncio.sleep(0.5)
         killed = await _kill_writer_backends(store, admin)
@@ -73,8 +75,7 @@ async def test_terminated_writer_connections(fault_db: str) -> None:
                 assert time.monotonic() - started < 15
                 await asyncio.sleep(0.02)
             recovery = max(recovery, a.recovered_at - started)
-            a.stop()
-        await asyncio.sleep(0.3)
+        await stop_appenders(appenders, appending)
         positions = await all_positions(fault_db)
         for _ in range(500):
             if all(r.positions[-1:] == positions[-1:] for r in readers):
@@ -133,9 +134,7 @@ async def test_reply_lost_after_commit(fault_db: str) -> None:
         while lost_replies < 20 and time.monotonic() - started < 10 + 10 * (lost_replies < 3):  # noqa: ASYNC110
             await asyncio.sleep(0.02)
         assert lost_replies >= 1
-        for a in appenders:
-            a.stop()
-        await asyncio.gather(*tasks)
+        await stop_appenders(appenders, tasks)
         stored = await stored_sequences(fault_db)
         acked, n, lost, dup = audit_appends(appenders, stored)
         SUMMARY.append(Row(f"reply lost after commit x{lost_replies}", "core", acked, n, lost,

@@ -59,7 +59,6 @@ from typing import Any
 
 import msgpack
 
-from polyport.core.builders import frozen_builder
 from polyport.core.commands import (
     ANY,
     NO_STREAM,
@@ -69,6 +68,8 @@ from polyport.core.commands import (
     Expected,
     NoStream,
     ProducerCheckpoint,
+    build_append,
+    build_append_result,
 )
 from polyport.core.errors import (
     ERROR_BY_CODE,
@@ -78,7 +79,7 @@ from polyport.core.errors import (
     Timeout,
     WrongExpectedVersion,
 )
-from polyport.core.events import EventData
+from polyport.core.events import build_event_data
 from polyport.core.health import Health
 from polyport.core.notify import Notifier, new_notify_group
 from polyport.core.writer import (
@@ -120,11 +121,6 @@ def _time(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
 
 
-# A worker's units and the chain's answers: values this gateway's own
-# processes checked, built without __init__ (core/builders.py).
-_build_event = frozen_builder(EventData)
-_build_append = frozen_builder(Append)
-_build_result = frozen_builder(AppendResult)
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
@@ -153,14 +149,14 @@ def encode_append(a: Append) -> list[Any]:
 def decode_append(x: list[Any]) -> Append:
     context, stream, expected, origin, cp_id, cp_level, events = x
     exp: Expected = ANY if expected < 0 else NO_STREAM if expected == 0 else ExactVersion(expected)
-    return _build_append(
+    return build_append(
         context, stream,
         tuple([
             # EventData's __post_init__ is skipped: headers frozen here, the
             # body is bytes (MessagePack bin), a client time is UTC (_time).
-            _build_event(type_, body, _uuid(eid),
-                         MappingProxyType(headers) if headers else _NO_HEADERS,
-                         content_type, None if ct is None else _time(ct))
+            build_event_data(type_, body, _uuid(eid),
+                             MappingProxyType(headers) if headers else _NO_HEADERS,
+                             content_type, None if ct is None else _time(ct))
             for eid, type_, body, headers, content_type, ct in events
         ]),
         exp, origin,
@@ -175,7 +171,7 @@ def encode_results(results: Sequence[AppendResult]) -> list[Any]:
 
 
 def decode_results(x: list[Any]) -> list[AppendResult]:
-    return [_build_result(c, s, fv, lv, fp, lp, _time(at), _uuid(cid), idem)
+    return [build_append_result(c, s, fv, lv, fp, lp, _time(at), _uuid(cid), idem)
             for c, s, fv, lv, fp, lp, at, cid, idem in x]
 
 

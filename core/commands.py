@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from polyport.core.builders import frozen_builder
 from polyport.core.events import EventData, RecordedEvent
 
 # --- expected version -------------------------------------------------------
@@ -82,6 +83,12 @@ class AppendResult:
     commit_id: uuid.UUID
     # True when every event id had already been appended: nothing new written.
     idempotent: bool = False
+
+
+# Without __init__ (core/builders.py): one result per append of every commit,
+# and the appends and results the commit chain decodes.
+build_append = frozen_builder(Append)
+build_append_result = frozen_builder(AppendResult)
 
 
 # --- reads ------------------------------------------------------------------

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
 
+from polyport.core.builders import frozen_builder
+
 # Each event in a stream's segment view is framed as a segment-wire EVENT
 # command: type (i32) + length (u32) + body.  Offsets count these bytes.
 SEGMENT_EVENT_HEADER_SIZE = 8
@@ -118,3 +120,10 @@ class RecordedEvent:
     @property
     def recorded_at_ms(self) -> int:
         return int(self.recorded_at.timestamp() * 1000)
+
+
+# Without __init__, for values already in the kept form (core/builders.py):
+# the commit chain's decoded events (headers frozen, bodies bytes, times UTC),
+# and every event read or fed live.
+build_event_data = frozen_builder(EventData)
+build_recorded_event = frozen_builder(RecordedEvent)

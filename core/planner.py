@@ -23,14 +23,18 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
-from polyport.core.builders import frozen_builder
-from polyport.core.commands import AnyVersion, Append, AppendResult, ExactVersion, NoStream
+from polyport.core.commands import (
+    AnyVersion,
+    Append,
+    AppendResult,
+    ExactVersion,
+    NoStream,
+    build_append_result,
+)
 from polyport.core.errors import Malformed, PolyportError, WrongExpectedVersion
 from polyport.core.events import RecordedEvent
 
 ONE_MICROSECOND = timedelta(microseconds=1)
-# One per append of every commit (core/builders.py says why).
-_build_result = frozen_builder(AppendResult)
 
 StreamKey = tuple[str, str]  # (context, stream)
 # An event id is unique within its context (its tenant), not across them.
@@ -80,7 +84,7 @@ class Planned(NamedTuple):
     def resolve(self, base: int, t0: datetime) -> AppendResult:
         if self.done is not None:
             return self.done
-        return _build_result(
+        return build_append_result(
             self.context, self.stream, self.first_version, self.last_version,
             base + self.first, base + self.last,
             t0 + (max(self.last, 1) - 1) * ONE_MICROSECOND, self.commit_id, self.idempotent,

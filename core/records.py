@@ -6,11 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from polyport.core.builders import frozen_builder
-from polyport.core.events import RecordedEvent
-
-# Once per event of every read (core/builders.py: 1.6 against 3.2 µs).
-_build_event = frozen_builder(RecordedEvent)
+from polyport.core.events import RecordedEvent, build_recorded_event
 
 
 def record_from_row(row: Mapping[str, Any]) -> RecordedEvent:
@@ -19,7 +15,8 @@ def record_from_row(row: Mapping[str, Any]) -> RecordedEvent:
         # Most events carry none: skip the parser for them.
         headers = {} if headers == "{}" else json.loads(headers)
     body = row["body"]
-    return _build_event(
+    # Without __init__: 1.6 against 3.2 µs, once per event of every read.
+    return build_recorded_event(
         row["position"],
         row["event_id"],
         row["context"],

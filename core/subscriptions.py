@@ -26,11 +26,10 @@ import asyncpg
 
 from polyport.core import sql
 from polyport.core.aio import wait_event
-from polyport.core.builders import frozen_builder
 from polyport.core.commands import Selector
 from polyport.core.db import driver_errors
 from polyport.core.errors import StorageUnavailable
-from polyport.core.events import RecordedEvent
+from polyport.core.events import RecordedEvent, build_recorded_event
 from polyport.core.health import Health
 from polyport.core.logs import RateLimitedLog
 from polyport.core.notify import new_notify_group
@@ -56,8 +55,6 @@ RECENT_BYTES = 8 << 20
 # What an event costs in the ring beyond its body (object, headers, strings).
 _RECENT_OVERHEAD = 256
 _ONE_MICROSECOND = timedelta(microseconds=1)
-# Once per committed event, in every process with live subscribers.
-_build_recorded = frozen_builder(RecordedEvent)
 
 
 class Subscription(BufferedReader):
@@ -474,7 +471,7 @@ def _recorded(position: int, recorded_at: datetime, r: tuple[Any, ...]) -> Recor
     (event_id, context, stream, version, type_, headers, body, content_type, client_time,
      origin, segment_offset) = r
     # Field order: RecordedEvent's (built without __init__, core/builders.py).
-    return _build_recorded(
+    return build_recorded_event(
         position, event_id, context, stream, version, type_, _jsonb_order(headers), body,
         content_type,
         # Stored as timestamptz: read back in UTC.

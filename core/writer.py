@@ -641,11 +641,11 @@ class Writer:
         doc: list[list[Any]] = []
         for r in rows:
             body = r[6]
+            size = len(body)
             bodies.append(body)
             doc.append([r[0].hex, r[1], r[2], r[3], r[4], r[5], r[7],
-                        None if r[8] is None else r[8].isoformat(), r[9], r[10], offset,
-                        len(body)])
-            offset += len(body)
+                        None if r[8] is None else r[8].isoformat(), r[9], r[10], offset, size])
+            offset += size
         document = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
         args: list[Any] = [len(rows), document, b"".join(bodies)]
         # Planned as new from the cache; one that exists after all conflicts

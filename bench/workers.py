@@ -25,7 +25,7 @@ import shutil
 import statistics
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
@@ -47,6 +47,7 @@ from bench.peers import (
     say,
     w1,
 )
+from bench.processes import ProcessMeter, ProcessShare, appended, roles
 from polyport.gateway.config import CPU_SCHEDULINGS, GatewayConfig
 from polyport.gateway.process.supervisor import chain_mode
 
@@ -86,6 +87,8 @@ class Run:
     setup: Setup
     events: float
     cores: dict[str, float]
+    # With several workers: each gateway process's share (bench/processes.py).
+    processes: list[ProcessShare] = field(default_factory=list)
 
     @property
     def total(self) -> float:
@@ -101,12 +104,25 @@ def plan_setups(workers: list[int], chain: str, schedulings: list[str]) -> list[
 
 def _median(runs: list[Run]) -> Run:
     first = runs[0]
+    by_role: dict[str, list[tuple[ProcessShare, float]]] = {}
+    for r in runs:
+        for ps in r.processes:
+            by_role.setdefault(ps.role, []).append((ps, r.events))
     return Run(
         first.protocol, first.setup,
         statistics.median(r.events for r in runs),
         {k: statistics.median(r.cores.get(k, 0.0) for r in runs)
          for k in ("gateway", "pg", "client", "chain")},
+        [_median_share(role, got) for role, got in sorted(by_role.items())],
     )
+
+
+def _median_share(role: str, got: list[tuple[ProcessShare, float]]) -> ProcessShare:
+    """Medians of one process role's runs; its CPU per event of its own is
+    kept as the median of each run's, through the cores."""
+    med = statistics.median
+    return ProcessShare(role, med(p.events for p, _ in got), med(p.cores for p, _ in got),
+                        med(p.voluntary for p, _ in got), med(p.involuntary for p, _ in got))
 
 
 async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[str],
@@ -122,14 +138,21 @@ async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[st
     roots.gateway = gateway.pid
     env = Env("", gateway, None, zmq_ctx, roots, args.client_processes)
     runs: list[Run] = []
+    # Each worker's /status socket (gateway/process/workers.py).
+    run_dir = gateway.data_dir / "workers" / str(gateway.pid)
     try:
         for p in protocols:
-            meter = Meter(roots)
+            processes = roles(gateway.pid, setup.mode == "worker", workers)
+            meter = ProcessMeter(roots, processes) if workers > 1 else Meter(roots)
+            shares: list[ProcessShare] = []
             async with asyncio.timeout(2 * args.seconds + 300):
                 # A short warm-up: connections, prepared statements, caches.
                 await w1(env, Meter(roots), p, args.publishers, min(1.0, args.seconds))
+                before = await appended(run_dir, p) if workers > 1 else {}
                 got = await w1(env, meter, p, args.publishers, args.seconds)
-            runs.append(Run(p, setup, got, meter.cores))
+                if isinstance(meter, ProcessMeter):
+                    shares = meter.shares(before, await appended(run_dir, p), got)
+            runs.append(Run(p, setup, got, meter.cores, shares))
             say(f"  [{label}] {p}, --workers {setup.label}: {got:,.0f} events/s (cores: gateway "
                 f"{meter.cores['gateway']:.2f}, PostgreSQL {meter.cores['pg']:.2f}, client "
                 f"{meter.cores['client']:.2f})")
@@ -178,6 +201,27 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
           "ev/s: events/s it could carry at one full core with that CPU per event")
     print(f"  ceiling: {cpus} cores / total cores at --workers {first.label}: the most "
           "any number of workers could reach here if they cost no extra CPU per event")
+    _process_table(rows, args)
+
+
+def _process_table(rows: list[Run], args: argparse.Namespace) -> None:
+    """Each gateway process of the runs with several workers."""
+    split = [r for r in rows if r.processes]
+    if not split:
+        return
+    print(f"\nEach process of the gateway (median of {args.repeat} run(s))")
+    print(f"  {'protocol':<15} {'workers':>16} {'process':<17} {'events':>7} {'cores':>6} "
+          f"{'us CPU':>7} {'waits':>6} {'preempted':>9}")
+    print(f"  {'':<15} {'':>16} {'':<17} {'':>7} {'':>6} {'/event':>7} {'/event':>6} "
+          f"{'/event':>9}")
+    for r in split:
+        for ps in r.processes:
+            print(f"  {r.protocol:<15} {r.setup.label:>16} {ps.role:<17} {ps.events:>7.0%} "
+                  f"{ps.cores:>6.2f} {ps.us_per_event(r.events):>7.0f} {ps.voluntary:>6.2f} "
+                  f"{ps.involuntary:>9.2f}")
+    print("  events: the process's share of the events (each worker's own /status; the chain "
+          "process commits every event); us CPU, waits (voluntary context switches) and "
+          "preempted (involuntary ones): per event of its own")
 
 
 async def run(args: argparse.Namespace) -> int:

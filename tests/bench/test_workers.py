@@ -37,6 +37,27 @@ def test_workers_bench_prints_every_chain_mode_with_ratio_and_ceiling() -> None:
     assert float(chain[8].replace(",", "")) > 0  # and what it could carry
     assert float(one[0]) > 0  # gateway cores were read at all
 
+    # Each process of the runs with two workers: its share of the events
+    # (from each worker's own /status), cores and CPU per event of its own.
+    procs: dict[tuple[str, str], list[str]] = {
+        (m.group(1), m.group(2)): m.group(3).split()
+        for m in re.finditer(r"^  bson +(2 own|2 chain|2 hosted) (worker \d(?: \+ chain)?|chain)"
+                             r" +(.*)$", done.stdout, re.M)
+    }
+    assert set(procs) == {("2 own", "worker 0"), ("2 own", "worker 1"),
+                          ("2 chain", "chain"), ("2 chain", "worker 0"),
+                          ("2 chain", "worker 1"), ("2 hosted", "worker 0"),
+                          ("2 hosted", "worker 1 + chain")}, done.stdout
+    assert procs[("2 chain", "chain")][0] == "100%"
+    for label in ("2 own", "2 chain", "2 hosted"):
+        workers = [v for (lb, role), v in procs.items() if lb == label and role != "chain"]
+        shares = [int(v[0].rstrip("%")) for v in workers]
+        assert 99 <= sum(shares) <= 101, (label, done.stdout)  # every event counted once
+        # cores, us CPU, waits, preempted; four publishers may all land on
+        # one worker (SO_REUSEPORT hashes them), leaving the other idle.
+        assert all(len(v) == 5 and float(v[1]) >= 0 for v in workers), done.stdout
+        assert any(float(v[1]) > 0 for v in workers), done.stdout
+
 
 def test_a_bad_worker_list_is_one_line() -> None:
     done = bench("workers", "--workers", "1,1", timeout=60)

@@ -54,7 +54,10 @@ class ProcessShare:
 
 
 def roles(root: int, hosted_chain: bool, workers: int) -> dict[int, str]:
-    """pid -> role, for every worker and chain process under ``root``."""
+    """pid -> role, for every worker and chain process under ``root`` (with
+    one worker, ``root`` is that worker: ``serve`` without a supervisor)."""
+    if workers == 1:
+        return {root: "worker 0"}
     out: dict[int, str] = {}
     for pid in _tree(root, _proc_table()):
         try:
@@ -136,12 +139,15 @@ class ProcessMeter(Meter):
         the measurement and the events acknowledged in it (``events``/s)."""
         delta = {pid: after.get(pid, 0) - before.get(pid, 0) for pid in after}
         total = sum(delta.values())
+        alone = sum(1 for role in self.processes.values() if role != CHAIN) == 1
         out = []
         for pid, role in sorted(self.processes.items(), key=lambda kv: kv[1]):
             u = self.usage.get(pid)
             if u is None:
                 continue
-            share = 1.0 if role == CHAIN else (delta.get(pid, 0) / total if total else 0.0)
+            # The chain process, and a worker alone, see every event.
+            whole = role == CHAIN or alone
+            share = 1.0 if whole else (delta.get(pid, 0) / total if total else 0.0)
             own = events * self.wall * share
             out.append(ProcessShare(
                 role, share, u.cpu / self.wall if self.wall else 0.0,

@@ -104,10 +104,10 @@ def plan_setups(workers: list[int], chain: str, schedulings: list[str]) -> list[
 
 def _median(runs: list[Run]) -> Run:
     first = runs[0]
-    by_role: dict[str, list[tuple[ProcessShare, float]]] = {}
+    by_role: dict[str, list[ProcessShare]] = {}
     for r in runs:
         for ps in r.processes:
-            by_role.setdefault(ps.role, []).append((ps, r.events))
+            by_role.setdefault(ps.role, []).append(ps)
     return Run(
         first.protocol, first.setup,
         statistics.median(r.events for r in runs),
@@ -117,12 +117,11 @@ def _median(runs: list[Run]) -> Run:
     )
 
 
-def _median_share(role: str, got: list[tuple[ProcessShare, float]]) -> ProcessShare:
-    """Medians of one process role's runs; its CPU per event of its own is
-    kept as the median of each run's, through the cores."""
+def _median_share(role: str, got: list[ProcessShare]) -> ProcessShare:
+    """One process role's runs, field by field."""
     med = statistics.median
-    return ProcessShare(role, med(p.events for p, _ in got), med(p.cores for p, _ in got),
-                        med(p.voluntary for p, _ in got), med(p.involuntary for p, _ in got))
+    return ProcessShare(role, med(p.events for p in got), med(p.cores for p in got),
+                        med(p.voluntary for p in got), med(p.involuntary for p in got))
 
 
 async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[str],
@@ -142,16 +141,14 @@ async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[st
     run_dir = gateway.data_dir / "workers" / str(gateway.pid)
     try:
         for p in protocols:
-            processes = roles(gateway.pid, setup.mode == "worker", workers)
-            meter = ProcessMeter(roots, processes) if workers > 1 else Meter(roots)
-            shares: list[ProcessShare] = []
+            meter = ProcessMeter(roots, roles(gateway.pid, setup.mode == "worker", workers))
             async with asyncio.timeout(2 * args.seconds + 300):
                 # A short warm-up: connections, prepared statements, caches.
                 await w1(env, Meter(roots), p, args.publishers, min(1.0, args.seconds))
                 before = await appended(run_dir, p) if workers > 1 else {}
                 got = await w1(env, meter, p, args.publishers, args.seconds)
-                if isinstance(meter, ProcessMeter):
-                    shares = meter.shares(before, await appended(run_dir, p), got)
+                after = await appended(run_dir, p) if workers > 1 else {}
+                shares = meter.shares(before, after, got)
             runs.append(Run(p, setup, got, meter.cores, shares))
             say(f"  [{label}] {p}, --workers {setup.label}: {got:,.0f} events/s (cores: gateway "
                 f"{meter.cores['gateway']:.2f}, PostgreSQL {meter.cores['pg']:.2f}, client "
@@ -205,7 +202,7 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
 
 
 def _process_table(rows: list[Run], args: argparse.Namespace) -> None:
-    """Each gateway process of the runs with several workers."""
+    """Each gateway process of every run."""
     split = [r for r in rows if r.processes]
     if not split:
         return

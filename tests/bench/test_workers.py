@@ -41,14 +41,15 @@ def test_workers_bench_prints_every_chain_mode_with_ratio_and_ceiling() -> None:
     # (from each worker's own /status), cores and CPU per event of its own.
     procs: dict[tuple[str, str], list[str]] = {
         (m.group(1), m.group(2)): m.group(3).split()
-        for m in re.finditer(r"^  bson +(2 own|2 chain|2 hosted) (worker \d(?: \+ chain)?|chain)"
+        for m in re.finditer(r"^  bson +(1|2 own|2 chain|2 hosted) (worker \d(?: \+ chain)?|chain)"
                              r" +(.*)$", done.stdout, re.M)
     }
-    assert set(procs) == {("2 own", "worker 0"), ("2 own", "worker 1"),
+    assert set(procs) == {("1", "worker 0"), ("2 own", "worker 0"), ("2 own", "worker 1"),
                           ("2 chain", "chain"), ("2 chain", "worker 0"),
                           ("2 chain", "worker 1"), ("2 hosted", "worker 0"),
                           ("2 hosted", "worker 1 + chain")}, done.stdout
     assert procs[("2 chain", "chain")][0] == "100%"
+    assert procs[("1", "worker 0")][0] == "100%" and float(procs[("1", "worker 0")][1]) > 0
     for label in ("2 own", "2 chain", "2 hosted"):
         workers = [v for (lb, role), v in procs.items() if lb == label and role != "chain"]
         shares = [int(v[0].rstrip("%")) for v in workers]

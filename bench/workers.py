@@ -87,7 +87,7 @@ class Run:
     setup: Setup
     events: float
     cores: dict[str, float]
-    # With several workers: each gateway process's share (bench/processes.py).
+    # Each gateway process's share of the run (bench/processes.py).
     processes: list[ProcessShare] = field(default_factory=list)
 
     @property

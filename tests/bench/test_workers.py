@@ -37,8 +37,8 @@ def test_workers_bench_prints_every_chain_mode_with_ratio_and_ceiling() -> None:
     assert float(chain[8].replace(",", "")) > 0  # and what it could carry
     assert float(one[0]) > 0  # gateway cores were read at all
 
-    # Each process of the runs with two workers: its share of the events
-    # (from each worker's own /status), cores and CPU per event of its own.
+    # Each process of every run: its share of the events (from each
+    # worker's own /status), cores and CPU per event of its own.
     procs: dict[tuple[str, str], list[str]] = {
         (m.group(1), m.group(2)): m.group(3).split()
         for m in re.finditer(r"^  bson +(1|2 own|2 chain|2 hosted) (worker \d(?: \+ chain)?|chain)"

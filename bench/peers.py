@@ -160,14 +160,19 @@ def _proc_table() -> dict[int, tuple[int, float]]:
                 raw = f.read()
         except OSError:
             continue  # gone meanwhile
-        # Fields after the command name (which may hold spaces and parentheses).
-        rest = raw[raw.rindex(b")") + 2:].split()
-        ppid = int(rest[1])
-        utime, stime, cutime, cstime = (int(x) for x in rest[11:15])
-        # A child's time moves into its parent's cutime/cstime when it is
-        # reaped: counting both keeps a tree's total steady across exits.
-        out[int(name)] = (ppid, (utime + stime + cutime + cstime) / TICK)
+        out[int(name)] = parse_stat(raw)
     return out
+
+
+def parse_stat(raw: bytes) -> tuple[int, float]:
+    """(parent pid, CPU seconds of the process and its reaped children) from
+    the text of ``/proc/PID/stat``."""
+    # Fields after the command name (which may hold spaces and parentheses).
+    rest = raw[raw.rindex(b")") + 2:].split()
+    utime, stime, cutime, cstime = (int(x) for x in rest[11:15])
+    # A child's time moves into its parent's cutime/cstime when it is
+    # reaped: counting both keeps a tree's total steady across exits.
+    return int(rest[1]), (utime + stime + cutime + cstime) / TICK
 
 
 def _tree(root: int, table: dict[int, tuple[int, float]]) -> list[int]:

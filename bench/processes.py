@@ -22,7 +22,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.peers import TICK, Meter, Roots, _proc_table, _tree
+from bench.peers import Meter, Roots, _proc_table, _tree, parse_stat
 
 WORKER_MODULE = b"polyport.gateway.process.worker"
 CHAIN_MODULE = b"polyport.gateway.process.chain"
@@ -75,9 +75,7 @@ def roles(root: int, hosted_chain: bool, workers: int) -> dict[int, str]:
 
 def usage(pid: int) -> Usage | None:
     try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-        rest = raw[raw.rindex(b")") + 2:].split()
-        cpu = (int(rest[11]) + int(rest[12])) / TICK
+        _ppid, cpu = parse_stat(Path(f"/proc/{pid}/stat").read_bytes())
         voluntary = involuntary = 0
         for task in os.listdir(f"/proc/{pid}/task"):
             status = Path(f"/proc/{pid}/task/{task}/status").read_text()

@@ -230,10 +230,14 @@ class Roots:
         return out
 
 
+# The commit chain process's module, as its command line names it.
+CHAIN_MODULE = b"polyport.gateway.process.chain"
+
+
 def _is_chain(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"polyport.gateway.process.chain" in f.read()
+            return CHAIN_MODULE in f.read()
     except OSError:
         return False
 

@@ -22,10 +22,9 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.peers import Meter, Roots, _proc_table, _tree, parse_stat
+from bench.peers import CHAIN_MODULE, Meter, Roots, _proc_table, _tree, parse_stat
 
 WORKER_MODULE = b"polyport.gateway.process.worker"
-CHAIN_MODULE = b"polyport.gateway.process.chain"
 CHAIN = "chain"
 
 

@@ -19,6 +19,7 @@ what a client sends is built through ``__init__``.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -52,3 +53,28 @@ def frozen_builder(cls: type[T]) -> Callable[..., T]:
     build: Callable[..., T] = namespace["build"]
     build.__qualname__ = build.__name__ = f"build_{cls.__name__}"
     return build
+
+
+_new = object.__new__
+_UUID = uuid.UUID
+# The slot descriptors themselves (UUID's own __setattr__ refuses).
+_set_uuid_int = vars(uuid.UUID)["int"].__set__
+_set_uuid_safe = vars(uuid.UUID)["is_safe"].__set__
+_UNKNOWN = uuid.SafeUUID.unknown
+
+
+def uuid_from_int(value: int) -> uuid.UUID:
+    """``uuid.UUID(int=value)`` for a ``value`` known to be in range, through
+    the slots' own descriptors: 0.4 against 0.9 µs on the 2-core machine.
+    Once per event id the commit chain decodes, and per id a worker
+    generates (core.events.new_event_id)."""
+    u = _new(_UUID)
+    _set_uuid_int(u, value)
+    _set_uuid_safe(u, _UNKNOWN)
+    return u
+
+
+def uuid_from_bytes(value: bytes) -> uuid.UUID:
+    """``uuid.UUID(bytes=value)`` for 16 bytes another process of this
+    gateway packed (a UUID's ``.bytes``): no length check."""
+    return uuid_from_int(int.from_bytes(value))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
 
-from polyport.core.builders import frozen_builder
+from polyport.core.builders import frozen_builder, uuid_from_int
 
 # Each event in a stream's segment view is framed as a segment-wire EVENT
 # command: type (i32) + length (u32) + body.  Offsets count these bytes.
@@ -47,7 +47,7 @@ class _RandomIds:
             start = self._taken
             self._taken = start + 16
             chunk = self._random[start:start + 16]
-        return uuid.UUID(int=(int.from_bytes(chunk) & _V4_MASK) | _V4_BITS)
+        return uuid_from_int((int.from_bytes(chunk) & _V4_MASK) | _V4_BITS)
 
     def forget(self) -> None:
         self._random = b""

@@ -17,6 +17,7 @@ under the head lock.  This module is its hot path: keep per-event work out.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -236,11 +237,12 @@ def _plan_append(
                 offset,
             )
         )
-        seen[(context, event_id)] = _Earlier(event_id, context, stream, version, index)
+        seen[(context, event_id)] = _new_earlier((event_id, context, stream, version, index))
         added.append((context, event_id))
         offset += e.segment_size
     st.last_version, st.segment_length = version, offset
-    return Planned(context, stream, first_version, version, first_index, index, commit_id)
+    return _new_planned(
+        (context, stream, first_version, version, first_index, index, commit_id, None, False))
 
 
 def _one_per_stream(
@@ -265,6 +267,13 @@ class _Earlier(NamedTuple):
     stream: str
     version: int
     position: int
+
+
+# A NamedTuple's constructor is a Python function (a lambda that calls
+# tuple.__new__); on the hot path, with every field given, call tuple.__new__
+# directly: one Planned per append and one _Earlier per event.
+_new_planned = functools.partial(tuple.__new__, Planned)
+_new_earlier = functools.partial(tuple.__new__, _Earlier)
 
 
 def _check_expected(a: Append, current: int) -> WrongExpectedVersion | None:

@@ -63,7 +63,7 @@ class WriterLimits:
     events: EventLimits = field(default_factory=EventLimits)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     appends: tuple[Append, ...]
     future: asyncio.Future[list[AppendResult]]

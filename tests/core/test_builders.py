@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from polyport.core.builders import frozen_builder
+from polyport.core.builders import frozen_builder, uuid_from_bytes, uuid_from_int
 from polyport.core.chain import decode_append, encode_append
 from polyport.core.commands import Append, AppendResult
 from polyport.core.events import EventData, RecordedEvent
@@ -25,6 +25,16 @@ def test_an_append_result_equals_one_built_by_init(values: tuple[object, ...]) -
     assert built == AppendResult(*values)  # type: ignore[arg-type]
     assert hash(built) == hash(AppendResult(*values))  # type: ignore[arg-type]
     assert dataclasses.astuple(built) == values
+
+
+@given(st.uuids())
+def test_a_uuid_built_from_its_bytes_or_int_is_the_same_uuid(u: uuid.UUID) -> None:
+    for built in (uuid_from_bytes(u.bytes), uuid_from_int(u.int)):
+        assert built == u and hash(built) == hash(u) and str(built) == str(u)
+        assert built.version == u.version and built.is_safe is uuid.SafeUUID.unknown
+        assert {built: 1}[u] == 1
+        with pytest.raises(TypeError):
+            built.int = 0  # type: ignore[misc]
 
 
 def test_a_recorded_event_equals_one_built_by_init_and_stays_frozen() -> None:

@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+import orjson
 
 from polyport.core import sql
 from polyport.core.commands import Append, AppendResult
@@ -643,10 +644,12 @@ class Writer:
             body = r[6]
             size = len(body)
             bodies.append(body)
-            doc.append([r[0].hex, r[1], r[2], r[3], r[4], r[5], r[7],
-                        None if r[8] is None else r[8].isoformat(), r[9], r[10], offset, size])
+            # orjson writes the event id (a UUID) and the client time (an
+            # aware datetime, RFC 3339) in forms the statement's casts read.
+            doc.append([r[0], r[1], r[2], r[3], r[4], r[5], r[7], r[8], r[9], r[10],
+                        offset, size])
             offset += size
-        document = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+        document = orjson.dumps(doc).decode()
         args: list[Any] = [len(rows), document, b"".join(bodies)]
         # Planned as new from the cache; one that exists after all conflicts
         # harmlessly here (and its events' versions do not, see FAST_APPEND).

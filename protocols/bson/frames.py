@@ -8,9 +8,10 @@ classes themselves stay plain values.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from polyport.protocols.enums import IdentityEnum
 
 DEFAULT_PORT = 7451
 PROTOCOL = "bson"
@@ -56,7 +57,7 @@ QUERYACK = "QUERYACK"
 PING = "PING"
 
 
-class Kind(enum.Enum):
+class Kind(IdentityEnum):
     """BSON element types a body field may hold."""
 
     STRING = "string"

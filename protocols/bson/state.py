@@ -10,7 +10,6 @@ goes to CONNECTED when ``ok`` is true and to CLOSED otherwise
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from polyport.protocols.bson.errors import RequestError
@@ -32,10 +31,11 @@ from polyport.protocols.bson.frames import (
     SUBSCRIBE,
     UNSUBSCRIBE,
 )
+from polyport.protocols.enums import IdentityEnum
 from polyport.protocols.errors import MALFORMED, NOT_FOUND
 
 
-class State(enum.Enum):
+class State(IdentityEnum):
     AWAIT_CONNECT = "AWAIT_CONNECT"
     # CONNECT seen (server) or sent (client); the verdict RESPONSE is awaited.
     CONNECTING = "CONNECTING"

@@ -11,12 +11,11 @@ send an ERROR frame explaining why.
 
 from __future__ import annotations
 
-import enum
-
+from polyport.protocols.enums import IdentityEnum
 from polyport.protocols.micromsg2.frames import Ack, Command, Error, Extension, Handshake, Message
 
 
-class State(enum.Enum):
+class State(IdentityEnum):
     # server
     AWAIT_HELLO = "await_hello"
     HELLO_RECEIVED = "hello_received"
@@ -30,7 +29,7 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-class Direction(enum.Enum):
+class Direction(IdentityEnum):
     RECEIVE = "receive"
     SEND = "send"
 

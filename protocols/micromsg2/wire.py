@@ -15,11 +15,11 @@ decoders RemoteProtocolError (the peer's bytes are wrong).
 
 from __future__ import annotations
 
-import enum
 import struct
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from polyport.protocols.enums import IdentityEnum
 from polyport.protocols.errors import TOO_LARGE
 from polyport.protocols.micromsg2.errors import LocalProtocolError, RemoteProtocolError, as_local
 from polyport.protocols.micromsg2.filters import decode_properties, encode_properties
@@ -56,7 +56,7 @@ _U32 = struct.Struct(">I")
 _HANDSHAKE_HEAD = struct.Struct(">BBBB")  # major, minor, flags, identity length
 
 
-class Kind(enum.Enum):
+class Kind(IdentityEnum):
     MESSAGE = 0
     COMMAND = FLAG_COMMAND
     EXTENSION = FLAG_EXTENSION

@@ -26,8 +26,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from polyport.protocols.enums import IdentityEnum
 
-class ConnectionState(enum.Enum):
+
+class ConnectionState(IdentityEnum):
     AWAITING_SETUP = "awaiting_setup"
     OPEN = "open"
     # We found the peer at fault (RemoteProtocolError raised): only ERROR on
@@ -36,7 +38,7 @@ class ConnectionState(enum.Enum):
     CLOSED = "closed"
 
 
-class Phase(enum.Enum):
+class Phase(IdentityEnum):
     CLOSED = "closed"
     # responder
     RECEIVING_REQUEST = "receiving_request"  # request fragments arriving
@@ -56,7 +58,7 @@ class Phase(enum.Enum):
     ABANDONED = "abandoned"  # the stream must be answered with CANCEL
 
 
-class Ev(enum.Enum):
+class Ev(IdentityEnum):
     # responder side
     RECV_REQUEST = "recv_request"  # a whole request
     RECV_REQUEST_BEGIN = "recv_request_begin"  # its first fragment
@@ -91,7 +93,7 @@ class Ev(enum.Enum):
     VIOLATION_MID_REQUEST = "violation_mid_request"
 
 
-class Action(enum.Enum):
+class Action(IdentityEnum):
     DELIVER = "deliver"
     DROP = "drop"
     REJECT = "reject"
@@ -108,7 +110,7 @@ Table = dict[tuple[K, Phase, Ev], Transition]
 CREDITED_KINDS = frozenset({"REQUEST_STREAM", "REQUEST_SUB", "REQUEST_CHANNEL"})
 
 
-class StreamKind(enum.Enum):
+class StreamKind(IdentityEnum):
     """Base of a version's kinds of stream (valued by its request frame types)."""
 
     @property

@@ -24,9 +24,9 @@ are about to send it, ``RemoteProtocolError`` when the peer sent it.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
+from polyport.protocols.enums import IdentityEnum
 from polyport.protocols.res01.errors import ProtocolError
 from polyport.protocols.res01.frames import (
     CMD_APPEND_COMMIT,
@@ -47,7 +47,7 @@ from polyport.protocols.res01.frames import (
 )
 
 
-class RequestState(enum.Enum):
+class RequestState(IdentityEnum):
     # Sent (client) or received (server); its final reply not given yet (an
     # FE may have had some of its EF: ``RequestProgress.replies`` counts them).
     PENDING = "PENDING"
@@ -60,7 +60,7 @@ class RequestState(enum.Enum):
     ABANDONED = "ABANDONED"
 
 
-class Event(enum.Enum):
+class Event(IdentityEnum):
     # A reply after which more are due: an EF that is not the last.
     PART = "PART"
     # The reply that ends the request: its only or last reply, or an ER.

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from enum import Enum
 
+from polyport.protocols.enums import IdentityEnum
 from polyport.protocols.errors import TOO_LARGE
 from polyport.protocols.segment.errors import RemoteProtocolError
 from polyport.protocols.segment.frames import (
@@ -78,14 +78,14 @@ class BlockEvents:
         return tuple(kept)
 
 
-class BlockState(Enum):
+class BlockState(IdentityEnum):
     IDLE = "idle"  # between blocks
     IN_BLOCK = "in block"  # after BeginAppendBlock, no partial message open
     IN_BLOCK_PARTIAL = "in block, partial message open"
     SPLIT_PENDING = "after EndAppendBlock, split event not complete"
 
 
-class Input(Enum):
+class Input(IdentityEnum):
     SETUP_APPEND = "SetupAppend"
     READ_SEGMENT = "ReadSegment"
     KEEP_ALIVE = "KeepAlive"

@@ -361,6 +361,12 @@ class Writer:
                 fut = p.future
                 if fut.done():
                     continue
+                if p.on_settle is not None:
+                    # Told just below, in this turn.  Its done-callback (the
+                    # catch-all for outcomes settled elsewhere) would only cost
+                    # a callback on the loop, one per unit the chain commits,
+                    # that finds it told.
+                    fut.remove_done_callback(p.tell)
                 if isinstance(outcome, PolyportError):
                     fut.set_exception(outcome)
                 else:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every bench issue 26 (scale across cores) asks for, in one go, for a session
-# lent a 16-core machine (DEVELOPERS.md): ../shared/tools/offline-pack here,
-# then the device tool's run with carry [".devbench"] and
+# lent a 16-core machine (DEVELOPERS.md): ../shared/tools/offline-pack orjson
+# here (orjson is a runtime dependency the pack's own list lacks), then the
+# device tool's run with carry [".devbench"] and
 #   bash .devbench/run 'bash bench/device.sh'
 # Each bench writes its output to $OUT/<name>.txt as it goes (a run cut short
 # still brings back what finished); about 9.5 minutes on 16 cores.

@@ -89,6 +89,7 @@ from polyport.core.writer import (
     WriterLimits,
     WriterStats,
     admit,
+    build_submitted_append,
     unconfirmed,
 )
 
@@ -118,7 +119,9 @@ def _us(t: datetime) -> int:
 
 
 def _time(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
+    # timedelta's keyword arguments cost as much again as the rest: 0.5
+    # against 1.1 us, once per result a worker decodes.
+    return _EPOCH + timedelta(0, 0, us)
 
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
@@ -369,7 +372,7 @@ class CommitChain:
 # --- a worker's side --------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class _Unit:
     appends: tuple[Append, ...]
     future: asyncio.Future[list[AppendResult]]
@@ -517,7 +520,7 @@ class ChainClient:
                         unit.future.set_result(decode_results(msg[2]))
                     else:
                         unit.future.set_exception(decode_failure(msg[2], msg[3], msg[4]))
-                settled.append(SubmittedAppend(
+                settled.append(build_submitted_append(
                     unit.appends[0].origin if unit.appends else "core", unit.events,
                     now - unit.queued_at, ok))
             if settled and self._observer is not None:

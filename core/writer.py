@@ -26,6 +26,7 @@ import asyncpg
 import orjson
 
 from polyport.core import sql
+from polyport.core.builders import frozen_builder
 from polyport.core.commands import Append, AppendResult
 from polyport.core.errors import (
     Busy,
@@ -96,6 +97,10 @@ class SubmittedAppend:
     events: int
     seconds: float  # from submit to the outcome
     ok: bool
+
+
+# One per unit a commit settles, from values of our own (core/builders.py).
+build_submitted_append = frozen_builder(SubmittedAppend)
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,7 +395,7 @@ class Writer:
     def _observe(self, batch: list[_Pending], events: int, elapsed: float, done: float) -> None:
         assert self.observer is not None
         units = tuple(
-            SubmittedAppend(
+            build_submitted_append(
                 p.appends[0].origin if p.appends else "core",
                 p.events,
                 done - p.queued_at,

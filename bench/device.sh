@@ -23,11 +23,14 @@ run() {
 
 nproc >"$out/machine.txt"; free -g >>"$out/machine.txt"; "$py" --version >>"$out/machine.txt" 2>&1
 
+# The commit chain alone, fed on its socket by 1, 2 and 4 feeder processes:
+# the ceiling of one chain process on this machine, measured, not inferred.
+run chain 60 chain --feeders 1,2,4 --seconds 4
 # W1 by worker count, each worker committing itself ("own", the design before
-# the commit chain) beside the chain process and the chain hosted by a
-# worker, 32 then 256 publishers (the default, auto, is the process there).
-run workers-32 200 workers --workers 1,2,4,8 --protocols bson,micromsg2 --seconds 4 --repeat 1 \
-  --chain all
+# the commit chain) beside the default (auto: a chain process there), 32
+# then 256 publishers.
+run workers-32 170 workers --workers 1,2,4,8 --protocols bson,micromsg2 --seconds 4 --repeat 1 \
+  --chain both
 run workers-256 150 workers --workers 1,4,8 --protocols bson,micromsg2 --publishers 256 \
   --seconds 4 --repeat 1 --chain on
 # The peers (raw PostgreSQL, NATS JetStream) and polyport at its best worker

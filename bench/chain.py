@@ -35,7 +35,6 @@ import msgpack
 
 from bench.common import bench_cluster, fresh_database
 from bench.peers import (
-    REPO,
     BenchError,
     Meter,
     Roots,
@@ -45,7 +44,7 @@ from bench.peers import (
     run_command,
     say,
 )
-from bench.spread import _line, _say
+from bench.spread import Children, _say
 from polyport.core.chain import APPEND, FAILED, RESULT, encode_append
 from polyport.core.commands import Append
 from polyport.core.events import EventData
@@ -90,39 +89,19 @@ async def _feed(pg_url: str, pg_pid: int, root: Path, args: argparse.Namespace) 
 async def _one_run(socket: Path, n: int, args: argparse.Namespace, roots: Roots) -> Run:
     spec = {"socket": str(socket), "outstanding": args.outstanding, "events": args.events,
             "seconds": args.seconds}
-    children: list[asyncio.subprocess.Process] = []
+    children = Children("bench.chain", "feeder")
     meter = Meter(roots)
     try:
-        for i in range(n):
-            child = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bench.chain", stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, cwd=REPO)
-            assert child.stdin is not None
-            child.stdin.write((json.dumps({**spec, "index": i}) + "\n").encode())
-            await child.stdin.drain()
-            children.append(child)
-        for child in children:  # connected
-            ready = await _line(child)
-            if ready.get("error"):
-                raise BenchError(f"feeder: {ready['error']}")
-        for child in children:
-            assert child.stdin is not None
-            child.stdin.write(b"go\n")
-            await child.stdin.drain()
+        await children.start([{**spec, "index": i} for i in range(n)])
+        await children.go()
         await asyncio.sleep(WARMUP_SECONDS)
         meter.start()
         await asyncio.sleep(args.seconds)
         meter.stop()
         async with asyncio.timeout(args.seconds + 60):
-            done = [await _line(child) for child in children]
+            done = await children.results()
     finally:
-        for child in children:
-            if child.returncode is None:
-                child.kill()
-            await child.wait()
-    errors = [d["error"] for d in done if d.get("error")]
-    if errors:
-        raise BenchError(f"feeder: {errors[0]}")
+        await children.close()
     cores = dict(meter.cores)
     cores["feeders"] = sum(d["cpu"] for d in done) / args.seconds
     # The gateway's tree holds the chain and the two idle workers.

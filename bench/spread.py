@@ -44,39 +44,66 @@ async def w1_spread(env: Env, meter: Meter, system: str, n: int, seconds: float)
         "ports": {k: list(v) for k, v in env.gateway.ports.items()} if env.gateway else {},
         "nats": env.nats.url if env.nats is not None else None,
     }
-    children: list[asyncio.subprocess.Process] = []
+    children = Children("bench.spread", "client process")
     try:
-        for i, share in enumerate(shares):
-            child = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bench.spread", stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, cwd=REPO)
-            assert child.stdin is not None
-            child.stdin.write((json.dumps({**spec, "publishers": share, "index": i})
-                               + "\n").encode())
-            await child.stdin.drain()
-            children.append(child)
-        for child in children:  # connections open
-            line = await _line(child)
-            if line.get("error"):
-                raise BenchError(f"client process: {line['error']}")
+        await children.start([{**spec, "publishers": share, "index": i}
+                              for i, share in enumerate(shares)])
         meter.start()
-        for child in children:
-            assert child.stdin is not None
-            child.stdin.write(b"go\n")
-            await child.stdin.drain()
-        done = [await _line(child) for child in children]
+        await children.go()
+        done = await children.results()
         meter.stop()
     finally:
-        for child in children:
-            if child.returncode is None:
-                child.kill()
-            await child.wait()
-    errors = [d["error"] for d in done if d.get("error")]
-    if errors:
-        raise BenchError(f"client process: {errors[0]}")
+        await children.close()
     meter.cores["client"] = meter.cores.get("client", 0.0) + sum(
         d["cpu"] for d in done) / max(meter.wall, 1e-9)
     return float(sum(d["rate"] for d in done))
+
+
+class Children:
+    """Bench child processes (``python -m MODULE``), one JSON line at a time:
+    each gets its spec on stdin (never argv: it may hold a database URL),
+    answers ``ready`` (or an error), waits for ``go``, and ends with one
+    line of results (or an error)."""
+
+    def __init__(self, module: str, what: str) -> None:
+        self.module = module
+        self.what = what  # how errors name a child
+        self.procs: list[asyncio.subprocess.Process] = []
+
+    async def start(self, specs: list[dict[str, Any]]) -> None:
+        """One child per spec; returns once every one is ready."""
+        for spec in specs:
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", self.module, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, cwd=REPO)
+            self.procs.append(child)
+            assert child.stdin is not None
+            child.stdin.write((json.dumps(spec) + "\n").encode())
+            await child.stdin.drain()
+        for child in self.procs:
+            self._check(await _line(child))
+
+    async def go(self) -> None:
+        for child in self.procs:
+            assert child.stdin is not None
+            child.stdin.write(b"go\n")
+            await child.stdin.drain()
+
+    async def results(self) -> list[dict[str, Any]]:
+        done = [await _line(child) for child in self.procs]
+        for d in done:
+            self._check(d)
+        return done
+
+    async def close(self) -> None:
+        for child in self.procs:
+            if child.returncode is None:
+                child.kill()
+            await child.wait()
+
+    def _check(self, line: dict[str, Any]) -> None:
+        if line.get("error"):
+            raise BenchError(f"{self.what}: {line['error']}")
 
 
 async def _line(child: asyncio.subprocess.Process) -> dict[str, Any]:

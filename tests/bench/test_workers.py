@@ -12,7 +12,7 @@ from tests.bench.command import bench
 
 def test_workers_bench_prints_every_chain_mode_with_ratio_and_ceiling() -> None:
     done = bench("workers", "--seconds", "0.3", "--repeat", "1", "--protocols", "bson",
-                 "--publishers", "4", "--workers", "1,2", "--client-processes", "1",
+                 "--publishers", "4", "--workers", "1,2", "--client-processes", "2",
                  "--chain", "all")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stderr

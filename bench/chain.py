@@ -49,6 +49,7 @@ from polyport.core.chain import APPEND, FAILED, RESULT, encode_append
 from polyport.core.commands import Append
 from polyport.core.events import EventData
 from polyport.core.limits import EventLimits, check_appends
+from polyport.gateway.process.workers import chain_socket_path
 
 # A W1-sized event.
 BODY_BYTES = 100
@@ -71,7 +72,7 @@ async def _feed(pg_url: str, pg_pid: int, root: Path, args: argparse.Namespace) 
     gateway = ServeProcess(root / "gateway", pg_url, ["bson"], 2, "process")
     say("starting polyport serve --workers 2 (commit chain: process), its workers idle...")
     await gateway.start()
-    socket = gateway.data_dir / "workers" / str(gateway.pid) / "chain.sock"
+    socket = chain_socket_path(str(gateway.run_dir))
     runs: list[Run] = []
     try:
         for rep in range(args.repeat):

@@ -293,6 +293,12 @@ class ServeProcess:
         assert self.proc is not None
         return self.proc.pid
 
+    @property
+    def run_dir(self) -> Path:
+        """The supervisor's run directory (``--workers`` above one): the
+        workers' and the commit chain's unix sockets."""
+        return self.data_dir / "workers" / str(self.pid)
+
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ports = [a for n in DEFAULT_PORTS

@@ -138,7 +138,7 @@ async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[st
     env = Env("", gateway, None, zmq_ctx, roots, args.client_processes)
     runs: list[Run] = []
     # Each worker's /status socket (gateway/process/workers.py).
-    run_dir = gateway.data_dir / "workers" / str(gateway.pid)
+    run_dir = gateway.run_dir
     try:
         for p in protocols:
             meter = ProcessMeter(roots, roles(gateway.pid, setup.mode == "worker", workers))

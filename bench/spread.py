@@ -164,13 +164,13 @@ async def _child() -> int:
             pubs = await open_many(n, lambda i: open_publisher(env, system, f"{tag}-{i}"))
             closers = pubs
             ops = [p.publish for p in pubs]
-        _say({"ready": True})
+        tell_parent({"ready": True})
         await reader.readline()  # go
         meter = Meter(Roots())
         rate = await closed_loop(meter, ops, seconds)
-        _say({"rate": rate, "cpu": meter.cores["client"] * meter.wall})
+        tell_parent({"rate": rate, "cpu": meter.cores["client"] * meter.wall})
     except Exception as exc:  # noqa: BLE001 - reported to the parent in one line
-        _say({"error": one_line(exc)})
+        tell_parent({"error": one_line(exc)})
         return 1
     finally:
         await close_all(closers)
@@ -178,7 +178,8 @@ async def _child() -> int:
     return 0
 
 
-def _say(doc: dict[str, Any]) -> None:
+def tell_parent(doc: dict[str, Any]) -> None:
+    """A child's one line to :class:`Children` (ready, results or an error)."""
     sys.stdout.write(json.dumps(doc) + "\n")
     sys.stdout.flush()
 

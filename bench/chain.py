@@ -45,7 +45,7 @@ from bench.peers import (
     say,
 )
 from bench.spread import Children, tell_parent
-from polyport.core.chain import APPEND, FAILED, RESULT, encode_append
+from polyport.core.chain_wire import APPEND, FAILED, RESULT, encode_append
 from polyport.core.commands import Append
 from polyport.core.events import EventData
 from polyport.core.limits import EventLimits, check_appends

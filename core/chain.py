@@ -30,17 +30,10 @@ over a unix socket in the supervisor's run directory):
   The worker goes back to the chain only once its local writer is idle,
   so an append never overtakes one sent before it.
 
-The messages are MessagePack arrays; what one side has for the other in
-one event-loop turn travels as one array of them, one after another on the
-stream (the peers are processes of one gateway, behind a 0700 directory)::
-
-    worker -> chain   [APPEND, uid, [append, ...], size, cost]
-                                                        one unit (Append or AppendBatch),
-                                                        checked by the worker (core/limits.py)
-                      [FEED, wants_rows]                whether to send commits' rows
-    chain -> worker   [RESULT, uid, results]            the unit committed
-                      [FAILED, uid, code, message, n]   it failed (n: current version / reader)
-                      [COMMIT, base, t0, count, rows]   a commit, rows or nil
+The messages between them are core/chain_wire.py's.  The chain process's
+writer plans the common batch straight from the form the workers send
+(core/chain_writer.py); a worker hosting the chain decodes its peers' units
+into Appends for its own writer.
 """
 
 from __future__ import annotations
@@ -50,36 +43,33 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from types import MappingProxyType
+from datetime import datetime
 from typing import Any
 
 import msgpack
 
-from polyport.core.builders import uuid_from_bytes
-from polyport.core.commands import (
-    ANY,
-    NO_STREAM,
-    Append,
-    AppendResult,
-    ExactVersion,
-    Expected,
-    NoStream,
-    ProducerCheckpoint,
-    build_append,
-    build_append_result,
+from polyport.core.chain_wire import (
+    APPEND,
+    COMMIT,
+    FEED,
+    RESULT,
+    decode_append,
+    decode_failure,
+    decode_results,
+    decode_rows,
+    encode_append,
+    encode_failure,
+    encode_results,
+    encode_rows,
+    from_us,
+    unpacker,
+    us,
 )
-from polyport.core.errors import (
-    ERROR_BY_CODE,
-    Busy,
-    PolyportError,
-    StorageUnavailable,
-    Timeout,
-    WrongExpectedVersion,
-)
-from polyport.core.events import build_event_data
+from polyport.core.chain_writer import ChainWriter
+from polyport.core.commands import Append, AppendResult
+from polyport.core.errors import PolyportError, StorageUnavailable
 from polyport.core.health import Health
 from polyport.core.notify import Notifier, new_notify_group
 from polyport.core.writer import (
@@ -95,12 +85,6 @@ from polyport.core.writer import (
 
 log = logging.getLogger("polyport.chain")
 
-APPEND, FEED = 0, 1
-RESULT, FAILED, COMMIT = 0, 1, 2
-
-# A connection between processes of one gateway; large only because one
-# unit may be a whole 32 MiB batch.
-MAX_MESSAGE_BYTES = 64 << 20
 READ_CHUNK = 1 << 20
 # A worker that stops reading is dropped past this much unsent output (it
 # reconnects, and hands what it had in flight to its own writer).
@@ -109,101 +93,6 @@ RECONNECT_MIN = 0.05
 RECONNECT_MAX = 1.0
 
 Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_ONE_US = timedelta(microseconds=1)
-
-
-def _us(t: datetime) -> int:
-    return (t - _EPOCH) // _ONE_US
-
-
-def _time(us: int) -> datetime:
-    # timedelta's keyword arguments cost as much again as the rest: 0.5
-    # against 1.1 us, once per result a worker decodes.
-    return _EPOCH + timedelta(0, 0, us)
-
-
-_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
-
-
-# --- the wire ----------------------------------------------------------------------
-
-
-def encode_append(a: Append) -> list[Any]:
-    exp = a.expected
-    expected = -1 if exp is ANY else 0 if isinstance(exp, NoStream) else exp.next_version  # type: ignore[union-attr]
-    cp = a.producer_checkpoint
-    return [
-        a.context, a.stream, expected, a.origin,
-        None if cp is None else cp.producer_id.bytes, 0 if cp is None else cp.ack_level,
-        [[e.event_id.bytes, e.type, e.body, dict(e.headers) if e.headers else None,
-          e.content_type, None if e.client_time is None else _us(e.client_time)]
-         for e in a.events],
-    ]
-
-
-def decode_append(x: list[Any]) -> Append:
-    context, stream, expected, origin, cp_id, cp_level, events = x
-    exp: Expected = ANY if expected < 0 else NO_STREAM if expected == 0 else ExactVersion(expected)
-    return build_append(
-        context, stream,
-        tuple([
-            # EventData's __post_init__ is skipped: headers frozen here, the
-            # body is bytes (MessagePack bin), a client time is UTC (_time).
-            build_event_data(type_, body, uuid_from_bytes(eid),
-                             MappingProxyType(headers) if headers else _NO_HEADERS,
-                             content_type, None if ct is None else _time(ct))
-            for eid, type_, body, headers, content_type, ct in events
-        ]),
-        exp, origin,
-        None if cp_id is None else ProducerCheckpoint(uuid_from_bytes(cp_id), cp_level),
-    )
-
-
-def encode_results(results: Sequence[AppendResult]) -> list[Any]:
-    return [[r.context, r.stream, r.first_version, r.last_version, r.first_position,
-             r.last_position, _us(r.recorded_at), r.commit_id.bytes, r.idempotent]
-            for r in results]
-
-
-def decode_results(x: list[Any]) -> list[AppendResult]:
-    return [build_append_result(c, s, fv, lv, fp, lp, _time(at), uuid_from_bytes(cid), idem)
-            for c, s, fv, lv, fp, lp, at, cid, idem in x]
-
-
-def encode_failure(uid: int, err: PolyportError) -> list[Any]:
-    extra = 0
-    if isinstance(err, WrongExpectedVersion):
-        extra = err.current_version
-    elif isinstance(err, Busy | Timeout):
-        extra = int(err.reader)
-    return [FAILED, uid, err.code, err.message, extra]
-
-
-def decode_failure(code: str, message: str, extra: int) -> PolyportError:
-    if code == WrongExpectedVersion.code:
-        return WrongExpectedVersion(message, current_version=extra)
-    if code in (Busy.code, Timeout.code):
-        return ERROR_BY_CODE[code](message, reader=bool(extra))  # type: ignore[call-arg]
-    return ERROR_BY_CODE.get(code, PolyportError)(message)
-
-
-def encode_rows(rows: Sequence[tuple[Any, ...]]) -> list[Any]:
-    """The planner's row layout (see core/planner.py) for the wire."""
-    return [[r[0].bytes, r[1], r[2], r[3], r[4], r[5] or None, r[6], r[7],
-             None if r[8] is None else _us(r[8]), r[9], r[10]] for r in rows]
-
-
-def decode_rows(x: list[Any]) -> list[tuple[Any, ...]]:
-    return [(uuid_from_bytes(eid), c, s, v, t, h or {}, body, ct,
-             None if client is None else _time(client), origin, offset)
-            for eid, c, s, v, t, h, body, ct, client, origin, offset in x]
-
-
-def _unpacker() -> msgpack.Unpacker:
-    return msgpack.Unpacker(raw=False, max_buffer_size=MAX_MESSAGE_BYTES,
-                            strict_map_key=False)
 
 
 class _Outbox:
@@ -245,14 +134,18 @@ class _Peer:
         self.out = _Outbox(writer)
         self.wants_rows = False
 
-    def settled(self, uid: int, fut: asyncio.Future[list[AppendResult]]) -> None:
+    def settled(self, uid: int, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled():
             self.out.put(encode_failure(
                 uid, StorageUnavailable("the commit chain stopped before this append")))
             return
         exc = fut.exception()
         if exc is None:
-            self.out.put([RESULT, uid, encode_results(fut.result())])
+            results = fut.result()
+            # Already in the wire's form when the batch was planned from it.
+            if results and isinstance(results[0], AppendResult):
+                results = encode_results(results)
+            self.out.put([RESULT, uid, results])
         elif isinstance(exc, PolyportError):
             self.out.put(encode_failure(uid, exc))
         else:
@@ -268,8 +161,11 @@ class CommitChain:
         self.health = Health()
         self._peers: set[_Peer] = set()
         self._left = asyncio.Event()  # set when the last worker has left
+        self.writer: Writer
         if writer is None:
-            self.writer = Writer(dsn, limits, on_commit=self._committed, health=self.health)
+            self.writer = ChainWriter(
+                dsn, limits, on_commit=self._committed, on_wire_commit=self._committed_wire,
+                wants_rows=self._rows_wanted, health=self.health)
             # The workers' tailers listen in ``notify_group``: they hear of
             # every commit from this chain instead.
             self._notifier: Notifier | None = Notifier(
@@ -315,11 +211,11 @@ class CommitChain:
         """One worker's connection, until it closes."""
         peer = _Peer(writer)
         self._peers.add(peer)
-        unpacker = _unpacker()
+        unpack = unpacker()
         try:
             while data := await reader.read(READ_CHUNK):
-                unpacker.feed(data)
-                for msg in (m for batch in unpacker for m in batch):
+                unpack.feed(data)
+                for msg in (m for batch in unpack for m in batch):
                     if msg[0] == APPEND:
                         self._append(peer, msg[1], msg[2], (msg[3], msg[4]))
                     elif msg[0] == FEED:
@@ -342,8 +238,12 @@ class CommitChain:
             # The worker checked the limits (a process of the same gateway,
             # with the same configuration): not again here, on the one core
             # every commit goes through.
-            self.writer.enqueue([decode_append(a) for a in appends], checked, own=False,
-                                on_settle=functools.partial(peer.settled, uid))
+            on_settle = functools.partial(peer.settled, uid)
+            if isinstance(self.writer, ChainWriter):
+                self.writer.enqueue_wire(appends, checked, on_settle)
+            else:
+                self.writer.enqueue([decode_append(a) for a in appends], checked, own=False,
+                                    on_settle=on_settle)
         except PolyportError as exc:
             peer.out.put(encode_failure(uid, exc))
 
@@ -355,15 +255,33 @@ class CommitChain:
         if self._notifier is not None:
             self._notifier.committed(base + len(rows))
 
+    def _committed_wire(self, base: int, t0: int, n: int, rows: list[list[Any]] | None) -> None:
+        """:meth:`_committed` for a batch planned from the wire: ``t0`` in
+        µs, the rows already in the wire's layout when a worker wanted them
+        as the batch was planned."""
+        self.health.ok()
+        self._tell(base, t0, n, rows, None)
+        if self._notifier is not None:
+            self._notifier.committed(base + n)
+
+    def _rows_wanted(self) -> bool:
+        return any(peer.wants_rows for peer in self._peers)
+
     def tell_peers(self, base: int, t0: datetime, rows: list[tuple[Any, ...]]) -> None:
-        n = len(rows)
-        us = _us(t0)
-        head = [COMMIT, base, us, n, None]
+        self._tell(base, us(t0), len(rows), None, rows)
+
+    def _tell(self, base: int, t0: int, n: int, encoded: list[list[Any]] | None,
+              rows: list[tuple[Any, ...]] | None) -> None:
+        head = [COMMIT, base, t0, n, None]
         full: list[Any] | None = None
         for peer in self._peers:
             if peer.wants_rows:
                 if full is None:
-                    full = [COMMIT, base, us, n, encode_rows(rows)]
+                    if encoded is None and rows is not None:
+                        encoded = encode_rows(rows)
+                    # None: this worker asked for rows after the batch was
+                    # planned; its tailer reads this commit back instead.
+                    full = head if encoded is None else [COMMIT, base, t0, n, encoded]
                 peer.out.put(full)
             else:
                 peer.out.put(head)
@@ -499,12 +417,12 @@ class ChainClient:
                             "until it is back")
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
-        unpacker = _unpacker()
+        unpack = unpacker()
         while data := await reader.read(READ_CHUNK):
-            unpacker.feed(data)
+            unpack.feed(data)
             settled: list[SubmittedAppend] = []
             now = time.monotonic()
-            for msg in (m for batch in unpacker for m in batch):
+            for msg in (m for batch in unpack for m in batch):
                 kind = msg[0]
                 if kind == COMMIT:
                     self._commit(msg[1], msg[2], msg[3], msg[4])
@@ -517,7 +435,7 @@ class ChainClient:
                 ok = kind == RESULT
                 if not unit.future.done():
                     if ok:
-                        unit.future.set_result(decode_results(msg[2]))
+                        unit.future.set_result(decode_results(unit.appends, msg[2]))
                     else:
                         unit.future.set_exception(decode_failure(msg[2], msg[3], msg[4]))
                 settled.append(build_submitted_append(
@@ -538,7 +456,7 @@ class ChainClient:
             st.last_batch_size = n
             st.batch_sizes.append(n)
         try:
-            self._on_commit(base, _time(t0), n, None if rows is None else decode_rows(rows))
+            self._on_commit(base, from_us(t0), n, None if rows is None else decode_rows(rows))
         except Exception:  # the commit stands; the tailer reads it back
             log.exception("handling a commit of the chain failed")
 

@@ -671,9 +671,12 @@ DROP_BINDER = "DELETE FROM binders WHERE name = $1 RETURNING name"
 # checks against abstract classes each: 0.9 us of the writer's CPU per event,
 # measured on the 2-core machine, docs/performance.md, session 15).
 #   $1 number of events
-#   $2 [[event_id (32 hex digits), context, stream, version, type, headers{},
-#        content_type, client_time (ISO 8601) | null, origin, segment_offset,
-#        body offset in $3, body length], ...]
+#   $2 [[event_id (UUID text), type, headers{}, content_type,
+#        client_time (ISO 8601) | null, origin, context, stream, version,
+#        segment_offset, body offset in $3, body length], ...]
+#      (the fields that do not depend on where an event lands come first: a
+#      worker encodes them, the commit chain appends the rest, see
+#      core/chain_wire.py)
 #   $3 the bodies, one after another in the rows' order
 # and, in the variants that need them (a CTE costs its executor set-up even
 # when it has no rows, so the common case leaves them out):
@@ -695,10 +698,10 @@ WITH h AS (
 ins AS (
     INSERT INTO events (position, event_id, context, stream, version, type, headers, body,
                         content_type, client_time, recorded_at, origin, segment_offset)
-    SELECT h.base + k.i, (k.r->>0)::uuid, k.r->>1, k.r->>2, (k.r->>3)::bigint, k.r->>4,
-           k.r->5, substring($3::bytea FROM (k.r->>10)::int + 1 FOR (k.r->>11)::int),
-           k.r->>6, (k.r->>7)::timestamptz,
-           h.t0 + (k.i - 1) * interval '1 microsecond', k.r->>8, (k.r->>9)::bigint
+    SELECT h.base + k.i, (k.r->>0)::uuid, k.r->>6, k.r->>7, (k.r->>8)::bigint, k.r->>1,
+           k.r->2, substring($3::bytea FROM (k.r->>10)::int + 1 FOR (k.r->>11)::int),
+           k.r->>3, (k.r->>4)::timestamptz,
+           h.t0 + (k.i - 1) * interval '1 microsecond', k.r->>5, (k.r->>9)::bigint
     FROM h, jsonb_array_elements($2::jsonb) WITH ORDINALITY AS k(r, i)
 )"""]
     if new_streams:

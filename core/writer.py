@@ -66,9 +66,11 @@ class WriterLimits:
 
 
 @dataclass(slots=True)
-class _Pending:
+class Pending:
     appends: tuple[Append, ...]
-    future: asyncio.Future[list[AppendResult]]
+    # Its outcome: a list of AppendResult, or for a unit queued in its wire
+    # form, those results encoded for the wire (core/chain_writer.py).
+    future: asyncio.Future[Any]
     events: int
     size: int
     deadline: float
@@ -80,10 +82,13 @@ class _Pending:
     own: bool = True
     # Told of the outcome in the same event-loop turn as the future is
     # settled, once (see Writer.enqueue).
-    on_settle: Callable[[asyncio.Future[list[AppendResult]]], None] | None = None
+    on_settle: Callable[[asyncio.Future[Any]], None] | None = None
     told: bool = False
+    # The unit as a worker sent it to the commit chain (core/chain_wire.py),
+    # until something needs its Appends: ``appends`` is empty meanwhile.
+    wire: list[Any] | None = None
 
-    def tell(self, fut: asyncio.Future[list[AppendResult]]) -> None:
+    def tell(self, fut: asyncio.Future[Any]) -> None:
         if not self.told and self.on_settle is not None:
             self.told = True
             self.on_settle(fut)
@@ -123,6 +128,34 @@ class WriterStats:
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=256))
 
 
+@dataclass(slots=True)
+class FastPlan:
+    """A batch planned for the fast path: its one statement, the stream
+    states it leaves (remembered while it commits), and what settles its
+    units once it has (a :class:`~core.planner.Plan`, or a subclass's own)."""
+
+    statement: str
+    args: list[Any]
+    after: dict[tuple[str, str], StreamState]
+    plan: Any
+
+
+def fast_statement(
+    n: int, document: str, bodies: bytes, new: Sequence[tuple[str, str]],
+    cp_producers: list[Any], cp_contexts: list[str], cp_streams: list[str],
+    cp_levels: list[int],
+) -> tuple[str, list[Any]]:
+    """The fast path's statement and arguments (core/sql.py, _fast_append):
+    ``n`` rows in ``document``, their ``bodies``, the streams they create and
+    the producer checkpoints they move, one per (producer, stream)."""
+    args: list[Any] = [n, document, bodies]
+    if new:
+        args += [[k[0] for k in new], [k[1] for k in new]]
+    if cp_producers:
+        args += [cp_producers, cp_contexts, cp_streams, cp_levels]
+    return _FAST_APPEND[bool(new), bool(cp_producers)], args
+
+
 class Writer:
     def __init__(
         self,
@@ -135,24 +168,24 @@ class Writer:
     ) -> None:
         self._dsn = dsn
         self.limits = limits or WriterLimits()
-        self._queue: deque[_Pending] = deque()
+        self._queue: deque[Pending] = deque()
         # Events accepted but not yet sent to the database: the queue plus
         # batches planned while their predecessor commits.  max_pending_events
         # bounds this.
         self._waiting_events = 0
-        # The same units' bytes (see _Pending.cost); max_pending_bytes bounds it.
+        # The same units' bytes (see Pending.cost); max_pending_bytes bounds it.
         self._waiting_bytes = 0
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
-        self._inflight: dict[int, list[_Pending]] = {}
+        self._inflight: dict[int, list[Pending]] = {}
         # The (context, stream) keys of each slot's batch while it commits on
         # the fast path; None while it takes the checked path.
         self._inflight_keys: dict[int, set[tuple[str, str]] | None] = {}
         # Outcomes of a batch, settled only after the next batch may go to
         # the database, so waking the appenders never delays the next commit.
-        self._settle: dict[int, list[tuple[_Pending, list[AppendResult] | PolyportError]]] = {}
+        self._settle: dict[int, list[tuple[Pending, list[Any] | PolyportError]]] = {}
         self._last_done: asyncio.Future[None] | None = None
         self._closing = False
         self._on_commit = on_commit
@@ -281,11 +314,17 @@ class Writer:
             raise StorageUnavailable("the store is shutting down; retry against a running gateway")
         n, size, cost = admit(appends, self.limits, self._waiting_events,
                               self._waiting_bytes, checked)
+        return self._queue_unit(tuple(appends), n, size, cost, own, on_settle, None)
+
+    def _queue_unit(
+        self, appends: tuple[Append, ...], n: int, size: int, cost: int, own: bool,
+        on_settle: Callable[[asyncio.Future[Any]], None] | None, wire: list[Any] | None,
+    ) -> asyncio.Future[Any]:
         loop = self._loop or asyncio.get_running_loop()
-        fut: asyncio.Future[list[AppendResult]] = loop.create_future()
+        fut: asyncio.Future[Any] = loop.create_future()
         deadline = loop.time() + self.limits.commit_timeout
-        pending = _Pending(tuple(appends), fut, n, size, deadline, time.monotonic(), cost, own,
-                           on_settle)
+        pending = Pending(appends, fut, n, size, deadline, time.monotonic(), cost, own,
+                           on_settle, False, wire)
         if on_settle is not None:
             fut.add_done_callback(pending.tell)
         self._queue.append(pending)
@@ -340,7 +379,7 @@ class Writer:
 
     async def _commit_batch(
         self,
-        batch: list[_Pending],
+        batch: list[Pending],
         slot: int,
         previous: asyncio.Future[None] | None,
         done_future: asyncio.Future[None],
@@ -392,7 +431,7 @@ class Writer:
         self._waiting_events -= events
         self._waiting_bytes -= cost
 
-    def _observe(self, batch: list[_Pending], events: int, elapsed: float, done: float) -> None:
+    def _observe(self, batch: list[Pending], events: int, elapsed: float, done: float) -> None:
         assert self.observer is not None
         units = tuple(
             build_submitted_append(
@@ -409,7 +448,7 @@ class Writer:
             log.exception("commit observer failed")
 
     async def _commit_or_isolate(
-        self, batch: list[_Pending], slot: int, previous: asyncio.Future[None] | None = None
+        self, batch: list[Pending], slot: int, previous: asyncio.Future[None] | None = None
     ) -> None:
         """Commit a batch; if the database refuses it for a reason other than a
         lost connection, commit each unit alone so one bad append cannot fail
@@ -423,7 +462,7 @@ class Writer:
 
     async def _attempt(
         self,
-        batch: list[_Pending],
+        batch: list[Pending],
         slot: int,
         previous: asyncio.Future[None] | None,
         *,
@@ -454,7 +493,7 @@ class Writer:
         await self._resolve(batch, slot, lost)
         return False
 
-    async def _resolve(self, batch: list[_Pending], slot: int, lost: BaseException) -> None:
+    async def _resolve(self, batch: list[Pending], slot: int, lost: BaseException) -> None:
         """The connection went away after the transaction was sent: it may
         have committed.  Find out by the batch's event ids, waiting for the
         database until the earliest deadline among the batch's appends.
@@ -463,6 +502,7 @@ class Writer:
         every id and answers each append with what was recorded (writing
         nothing new: a batch commits whole or not at all).  Not stored: the
         appends fail, and the message says so; resending is then safe."""
+        self._materialize(batch)
         self._forget_streams()
         contexts, ids = _event_keys(batch)
         keys = {(a.context, a.stream) for p in batch for a in p.appends}
@@ -503,7 +543,7 @@ class Writer:
                         p.future.set_exception(err)
             return
 
-    def _fail_unknown(self, batch: list[_Pending], exc: BaseException) -> None:
+    def _fail_unknown(self, batch: list[Pending], exc: BaseException) -> None:
         err = Timeout(
             "outcome unknown: the connection to the database was lost during the commit "
             f"and the database stayed unreachable for {self.limits.commit_timeout:.0f}s "
@@ -518,7 +558,7 @@ class Writer:
         self._streams.clear()
         self._cache_epoch += 1
 
-    def _fail(self, batch: list[_Pending], exc: BaseException, slot: int) -> None:
+    def _fail(self, batch: list[Pending], exc: BaseException, slot: int) -> None:
         """Settle ``batch`` with a failure known to have stored nothing."""
         self._forget_streams()
         err: PolyportError
@@ -546,10 +586,10 @@ class Writer:
         if conn is not None and not conn.is_closed():
             conn.terminate()
 
-    def _take_batch(self, share: int = 1) -> list[_Pending]:
+    def _take_batch(self, share: int = 1) -> list[Pending]:
         """Take up to 1/``share`` of the queued events (at least one unit),
         within the batch limits."""
-        batch: list[_Pending] = []
+        batch: list[Pending] = []
         events = size = 0
         max_events = self.limits.max_batch_events
         if share > 1:
@@ -587,17 +627,15 @@ class Writer:
     # --- committing -------------------------------------------------------------
 
     async def _commit(
-        self, batch: list[_Pending], slot: int, previous: asyncio.Future[None] | None = None
+        self, batch: list[Pending], slot: int, previous: asyncio.Future[None] | None = None
     ) -> None:
         """Fast path first: plan against the cached stream states and write
         everything in one statement that also checks those states.  Anything
         unusual (a failed check, a re-sent event id, a stale cache) is redone
         on the authoritative path, which reads fresh state under the head lock."""
-        keys = {(a.context, a.stream) for p in batch for a in p.appends}
-        cached = {k: self._streams.get(k) or StreamState() for k in keys}
+        keys = self._batch_keys(batch)
         epoch = self._cache_epoch
-        plan = plan_batch(batch, cached, {})
-        fast = bool(plan.rows) and not plan.any_failed
+        fast = self._plan_fast(batch, keys)
         # Sent ahead of its predecessor's outcome only when every batch in
         # flight is on the fast path and touches none of its streams: then
         # its plan rests on committed state alone, whatever happens to the
@@ -608,7 +646,7 @@ class Writer:
         # batch's events (other streams only) take earlier positions.  Every
         # stream keeps its order, and so do appends sent after another's ack.
         ahead = (
-            fast
+            fast is not None
             and previous is not None
             and not previous.done()
             and all(
@@ -617,16 +655,16 @@ class Writer:
                 if s != slot
             )
         )
-        self._inflight_keys[slot] = keys if fast else None
-        if fast:
+        self._inflight_keys[slot] = keys if fast is not None else None
+        if fast is not None:
             # Optimistic: the next batch, planned while this one is in flight,
             # builds on it.  If this one fails, the epoch moves on and the
             # next one takes the checked path.
-            for k in plan.touched:
-                self._remember(k, plan.after[k])
+            for k, st in fast.after.items():
+                self._remember(k, st)
             try:
                 written = await self._write_fast(
-                    plan, slot, None if ahead else previous, epoch
+                    fast, slot, None if ahead else previous, epoch
                 )
             except asyncpg.UniqueViolationError:
                 # A re-sent event id, or a stream another process moved on.
@@ -636,17 +674,24 @@ class Writer:
                 raise
             else:
                 if written is not None:
-                    self._finish(batch, plan, *written, slot)
+                    self._finish_fast(batch, fast, *written, slot)
                     return
         if previous is not None:
             await previous
         await self._commit_checked(batch, keys, slot)
 
-    async def _write_fast(
-        self, plan: Plan, slot: int, previous: asyncio.Future[None] | None, epoch: int
-    ) -> tuple[int, datetime] | None:
-        """(base position, first recorded_at), or None if the plan was made
-        against cache entries that a failure has since withdrawn."""
+    def _batch_keys(self, batch: list[Pending]) -> set[tuple[str, str]]:
+        return {(a.context, a.stream) for p in batch for a in p.appends}
+
+    def _materialize(self, batch: list[Pending]) -> None:
+        """Give every unit of ``batch`` its Appends (see Pending.wire)."""
+
+    def _plan_fast(self, batch: list[Pending], keys: set[tuple[str, str]]) -> FastPlan | None:
+        """The fast path's statement for ``batch``, planned against the
+        cached stream states; None when the batch needs the checked path."""
+        plan = plan_batch(batch, {k: self._streams.get(k) or StreamState() for k in keys}, {})
+        if not plan.rows or plan.any_failed:
+            return None
         rows = plan.rows
         bodies: list[bytes] = []
         offset = 0
@@ -657,34 +702,45 @@ class Writer:
             bodies.append(body)
             # orjson writes the event id (a UUID) and the client time (an
             # aware datetime, RFC 3339) in forms the statement's casts read.
-            doc.append([r[0], r[1], r[2], r[3], r[4], r[5], r[7], r[8], r[9], r[10],
+            # The order is the statement's (core/sql.py, _fast_append).
+            doc.append([r[0], r[4], r[5], r[7], r[8], r[9], r[1], r[2], r[3], r[10],
                         offset, size])
             offset += size
-        document = orjson.dumps(doc).decode()
-        args: list[Any] = [len(rows), document, b"".join(bodies)]
         # Planned as new from the cache; one that exists after all conflicts
         # harmlessly here (and its events' versions do not, see FAST_APPEND).
         new = plan.new_streams()
-        if new:
-            args += [[k[0] for k in new], [k[1] for k in new]]
         cps = plan.checkpoints
-        if cps:
-            args += [[c[0] for c in cps], [c[1] for c in cps], [c[2] for c in cps],
-                     [c[3] for c in cps]]
-        statement = _FAST_APPEND[bool(new), bool(cps)]
-        # Everything above ran while the previous batch was in the database.
+        return FastPlan(
+            *fast_statement(len(rows), orjson.dumps(doc).decode(), b"".join(bodies), new,
+                            [c[0] for c in cps], [c[1] for c in cps], [c[2] for c in cps],
+                            [c[3] for c in cps]),
+            {k: plan.after[k] for k in plan.touched}, plan)
+
+    async def _write_fast(
+        self, fast: FastPlan, slot: int, previous: asyncio.Future[None] | None, epoch: int
+    ) -> tuple[int, datetime] | None:
+        """(base position, first recorded_at), or None if the plan was made
+        against cache entries that a failure has since withdrawn."""
+        # Planning ran while the previous batch was in the database.
         if previous is not None:
             await previous
         if self._cache_epoch != epoch:
             return None
         conn = await self._connection(slot)
         self._statement_sent[slot] = True
-        row = await conn.fetchrow(statement, *args)
+        row = await conn.fetchrow(fast.statement, *fast.args)
         return int(row["base"]), row["t0"]
 
-    async def _commit_checked(
-        self, batch: list[_Pending], keys: set[tuple[str, str]], slot: int
+    def _finish_fast(
+        self, batch: list[Pending], fast: FastPlan, base: int, t0: datetime, slot: int
     ) -> None:
+        assert isinstance(fast.plan, Plan)
+        self._finish(batch, fast.plan, base, t0, slot)
+
+    async def _commit_checked(
+        self, batch: list[Pending], keys: set[tuple[str, str]], slot: int
+    ) -> None:
+        self._materialize(batch)
         contexts, ids = _event_keys(batch)
         conn = await self._connection(slot)
         self._statement_sent[slot] = True
@@ -737,7 +793,7 @@ class Writer:
             self._streams.popitem(last=False)
 
     def _finish(
-        self, batch: list[_Pending], plan: Plan, base: int, t0: datetime, slot: int
+        self, batch: list[Pending], plan: Plan, base: int, t0: datetime, slot: int
     ) -> None:
         n = len(plan.rows)
         self.stats.commits += 1
@@ -768,12 +824,19 @@ def admit(
     always admitted on its own."""
     n = sum(len(a.events) for a in appends)
     size, cost = checked or check_appends(appends, limits.events, limits.max_event_bytes)
+    check_room(limits, waiting_events, waiting_bytes, n, cost)
+    return n, size, cost
+
+
+def check_room(limits: WriterLimits, waiting_events: int, waiting_bytes: int, n: int,
+               cost: int) -> None:
+    """Busy unless a queue holding ``waiting_events`` / ``waiting_bytes``
+    has room for ``n`` more events costing ``cost`` bytes."""
     if waiting_events and waiting_events + n > limits.max_pending_events:
         raise Busy(f"writer queue full ({waiting_events} events waiting); retry shortly")
     if waiting_bytes and waiting_bytes + cost > limits.max_pending_bytes:
         raise Busy(f"writer queue full ({waiting_bytes} bytes waiting, max_pending_bytes "
                    f"{limits.max_pending_bytes}); retry shortly")
-    return n, size, cost
 
 
 def unconfirmed(limits: WriterLimits) -> Timeout:
@@ -786,7 +849,7 @@ def unconfirmed(limits: WriterLimits) -> Timeout:
     )
 
 
-def _event_keys(batch: list[_Pending]) -> tuple[list[str], list[uuid.UUID]]:
+def _event_keys(batch: list[Pending]) -> tuple[list[str], list[uuid.UUID]]:
     """The batch's (context, event id) pairs as two parallel lists."""
     contexts: list[str] = []
     ids: list[uuid.UUID] = []

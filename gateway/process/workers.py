@@ -45,8 +45,8 @@ from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from polyport.core.chain import MAX_MESSAGE_BYTES as READ_LIMIT
 from polyport.core.chain import Connect
+from polyport.core.chain_wire import MAX_MESSAGE_BYTES as READ_LIMIT
 from polyport.gateway.config import PORT_KEYS, GatewayConfig
 from polyport.gateway.http.collectors import WithoutCreated
 

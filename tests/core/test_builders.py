@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polyport.core.builders import frozen_builder, uuid_from_bytes, uuid_from_int
-from polyport.core.chain import decode_append, encode_append
+from polyport.core.chain_wire import decode_append, encode_append
 from polyport.core.commands import Append, AppendResult
 from polyport.core.events import EventData, RecordedEvent
 

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from polyport.core.chain import (
+from polyport.core.chain import CommitChain
+from polyport.core.chain_wire import (
     APPEND,
     COMMIT,
     RESULT,
-    CommitChain,
     decode_append,
     decode_failure,
     decode_results,
@@ -74,7 +74,10 @@ def test_an_append_round_trips(a: Append) -> None:
                           st.integers(1, 2**40), st.integers(1, 2**62), st.integers(1, 2**62),
                           _times, st.uuids(), st.booleans()), max_size=4))
 def test_results_round_trip(results: list[AppendResult]) -> None:
-    assert decode_results(encode_results(results)) == results
+    # A result travels without its context and stream: the worker's own
+    # appends, in the same order, name them.
+    appends = [append(r.stream, ev(), context=r.context) for r in results]
+    assert decode_results(appends, encode_results(results)) == results
 
 
 def test_every_canonical_error_round_trips_with_its_details() -> None:
@@ -226,7 +229,15 @@ async def test_a_lost_chain_hands_its_unanswered_appends_to_the_local_writer(
             real(base, t0, rows)
             held.set()
 
+        # The commit planned from the wire form takes the second callback.
+        real_wire = chain.chain._committed_wire
+
+        def stall_wire(base: int, t0: int, n: int, rows: list[list[object]] | None) -> None:
+            real_wire(base, t0, n, rows)
+            held.set()
+
         chain.chain.writer._on_commit = stall
+        chain.chain.writer._on_wire_commit = stall_wire  # type: ignore[attr-defined]
         pending = asyncio.create_task(s.append(append(stream, ev(1), expected=ExactVersion(2))))
         await asyncio.wait_for(held.wait(), 5)
         # ... and its connection drops after the commit, before the result
@@ -298,8 +309,8 @@ async def test_a_store_hosting_the_chain_commits_for_another_and_feeds_both(
 
 
 def test_time_round_trip_is_exact_to_the_microsecond() -> None:
-    from polyport.core.chain import _time, _us
+    from polyport.core.chain_wire import from_us, us
 
     t = datetime(2026, 11, 27, 9, 0, 0, 1, tzinfo=UTC)
-    assert _time(_us(t)) == t
-    assert _time(_us(t + timedelta(microseconds=1))) - t == timedelta(microseconds=1)
+    assert from_us(us(t)) == t
+    assert from_us(us(t + timedelta(microseconds=1))) - t == timedelta(microseconds=1)

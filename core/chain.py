@@ -12,8 +12,9 @@ PostgreSQL's CPU per event falls as batches grow instead of rising.
 Two halves, both without sockets of their own (the gateway connects them
 over a unix socket in the supervisor's run directory):
 
-- :class:`CommitChain` runs in the chain process: a :class:`~core.writer.Writer`
-  (the same group commit, planner and fast path as a single process), a
+- :class:`CommitChain` runs in the chain process: a
+  :class:`~core.chain_writer.ChainWriter` (the group commit of a single
+  process, which also plans from the workers' wire form), a
   :class:`~core.notify.Notifier` for other gateways, and one
   :meth:`CommitChain.serve` per connected worker.  Each commit goes back to
   every worker in commit order: the rows to a worker whose tailer has live

@@ -125,6 +125,7 @@ def plan_wire(
         outcomes.append(unit)
     if not index:
         return None
+    # New streams in key order, as the checked path creates them.
     return FastPlan(*_statement(index, parts, bodies, sorted(touched & fresh), checkpoints),
                     {k: StreamState(*states[k]) for k in touched},
                     WirePlan(index, outcomes, rows))
@@ -134,7 +135,6 @@ def _statement(
     n: int, parts: list[str], bodies: list[bytes], new: list[StreamKey],
     checkpoints: dict[tuple[bytes, str, str], int],
 ) -> tuple[str, list[Any]]:
-    # New streams in key order, as the checked path creates them.
     cps = list(checkpoints.items())
     return fast_statement(
         n, "[" + ",".join(parts) + "]", b"".join(bodies), new,

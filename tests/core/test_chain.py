@@ -34,9 +34,11 @@ from polyport.core.commands import (
     ANY,
     NO_STREAM,
     Append,
+    AppendBatch,
     AppendResult,
     ExactVersion,
     ProducerCheckpoint,
+    ReadStream,
     Selector,
     Subscribe,
 )
@@ -306,6 +308,73 @@ async def test_a_store_hosting_the_chain_commits_for_another_and_feeds_both(
     finally:
         await peer.close()
         await host.close()
+
+
+async def _scenario(store: EventStore, context: str) -> list[object]:
+    """Appends of every kind, answered and stored; what they came to, with
+    positions and times made relative."""
+    at = datetime(2026, 11, 28, 1, 2, 3, 456789, tzinfo=UTC)
+    producer = uuid.uuid4()
+
+    def event(n: int, **kw: object) -> EventData:
+        return EventData(type=f"t{n}", body=f"body {n}".encode(), **kw)  # type: ignore[arg-type]
+
+    first = (event(1, headers={"k": "v", "q\"": "ü"}, content_type="text/plain",
+                   client_time=at), event(2))
+    answers: list[object] = [await store.append(
+        Append(context, "s", first, NO_STREAM, "bson"))]
+    # Good appends only: one batch planned from the chain's wire form.
+    answers += await asyncio.gather(
+        store.append(Append(context, "t", (event(3),), ANY, "segment",
+                            ProducerCheckpoint(producer, 7))),
+        store.append(Append(context, "t", (event(4), event(5)), ANY, "segment",
+                            ProducerCheckpoint(producer, 9))),
+        store.append(Append(context, "s", (event(6),), ExactVersion(3), "micromsg2")))
+    # Then everything the wire form leaves to the writer's usual paths.
+    answers += await asyncio.gather(
+        store.append(Append(context, "s", (event(7),), ExactVersion(9))),
+        store.append(Append(context, "s", first, NO_STREAM, "bson")),  # re-sent
+        store.append_batch(AppendBatch((Append(context, "u", (event(8),)),
+                                        Append(context, "s", (event(9),), NO_STREAM)))),
+        store.append(Append(context, "u", (event(10),), NO_STREAM)),
+        return_exceptions=True)
+    base = answers[0].first_position - 1  # type: ignore[attr-defined]
+    out: list[object] = []
+    for a in answers:
+        for r in a if isinstance(a, list) else [a]:
+            if isinstance(r, AppendResult):
+                out.append((r.context == context, r.stream, r.first_version, r.last_version,
+                            r.last_position - r.first_position, r.idempotent))
+            else:
+                out.append((type(r).__name__, getattr(r, "current_version", None)))
+    for stream in ("s", "t", "u"):
+        for e in await store.read_stream(ReadStream(context, stream)):
+            out.append((e.stream, e.version, e.type, dict(e.headers), e.body, e.content_type,
+                        e.client_time, e.origin, e.segment_offset,
+                        e.recorded_at >= answers[0].recorded_at))  # type: ignore[attr-defined]
+    out.append(await store.producer_ack_level(producer, context, "t"))
+    out.append(base >= 0)
+    return out
+
+
+async def test_the_chain_answers_and_stores_as_one_process_does(
+    db_url: str, chain: _Chain
+) -> None:
+    """The chain plans good batches from the workers' wire form and leaves
+    the rest to the writer's usual paths: either way, every append is
+    answered, and every event stored, exactly as by a store of its own."""
+    through = await _store(db_url, chain, True)
+    alone = EventStore(StoreConfig(db_url, poll_interval=0.2))
+    await alone.start()
+    try:
+        got = await _scenario(through, unique("via-chain"))
+        want = await _scenario(alone, unique("alone"))
+        assert got == want
+        assert ("WrongExpectedVersion", 3) in got  # the checks really ran
+        assert through.writer.local.stats.commits == 0  # type: ignore[union-attr]
+    finally:
+        await through.close()
+        await alone.close()
 
 
 def test_time_round_trip_is_exact_to_the_microsecond() -> None:

@@ -166,7 +166,7 @@ class CommitChain:
         if writer is None:
             self.writer = ChainWriter(
                 dsn, limits, on_commit=self._committed, on_wire_commit=self._committed_wire,
-                wants_rows=self._rows_wanted, health=self.health)
+                wants_rows=self.rows_wanted, health=self.health)
             # The workers' tailers listen in ``notify_group``: they hear of
             # every commit from this chain instead.
             self._notifier: Notifier | None = Notifier(
@@ -174,7 +174,8 @@ class CommitChain:
                 new_notify_group() if notify_group is None else notify_group)
         else:
             # Hosted by a worker: its store owns the writer and notifies,
-            # and calls :meth:`tell_peers` from its own commit callback.
+            # and calls :meth:`tell_peers` / :meth:`tell_peers_wire` from
+            # its own commit callbacks.
             self.writer = writer
             self._notifier = None
 
@@ -250,7 +251,8 @@ class CommitChain:
 
     def _committed(self, base: int, t0: datetime, rows: list[tuple[Any, ...]]) -> None:
         """Every worker hears of every commit, in commit order, before the
-        commit's appenders get their results (those are settled after this)."""
+        commit's appenders get their results (those are settled after this).
+        For a batch planned from the wire form: :meth:`_committed_wire`."""
         self.health.ok()
         self.tell_peers(base, t0, rows)
         if self._notifier is not None:
@@ -261,12 +263,18 @@ class CommitChain:
         µs, the rows already in the wire's layout when a worker wanted them
         as the batch was planned."""
         self.health.ok()
-        self._tell(base, t0, n, rows, None)
+        self.tell_peers_wire(base, t0, n, rows)
         if self._notifier is not None:
             self._notifier.committed(base + n)
 
-    def _rows_wanted(self) -> bool:
+    def rows_wanted(self) -> bool:
+        """Whether a worker wants the rows of commits (its tailer feeds
+        live subscribers)."""
         return any(peer.wants_rows for peer in self._peers)
+
+    def tell_peers_wire(self, base: int, t0: int, n: int, rows: list[list[Any]] | None) -> None:
+        """:meth:`tell_peers` for a commit planned from the wire form."""
+        self._tell(base, t0, n, rows, None)
 
     def tell_peers(self, base: int, t0: datetime, rows: list[tuple[Any, ...]]) -> None:
         self._tell(base, us(t0), len(rows), None, rows)

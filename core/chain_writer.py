@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from polyport.core.builders import uuid_from_bytes
-from polyport.core.chain_wire import decode_append, us
+from polyport.core.chain_wire import decode_append, decode_results, encode_append, us
+from polyport.core.commands import Append, AppendResult
 from polyport.core.errors import StorageUnavailable
 from polyport.core.events import SEGMENT_EVENT_HEADER_SIZE
 from polyport.core.health import Health
@@ -39,6 +40,7 @@ from polyport.core.writer import (
     Pending,
     Writer,
     WriterLimits,
+    admit,
     check_room,
     fast_statement,
 )
@@ -145,17 +147,38 @@ def _statement(
 class ChainWriter(Writer):
     """:class:`~core.writer.Writer` with :meth:`enqueue_wire` (see the
     module docstring).  ``on_wire_commit`` hears of the commits made from
-    the wire form, ``on_commit`` of the others, both in commit order."""
+    the wire form, ``on_commit`` of the others, both in commit order.
+
+    ``hosted``: the writer of a worker that hosts the chain
+    (``commit_chain = worker``), whose own appends share batches with the
+    other workers' units.  Those are encoded too as they are queued (the
+    Appends kept), so that a batch of both still plans from the wire form;
+    their callers get AppendResults, as from any writer."""
 
     def __init__(
         self, dsn: str, limits: WriterLimits | None = None, *,
         on_commit: Callable[[int, datetime, list[tuple[Any, ...]]], None],
         on_wire_commit: OnWireCommit, wants_rows: Callable[[], bool],
-        health: Health | None = None,
+        health: Health | None = None, hosted: bool = False,
     ) -> None:
         super().__init__(dsn, limits, on_commit=on_commit, health=health)
         self._on_wire_commit = on_wire_commit
         self._wants_rows = wants_rows
+        self._hosted = hosted
+
+    def enqueue(
+        self, appends: Sequence[Append], checked: tuple[int, int] | None = None,
+        *, own: bool = True,
+        on_settle: Callable[[asyncio.Future[list[AppendResult]]], None] | None = None,
+    ) -> asyncio.Future[list[AppendResult]]:
+        if not self._hosted:
+            return super().enqueue(appends, checked, own=own, on_settle=on_settle)
+        if self._closing:
+            raise StorageUnavailable("the store is shutting down; retry against a running gateway")
+        n, size, cost = admit(appends, self.limits, self._waiting_events,
+                              self._waiting_bytes, checked)
+        return self._queue_unit(tuple(appends), n, size, cost, own, on_settle,
+                                [encode_append(a) for a in appends])
 
     def enqueue_wire(
         self, wire: list[Any], checked: tuple[int, int],
@@ -176,16 +199,17 @@ class ChainWriter(Writer):
     def _batch_keys(self, batch: list[Pending]) -> set[tuple[str, str]]:
         keys: set[tuple[str, str]] = set()
         for p in batch:
-            if p.wire is None:
-                keys.update((a.context, a.stream) for a in p.appends)
-            else:
+            if p.wire is not None:
                 keys.update((a[0], a[1]) for a in p.wire)
+            else:
+                keys.update((a.context, a.stream) for a in p.appends)
         return keys
 
     def _materialize(self, batch: list[Pending]) -> None:
         for p in batch:
             if p.wire is not None:
-                p.appends = tuple([decode_append(a) for a in p.wire])
+                if not p.appends:  # a unit that came in its wire form
+                    p.appends = tuple([decode_append(a) for a in p.wire])
                 p.wire = None
 
     def _plan_fast(self, batch: list[Pending], keys: set[tuple[str, str]]) -> FastPlan | None:
@@ -214,8 +238,10 @@ class ChainWriter(Writer):
         settle = self._settle[slot]
         for p, unit in zip(batch, plan.outcomes, strict=True):
             if not p.future.done():
-                settle.append((p, [
+                results: list[Any] = [
                     [fv, lv, base + fi, base + li, t0_us + (li - 1 if li > 1 else 0), False,
                      commit_id]
-                    for fv, lv, fi, li in unit]))
+                    for fv, lv, fi, li in unit]
+                # A hosting worker's own callers get AppendResults.
+                settle.append((p, decode_results(p.appends, results) if p.own else results))
         self._on_wire_commit(base, t0_us, n, plan.rows)

@@ -19,6 +19,8 @@ import asyncpg
 from polyport.core import migrate, sql
 from polyport.core.binders import BinderQuery, BinderService
 from polyport.core.chain import ChainClient, CommitChain, Connect
+from polyport.core.chain_wire import decode_rows, from_us
+from polyport.core.chain_writer import ChainWriter
 from polyport.core.commands import (
     Append,
     AppendBatch,
@@ -243,10 +245,16 @@ class EventStore:
                              notify_group=self._notifier.group)
         self.tailer.on_schema_change = self._schema_wake.set
         await self.tailer.start()
-        local = Writer(self._dsn, self.config.writer, on_commit=self._committed,
-                       health=self._health)
+        local: Writer
         if self.config.hosts_chain:
+            local = ChainWriter(
+                self._dsn, self.config.writer, on_commit=self._committed,
+                on_wire_commit=self._wire_committed, wants_rows=self._rows_wanted,
+                health=self._health, hosted=True)
             self.chain = CommitChain(self._dsn, writer=local)
+        else:
+            local = Writer(self._dsn, self.config.writer, on_commit=self._committed,
+                           health=self._health)
         if self.config.chain is None:
             self.writer = local
         else:
@@ -341,6 +349,22 @@ class EventStore:
         if self.chain is not None:
             self.chain.tell_peers(base, t0, rows)
         self._notifier.committed(base + len(rows))
+
+    def _wire_committed(self, base: int, t0: int, n: int, rows: list[list[Any]] | None) -> None:
+        """:meth:`_committed` for a batch the hosted chain planned from the
+        wire form (core/chain_writer.py): ``t0`` in µs, the rows in the
+        wire's layout when someone wanted them as it was planned."""
+        self._health.ok()
+        if rows is not None:
+            self.tailer.committed(base, from_us(t0), decode_rows(rows))
+        else:
+            self.tailer.notify(base + n)
+        if self.chain is not None:
+            self.chain.tell_peers_wire(base, t0, n, rows)
+        self._notifier.committed(base + n)
+
+    def _rows_wanted(self) -> bool:
+        return self.tailer.feeding or (self.chain is not None and self.chain.rows_wanted())
 
     def _chain_committed(self, base: int, t0: datetime, n: int,
                          rows: list[tuple[Any, ...]] | None) -> None:

@@ -377,6 +377,40 @@ async def test_the_chain_answers_and_stores_as_one_process_does(
         await alone.close()
 
 
+async def test_a_hosted_chain_answers_and_stores_as_one_process_does(db_url: str) -> None:
+    """commit_chain = worker: the host's own appends and its peer's share
+    batches planned from the wire form; both answer as a store alone."""
+    import tempfile
+
+    host = EventStore(StoreConfig(db_url, poll_interval=0.2, hosts_chain=True))
+    await host.start()
+    assert host.chain is not None
+    path = Path(tempfile.mkdtemp(prefix="pp-chain-", dir="/tmp")) / "chain.sock"
+    server = await asyncio.start_unix_server(host.chain.serve, str(path))
+
+    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(str(path))
+
+    peer = EventStore(StoreConfig(db_url, poll_interval=0.2, chain=connect,
+                                  chain_counts_commits=False))
+    await peer.start()
+    await asyncio.wait_for(peer.writer.connected.wait(), 10)  # type: ignore[union-attr]
+    alone = EventStore(StoreConfig(db_url, poll_interval=0.2))
+    await alone.start()
+    try:
+        want = await _scenario(alone, unique("alone"))
+        # Both at once, so that their units share the host's batches.
+        got = await asyncio.gather(_scenario(host, unique("host")),
+                                   _scenario(peer, unique("peer")))
+        assert got == [want, want]
+        assert peer.writer.local.stats.commits == 0  # type: ignore[union-attr]
+    finally:
+        server.close()
+        await peer.close()
+        await host.close()
+        await alone.close()
+
+
 def test_time_round_trip_is_exact_to_the_microsecond() -> None:
     from polyport.core.chain_wire import from_us, us
 

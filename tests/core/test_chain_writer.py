@@ -45,7 +45,14 @@ def _append(draw: st.DrawFn) -> Append:
             ProducerCheckpoint, st.sampled_from(_IDS[:2]), st.integers(0, 9))))
 
 
-_batches = st.lists(st.lists(_append(), min_size=1, max_size=2), min_size=1, max_size=5)
+def _ids_unique(unit: list[Append]) -> bool:
+    # As check_appends (core/limits.py) makes every submitted unit.
+    ids = [e.event_id for a in unit for e in a.events]
+    return len(ids) == len(set(ids))
+
+
+_batches = st.lists(st.lists(_append(), min_size=1, max_size=2).filter(_ids_unique),
+                    min_size=1, max_size=5)
 _caches = st.dictionaries(st.sampled_from(_KEYS), st.builds(
     StreamState, st.integers(1, 3), st.integers(0, 100)), max_size=3)
 

@@ -31,10 +31,10 @@ over a unix socket in the supervisor's run directory):
   The worker goes back to the chain only once its local writer is idle,
   so an append never overtakes one sent before it.
 
-The messages between them are core/chain_wire.py's.  The chain process's
-writer plans the common batch straight from the form the workers send
-(core/chain_writer.py); a worker hosting the chain decodes its peers' units
-into Appends for its own writer.
+The messages between them are core/chain_wire.py's.  The chain's writer
+plans the common batch straight from the form the workers send
+(core/chain_writer.py), in the chain process as in a worker hosting the
+chain (whose own appends it encodes the same way as it queues them).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The commit chain process's writer: the group commit of core/writer.py,
-fed units in the form the workers send them (core/chain_wire.py).
+"""The commit chain's writer, in the chain process or in the worker hosting
+the chain: the group commit of core/writer.py, fed units in the form the
+workers send them (core/chain_wire.py).
 
 Why.  Every commit of ``serve --workers N`` goes through the one core of
 the chain process, so what it spends per event caps the whole gateway.

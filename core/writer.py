@@ -84,8 +84,10 @@ class Pending:
     # settled, once (see Writer.enqueue).
     on_settle: Callable[[asyncio.Future[Any]], None] | None = None
     told: bool = False
-    # The unit as a worker sent it to the commit chain (core/chain_wire.py),
-    # until something needs its Appends: ``appends`` is empty meanwhile.
+    # The unit in the commit chain's wire form (core/chain_wire.py), which
+    # core/chain_writer.py plans from; None once the writer's usual paths
+    # need its Appends.  A unit another worker sent has no Appends (empty
+    # ``appends``) until then.
     wire: list[Any] | None = None
 
     def tell(self, fut: asyncio.Future[Any]) -> None:

@@ -244,12 +244,17 @@ class _Feeder:
             if out:
                 writer.write(self.pack(out))
         cpu = time.process_time() - (cpu0 or 0.0)
-        # Let what is in flight be answered before leaving, so the chain
-        # does not write into a closed connection.
+        # Let what is in flight be answered before leaving, then say so and
+        # read until the chain closes its side: it keeps telling every peer
+        # of every commit, and closing with those unread would reset the
+        # connection under it (a warning in its log) rather than end it.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5):
                 while self.in_flight and (data := await reader.read(1 << 20)):
                     self.answered(data, counting=False, more=False)
+                writer.write_eof()
+                while await reader.read(1 << 20):
+                    pass
         writer.close()
         if self.failed and not self.counted:
             return {"error": f"every append failed: {self.first_error}"}

@@ -389,6 +389,15 @@ class ChainClient:
         pending = [u.future for u in self._units.values()]
         if pending:
             await asyncio.wait(pending, timeout=self.limits.commit_timeout + 5)
+        if self._out is not None and self._task is not None:
+            # Ends the connection rather than resetting it: the chain keeps
+            # sending every commit's news, and closing with those unread
+            # would reset it (a warning in the chain's log at every stop).
+            # The chain closes its side on this end of input; the reader
+            # task then sees the end and stops.
+            with contextlib.suppress(OSError, RuntimeError):
+                self._out.writer.write_eof()
+            await asyncio.wait([self._task], timeout=1.0)
         for task in (self._task, self._expiry):
             if task is not None:
                 task.cancel()

@@ -67,6 +67,13 @@ from polyport.core.errors import (
 )
 from polyport.core.events import build_event_data
 
+# The messages' version, part of the name of the socket the chain listens
+# on (gateway/process/workers.chain_socket_path): a worker restarted from
+# newer code on disk while the gateway runs (an upgrade in place) finds no
+# chain of its own version, and commits on its own (the head row orders
+# both), instead of exchanging messages neither side can read.
+WIRE_VERSION = 2
+
 APPEND, FEED = 0, 1
 RESULT, FAILED, COMMIT = 0, 1, 2
 

@@ -4,7 +4,8 @@ supervisor: ``python -m polyport.gateway.process.chain --control-fd R --ready-fd
 
 Like a worker, it gets its configuration on the control pipe (never argv),
 stops when that pipe closes, and writes one JSON line on the ready pipe once
-it listens on ``chain.sock`` in the supervisor's run directory (mode 0700).
+it listens on ``chain-v<WIRE_VERSION>.sock`` in the supervisor's run
+directory (mode 0700; core/chain_wire.py says why the name has a version).
 On SIGTERM it keeps serving the workers' connections until they close (they
 drain their appends through it as they stop) or ``commit_timeout`` passes,
 then commits what it holds and exits.

@@ -59,7 +59,12 @@ from polyport.gateway.process.database import database, supervise_embedded
 from polyport.gateway.process.eventloop import choose_loop
 from polyport.gateway.process.fatal import naming_bind_errors
 from polyport.gateway.process.ports_file import remove_ports_file, write_ports
-from polyport.gateway.process.workers import STATE_FILE, WorkerRole, socket_path
+from polyport.gateway.process.workers import (
+    STATE_FILE,
+    WorkerRole,
+    chain_socket_path,
+    socket_path,
+)
 from polyport.gateway.registry import discover
 from polyport.gateway.transports.tls import check_material
 
@@ -316,7 +321,10 @@ class Supervisor:
             if old.name.isdigit() and not _alive(int(old.name)):
                 shutil.rmtree(old, ignore_errors=True)
         run_dir = base / str(os.getpid())
-        if len(str(socket_path(str(run_dir.resolve()), self.config.workers))) > MAX_SOCKET_PATH:
+        longest = max(len(str(path)) for path in (
+            socket_path(str(run_dir.resolve()), self.config.workers),
+            chain_socket_path(str(run_dir.resolve()))))
+        if longest > MAX_SOCKET_PATH:
             return Path(tempfile.mkdtemp(prefix="polyport-workers-"))
         run_dir.mkdir(mode=0o700, exist_ok=True)
         run_dir.chmod(0o700)

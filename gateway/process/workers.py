@@ -47,6 +47,7 @@ from prometheus_client.samples import Sample
 
 from polyport.core.chain import Connect
 from polyport.core.chain_wire import MAX_MESSAGE_BYTES as READ_LIMIT
+from polyport.core.chain_wire import WIRE_VERSION
 from polyport.gateway.config import PORT_KEYS, GatewayConfig
 from polyport.gateway.http.collectors import WithoutCreated
 
@@ -88,8 +89,9 @@ def socket_path(run_dir: str, index: int) -> Path:
 
 
 def chain_socket_path(run_dir: str) -> Path:
-    """Where the commit chain process (gateway/process/chain.py) listens."""
-    return Path(run_dir) / "chain.sock"
+    """Where the commit chain (gateway/process/chain.py, or the worker
+    hosting it) listens: named for its messages' version (WIRE_VERSION)."""
+    return Path(run_dir) / f"chain-v{WIRE_VERSION}.sock"
 
 
 def chain_connector(run_dir: str) -> Connect:

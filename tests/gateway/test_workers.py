@@ -567,6 +567,20 @@ def test_a_port_taken_by_another_program_stops_the_supervisor(
 # --- without processes ------------------------------------------------------------------
 
 
+def test_the_chain_socket_is_named_for_its_messages_version(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A worker started from newer code on disk looks for a chain of its
+    own version: it never exchanges messages with an older one."""
+    from polyport.core import chain_wire
+    from polyport.gateway.process import workers
+
+    now = workers.chain_socket_path(str(tmp_path))
+    assert now.parent == tmp_path and f"v{chain_wire.WIRE_VERSION}" in now.name
+    monkeypatch.setattr(workers, "WIRE_VERSION", chain_wire.WIRE_VERSION + 1)
+    assert workers.chain_socket_path(str(tmp_path)) != now
+
+
 def test_restart_backoff_doubles_up_to_a_bound() -> None:
     assert [restart_delay(n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
     assert restart_delay(50) == 30.0

@@ -262,19 +262,14 @@ async def test_a_lost_chain_hands_its_unanswered_appends_to_the_local_writer(
     assert versions == [1, 2, 3]
 
 
-async def test_a_store_hosting_the_chain_commits_for_another_and_feeds_both(
-    db_url: str
-) -> None:
-    """commit_chain = worker: one store's own writer is the chain the other
-    feeds.  Both commit in one order, each hears of the other's commits,
-    and the host's metrics count only the appends of its own callers."""
+async def _hosted_pair(db_url: str) -> tuple[EventStore, EventStore, asyncio.Server]:
+    """commit_chain = worker: a store hosting the chain on a unix socket,
+    and a store feeding it, connected."""
     import tempfile
 
     host = EventStore(StoreConfig(db_url, poll_interval=0.2, hosts_chain=True))
     await host.start()
-    assert host.chain is not None and host.chain.writer is host.writer
-    seen: list[int] = []
-    host.writer.observer = lambda o: seen.extend(u.events for u in o.appends)
+    assert host.chain is not None
     path = Path(tempfile.mkdtemp(prefix="pp-chain-", dir="/tmp")) / "chain.sock"
     server = await asyncio.start_unix_server(host.chain.serve, str(path))
 
@@ -285,6 +280,19 @@ async def test_a_store_hosting_the_chain_commits_for_another_and_feeds_both(
                                   chain_counts_commits=False))
     await peer.start()
     await asyncio.wait_for(peer.writer.connected.wait(), 10)  # type: ignore[union-attr]
+    return host, peer, server
+
+
+async def test_a_store_hosting_the_chain_commits_for_another_and_feeds_both(
+    db_url: str
+) -> None:
+    """commit_chain = worker: one store's own writer is the chain the other
+    feeds.  Both commit in one order, each hears of the other's commits,
+    and the host's metrics count only the appends of its own callers."""
+    host, peer, server = await _hosted_pair(db_url)
+    assert host.chain is not None and host.chain.writer is host.writer
+    seen: list[int] = []
+    host.writer.observer = lambda o: seen.extend(u.events for u in o.appends)
     try:
         stream = unique("hosted")
         on_host = await host.subscribe(Subscribe(Selector(context="default", stream=stream)))
@@ -380,21 +388,7 @@ async def test_the_chain_answers_and_stores_as_one_process_does(
 async def test_a_hosted_chain_answers_and_stores_as_one_process_does(db_url: str) -> None:
     """commit_chain = worker: the host's own appends and its peer's share
     batches planned from the wire form; both answer as a store alone."""
-    import tempfile
-
-    host = EventStore(StoreConfig(db_url, poll_interval=0.2, hosts_chain=True))
-    await host.start()
-    assert host.chain is not None
-    path = Path(tempfile.mkdtemp(prefix="pp-chain-", dir="/tmp")) / "chain.sock"
-    server = await asyncio.start_unix_server(host.chain.serve, str(path))
-
-    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_unix_connection(str(path))
-
-    peer = EventStore(StoreConfig(db_url, poll_interval=0.2, chain=connect,
-                                  chain_counts_commits=False))
-    await peer.start()
-    await asyncio.wait_for(peer.writer.connected.wait(), 10)  # type: ignore[union-attr]
+    host, peer, server = await _hosted_pair(db_url)
     alone = EventStore(StoreConfig(db_url, poll_interval=0.2))
     await alone.start()
     try:

@@ -31,8 +31,7 @@ from typing import Any
 
 from polyport.core.builders import uuid_from_bytes
 from polyport.core.chain_wire import decode_append, decode_results, encode_append, us
-from polyport.core.commands import Append, AppendResult
-from polyport.core.errors import StorageUnavailable
+from polyport.core.commands import Append
 from polyport.core.events import SEGMENT_EVENT_HEADER_SIZE
 from polyport.core.health import Health
 from polyport.core.planner import StreamKey, StreamState
@@ -41,7 +40,6 @@ from polyport.core.writer import (
     Pending,
     Writer,
     WriterLimits,
-    admit,
     check_room,
     fast_statement,
 )
@@ -167,19 +165,8 @@ class ChainWriter(Writer):
         self._wants_rows = wants_rows
         self._hosted = hosted
 
-    def enqueue(
-        self, appends: Sequence[Append], checked: tuple[int, int] | None = None,
-        *, own: bool = True,
-        on_settle: Callable[[asyncio.Future[list[AppendResult]]], None] | None = None,
-    ) -> asyncio.Future[list[AppendResult]]:
-        if not self._hosted:
-            return super().enqueue(appends, checked, own=own, on_settle=on_settle)
-        if self._closing:
-            raise StorageUnavailable("the store is shutting down; retry against a running gateway")
-        n, size, cost = admit(appends, self.limits, self._waiting_events,
-                              self._waiting_bytes, checked)
-        return self._queue_unit(tuple(appends), n, size, cost, own, on_settle,
-                                [encode_append(a) for a in appends])
+    def _wire_form(self, appends: Sequence[Append]) -> list[Any] | None:
+        return [encode_append(a) for a in appends] if self._hosted else None
 
     def enqueue_wire(
         self, wire: list[Any], checked: tuple[int, int],
@@ -188,8 +175,7 @@ class ChainWriter(Writer):
         """Queue one unit in its wire form, which a worker checked against
         the same limits (``checked``: its size and cost).  The future gets
         its results in the wire's form, or its error."""
-        if self._closing:
-            raise StorageUnavailable("the store is shutting down; retry against a running gateway")
+        self._refuse_if_closing()
         n = 0
         for a in wire:
             n += len(a[7])
@@ -229,11 +215,7 @@ class ChainWriter(Writer):
             super()._finish_fast(batch, fast, base, t0, slot)
             return
         n = plan.n
-        stats = self.stats
-        stats.commits += 1
-        stats.events += n
-        stats.last_batch_size = n
-        stats.batch_sizes.append(n)
+        self._count_commit(n)
         t0_us = us(t0)
         commit_id = uuid.uuid4().bytes
         settle = self._settle[slot]

@@ -354,11 +354,7 @@ class EventStore:
         """:meth:`_committed` for a batch the hosted chain planned from the
         wire form (core/chain_writer.py): ``t0`` in µs, the rows in the
         wire's layout when someone wanted them as it was planned."""
-        self._health.ok()
-        if rows is not None:
-            self.tailer.committed(base, from_us(t0), decode_rows(rows))
-        else:
-            self.tailer.notify(base + n)
+        self._chain_committed(base, from_us(t0), n, None if rows is None else decode_rows(rows))
         if self.chain is not None:
             self.chain.tell_peers_wire(base, t0, n, rows)
         self._notifier.committed(base + n)

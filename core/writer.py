@@ -312,11 +312,20 @@ class Writer:
         ``on_commit`` (a done-callback would run a turn later, after
         whatever the loop had ready, on a busy worker hosting the chain);
         otherwise (a failure, an expiry) as the future's done-callback."""
-        if self._closing:
-            raise StorageUnavailable("the store is shutting down; retry against a running gateway")
+        self._refuse_if_closing()
         n, size, cost = admit(appends, self.limits, self._waiting_events,
                               self._waiting_bytes, checked)
-        return self._queue_unit(tuple(appends), n, size, cost, own, on_settle, None)
+        return self._queue_unit(tuple(appends), n, size, cost, own, on_settle,
+                                self._wire_form(appends))
+
+    def _refuse_if_closing(self) -> None:
+        if self._closing:
+            raise StorageUnavailable("the store is shutting down; retry against a running gateway")
+
+    def _wire_form(self, appends: Sequence[Append]) -> list[Any] | None:
+        """What a unit of ``appends`` keeps besides them (Pending.wire):
+        nothing here; core/chain_writer.py's hosted writer encodes them."""
+        return None
 
     def _queue_unit(
         self, appends: tuple[Append, ...], n: int, size: int, cost: int, own: bool,
@@ -794,14 +803,18 @@ class Writer:
         while len(self._streams) > self.limits.cached_streams:
             self._streams.popitem(last=False)
 
+    def _count_commit(self, n: int) -> None:
+        stats = self.stats
+        stats.commits += 1
+        stats.events += n
+        stats.last_batch_size = n
+        stats.batch_sizes.append(n)
+
     def _finish(
         self, batch: list[Pending], plan: Plan, base: int, t0: datetime, slot: int
     ) -> None:
         n = len(plan.rows)
-        self.stats.commits += 1
-        self.stats.events += n
-        self.stats.last_batch_size = n
-        self.stats.batch_sizes.append(n)
+        self._count_commit(n)
         settle = self._settle[slot]
         for p, outcome in zip(batch, plan.outcomes, strict=True):
             if p.future.done():

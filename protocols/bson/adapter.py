@@ -42,9 +42,9 @@ import bson.binary
 
 from polyport.core.access import Tenant
 from polyport.core.bodies import BSON
-from polyport.core.commands import Append, AppendBatch, Principal
+from polyport.core.commands import ANY, Append, AppendBatch, Principal, build_append
 from polyport.core.errors import Malformed, PolyportError, Unsupported
-from polyport.core.events import EventData, new_event_id
+from polyport.core.events import event_data, new_event_id
 from polyport.core.limits import check_body_size
 from polyport.protocols.bson.connection import ServerConnection
 from polyport.protocols.bson.errors import (
@@ -380,11 +380,8 @@ class BsonSession(ByteStreamSession[Limits, ServerConnection]):
     def _event(self, frame: Emit) -> tuple[Append, int]:
         body = encode_event(frame.event)
         check_body_size(len(body), self.limits.max_event_bytes, "EMIT: event")
-        event = EventData(
-            type=frame.event_type, body=body, content_type=BSON,
-            event_id=emit_event_id(frame.event),
-        )
-        append = Append(self.context, frame.stream_name, (event,), origin=ORIGIN)
+        event = event_data(frame.event_type, body, emit_event_id(frame.event), BSON)
+        append = build_append(self.context, frame.stream_name, (event,), ANY, ORIGIN, None)
         return append, len(body)
 
     async def _emit(self, frame: Emit) -> None:

@@ -33,10 +33,24 @@ from typing import Any
 from polyport.core.access import Tenant
 from polyport.core.aio import settled
 from polyport.core.bodies import JSON, OCTETS, body_json_text, loads_json
-from polyport.core.commands import END, Append, AppendBatch, Principal, Selector
+from polyport.core.commands import (
+    ANY,
+    END,
+    Append,
+    AppendBatch,
+    Principal,
+    Selector,
+    build_append,
+)
 from polyport.core.commands import Subscribe as CoreSubscribe
 from polyport.core.errors import Busy, NotFound, PolyportError
-from polyport.core.events import DEFAULT_CONTEXT, EventData, RecordedEvent, new_event_id
+from polyport.core.events import (
+    DEFAULT_CONTEXT,
+    EventData,
+    RecordedEvent,
+    event_data,
+    new_event_id,
+)
 from polyport.core.groups import GroupMember
 from polyport.core.subscriptions import Subscription
 from polyport.protocols.errors import TIMEOUT, UNSUPPORTED
@@ -143,10 +157,8 @@ def message_to_event(message: Message, *, json_negotiated: bool,
             content_type = JSON
         except (ValueError, UnicodeDecodeError, RecursionError):
             pass
-    return EventData(
-        type=event_type, body=message.payload, headers=headers, content_type=content_type,
-        event_id=message_event_id(message, context),
-    )
+    return event_data(event_type, message.payload, message_event_id(message, context),
+                      content_type, headers)
 
 
 # Any text is a message id; one that is not a UUID is mapped to one by name
@@ -451,7 +463,7 @@ class MicroMsg2Session(ByteStreamSession[Limits, ServerConnection]):
             taken += 1
         if taken:
             appends = tuple(
-                Append(self.context, stream, tuple(events), origin=PROTOCOL)
+                build_append(self.context, stream, tuple(events), ANY, PROTOCOL, None)
                 for stream, events in grouped
             )
             size = sum(len(m.payload) for m in messages[:taken])

@@ -33,7 +33,7 @@ from polyport.core.commands import (
     Start,
     Subscribe,
 )
-from polyport.core.events import DEFAULT_CONTENT_TYPE, EventData, RecordedEvent, new_event_id
+from polyport.core.events import DEFAULT_CONTENT_TYPE, RecordedEvent, event_data, new_event_id
 from polyport.core.groups import GroupMember
 from polyport.core.limits import check_body_size
 from polyport.core.subscriptions import Subscription
@@ -106,12 +106,9 @@ def append_command(
     for i, e in enumerate(request.events):
         check_body_size(len(e.body), max_event_bytes, f"events[{i}]: body")
         events.append(
-            EventData(
-                type=e.type,
-                body=e.body,
-                event_id=e.id if e.id is not None else new_event_id(),
-                headers=dict(e.headers),
-                content_type=e.content_type or DEFAULT_CONTENT_TYPE,
+            event_data(
+                e.type, e.body, e.id if e.id is not None else new_event_id(),
+                e.content_type or DEFAULT_CONTENT_TYPE, e.headers,
             )
         )
     return Append(

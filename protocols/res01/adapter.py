@@ -41,7 +41,7 @@ from polyport.core.errors import (
     Unsupported,
     new_error_id,
 )
-from polyport.core.events import EventData, RecordedEvent
+from polyport.core.events import EventData, RecordedEvent, event_data
 from polyport.core.limits import check_body_size, check_text, check_unique_ids
 from polyport.protocols.res01.errors import ErrorCode, error_code, error_reply
 from polyport.protocols.res01.frames import (
@@ -168,14 +168,7 @@ def to_append(request: AppendCommit, max_event_bytes: int | None = None) -> Appe
         if max_event_bytes is not None:
             check_body_size(len(body), max_event_bytes, f"AppendCommit event {i}: body")
         events.append(
-            EventData(
-                type=e.type,
-                body=body,
-                event_id=e.event_id,
-                headers=headers,
-                content_type=body_content_type(body),
-                client_time=e.timestamp,
-            )
+            event_data(e.type, body, e.event_id, body_content_type(body), headers, e.timestamp)
         )
     return Append(
         context=request.context,

@@ -57,7 +57,7 @@ from polyport.core.errors import (
     PolyportError,
     WrongExpectedVersion,
 )
-from polyport.core.events import EventData
+from polyport.core.events import EventData, event_data
 from polyport.core.segments import segment_chunk_from_live
 from polyport.protocols.budgets import BudgetAccount
 from polyport.protocols.errors import TIMEOUT
@@ -478,12 +478,8 @@ class SegmentSession(ByteStreamSession[Limits, ServerConnection]):
                 kept = block.events_after(ack)  # drops resent data at or below the ack level
                 offsets = block.event_offsets()[len(block.events) - len(kept) :]
                 events.extend(
-                    EventData(
-                        type=EVENT_TYPE,
-                        body=data,
-                        event_id=event_id(key, offset, appender.id_base),
-                        content_type=CONTENT_TYPE,
-                    )
+                    event_data(EVENT_TYPE, data, event_id(key, offset, appender.id_base),
+                               CONTENT_TYPE)
                     for offset, data in zip(offsets, kept, strict=True)
                 )
             end = blocks[-1].end_offset

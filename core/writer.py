@@ -26,7 +26,6 @@ import asyncpg
 import orjson
 
 from polyport.core import sql
-from polyport.core.builders import frozen_builder
 from polyport.core.commands import Append, AppendResult
 from polyport.core.errors import (
     Busy,
@@ -97,26 +96,20 @@ class Pending:
 
 
 @dataclass(frozen=True, slots=True)
-class SubmittedAppend:
-    """One submitted unit (an Append or an AppendBatch) as a commit settled it."""
-
-    origin: str
-    events: int
-    seconds: float  # from submit to the outcome
-    ok: bool
-
-
-# One per unit a commit settles, from values of our own (core/builders.py).
-build_submitted_append = frozen_builder(SubmittedAppend)
-
-
-@dataclass(frozen=True, slots=True)
 class CommitObservation:
-    """What one pass of the writer did; handed to ``Writer.observer``."""
+    """What one pass of the writer did; handed to ``Writer.observer``.
+
+    The submitted units it settled (each an Append or an AppendBatch) are
+    the lists' entries, one per unit in every list: columns rather than an
+    object per unit, which with the observer's per-unit work was 3 % of a
+    worker's W1 samples."""
 
     events: int  # events written by this commit
     seconds: float  # time spent committing
-    appends: tuple[SubmittedAppend, ...]
+    origins: list[str]  # each unit's protocol
+    sizes: list[int]  # its events
+    waits: list[float]  # seconds from its submission to its outcome
+    ok: list[bool]  # whether it succeeded
     # False: appends answered by the commit chain (core/chain.py), whose
     # commits this process did not make (events and seconds are 0 then).
     commit: bool = True
@@ -444,17 +437,19 @@ class Writer:
 
     def _observe(self, batch: list[Pending], events: int, elapsed: float, done: float) -> None:
         assert self.observer is not None
-        units = tuple(
-            build_submitted_append(
-                p.appends[0].origin if p.appends else "core",
-                p.events,
-                done - p.queued_at,
-                p.future.done() and not p.future.cancelled() and p.future.exception() is None,
-            )
-            for p in batch if p.own
-        )
+        origins: list[str] = []
+        sizes: list[int] = []
+        waits: list[float] = []
+        ok: list[bool] = []
+        for p in batch:
+            if p.own:
+                f = p.future
+                origins.append(p.appends[0].origin if p.appends else "core")
+                sizes.append(p.events)
+                waits.append(done - p.queued_at)
+                ok.append(f.done() and not f.cancelled() and f.exception() is None)
         try:
-            self.observer(CommitObservation(events, elapsed, units))
+            self.observer(CommitObservation(events, elapsed, origins, sizes, waits, ok))
         except Exception:  # metrics must never stop the writer
             log.exception("commit observer failed")
 

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
@@ -46,7 +46,7 @@ from polyport.core.errors import ERROR_BY_CODE
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import GroupMember
 from polyport.core.store import selector_from_json
-from polyport.core.writer import CommitObservation, SubmittedAppend
+from polyport.core.writer import CommitObservation
 from polyport.gateway.http import chart_history
 from polyport.protocols.session import CURRENT_PEER
 
@@ -176,14 +176,16 @@ def _age(t: datetime | None, now: float) -> float:
     return max(0.0, now - t.timestamp()) if t is not None else 0.0
 
 
-def observe_many(child: Any, values: Sequence[float]) -> None:
+def observe_many(child: Any, values: Sequence[float],
+                 counts: Mapping[int, int] | None = None) -> None:
     """``child.observe(v)`` for each of ``values`` (finite, not negative),
     with one increment per bucket they fall in and one of the sum: a
     catch-up hands out hundreds of events at once, and one ``observe``
     each was 7 % of the gateway's time in it.  prometheus_client keeps a
     histogram child's bounds, buckets and sum as ``_upper_bounds``,
     ``_buckets`` and ``_sum``; without them (another version) it observes
-    one by one."""
+    one by one.  ``counts``: how many values fall in each bucket, where
+    the caller has counted them already against the same bounds."""
     bounds = getattr(child, "_upper_bounds", None)
     buckets = getattr(child, "_buckets", None)
     total = getattr(child, "_sum", None)
@@ -192,7 +194,9 @@ def observe_many(child: Any, values: Sequence[float]) -> None:
             child.observe(v)
         return
     # observe() counts a value in the first bucket whose bound is >= it.
-    for i, n in Counter(bisect.bisect_left(bounds, v) for v in values).items():
+    if counts is None:
+        counts = Counter([bisect.bisect_left(bounds, v) for v in values])
+    for i, n in counts.items():
         buckets[i].inc(n)
     total.inc(sum(values))
 
@@ -321,23 +325,40 @@ class Telemetry:
             self._commit_le[bisect.bisect_left(LATENCY_BUCKETS, obs.seconds)] += 1
         # One pass per protocol, not per unit: a commit settles dozens of
         # units, and two histogram observes each (a lock and a bisect apiece)
-        # were ~5 % of the gateway's W1 samples.
-        by_origin: dict[str, list[SubmittedAppend]] = {}
-        for unit in obs.appends:
-            by_origin.setdefault(unit.origin, []).append(unit)
-        append_le = self._append_le
+        # were ~5 % of the gateway's W1 samples.  A commit's units usually
+        # share one protocol: then the lists are taken as they are.
+        origins = obs.origins
+        if not origins:
+            return
+        first = origins[0]
+        if origins.count(first) == len(origins):
+            self._observe_units(first, obs.sizes, obs.waits, obs.ok)
+            return
+        by_origin: dict[str, list[int]] = {}
+        for i, origin in enumerate(origins):
+            by_origin.setdefault(origin, []).append(i)
         for origin, units in by_origin.items():
-            seconds = [u.seconds for u in units]
-            observe_many(self._child(self.append_latency, origin), seconds)
-            observe_many(self._child(self.append_size, origin), [u.events for u in units])
-            for s in seconds:
-                append_le[bisect.bisect_left(LATENCY_BUCKETS, s)] += 1
-            self.append_requests[origin] += len(units)
-            ok = [u.events for u in units if u.ok]
-            if ok:
-                self.appended[origin] += sum(ok)
-            if len(ok) < len(units):
-                self.append_failures[origin] += len(units) - len(ok)
+            self._observe_units(origin, [obs.sizes[i] for i in units],
+                                [obs.waits[i] for i in units], [obs.ok[i] for i in units])
+
+    def _observe_units(self, origin: str, sizes: list[int], waits: list[float],
+                       ok: list[bool]) -> None:
+        # The append-latency histogram's bounds are LATENCY_BUCKETS and +Inf,
+        # as the status page's counts: one bisect per unit serves both.
+        counts = Counter([bisect.bisect_left(LATENCY_BUCKETS, w) for w in waits])
+        observe_many(self._child(self.append_latency, origin), waits, counts)
+        observe_many(self._child(self.append_size, origin), sizes)
+        append_le = self._append_le
+        for i, n in counts.items():
+            append_le[i] += n
+        self.append_requests[origin] += len(sizes)
+        if False not in ok:
+            self.appended[origin] += sum(sizes)
+            return
+        good = sum(size for size, fine in zip(sizes, ok, strict=True) if fine)
+        if good:
+            self.appended[origin] += good
+        self.append_failures[origin] += ok.count(False)
 
     def known_protocols(self) -> list[str]:
         """``protocol`` label values known before any traffic: every running

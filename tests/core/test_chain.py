@@ -292,7 +292,7 @@ async def test_a_store_hosting_the_chain_commits_for_another_and_feeds_both(
     host, peer, server = await _hosted_pair(db_url)
     assert host.chain is not None and host.chain.writer is host.writer
     seen: list[int] = []
-    host.writer.observer = lambda o: seen.extend(u.events for u in o.appends)
+    host.writer.observer = lambda o: seen.extend(o.sizes)
     try:
         stream = unique("hosted")
         on_host = await host.subscribe(Subscribe(Selector(context="default", stream=stream)))

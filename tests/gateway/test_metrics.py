@@ -405,19 +405,24 @@ def test_observing_a_batch_counts_as_observing_each(values: list[float]) -> None
 def test_a_commit_of_many_units_counts_as_each_unit_alone() -> None:
     # observe_commit takes a commit's units per protocol at once; the series
     # must read as if each unit had been observed by itself.
-    from polyport.core.writer import CommitObservation, SubmittedAppend
-    from polyport.gateway.http.telemetry import Telemetry
+    from polyport.core.writer import CommitObservation
+    from polyport.gateway.http.telemetry import LATENCY_BUCKETS, Telemetry
 
-    units = tuple(
-        SubmittedAppend(origin, events, seconds, ok)
-        for origin, events, seconds, ok in [
-            ("bson", 1, 0.0004, True), ("bson", 3, 0.002, True), ("micromsg2", 1, 0.2, True),
-            ("bson", 2, 0.05, False), ("micromsg2", 5, 1.5, False), ("bson", 1, 0.0004, True),
-        ]
-    )
+    units = [
+        ("bson", 1, 0.0004, True), ("bson", 3, 0.002, True), ("micromsg2", 1, 0.2, True),
+        ("bson", 2, 0.05, False), ("micromsg2", 5, 1.5, False), ("bson", 1, 0.0004, True),
+        ("bson", 1, 45.0, True),  # past the last bound: the +Inf bucket
+    ]
+
+    def observation(some: list[tuple[str, int, float, bool]], commit: bool) -> CommitObservation:
+        return CommitObservation(8 if commit else 0, 0.01 if commit else 0.0,
+                                 [u[0] for u in some], [u[1] for u in some],
+                                 [u[2] for u in some], [u[3] for u in some], commit=commit)
 
     def exposed(observations: list[CommitObservation]) -> list[tuple[str, Any, float]]:
         t = Telemetry(None)  # type: ignore[arg-type]  # observe_commit reads no gateway
+        # The status page's counts share the histogram's bisect (observe_commit).
+        assert tuple(t.append_latency.labels("x")._upper_bounds) == (*LATENCY_BUCKETS, float("inf"))
         for o in observations:
             t.observe_commit(o)
         series = [(s.name, sorted(s.labels.items()), s.value)
@@ -428,10 +433,16 @@ def test_a_commit_of_many_units_counts_as_each_unit_alone() -> None:
             ("failures", t.append_failures), ("le", dict(enumerate(t._append_le))))]
         return sorted(series)
 
-    together = exposed([CommitObservation(8, 0.01, units)])
-    alone = exposed([CommitObservation(8, 0.01, units[:1])]
-                    + [CommitObservation(0, 0.0, (u,), commit=False) for u in units[1:]])
-    assert [g[:2] for g in together] == [a[:2] for a in alone]
-    for (_n, _l, g), (_n2, _l2, a) in zip(together, alone, strict=True):
-        assert g == pytest.approx(a)
-    assert ("requests", [("bson", 4), ("micromsg2", 2)], 0.0) in together
+    for some in (units, [u for u in units if u[0] == "bson"]):
+        together = exposed([observation(some, True)])
+        alone = exposed([observation(some[:1], True)]
+                        + [observation([u], False) for u in some[1:]])
+        assert [g[:2] for g in together] == [a[:2] for a in alone]
+        for (_n, _l, g), (_n2, _l2, a) in zip(together, alone, strict=True):
+            assert g == pytest.approx(a)
+    together = exposed([observation(units, True)])
+    assert ("requests", [("bson", 5), ("micromsg2", 2)], 0.0) in together
+    assert ("appended", [("bson", 6), ("micromsg2", 1)], 0.0) in together
+    assert ("failures", [("bson", 1), ("micromsg2", 1)], 0.0) in together
+    le = dict(next(s[1] for s in together if s[0] == "le"))
+    assert le[len(LATENCY_BUCKETS)] == 1 and sum(le.values()) == len(units)

@@ -267,7 +267,7 @@ def _build_plan(cls: type[Frame]) -> tuple[Callable[..., Frame], tuple[Any, ...]
     without ``__init__`` (the frames have no ``__post_init__``), each absent
     optional field taking its default.  The keyword call with a dict per
     frame was a third of decoding an EMIT."""
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    fields = dataclasses.fields(cls)
     if [f.attr for f in cls.FIELDS] != [f.name for f in fields]:
         raise TypeError(f"{cls.__name__}: FIELDS must name every field, in declaration order")
     if "__post_init__" in vars(cls):

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TypeAlias
 
+from polyport.core.builders import frozen_builder
 from polyport.protocols.enums import IdentityEnum
 from polyport.protocols.errors import TOO_LARGE
 from polyport.protocols.micromsg2.errors import LocalProtocolError, RemoteProtocolError, as_local
@@ -309,25 +311,26 @@ def decode_fragment(
         return None
     payload = bytes(buf[pos : pos + length])
     pos += length
-    fragment = Fragment(
-        kind=kind,
-        more=bool(flags & FLAG_CONTINUED),
-        payload=payload,
-        seq=seq,
-        destination=dest,
-        properties=props,
-        ext_id=ext_id,
-    )
+    fragment = _build_fragment(kind, bool(flags & FLAG_CONTINUED), payload, seq, dest, props,
+                               ext_id)
     return fragment, pos - offset
+
+
+# One Fragment per wire frame and one Message per event, built from values
+# already in their kept form without the keyword __init__ (core/builders.py):
+# the two were 2 % of a worker's MicroMsg2 W1 samples.
+_build_fragment = frozen_builder(Fragment)
+_build_message = frozen_builder(Message)
 
 
 def build_frame(first: Fragment, payload: bytes) -> WireFrame:
     if first.kind is Kind.MESSAGE:
-        return Message(
-            seq=first.seq,
-            destination=decode_utf8(first.destination, "destination"),
-            payload=payload,
-            properties=decode_properties(first.properties),
+        # Message(...) as its __post_init__ would leave it: the payload
+        # bytes, the (freshly decoded) properties read-only.
+        return _build_message(
+            first.seq, decode_utf8(first.destination, "destination"),
+            payload if isinstance(payload, bytes) else bytes(payload),
+            MappingProxyType(decode_properties(first.properties)),
         )
     if first.kind is Kind.COMMAND:
         return decode_command_payload(payload)

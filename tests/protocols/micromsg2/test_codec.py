@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -45,6 +46,17 @@ def _split(data: bytes, cuts: list[int]) -> list[bytes]:
 def test_frames_round_trip(frame: WireFrame, fragment_size: int) -> None:
     data = encode_frame(frame, fragment_size=fragment_size)
     assert decode_frame(data + b"\x00rest") == (frame, len(data))
+
+
+@FUZZ
+@given(messages, fragment_sizes)
+def test_a_decoded_message_is_frozen_as_init_leaves_it(message: Message, size: int) -> None:
+    # Decoding builds messages without __init__ (wire.build_frame): its
+    # properties must still be read-only and its payload bytes.
+    decoded, _ = decode_frame(encode_frame(message, fragment_size=size))
+    assert isinstance(decoded, Message) and type(decoded.payload) is bytes
+    with pytest.raises(TypeError):
+        decoded.properties["added"] = 1  # type: ignore[index]
 
 
 @FUZZ

@@ -24,7 +24,6 @@ process.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 from polyport.core.builders import uuid_from_bytes
 from polyport.core.chain_wire import decode_append, decode_results, encode_append, us
 from polyport.core.commands import Append
-from polyport.core.events import SEGMENT_EVENT_HEADER_SIZE
+from polyport.core.events import SEGMENT_EVENT_HEADER_SIZE, new_event_id
 from polyport.core.health import Health
 from polyport.core.planner import StreamKey, StreamState
 from polyport.core.writer import (
@@ -217,7 +216,7 @@ class ChainWriter(Writer):
         n = plan.n
         self._count_commit(n)
         t0_us = us(t0)
-        commit_id = uuid.uuid4().bytes
+        commit_id = new_event_id().bytes  # as plan_batch draws it
         settle = self._settle[slot]
         for p, unit in zip(batch, plan.outcomes, strict=True):
             if not p.future.done():

@@ -33,7 +33,7 @@ from polyport.core.commands import (
     build_append_result,
 )
 from polyport.core.errors import Malformed, PolyportError, WrongExpectedVersion
-from polyport.core.events import RecordedEvent
+from polyport.core.events import RecordedEvent, new_event_id
 
 ONE_MICROSECOND = timedelta(microseconds=1)
 
@@ -131,7 +131,9 @@ def plan_batch(
     checkpoints: list[tuple[uuid.UUID, str, str, int]] = []
     seen: dict[EventKey, RecordedEvent | _Earlier] = dict(existing)
     any_failed = False
-    commit_id = uuid.uuid4()
+    # Drawn like event ids (core/events.py): uuid4() is a system call each,
+    # once per commit, which is once per event at low rates (W3).
+    commit_id = new_event_id()
     for p in batch:
         trial = _trial_states(p, before, after)
         trial_rows: list[tuple[Any, ...]] = []

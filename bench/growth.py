@@ -25,6 +25,11 @@ figure's growth from the first size to the last.  ``--analyze`` (default)
 runs ANALYZE on the events table before each size's reads; ``--no-analyze``
 turns autovacuum off for it, so that the reads run on a table never analyzed
 after its rows arrived.
+
+A read that gets nothing for ``STALL_S`` seconds leaves its figure empty
+and says how far it got.  A NATS ordered consumer that stalls is made again
+once (said on stderr) and only the new one is timed; a polyport read is
+never retried, since a stall there would be a subscriber missing events.
 """
 
 from __future__ import annotations

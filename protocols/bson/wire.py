@@ -272,6 +272,10 @@ def _build_plan(cls: type[Frame]) -> tuple[Callable[..., Frame], tuple[Any, ...]
         raise TypeError(f"{cls.__name__}: FIELDS must name every field, in declaration order")
     if "__post_init__" in vars(cls):
         raise TypeError(f"{cls.__name__}: a frame with __post_init__ must be built by __init__")
+    for wire_field, f in zip(cls.FIELDS, fields, strict=True):
+        if f.default_factory is not dataclasses.MISSING or (
+                not wire_field.required and f.default is dataclasses.MISSING):
+            raise TypeError(f"{cls.__name__}.{f.name}: an optional field needs a plain default")
     return frozen_builder(cls), tuple(
         None if f.default is dataclasses.MISSING else f.default for f in fields
     )

@@ -174,3 +174,42 @@ def test_shadowing_is_a_clear_error(tmp_path: Path) -> None:
     result = _run("import bson", cwd=tmp_path, pythonpath=str(PACKAGE_DIR.parent))
     assert result.returncode != 0
     assert "shadowing pymongo's bson" in result.stderr
+
+
+def test_a_frame_class_decoding_cannot_build_is_refused_when_the_module_loads() -> None:
+    # frame_from_document builds frames positionally, without __init__
+    # (wire._build_plan): a class it would build wrongly must fail at once.
+    from dataclasses import dataclass, field
+
+    from polyport.protocols.bson.frames import Field, Kind
+    from polyport.protocols.bson.wire import _build_plan
+
+    @dataclass(frozen=True, slots=True)
+    class Swapped:
+        a: str
+        b: str
+        FIELDS = (Field("b", "b", Kind.STRING), Field("a", "a", Kind.STRING))
+
+    @dataclass(frozen=True, slots=True)
+    class OptionalWithoutDefault:
+        a: str
+        FIELDS = (Field("a", "a", Kind.STRING, required=False),)
+
+    @dataclass(frozen=True, slots=True)
+    class Factory:
+        a: dict[str, object] = field(default_factory=dict)
+        FIELDS = (Field("a", "a", Kind.DOCUMENT, required=False),)
+
+    @dataclass(frozen=True, slots=True)
+    class Checked:
+        a: str
+
+        def __post_init__(self) -> None:
+            pass
+        FIELDS = (Field("a", "a", Kind.STRING),)
+
+    for cls, why in ((Swapped, "in declaration order"),
+                     (OptionalWithoutDefault, "needs a plain default"),
+                     (Factory, "needs a plain default"), (Checked, "__post_init__")):
+        with pytest.raises(TypeError, match=why):
+            _build_plan(cls)  # type: ignore[arg-type]

@@ -11,9 +11,13 @@ it answers, on the one core every commit goes through.
 
 A builder skips ``__post_init__``: its caller hands over values already in
 the form the class keeps (``EventData``'s headers frozen, its body
-``bytes``, its client time zone-aware).  Only trusted values take this
-path (the planner's, the database's, another process of this gateway's);
-what a client sends is built through ``__init__``.
+``bytes``, its client time zone-aware).  Values of our own take this path
+as they are (the planner's, the database's, another process of this
+gateway's).  What a client sends takes it only through a function that
+first puts it in that form as ``__post_init__`` would
+(:func:`core.events.event_data`, MicroMsg2's ``build_frame``), or into a
+class that has no ``__post_init__`` (the BSON frames), each held to
+``__init__`` by a test.
 """
 
 from __future__ import annotations

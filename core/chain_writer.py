@@ -134,7 +134,7 @@ def plan_wire(
 def _statement(
     n: int, parts: list[str], bodies: list[bytes], new: list[StreamKey],
     checkpoints: dict[tuple[bytes, str, str], int],
-) -> tuple[str, list[Any]]:
+) -> tuple[str, list[Any], list[Any]]:
     cps = list(checkpoints.items())
     return fast_statement(
         n, "[" + ",".join(parts) + "]", b"".join(bodies), new,

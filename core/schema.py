@@ -28,14 +28,17 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 metadata = MetaData()
 
-# One row: the last committed position and its time.  Every append transaction
-# locks it first, which makes commit order = position order (gapless).
+# One row: the last committed position and its time.  Every commit moves it
+# under its row lock, which makes commit order = position order (gapless).
+# ``last_commit``: the token of the fast commit that moved it last, which a
+# commit at planned positions checks before following it (migration 0011).
 log_head = Table(
     "log_head",
     metadata,
     Column("id", Integer, primary_key=True),
     Column("last_position", BigInteger, nullable=False),
     Column("last_recorded_at", DateTime(timezone=True), nullable=False),
+    Column("last_commit", UUID(as_uuid=True), nullable=True),
 )
 
 events = Table(

@@ -682,15 +682,18 @@ DROP_BINDER = "DELETE FROM binders WHERE name = $1 RETURNING name"
 # when it has no rows, so the common case leaves them out):
 #   new streams to register: context[], stream[]
 #   producer checkpoints: producer_id[], context[], stream[], ack_level[]
+#   last: this commit's token for log_head.last_commit (see APPEND_AT)
 def _fast_append(new_streams: bool, checkpoints: bool) -> str:
     n = 3
-    parts = ["""
+    token = 4 + 2 * new_streams + 4 * checkpoints
+    parts = [f"""
 WITH h AS (
     UPDATE log_head
     SET last_position = last_position + $1,
         last_recorded_at = greatest(last_recorded_at + interval '1 microsecond',
                                     clock_timestamp())
-                           + ($1 - 1) * interval '1 microsecond'
+                           + ($1 - 1) * interval '1 microsecond',
+        last_commit = ${token}::uuid
     WHERE id = 1
     RETURNING last_position - $1 AS base,
               last_recorded_at - ($1 - 1) * interval '1 microsecond' AS t0
@@ -735,6 +738,26 @@ FAST_APPEND = _fast_append(new_streams=False, checkpoints=False)
 FAST_APPEND_NEW_STREAMS = _fast_append(new_streams=True, checkpoints=False)
 FAST_APPEND_CHECKPOINTS = _fast_append(new_streams=False, checkpoints=True)
 FAST_APPEND_NEW_STREAMS_CHECKPOINTS = _fast_append(new_streams=True, checkpoints=True)
+
+# The fast path when the writer knows where the head stands (it made the
+# commit before, which may still be in flight): the positions and times are
+# planned, the events are inserted before the head is touched, and only then
+# does the commit wait for the one before it and check the head is where that
+# one left it (position and token), so that inserts of consecutive commits
+# run in parallel and only the head's move and the WAL flush are serialised.
+# The function is migration 0011's, which says why each step is where it is.
+#   $1-$3 as FAST_APPEND; $4 base position; $5 first recorded_at;
+#   $6 the token of the commit before; $7 this commit's token;
+#   $8 this commit's ticket, $9 the commit before's (advisory lock keys);
+#   $10, $11 new streams (context[], stream[]) or NULL;
+#   $12-$15 producer checkpoints (producer_id[], context[], stream[],
+#   ack_level[]) or NULL
+APPEND_AT = """
+SELECT polyport_append_at($1::int, $2::jsonb, $3::bytea, $4::bigint, $5::timestamptz,
+                          $6::uuid, $7::uuid, $8::bigint, $9::bigint,
+                          $10::text[], $11::text[],
+                          $12::uuid[], $13::text[], $14::text[], $15::bigint[])
+"""
 
 
 # --- cluster bootstrap ----------------------------------------------------------

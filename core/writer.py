@@ -1,8 +1,10 @@
 """Group commit: one writer task per process takes every append waiting at that
 moment into one transaction.
 
-Inside the transaction the head row is locked first (all processes do the
-same), so positions are gapless and follow commit order.  Each append's
+Every transaction moves the head row, and becomes visible only after the one
+before it (it either takes the head row first, or, at planned positions,
+waits for the commit before and checks the head is where that one left it),
+so positions are gapless and follow commit order.  Each append's
 expected-version and idempotency checks run against the state as the batch
 has built it so far: an append that fails its check fails alone; an
 ``AppendBatch`` succeeds or fails as a whole.  Those decisions are
@@ -26,6 +28,7 @@ import asyncpg
 import orjson
 
 from polyport.core import sql
+from polyport.core.chain_wire import from_us, us
 from polyport.core.commands import Append, AppendResult
 from polyport.core.errors import (
     Busy,
@@ -34,7 +37,7 @@ from polyport.core.errors import (
     StorageUnavailable,
     Timeout,
 )
-from polyport.core.events import RecordedEvent
+from polyport.core.events import RecordedEvent, new_event_id
 from polyport.core.health import Health
 from polyport.core.limits import EventLimits, check_appends
 from polyport.core.planner import ONE_MICROSECOND, EventKey, Plan, StreamState, plan_batch
@@ -42,6 +45,13 @@ from polyport.core.records import record_from_row
 from polyport.core.retry import Outage, connection_lost, reconnecting
 
 log = logging.getLogger("polyport.writer")
+
+# Seconds of moving the head first after a commit at planned positions found
+# it moved (Writer._head_moved), doubling up to the maximum while it recurs.
+PLANNED_BACKOFF = 1.0
+PLANNED_BACKOFF_MAX = 60.0
+# Times a checked commit is redone after a deadlock before its appends fail.
+CHECKED_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +67,13 @@ class WriterLimits:
     cached_streams: int = 100_000
     # Batches in flight at once, each on its own connection.  With 2, the
     # next batch is planned and encoded while the previous one is in the
-    # database; the head-row lock still makes them commit one after another.
+    # database; the head row still makes them commit one after another.
     pipeline_depth: int = 2
+    # Commit at planned positions (sql.APPEND_AT) whenever this writer knows
+    # where the head stands: the events of consecutive commits are inserted
+    # in parallel and only the head's move and the WAL flush are serialised.
+    # Off: every fast commit moves the head first (sql.FAST_APPEND).
+    planned_positions: bool = True
     commit_timeout: float = 30.0
     slow_commit_seconds: float = 1.0
     events: EventLimits = field(default_factory=EventLimits)
@@ -121,34 +136,69 @@ class WriterStats:
     events: int = 0
     last_batch_size: int = 0
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=256))
+    # Commits made at planned positions (sql.APPEND_AT), and those refused
+    # because the head was not where the commit before was to leave it.
+    planned_commits: int = 0
+    planned_refused: int = 0
 
 
 @dataclass(slots=True)
 class FastPlan:
-    """A batch planned for the fast path: its one statement, the stream
-    states it leaves (remembered while it commits), and what settles its
-    units once it has (a :class:`~core.planner.Plan`, or a subclass's own)."""
+    """A batch planned for the fast path: its one statement (less the
+    commit's token, drawn when it is sent), the arguments of the same batch
+    at planned positions (:func:`at_args`), the stream states it leaves
+    (remembered while it commits), and what settles its units once it has
+    (a :class:`~core.planner.Plan`, or a subclass's own)."""
 
     statement: str
     args: list[Any]
+    # n, document, bodies, then new streams' contexts and names and the
+    # producer checkpoints' four columns, each None when there are none.
+    parts: list[Any]
     after: dict[tuple[str, str], StreamState]
     plan: Any
+
+
+# Where the head stands after a commit: (last position, last recorded_at in
+# microseconds since the epoch, the commit's token).
+Head = tuple[int, int, uuid.UUID]
 
 
 def fast_statement(
     n: int, document: str, bodies: bytes, new: Sequence[tuple[str, str]],
     cp_producers: list[Any], cp_contexts: list[str], cp_streams: list[str],
     cp_levels: list[int],
-) -> tuple[str, list[Any]]:
-    """The fast path's statement and arguments (core/sql.py, _fast_append):
-    ``n`` rows in ``document``, their ``bodies``, the streams they create and
-    the producer checkpoints they move, one per (producer, stream)."""
+) -> tuple[str, list[Any], list[Any]]:
+    """The fast path's statement and arguments (core/sql.py, _fast_append),
+    and the parts that :func:`at_args` makes sql.APPEND_AT's from: ``n`` rows
+    in ``document``, their ``bodies``, the streams they create and the
+    producer checkpoints they move, one per (producer, stream)."""
     args: list[Any] = [n, document, bodies]
+    parts: list[Any] = [n, document, bodies]
     if new:
-        args += [[k[0] for k in new], [k[1] for k in new]]
+        new_contexts, new_streams = [k[0] for k in new], [k[1] for k in new]
+        args += [new_contexts, new_streams]
+        parts += [new_contexts, new_streams]
+    else:
+        parts += [None, None]
     if cp_producers:
         args += [cp_producers, cp_contexts, cp_streams, cp_levels]
-    return _FAST_APPEND[bool(new), bool(cp_producers)], args
+        parts += [cp_producers, cp_contexts, cp_streams, cp_levels]
+    else:
+        parts += [None, None, None, None]
+    return _FAST_APPEND[bool(new), bool(cp_producers)], args, parts
+
+
+def ticket(token: uuid.UUID) -> int:
+    """A commit's advisory lock key (sql.APPEND_AT): its token's first 64 bits."""
+    return int.from_bytes(token.bytes[:8], "big", signed=True)
+
+
+def at_args(parts: list[Any], base: int, t0: datetime, after: uuid.UUID,
+            this: uuid.UUID) -> list[Any]:
+    """sql.APPEND_AT's arguments: the batch at positions ``base`` + 1..., its
+    first event recorded at ``t0``, following the commit ``after``."""
+    return [*parts[:3], base, t0, after, this, ticket(this), ticket(after), *parts[3:]]
 
 
 class Writer:
@@ -205,6 +255,17 @@ class Writer:
         # older epoch takes the checked path instead of the fast one.
         self._streams: OrderedDict[tuple[str, str], StreamState] = OrderedDict()
         self._cache_epoch = 0
+        # Where the head will stand after the last batch planned for the fast
+        # path (a future: known at once for a commit at planned positions,
+        # when its statement returns for one that moves the head first), or
+        # None when that is not known (no commit yet, the checked path, or
+        # after a failure): the next batch then moves the head first.
+        self._head: asyncio.Future[Head | None] | None = None
+        # Commits at planned positions resume at this time (time.monotonic())
+        # after one found the head moved by another process (_head_moved).
+        self._planned_after = 0.0
+        self._backoff = PLANNED_BACKOFF
+        self._refused_at = -1e9
 
     @property
     def queue_depth(self) -> int:
@@ -563,6 +624,9 @@ class Writer:
     def _forget_streams(self) -> None:
         self._streams.clear()
         self._cache_epoch += 1
+        # Batches already planned at positions after a failed one fail in
+        # PostgreSQL; the next one moves the head first.
+        self._head = None
 
     def _fail(self, batch: list[Pending], exc: BaseException, slot: int) -> None:
         """Settle ``batch`` with a failure known to have stored nothing."""
@@ -642,6 +706,23 @@ class Writer:
         keys = self._batch_keys(batch)
         epoch = self._cache_epoch
         fast = self._plan_fast(batch, keys)
+        # At planned positions when the batch before it on the fast path
+        # tells where the head will stand and is still in flight: this commit
+        # inserts while that one is in PostgreSQL, waits for it there, and
+        # fails if it failed.  With nothing in flight there is nothing to
+        # overlap, and moving the head first is the cheaper statement (one
+        # event per commit: 95-145 against 145-170 us of PostgreSQL's CPU,
+        # docs/performance.md, session 21).
+        after = self._head
+        mine: asyncio.Future[Head | None] | None = None
+        if fast is not None:
+            mine = asyncio.get_running_loop().create_future()
+        self._head = mine
+        planned = (
+            mine is not None and after is not None and self.limits.planned_positions
+            and previous is not None and not previous.done()
+            and time.monotonic() >= self._planned_after
+        )
         # Sent ahead of its predecessor's outcome only when every batch in
         # flight is on the fast path and touches none of its streams: then
         # its plan rests on committed state alone, whatever happens to the
@@ -653,6 +734,7 @@ class Writer:
         # stream keeps its order, and so do appends sent after another's ack.
         ahead = (
             fast is not None
+            and not planned
             and previous is not None
             and not previous.done()
             and all(
@@ -663,28 +745,91 @@ class Writer:
         )
         self._inflight_keys[slot] = keys if fast is not None else None
         if fast is not None:
+            assert mine is not None
             # Optimistic: the next batch, planned while this one is in flight,
             # builds on it.  If this one fails, the epoch moves on and the
             # next one takes the checked path.
             for k, st in fast.after.items():
                 self._remember(k, st)
             try:
-                written = await self._write_fast(
-                    fast, slot, None if ahead else previous, epoch
-                )
-            except asyncpg.UniqueViolationError:
-                # A re-sent event id, or a stream another process moved on.
-                self._forget_streams()
-            except asyncpg.PostgresError:
-                self._forget_streams()
-                raise
-            else:
-                if written is not None:
-                    self._finish_fast(batch, fast, *written, slot)
+                if await self._try_fast(batch, fast, slot, epoch, mine,
+                                        after if planned else None,
+                                        None if ahead else previous):
                     return
+            finally:
+                if not mine.done():
+                    mine.set_result(None)
         if previous is not None:
             await previous
-        await self._commit_checked(batch, keys, slot)
+        for attempt in range(CHECKED_ATTEMPTS):
+            try:
+                await self._commit_checked(batch, keys, slot)
+                return
+            except asyncpg.TransactionRollbackError as exc:
+                # A deadlock with a commit at planned positions of another
+                # process (see _head_moved); rolled back, so it can be redone.
+                if attempt == CHECKED_ATTEMPTS - 1:
+                    raise
+                log.info("checked commit rolled back, redoing it: %s", exc)
+
+    async def _try_fast(
+        self, batch: list[Pending], fast: FastPlan, slot: int, epoch: int,
+        mine: asyncio.Future[Head | None], after: asyncio.Future[Head | None] | None,
+        previous: asyncio.Future[None] | None,
+    ) -> bool:
+        """The fast path, at planned positions following ``after`` if given,
+        else moving the head first once ``previous`` is done: True when the
+        batch committed, False when it is for the checked path."""
+        try:
+            if after is not None:
+                written = await self._write_at(fast, slot, after, mine, epoch)
+            else:
+                written = await self._write_fast(fast, slot, previous, epoch, mine)
+        except asyncpg.UniqueViolationError as exc:
+            # A re-sent event id, or a stream another process moved on; at
+            # planned positions also a position another process took.
+            if after is not None and exc.constraint_name == "events_pkey":
+                self.stats.planned_refused += 1
+                self._head_moved(exc, epoch)
+            self._forget_streams()
+            return False
+        except asyncpg.TransactionRollbackError as exc:
+            # Nothing stored.  At planned positions: the commit before failed,
+            # or another process committed in between.  Or two commits in
+            # flight met on one row: a deadlock, which only commits at planned
+            # positions can make (the others take the head row first).
+            if after is not None:
+                self.stats.planned_refused += 1
+                self._head_moved(exc, epoch)
+            self._forget_streams()
+            return False
+        except asyncpg.PostgresError:
+            self._forget_streams()
+            raise
+        if written is None:
+            return False
+        self._finish_fast(batch, fast, *written, slot)
+        return True
+
+    def _head_moved(self, exc: BaseException, epoch: int) -> None:
+        """A commit at planned positions was refused.  Unless this writer
+        already knows why (a failure before it: its cache was forgotten
+        since), another process may be committing on the same database, and
+        each planned commit would be inserted in vain and could meet one of
+        its commits on a row (a deadlock PostgreSQL ends after
+        deadlock_timeout): move the head first for a while, longer each time
+        it happens again soon."""
+        if self._cache_epoch != epoch:
+            return
+        now = time.monotonic()
+        if now - self._refused_at < 4 * self._backoff:
+            self._backoff = min(2 * self._backoff, PLANNED_BACKOFF_MAX)
+        else:
+            self._backoff = PLANNED_BACKOFF
+        self._refused_at = now
+        self._planned_after = now + self._backoff
+        log.info("commit at planned positions refused, moving the head first for %.0fs: %s",
+                 self._backoff, exc)
 
     def _batch_keys(self, batch: list[Pending]) -> set[tuple[str, str]]:
         return {(a.context, a.stream) for p in batch for a in p.appends}
@@ -723,10 +868,12 @@ class Writer:
             {k: plan.after[k] for k in plan.touched}, plan)
 
     async def _write_fast(
-        self, fast: FastPlan, slot: int, previous: asyncio.Future[None] | None, epoch: int
+        self, fast: FastPlan, slot: int, previous: asyncio.Future[None] | None, epoch: int,
+        mine: asyncio.Future[Head | None],
     ) -> tuple[int, datetime] | None:
-        """(base position, first recorded_at), or None if the plan was made
-        against cache entries that a failure has since withdrawn."""
+        """Moving the head first: (base position, first recorded_at), or None
+        if the plan was made against cache entries that a failure has since
+        withdrawn."""
         # Planning ran while the previous batch was in the database.
         if previous is not None:
             await previous
@@ -734,8 +881,38 @@ class Writer:
             return None
         conn = await self._connection(slot)
         self._statement_sent[slot] = True
-        row = await conn.fetchrow(fast.statement, *fast.args)
-        return int(row["base"]), row["t0"]
+        this = new_event_id()
+        row = await conn.fetchrow(fast.statement, *fast.args, this)
+        base: int = row["base"]
+        t0: datetime = row["t0"]
+        n = fast.parts[0]
+        mine.set_result((base + n, us(t0) + n - 1, this))
+        return base, t0
+
+    async def _write_at(
+        self, fast: FastPlan, slot: int, after: asyncio.Future[Head | None],
+        mine: asyncio.Future[Head | None], epoch: int,
+    ) -> tuple[int, datetime] | None:
+        """At planned positions, following the batch before, which may still
+        be in flight: (base position, first recorded_at), or None when that
+        batch did not commit as planned (this one's plan may rest on it)."""
+        head = await after
+        if head is None or self._cache_epoch != epoch:
+            return None
+        base, last_us, token = head
+        n = fast.parts[0]
+        # Strictly after the commit before, and from this process's clock
+        # rather than the database's: the events are inserted before this
+        # commit knows when the one before it ends.
+        t0_us = max(last_us + 1, time.time_ns() // 1000)
+        this = new_event_id()
+        mine.set_result((base + n, t0_us + n - 1, this))
+        t0 = from_us(t0_us)
+        conn = await self._connection(slot)
+        self._statement_sent[slot] = True
+        await conn.execute(sql.APPEND_AT, *at_args(fast.parts, base, t0, token, this))
+        self.stats.planned_commits += 1
+        return base, t0
 
     def _finish_fast(
         self, batch: list[Pending], fast: FastPlan, base: int, t0: datetime, slot: int

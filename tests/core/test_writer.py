@@ -22,7 +22,9 @@ pytestmark = pytest.mark.timeout(60)
 
 
 async def test_planned_batches_count_as_waiting_and_commit_in_order(db_url: str) -> None:
-    limits = WriterLimits(max_pending_events=2, pipeline_depth=2, commit_timeout=20)
+    # Moving the head first: the second batch goes to the database at once.
+    limits = WriterLimits(max_pending_events=2, pipeline_depth=2, commit_timeout=20,
+                          planned_positions=False)
     store = EventStore(StoreConfig(db_url, writer=limits))
     await store.start()
     try:
@@ -164,8 +166,11 @@ async def test_a_batch_on_other_streams_waits_in_the_database_not_in_the_loop(
 ) -> None:
     """While a commit waits for the head lock, the next batch goes to the
     database at once when it shares no stream with it (and queues on the same
-    lock there); one that shares a stream waits for its predecessor here."""
-    store = EventStore(StoreConfig(db_url, writer=WriterLimits(pipeline_depth=2)))
+    lock there); one that shares a stream waits for its predecessor here.
+    (Commits that move the head first; at planned positions every batch
+    follows the one before in PostgreSQL, see the tests below.)"""
+    store = EventStore(StoreConfig(db_url, writer=WriterLimits(pipeline_depth=2,
+                                                               planned_positions=False)))
     await store.start()
     writer = store.writer
     try:
@@ -204,7 +209,8 @@ async def test_a_batch_after_one_that_went_ahead_still_waits_for_the_earlier_one
     expected state of a shared stream, must wait for the predecessor, not
     only for the batch that went ahead: else its versions commit first and a
     stream's versions come out of position order."""
-    store = EventStore(StoreConfig(db_url, writer=WriterLimits(pipeline_depth=2)))
+    store = EventStore(StoreConfig(db_url, writer=WriterLimits(pipeline_depth=2,
+                                                               planned_positions=False)))
     await store.start()
     writer = store.writer
     try:
@@ -267,8 +273,9 @@ async def test_on_settle_hears_each_outcome_once_in_the_committing_turn(
 
 async def test_on_settle_hears_a_refusal_settled_outside_a_commit(db_url: str) -> None:
     # A unit that expires in the queue is settled by the timer, not by a
-    # commit: on_settle hears of it through the future.
-    limits = WriterLimits(commit_timeout=0.3)
+    # commit: on_settle hears of it through the future.  (Moving the head
+    # first, both batches wait on the held lock in PostgreSQL.)
+    limits = WriterLimits(commit_timeout=0.3, planned_positions=False)
     store = EventStore(StoreConfig(db_url, writer=limits))
     await store.start()
     heard: list[BaseException | None] = []

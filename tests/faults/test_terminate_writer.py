@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from typing import Any
 
 import asyncpg
 
@@ -106,12 +107,16 @@ async def test_reply_lost_after_commit(fault_db: str) -> None:
     store = EventStore(StoreConfig(fault_db, poll_interval=0.2))
     await store.start()
     writer = store.writer
-    real = writer._write_fast
     lost_replies = 0
 
-    async def committed_then_dropped(*args: object, **kw: object) -> object:
+    def dropping(real: Any) -> Any:
+        async def committed_then_dropped(*args: object, **kw: object) -> object:
+            return await _drop_after(real, args, kw)
+        return committed_then_dropped
+
+    async def _drop_after(real: Any, args: tuple[object, ...], kw: dict[str, object]) -> object:
         nonlocal lost_replies
-        result = await real(*args, **kw)  # type: ignore[arg-type]
+        result = await real(*args, **kw)
         # None: nothing was sent (a failure elsewhere withdrew the plan).
         if result is not None and lost_replies < 20 and random.random() < 0.3:
             lost_replies += 1
@@ -123,7 +128,10 @@ async def test_reply_lost_after_commit(fault_db: str) -> None:
             raise ConnectionResetError("reply lost (injected)")
         return result
 
-    writer._write_fast = committed_then_dropped  # type: ignore[method-assign]
+    # Both forms of the fast path: moving the head first, and at planned
+    # positions (most commits once the head is known).
+    writer._write_fast = dropping(writer._write_fast)  # type: ignore[method-assign]
+    writer._write_at = dropping(writer._write_at)  # type: ignore[method-assign]
     appenders = [Appender(store, f"lost-{i}", trust_failures=True) for i in range(4)]
     tasks = [asyncio.create_task(a.run()) for a in appenders]
     try:

@@ -21,7 +21,12 @@ from polyport.core.store import EventStore, StoreConfig
 from polyport.core.subscriptions import Subscription
 from polyport.core.users import UserChanges
 from polyport.core.writer import WriterLimits
-from polyport.gateway.config import TLS_LISTENERS, ConfigError, GatewayConfig
+from polyport.gateway.config import (
+    TLS_LISTENERS,
+    ConfigError,
+    GatewayConfig,
+    planned_positions,
+)
 from polyport.gateway.http import chart_history
 from polyport.gateway.http.server import build_app
 from polyport.gateway.http.telemetry import Telemetry
@@ -69,10 +74,15 @@ def warn_if_anonymous_exposed(config: GatewayConfig) -> None:
         )
 
 
-def writer_limits(config: GatewayConfig) -> WriterLimits:
+def writer_limits(config: GatewayConfig, sole: bool = True) -> WriterLimits:
     """The writer's bounds from the configuration (a gateway's own writer,
-    or the commit chain's)."""
+    or the commit chain's).  ``sole``: the gateway's only writer in normal
+    operation (one process, or the commit chain's); the others -- each
+    worker's with commit_chain off, a chain-fed worker's own for when the
+    chain is away -- take turns with other writers, and commits at planned
+    positions would collide with theirs (core/writer.py, _head_moved)."""
     return WriterLimits(
+        planned_positions=planned_positions(config) and sole,
         commit_timeout=config.commit_timeout,
         max_pending_events=config.max_pending_events,
         max_pending_bytes=config.max_pending_bytes,
@@ -299,7 +309,8 @@ class Gateway:
             allow_anonymous=self.config.allow_anonymous,
             anonymous_contexts=self.config.anonymous_contexts,
             read_timeout=self.config.read_timeout,
-            writer=writer_limits(self.config),
+            writer=writer_limits(self.config,
+                                 sole=self.role is None or self.role.hosts_chain),
             chain=None if self.role is None or not self.role.chain or self.role.hosts_chain
             else chain_connector(self.role.run_dir),
             hosts_chain=self.role is not None and self.role.hosts_chain,

@@ -48,6 +48,12 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 # its own, inside the last worker, or nowhere (each worker commits itself);
 # auto: a process when the machine has a core to spare for it, else a worker.
 COMMIT_CHAINS = ("auto", "process", "worker", "off")
+# auto: on when this process may use at least PLANNED_POSITIONS_MIN_CORES
+# cores.  On 2 cores the CPU, not the head row, is the limit, and the
+# parallel inserts cost W1 a few per cent there (docs/performance.md,
+# session 21).
+PLANNED_POSITIONS = ("auto", "on", "off")
+PLANNED_POSITIONS_MIN_CORES = 4
 # How the kernel schedules the gateway's processes (gateway/process/scheduling.py):
 # the default policy, or SCHED_BATCH (W1 throughput against W3 latency on a
 # saturated machine with several workers; the module says what was measured).
@@ -118,6 +124,25 @@ def _parse_commit_chain(value: Any, where: str) -> str:
     except ConfigError:
         raise ConfigError(f"{where}: expected one of {', '.join(COMMIT_CHAINS)}, "
                           f"got {value!r}") from None
+
+
+def _parse_planned_positions(value: Any, where: str) -> str:
+    """One of PLANNED_POSITIONS; true and false mean on and off."""
+    text = str(value).strip().lower() if not isinstance(value, bool) else ""
+    if text in PLANNED_POSITIONS:
+        return text
+    try:
+        return "on" if _parse_bool(value, where) else "off"
+    except ConfigError:
+        raise ConfigError(f"{where}: expected one of {', '.join(PLANNED_POSITIONS)}, "
+                          f"got {value!r}") from None
+
+
+def planned_positions(config: GatewayConfig) -> bool:
+    """Whether the gateway's sole writer commits at planned positions."""
+    if config.planned_positions == "auto":
+        return available_cores() >= PLANNED_POSITIONS_MIN_CORES
+    return config.planned_positions == "on"
 
 
 def _parse_networks(value: Any, where: str) -> tuple[str, ...]:
@@ -294,6 +319,12 @@ class GatewayConfig:
     # COMMIT_CHAINS); off: each worker commits on its own (the head row
     # makes them take turns).
     commit_chain: str = "auto"
+    # Commits at positions the gateway's sole writer plans (migration 0011):
+    # consecutive commits insert their events in parallel, and only moving
+    # the head row and the WAL flush are serialised.  Off: every commit
+    # takes the head row first, as gateways before 0011 did.  See
+    # PLANNED_POSITIONS.
+    planned_positions: str = "auto"
     # The default policy or SCHED_BATCH for the gateway's processes (see
     # CPU_SCHEDULINGS): with batch, their wake-ups no longer preempt each other.
     cpu_scheduling: str = "normal"
@@ -479,6 +510,8 @@ def coerce(key: str, value: Any, where: str | None = None) -> Any:
         return _parse_bool(value, where)
     if key == "commit_chain":
         return _parse_commit_chain(value, where)
+    if key == "planned_positions":
+        return _parse_planned_positions(value, where)
     if key == "res01_allow_from":
         return _parse_networks(value, where)
     if key in _LIST_KEYS:

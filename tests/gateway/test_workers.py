@@ -605,6 +605,33 @@ def test_a_bad_commit_chain_names_the_choices() -> None:
         coerce("commit_chain", "chained", "POLYPORT_COMMIT_CHAIN")
 
 
+@pytest.mark.parametrize(("value", "parsed"), [
+    ("auto", "auto"), ("On", "on"), ("off", "off"), (True, "on"), ("false", "off"),
+])
+def test_planned_positions_takes_auto_or_a_boolean(value: Any, parsed: str) -> None:
+    from polyport.gateway.config import coerce
+
+    assert coerce("planned_positions", value, "POLYPORT_PLANNED_POSITIONS") == parsed
+
+
+def test_planned_positions_auto_wants_four_cores_and_only_the_sole_writer_plans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from polyport.gateway import app, config
+    from polyport.gateway.config import ConfigError, GatewayConfig, coerce
+
+    with pytest.raises(ConfigError, match="expected one of auto, on, off, got 'maybe'"):
+        coerce("planned_positions", "maybe", "POLYPORT_PLANNED_POSITIONS")
+    for cores, planned in ((2, False), (3, False), (4, True), (16, True)):
+        monkeypatch.setattr(config, "available_cores", lambda c=cores: c)
+        assert config.planned_positions(GatewayConfig()) is planned
+        assert app.writer_limits(GatewayConfig()).planned_positions is planned
+        # A worker that takes turns with other writers never plans.
+        assert app.writer_limits(GatewayConfig(planned_positions="on"),
+                                 sole=False).planned_positions is False
+    assert config.planned_positions(GatewayConfig(planned_positions="off")) is False
+
+
 def test_auto_gives_the_chain_a_process_only_with_a_core_to_spare() -> None:
     from polyport.gateway.config import GatewayConfig
 
@@ -673,9 +700,12 @@ async def test_killing_the_commit_chain_under_load_loses_no_acknowledged_event(
     append: every acknowledged event is stored exactly once, positions stay
     gapless, no append fails (the workers commit on their own until the
     supervisor has the chain back), and the restarted chain is used again.
-    With cpu_scheduling = batch, which the restarted chain keeps."""
+    With cpu_scheduling = batch, which the restarted chain keeps, and the
+    chain committing at planned positions (auto leaves it off on 2 cores),
+    several commits in PostgreSQL when it dies."""
     async with serve(db_url, chain="process",
-                     settings={"POLYPORT_CPU_SCHEDULING": "batch"}) as gw:
+                     settings={"POLYPORT_CPU_SCHEDULING": "batch",
+                               "POLYPORT_PLANNED_POSITIONS": "on"}) as gw:
         await gw.said(r"\[worker 0\].*appends go through the commit chain")
         await gw.said(r"\[worker 1\].*appends go through the commit chain")
         [chain] = _supervisor_state(gw)["chain"]
@@ -730,8 +760,10 @@ async def test_killing_the_worker_that_hosts_the_chain_loses_no_acknowledged_eve
     while 16 publishers append.  Its own connections drop with it; the other
     worker's publishers never see a failure (it commits on its own until the
     supervisor has the host back, then returns to it), and every
-    acknowledged event is stored exactly once, gapless."""
-    async with serve(db_url, chain="worker") as gw:
+    acknowledged event is stored exactly once, gapless.  (At planned
+    positions, which auto leaves off on 2 cores.)"""
+    async with serve(db_url, chain="worker",
+                     settings={"POLYPORT_PLANNED_POSITIONS": "on"}) as gw:
         await gw.said(r"worker 1 hosting the commit chain")
         await gw.said(r"\[worker 0\].*appends go through the commit chain")
         [_first, hosting] = _supervisor_state(gw)["workers"]

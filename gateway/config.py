@@ -49,9 +49,9 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 # auto: a process when the machine has a core to spare for it, else a worker.
 COMMIT_CHAINS = ("auto", "process", "worker", "off")
 # auto: on when this process may use at least PLANNED_POSITIONS_MIN_CORES
-# cores.  On 2 cores the CPU, not the head row, is the limit, and the
-# parallel inserts cost W1 a few per cent there (docs/performance.md,
-# session 21).
+# cores.  On 2 cores the CPU, not the head row, is the limit: W1 gained
+# nothing beyond the machine's noise and W3 cost PostgreSQL more CPU
+# (docs/performance.md, session 21).
 PLANNED_POSITIONS = ("auto", "on", "off")
 PLANNED_POSITIONS_MIN_CORES = 4
 # How the kernel schedules the gateway's processes (gateway/process/scheduling.py):

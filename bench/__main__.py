@@ -4,7 +4,9 @@ PostgreSQL measured in the same run; ``peers`` compares raw PostgreSQL, NATS
 JetStream and every protocol in one run (docs/performance.md); ``workers``
 compares ``polyport serve --workers N`` with one worker and prints the CPU
 ceiling of this machine; ``chain`` feeds the commit chain process alone
-and prints what it commits and its CPU per event; ``growth`` fills one log
+and prints what it commits and its CPU per event; ``commits`` sends the
+fast path's statements alone, the head row taken first against planned
+positions, on 1..K connections; ``growth`` fills one log
 through ``--sizes`` beside NATS JetStream and prints how each figure moves
 as it grows; ``faults`` (not a benchmark, not in CI) SIGKILLs ``polyport
 serve`` under load through every protocol and audits."""

@@ -5,7 +5,8 @@
 # device tool's run with carry [".devbench"] and
 #   bash .devbench/run 'bash bench/device.sh'
 # Each bench writes its output to $OUT/<name>.txt as it goes (a run cut short
-# still brings back what finished); about 9.5 minutes on 16 cores.
+# still brings back what finished); at most 580 s of limits, under the
+# device's 600 s per command.
 set -u
 out=${OUT:-/tmp/polyport-device-out}
 mkdir -p "$out"
@@ -23,15 +24,21 @@ run() {
 
 nproc >"$out/machine.txt"; free -g >>"$out/machine.txt"; "$py" --version >>"$out/machine.txt" 2>&1
 
-# The commit chain alone, fed on its socket by 1, 2 and 4 feeder processes:
-# the ceiling of one chain process on this machine, measured, not inferred.
-run chain 60 chain --feeders 1,2,4 --seconds 4
+# The commit chain alone, fed on its socket by 2 and 4 feeder processes:
+# the ceiling of one chain process on this machine, measured, not inferred;
+# at planned positions (the default) and moving the head row first
+# (migration 0011, docs/performance.md session 21: neutral on 2 cores, where
+# the CPU is the limit; here PostgreSQL's inserts can run side by side).
+run chain 45 chain --feeders 2,4 --seconds 4
+POLYPORT_PLANNED_POSITIONS=false run chain-head-first 45 chain --feeders 2,4 --seconds 4
+# PostgreSQL's side alone: how far each statement scales with connections.
+run commits 70 commits --connections 1,4,8,16 --events 256 --seconds 3
 # W1 by worker count, each worker committing itself ("own", the design before
 # the commit chain) beside the default (auto: a chain process there), 32
 # then 256 publishers.
-run workers-32 170 workers --workers 1,2,4,8 --protocols bson,micromsg2 --seconds 4 --repeat 1 \
+run workers-32 120 workers --workers 1,4,8 --protocols bson,micromsg2 --seconds 4 --repeat 1 \
   --chain both
-run workers-256 150 workers --workers 1,4,8 --protocols bson,micromsg2 --publishers 256 \
+run workers-256 100 workers --workers 1,8 --protocols bson,micromsg2 --publishers 256 \
   --seconds 4 --repeat 1 --chain on
 # The peers (raw PostgreSQL, NATS JetStream) and polyport at its best worker
 # count, W1 at 32 and 256 publishers, W3's latency; the load spread over

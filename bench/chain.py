@@ -41,6 +41,7 @@ from bench.peers import (
     ServeProcess,
     client_loop,
     one_line,
+    positive_counts,
     run_command,
     say,
 )
@@ -160,9 +161,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeat", type=int, default=1, help="runs per feeder count; medians")
     args = p.parse_args(argv)
     try:
-        args.feeders = [int(x) for x in args.feeders.split(",") if x.strip()]
-        if not args.feeders or min(args.feeders) < 1:
-            raise BenchError("--feeders: positive integers, comma-separated")
+        args.feeders = positive_counts(args.feeders, "--feeders")
         if min(args.outstanding, args.events, args.repeat) < 1 or args.seconds <= 0:
             raise BenchError("--outstanding, --events, --repeat and --seconds must be positive")
     except (BenchError, ValueError) as exc:

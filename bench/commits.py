@@ -31,7 +31,16 @@ import asyncpg
 import orjson
 
 from bench.common import bench_cluster, fresh_database
-from bench.peers import BenchError, Meter, Roots, client_loop, one_line, run_command, say
+from bench.peers import (
+    BenchError,
+    Meter,
+    Roots,
+    client_loop,
+    one_line,
+    positive_counts,
+    run_command,
+    say,
+)
 from polyport.core import migrate, sql
 from polyport.core.writer import at_args, fast_statement
 
@@ -186,9 +195,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seconds", type=float, default=4.0, help="length of each measurement")
     args = p.parse_args(argv)
     try:
-        args.connections = [int(x) for x in args.connections.split(",") if x.strip()]
-        if not args.connections or min(args.connections) < 1:
-            raise BenchError("--connections: positive integers, comma-separated")
+        args.connections = positive_counts(args.connections, "--connections")
         if args.events < 1 or args.seconds <= 0:
             raise BenchError("--events and --seconds must be positive")
     except (BenchError, ValueError) as exc:

@@ -133,6 +133,17 @@ class BenchError(Exception):
     """A failure worth one line, not a traceback."""
 
 
+def positive_counts(text: str, option: str) -> list[int]:
+    """``--option 1,2,4``: positive integers, comma-separated, else BenchError."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise BenchError(f"{option}: positive integers, comma-separated")
+    return counts
+
+
 # --- event bodies -----------------------------------------------------------------------
 
 
@@ -1604,9 +1615,7 @@ def main(argv: list[str]) -> int:
         args.protocols = _choices(args.protocols, PROTOCOLS, "--protocols")
         args.workloads = _choices(args.workloads, WORKLOADS, "--workloads")
         pubs = args.publishers or ("32,256,1000" if args.full else "32")
-        args.publishers = [int(x) for x in pubs.split(",") if x.strip()]
-        if not args.publishers or min(args.publishers) < 1:
-            raise BenchError("--publishers: positive integers, comma-separated")
+        args.publishers = positive_counts(pubs, "--publishers")
     except (BenchError, ValueError) as exc:
         print(f"python -m bench peers: {one_line(exc)}", file=sys.stderr)
         return 2

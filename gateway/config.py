@@ -113,28 +113,15 @@ def _parse_bool(value: Any, key: str) -> bool:
     raise ConfigError(f"{key}: expected true or false, got {value!r}")
 
 
-def _parse_commit_chain(value: Any, where: str) -> str:
-    """One of COMMIT_CHAINS; true and false (the setting's first spelling)
-    still mean auto and off."""
+def _parse_choice(value: Any, where: str, choices: tuple[str, ...], true: str) -> str:
+    """One of ``choices``; a boolean spelling means ``true`` or "off"."""
     text = str(value).strip().lower() if not isinstance(value, bool) else ""
-    if text in COMMIT_CHAINS:
+    if text in choices:
         return text
     try:
-        return "auto" if _parse_bool(value, where) else "off"
+        return true if _parse_bool(value, where) else "off"
     except ConfigError:
-        raise ConfigError(f"{where}: expected one of {', '.join(COMMIT_CHAINS)}, "
-                          f"got {value!r}") from None
-
-
-def _parse_planned_positions(value: Any, where: str) -> str:
-    """One of PLANNED_POSITIONS; true and false mean on and off."""
-    text = str(value).strip().lower() if not isinstance(value, bool) else ""
-    if text in PLANNED_POSITIONS:
-        return text
-    try:
-        return "on" if _parse_bool(value, where) else "off"
-    except ConfigError:
-        raise ConfigError(f"{where}: expected one of {', '.join(PLANNED_POSITIONS)}, "
+        raise ConfigError(f"{where}: expected one of {', '.join(choices)}, "
                           f"got {value!r}") from None
 
 
@@ -509,9 +496,10 @@ def coerce(key: str, value: Any, where: str | None = None) -> Any:
     if key in _BOOL_KEYS:
         return _parse_bool(value, where)
     if key == "commit_chain":
-        return _parse_commit_chain(value, where)
+        # true and false (the setting's first spelling) still mean auto and off.
+        return _parse_choice(value, where, COMMIT_CHAINS, "auto")
     if key == "planned_positions":
-        return _parse_planned_positions(value, where)
+        return _parse_choice(value, where, PLANNED_POSITIONS, "on")
     if key == "res01_allow_from":
         return _parse_networks(value, where)
     if key in _LIST_KEYS:

@@ -77,9 +77,10 @@ class _Sender:
         self.body = b"x" * BODY_BYTES
 
     def _batch(self, seq: int) -> tuple[str, list[object], list[object]]:
-        rows = [[str(uuid.uuid4()), "bench", {}, "application/octet-stream", None, "bench",
-                 "bench", f"b{seq}-{i}", 1, 0, i * BODY_BYTES, BODY_BYTES]
-                for i in range(self.events)]
+        rows: list[list[object]] = [
+            [str(uuid.uuid4()), "bench", {}, "application/octet-stream", None, "bench",
+             "bench", f"b{seq}-{i}", 1, 0, i * BODY_BYTES, BODY_BYTES]
+            for i in range(self.events)]
         return fast_statement(self.events, orjson.dumps(rows).decode(),
                               self.body * self.events, [], [], [], [], [])
 

@@ -808,6 +808,13 @@ class Writer:
             raise
         if written is None:
             return False
+        if after is not None and previous is not None:
+            # Settled in commit order: the commit before has committed (this
+            # one waited for it in PostgreSQL), but its reply, on another
+            # connection, can be handled after this one's.  Told out of
+            # order, tailers would read back what they could fan out from
+            # memory.
+            await previous
         self._finish_fast(batch, fast, *written, slot)
         return True
 

@@ -65,9 +65,9 @@ class Run:
 class _Sender:
     """K connections sending batches in the order they were numbered."""
 
-    def __init__(self, conns: list[asyncpg.Connection], mode: str, events: int,
-                 head: int, start: uuid.UUID, t0: datetime) -> None:
-        self.conns, self.mode, self.events = conns, mode, events
+    def __init__(self, mode: str, events: int, head: int, start: uuid.UUID,
+                 t0: datetime) -> None:
+        self.mode, self.events = mode, events
         self.head, self.t0 = head, t0
         self.tokens: dict[int, uuid.UUID] = {-1: start}
         self.next = 0
@@ -120,7 +120,7 @@ async def _one_run(url: str, pg_pid: int, mode: str, k: int,
         start = uuid.uuid4()
         await conns[0].execute("UPDATE log_head SET last_commit = $1 WHERE id = 1", start)
         t0 = max(head["last_recorded_at"], datetime.now(UTC)) + timedelta(microseconds=1)
-        sender = _Sender(conns, mode, args.events, head["last_position"], start, t0)
+        sender = _Sender(mode, args.events, head["last_position"], start, t0)
         meter = Meter(Roots(pg=pg_pid))
         until = time.monotonic() + WARMUP_SECONDS + args.seconds
 

@@ -716,7 +716,8 @@ class Writer:
         after = self._head
         mine: asyncio.Future[Head | None] | None = None
         if fast is not None:
-            mine = asyncio.get_running_loop().create_future()
+            assert self._loop is not None  # set by start(), which runs _commit
+            mine = self._loop.create_future()
         self._head = mine
         planned = (
             mine is not None and after is not None and self.limits.planned_positions

@@ -3,7 +3,8 @@ reactivesocket, micromsg2, segment, pipeline) and print ratios against raw
 PostgreSQL measured in the same run; ``peers`` compares raw PostgreSQL, NATS
 JetStream and every protocol in one run (docs/performance.md); ``workers``
 compares ``polyport serve --workers N`` with one worker and prints the CPU
-ceiling of this machine; ``chain`` feeds the commit chain process alone
+ceiling of this machine (with ``--baseline``, beside another install, such
+as a checkout of an earlier commit); ``chain`` feeds the commit chain process alone
 and prints what it commits and its CPU per event; ``commits`` sends the
 fast path's statements alone, the head row taken first against planned
 positions, on 1..K connections; ``growth`` fills one log

@@ -72,6 +72,13 @@ async def bench_cluster() -> AsyncIterator[EmbeddedPostgres]:
 
 async def fresh_database(pg: EmbeddedPostgres) -> str:
     """A new migrated database on the cluster; returns its URL."""
+    url = await empty_database(pg)
+    await asyncio.get_running_loop().run_in_executor(None, migrate.upgrade, url, "head")
+    return url
+
+
+async def empty_database(pg: EmbeddedPostgres) -> str:
+    """A new database on the cluster with no schema yet; returns its URL."""
     port = pg.running_port()
     assert port is not None
     admin = pg.url(port)
@@ -81,9 +88,7 @@ async def fresh_database(pg: EmbeddedPostgres) -> str:
         await conn.execute(f"CREATE DATABASE {name}")
     finally:
         await conn.close()
-    url = admin.rsplit("/", 1)[0] + "/" + name
-    await asyncio.get_running_loop().run_in_executor(None, migrate.upgrade, url, "head")
-    return url
+    return admin.rsplit("/", 1)[0] + "/" + name
 
 
 _INSERT_ONE = f"""

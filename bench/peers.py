@@ -281,14 +281,21 @@ def say(line: str) -> None:
 # --- server processes ------------------------------------------------------------------------
 
 
+# This tree's ``polyport`` command.
+SERVE_COMMAND = (sys.executable, "-m", "polyport.gateway.cli.main")
+
+
 class ServeProcess:
     """``polyport serve`` as a child process; the bound ports come from the
     gateway.json it writes into its data directory."""
 
     def __init__(self, root: Path, database_url: str, listeners: Sequence[str],
                  workers: int | None, chain: str = "auto",
-                 cpu_scheduling: str = "normal") -> None:
+                 cpu_scheduling: str = "normal", command: Sequence[str] = ()) -> None:
         self.data_dir = root
+        # The polyport command to run: this tree's by default, or another
+        # install's (``bench workers --baseline``).
+        self.command = tuple(command) or SERVE_COMMAND
         self.database_url = database_url
         self.listeners = tuple(listeners)
         self.workers = workers
@@ -329,7 +336,7 @@ class ServeProcess:
             "POLYPORT_CPU_SCHEDULING": self.cpu_scheduling,
         }
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "polyport.gateway.cli.main", "serve",
+            *self.command, "serve",
             "--data-dir", str(self.data_dir),
             "--host", "127.0.0.1", "--http-port", "off", *ports, *workers,
             stdout=asyncio.subprocess.DEVNULL, env=env, cwd=REPO,

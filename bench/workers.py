@@ -14,6 +14,11 @@ the machine's C cores for E events/s; if more workers cost nothing extra per
 event, the machine runs out of CPU at ``C / T`` times the one-worker rate.
 A target above that ceiling cannot be met on this machine by any worker
 design; only less CPU per event (or more cores) moves it.
+
+``--baseline COMMAND`` runs every worker count a second time under another
+install's ``polyport`` (an earlier commit checked out with its own
+virtualenv), on a database that install's own ``migrate`` made, in the same
+rotation: before and after, side by side, in one run.
 """
 
 from __future__ import annotations
@@ -21,17 +26,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
 import zmq.asyncio
 
-from bench.common import bench_cluster, fresh_database
+from bench.common import bench_cluster, empty_database, fresh_database
 from bench.peers import (
     PROTOCOLS,
     BenchError,
@@ -49,6 +56,7 @@ from bench.peers import (
 )
 from bench.processes import ProcessMeter, ProcessShare, appended, roles
 from polyport.gateway.config import CPU_SCHEDULINGS, GatewayConfig
+from polyport.gateway.process.embedded_pg import EmbeddedPostgres
 from polyport.gateway.process.supervisor import chain_mode
 
 DEFAULT_PROTOCOLS = ("bson", "micromsg2")
@@ -69,6 +77,8 @@ class Setup:
     workers: int
     chain: str = "auto"
     scheduling: str = "normal"
+    # Served by the --baseline install (its own defaults) instead of this tree.
+    baseline: bool = False
 
     @property
     def mode(self) -> str:
@@ -77,6 +87,8 @@ class Setup:
 
     @property
     def label(self) -> str:
+        if self.baseline:
+            return f"base {self.workers}"
         chain = "" if self.workers == 1 else f" {CHAIN_LABELS[self.mode]}"
         return f"{self.workers}{chain}{' batch' if self.scheduling == 'batch' else ''}"
 
@@ -95,11 +107,14 @@ class Run:
         return sum(self.cores.get(k, 0.0) for k in ("gateway", "pg", "client"))
 
 
-def plan_setups(workers: list[int], chain: str, schedulings: list[str]) -> list[Setup]:
+def plan_setups(workers: list[int], chain: str, schedulings: list[str],
+                baseline: bool = False) -> list[Setup]:
     """Every worker count with every chain of ``--chain`` (one worker has
-    none) and every policy of ``--cpu-scheduling``, in that order."""
+    none) and every policy of ``--cpu-scheduling``, in that order; then,
+    with a baseline, every worker count under it."""
     return [Setup(w, c, s) for w in workers for s in schedulings
-            for c in (("off",) if w == 1 else CHAIN_SETS[chain])]
+            for c in (("off",) if w == 1 else CHAIN_SETS[chain])] + (
+        [Setup(w, "off", baseline=True) for w in workers] if baseline else [])
 
 
 def _median(runs: list[Run]) -> Run:
@@ -129,10 +144,16 @@ async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[st
                        zmq_ctx: zmq.asyncio.Context, label: str) -> list[Run]:
     workers = setup.workers
     gateway = ServeProcess(root / f"gateway-{label}", pg_url, protocols, workers, setup.mode,
-                           setup.scheduling)
-    say(f"[{label}] starting polyport serve --workers {workers}"
-        f"{'' if workers == 1 else ' (commit chain: ' + setup.mode + ')'}, "
-        f"CPU scheduling {setup.scheduling}...")
+                           setup.scheduling, args.baseline if setup.baseline else ())
+    if setup.baseline:
+        say(f"[{label}] starting the baseline's polyport serve --workers {workers}...")
+    else:
+        say(f"[{label}] starting polyport serve --workers {workers}"
+            f"{'' if workers == 1 else ' (commit chain: ' + setup.mode + ')'}, "
+            f"CPU scheduling {setup.scheduling}...")
+    # The baseline's workers are not split: an older gateway may lack the
+    # per-worker /status sockets the split reads.
+    split = workers > 1 and not setup.baseline
     await gateway.start()
     roots.gateway = gateway.pid
     env = Env("", gateway, None, zmq_ctx, roots, args.client_processes)
@@ -141,13 +162,14 @@ async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[st
     run_dir = gateway.run_dir
     try:
         for p in protocols:
-            meter = ProcessMeter(roots, roles(gateway.pid, setup.mode == "worker", workers))
+            meter = ProcessMeter(roots, roles(gateway.pid, setup.mode == "worker", workers)
+                                 if split or workers == 1 else {})
             async with asyncio.timeout(2 * args.seconds + 300):
                 # A short warm-up: connections, prepared statements, caches.
                 await w1(env, Meter(roots), p, args.publishers, min(1.0, args.seconds))
-                before = await appended(run_dir, p) if workers > 1 else {}
+                before = await appended(run_dir, p) if split else {}
                 got = await w1(env, meter, p, args.publishers, args.seconds)
-                after = await appended(run_dir, p) if workers > 1 else {}
+                after = await appended(run_dir, p) if split else {}
                 shares = meter.shares(before, after, got)
             runs.append(Run(p, setup, got, meter.cores, shares))
             say(f"  [{label}] {p}, --workers {setup.label}: {got:,.0f} events/s (cores: gateway "
@@ -162,7 +184,10 @@ async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[st
 def _table(rows: list[Run], args: argparse.Namespace) -> None:
     cpus = os.cpu_count() or 1
     first = args.setups[0]
-    base = {r.protocol: r for r in rows if r.setup == first}
+    # Each tree's rows against its own first setup (the baseline's: its
+    # first worker count).
+    firsts = {s.baseline: s for s in reversed(args.setups)}
+    base = {(r.protocol, r.setup.baseline): r for r in rows if r.setup in firsts.values()}
     print(f"\nW1 closed loop, {args.publishers} publishers in {args.client_processes} client "
           f"process(es), by worker count (median of {args.repeat} run(s) of "
           f"{args.seconds:g} s, the worker counts alternating); {cpus} CPUs")
@@ -172,11 +197,11 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
     print(f"  {'':<15} {'':>16} {'':>10} {'cores':>8} {'cores':>6} {'cores':>6} {'cores':>7} "
           f"{'cores':>6} {'/event':>7} {'':>6} {'ratio':>7} {'':>8} {'max ev/s':>8}")
     for r in rows:
-        b = base[r.protocol]
+        b = base[(r.protocol, r.setup.baseline)]
         per_event = r.total / r.events * 1e6 if r.events else float("nan")
         b_per_event = b.total / b.events * 1e6 if b.events else float("nan")
         ratio = r.events / b.events if b.events else float("nan")
-        is_first = r.setup == first
+        is_first = r.setup == firsts[r.setup.baseline]
         ceiling = f"{cpus / b.total:.2f}" if is_first and b.total else ""
         chain = r.cores.get("chain", 0.0)
         chain_max = f"{r.events / chain:,.0f}" if chain > 0.01 else ""
@@ -198,7 +223,27 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
           "ev/s: events/s it could carry at one full core with that CPU per event")
     print(f"  ceiling: {cpus} cores / total cores at --workers {first.label}: the most "
           "any number of workers could reach here if they cost no extra CPU per event")
+    if args.baseline:
+        print(f"  base N: the baseline ({' '.join(args.baseline)}) with N workers, its "
+              "defaults; its ratios against its own first worker count")
+        _baseline_table(rows)
     _process_table(rows, args)
+
+
+def _baseline_table(rows: list[Run]) -> None:
+    """This tree's setups against the baseline's with as many workers."""
+    bases = {(r.protocol, r.setup.workers): r for r in rows if r.setup.baseline}
+    print("\nAgainst the baseline, same protocol and worker count (this run)")
+    print(f"  {'protocol':<15} {'workers':>16} {'events/s':>10} {'base':>10} {'ratio':>6} "
+          f"{'us CPU/ev':>10} {'base':>6} {'ratio':>6}")
+    for r in rows:
+        b = bases.get((r.protocol, r.setup.workers))
+        if r.setup.baseline or b is None or not (r.events and b.events):
+            continue
+        now, then = r.total / r.events * 1e6, b.total / b.events * 1e6
+        print(f"  {r.protocol:<15} {r.setup.label:>16} {r.events:>10,.0f} {b.events:>10,.0f} "
+              f"{r.events / b.events:>6.2f} {now:>10.0f} {then:>6.0f} {now / then:>6.2f}")
+    print("  us CPU/ev: gateway + PostgreSQL + client CPU per event, as above")
 
 
 def _process_table(rows: list[Run], args: argparse.Namespace) -> None:
@@ -230,6 +275,8 @@ async def run(args: argparse.Namespace) -> int:
     try:
         async with bench_cluster() as pg:
             url = await fresh_database(pg)
+            # The baseline's own database, under its own migrations.
+            base_url = await _baseline_database(pg, args.baseline) if args.baseline else url
             roots = Roots(pg=int((pg.pgdata / "postmaster.pid").read_text().split()[0]))
             say(f"bench workers: {os.cpu_count()} CPUs, load average "
                 f"{os.getloadavg()[0]:.2f} at start")
@@ -238,14 +285,32 @@ async def run(args: argparse.Namespace) -> int:
                 k = rep % len(setups)
                 for setup in setups[k:] + setups[:k]:
                     label = f"{rep + 1}/{args.repeat}"
-                    for r in await _one_gateway(url, root, setup, args.protocols, args, roots,
-                                                zmq_ctx, label):
+                    for r in await _one_gateway(base_url if setup.baseline else url, root,
+                                                setup, args.protocols, args, roots, zmq_ctx,
+                                                label):
                         runs.setdefault((r.protocol, setup), []).append(r)
     finally:
         zmq_ctx.destroy(linger=0)
         shutil.rmtree(root, ignore_errors=True)
     _table([_median(runs[(p, s)]) for p in args.protocols for s in args.setups], args)
     return 0
+
+
+async def _baseline_database(pg: EmbeddedPostgres, command: Sequence[str]) -> str:
+    """A new database migrated by the baseline's own ``migrate``; its URL."""
+    url = await empty_database(pg)
+    proc = await asyncio.create_subprocess_exec(
+        *command, "migrate", "upgrade", stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        # The URL carries a password: environment, never argv.
+        env={**os.environ, "POLYPORT_DATABASE_URL": url, "POLYPORT_LOG_LEVEL": "warning"})
+    _out, err = await proc.communicate()
+    if proc.returncode != 0:
+        last = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        raise BenchError(f"--baseline: its migrate upgrade failed ({last}); check that "
+                         f"{command[0]} is a polyport command")
+    say(f"baseline: {' '.join(command)}, on its own database")
+    return url
 
 
 def main(argv: list[str]) -> int:
@@ -270,6 +335,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--cpu-scheduling", default="normal",
                    help="the gateway's cpu_scheduling, comma-separated to compare: normal "
                         "(the default), batch; every worker count runs under each")
+    p.add_argument("--baseline", metavar="COMMAND", default="",
+                   help="another install's polyport command (e.g. a checkout of an earlier "
+                        "commit, its virtualenv's bin/polyport): every worker count also "
+                        "runs under it, on its own database, and a table compares the two")
     add_client_processes(p)
     args = p.parse_args(argv)
     try:
@@ -287,7 +356,10 @@ def main(argv: list[str]) -> int:
         if not schedulings:
             raise BenchError("--cpu-scheduling: name at least one of "
                              f"{', '.join(CPU_SCHEDULINGS)}")
-        args.setups = plan_setups(args.workers, args.chain, schedulings)
+        args.baseline = shlex.split(args.baseline)
+        if args.baseline and shutil.which(args.baseline[0]) is None:
+            raise BenchError(f"--baseline: {args.baseline[0]} is not an executable command")
+        args.setups = plan_setups(args.workers, args.chain, schedulings, bool(args.baseline))
     except (BenchError, ValueError) as exc:
         print(f"python -m bench workers: {one_line(exc)}", file=sys.stderr)
         return 2

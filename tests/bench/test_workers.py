@@ -5,6 +5,7 @@ figures (speed is never asserted in a test)."""
 from __future__ import annotations
 
 import re
+import sys
 
 from bench.workers import Setup, plan_setups
 from tests.bench.command import bench
@@ -75,3 +76,44 @@ def test_every_worker_count_runs_under_each_policy() -> None:
     assert got == ["1", "1 batch", "2 hosted", "2 hosted batch"]
     assert plan_setups([2], "both", ["batch"]) == [Setup(2, "off", "batch"),
                                                     Setup(2, "auto", "batch")]
+
+
+def test_a_baseline_install_runs_every_worker_count_beside_this_tree() -> None:
+    """--baseline: the same worker counts served by another install's
+    polyport command (here this tree's own, as a stand-in for an earlier
+    checkout), on a database its own migrate made, and a table of this tree
+    against it."""
+    command = f"{sys.executable} -m polyport.gateway.cli.main"
+    done = bench("workers", "--seconds", "0.3", "--repeat", "1", "--protocols", "bson",
+                 "--publishers", "4", "--workers", "1", "--baseline", command)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert f"baseline: {command}, on its own database" in done.stderr
+    main = {m.group(1): m.group(2).split()
+            for m in re.finditer(r"^  bson +(1|base 1) +[\d,]+ +(.*)$", done.stdout, re.M)}
+    assert set(main) == {"1", "base 1"}, done.stdout
+    # Each is its own tree's reference row: no ratio, a ceiling.
+    assert len(main["base 1"]) == 7 and float(main["base 1"][-1]) > 0, done.stdout
+    versus = re.search(r"^Against the baseline.*\n.*\n  bson +1 +([\d,]+) +([\d,]+) +([\d.]+) "
+                       r"+(\d+) +(\d+) +([\d.]+)$", done.stdout, re.M)
+    assert versus is not None, done.stdout
+    events, base_events, ratio = (float(versus.group(i).replace(",", "")) for i in (1, 2, 3))
+    assert events > 0 and base_events > 0
+    assert abs(ratio - events / base_events) < 0.01 + 0.01 * ratio
+
+
+def test_a_baseline_that_is_not_polyport_is_one_line() -> None:
+    done = bench("workers", "--workers", "1", "--baseline", "false", timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "python -m bench workers: --baseline: its migrate upgrade failed (no message); "
+        "check that false is a polyport command")
+    missing = bench("workers", "--baseline", "/nonexistent/polyport", timeout=60)
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines() == [
+        "python -m bench workers: --baseline: /nonexistent/polyport is not an executable command"
+    ]
+
+
+def test_the_baseline_runs_every_worker_count_after_this_tree() -> None:
+    got = [s.label for s in plan_setups([1, 2], "worker", ["normal"], baseline=True)]
+    assert got == ["1", "2 hosted", "base 1", "base 2"]

@@ -41,6 +41,7 @@ import bson
 import bson.binary
 
 from polyport.core.access import Tenant
+from polyport.core.aio import settled
 from polyport.core.bodies import BSON
 from polyport.core.commands import ANY, Append, AppendBatch, Principal, build_append
 from polyport.core.errors import Malformed, PolyportError, Unsupported
@@ -159,9 +160,13 @@ class BsonSession(ByteStreamSession[Limits, ServerConnection]):
         self.budget = Budget(s.max_inflight_requests, s.max_inflight_bytes)
         # Requests awaiting their reply, in request order (bounded by budget).
         self._replies: deque[Reply] = deque()
-        self._replies_wake = asyncio.Event()
-        # The reply writer, one of the session's tasks (started with the first reply).
+        # Replies go out from callbacks (_pump); a task of the session's,
+        # the writer, takes over while a write must wait for the socket to
+        # drain and to send the fatal error, then hands back.
         self._writer: asyncio.Task[None] | None = None
+        # The unsettled outcome at the head whose callback will pump next.
+        self._waiting: asyncio.Future[Any] | None = None
+        self._pumping = False
         self.transactions = Transactions(
             self.conn.transactions,
             max_open=s.max_transactions,
@@ -251,62 +256,105 @@ class BsonSession(ByteStreamSession[Limits, ServerConnection]):
 
     def queue_reply(self, item: Reply) -> None:
         """Queue a reply whose budget the caller has already acquired."""
-        self._ensure_writer()
         self._replies.append(item)
-        self._replies_wake.set()
+        if self._writer is None and self._waiting is None and not self._pumping:
+            self._pump()
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """A task of this connection: cancelled when it is lost."""
         return self._tasks.spawn(coro)
 
-    def _ensure_writer(self) -> None:
-        if self._writer is None:
-            self._writer = self._tasks.spawn(self._write_replies(), name="bson-replies")
+    # Replies are sent strictly in request order, each once its outcome is
+    # known; replies already decided behind the head go out in the same
+    # write (one syscall for a whole group commit's RESPONSEs).  They are
+    # sent from the outcome's done callback: a reply task woken by an event
+    # and again by each outcome cost two task steps per EMIT.
 
-    async def _write_replies(self) -> None:
-        """Send replies strictly in request order, each once its outcome is
-        known.  Replies already decided behind the one awaited go out in the
-        same write (one syscall for a whole group commit's RESPONSEs)."""
-        while True:
-            while not self._replies:
-                self._replies_wake.clear()
-                await self._replies_wake.wait()
-            item = self._replies.popleft()
-            if item.fatal is not None:
-                await self._send_fatal(item.fatal)
-                return
-            try:
-                frame = await item.outcome
-                if item.success is not None:
-                    frame = item.success
-            except asyncio.CancelledError:
-                if self._lost:
-                    raise
-                frame = Response(ok=False, err_code="internal", err_msg="request cancelled")
-            except Exception as exc:  # noqa: BLE001 - translated for the client
-                frame = error_response(exc)
-            batch = [(item, frame)]
-            while self._replies and len(batch) < REPLY_BATCH:
+    def _pump(self, _settled: object = None) -> None:
+        """Send every reply whose outcome is known, in order; then wait for
+        the head's outcome by callback, or hand over to the writer task."""
+        self._waiting = None
+        if self._lost or self._writer is not None:
+            return
+        self._pumping = True
+        try:
+            while self._replies:
                 head = self._replies[0]
-                if head.fatal is not None or not head.outcome.done():
-                    break
+                if head.fatal is not None:
+                    self._hand_over(None, [])
+                    return
+                if not head.outcome.done():
+                    self._waiting = head.outcome
+                    head.outcome.add_done_callback(self._pump)
+                    return
+                batch = self._settled_batch()
+                data = self._encode_batch(batch)
+                if data is None or not self.out.try_send(data):
+                    self._hand_over(data, batch)
+                    return
+                self._sent(batch)
+        except Exception:  # noqa: BLE001 - logged; the connection ends
+            # A callback has no caller to report to: say so and end this
+            # connection rather than leave its replies stalled.
+            log.exception("%s: BSON reply failed", self.out.peer)
+            self.closing = True
+            self.out.close()
+        finally:
+            self._pumping = False
+
+    def _hand_over(self, data: bytes | None, batch: list[tuple[Reply, Frame]]) -> None:
+        self._writer = self._tasks.spawn(self._write_replies(data, batch), name="bson-replies")
+
+    def _settled_batch(self) -> list[tuple[Reply, Frame]]:
+        """The settled replies at the head (not a fatal one), taken off."""
+        batch: list[tuple[Reply, Frame]] = []
+        replies = self._replies
+        while replies and len(batch) < REPLY_BATCH:
+            head = replies[0]
+            if head.fatal is not None or not head.outcome.done():
+                break
+            replies.popleft()
+            batch.append((head, reply_frame(head.outcome, head.success)))
+        return batch
+
+    def _encode_batch(self, batch: list[tuple[Reply, Frame]]) -> bytes | None:
+        """The batch's bytes; None when one cannot be encoded (our bug)."""
+        try:
+            return b"".join([self._encode(reply) for _item, reply in batch])
+        except LocalProtocolError as err:
+            log.error("%s: cannot send a reply: %s", self.out.peer, err)
+            self._replies.appendleft(Reply(done(OK), fatal=ProtocolError(
+                f"internal error: {err.message}", code="internal")))
+            return None
+
+    def _sent(self, batch: list[tuple[Reply, Frame]]) -> None:
+        for item, reply in batch:
+            self.budget.release(item.cost)
+            if item.after is not None:
+                item.after(reply)
+
+    async def _write_replies(self, data: bytes | None, batch: list[tuple[Reply, Frame]]) -> None:
+        """The writer: sends ``data`` (``batch``'s bytes), waiting for the
+        socket to drain, then goes on as :meth:`_pump` does, awaiting each
+        outcome, until no reply is left; then replies are pumped again."""
+        if data is not None:
+            await self.out.send(data)
+            self._sent(batch)
+        while self._replies:
+            item = self._replies[0]
+            if item.fatal is not None:
                 self._replies.popleft()
-                batch.append((head, reply_frame(head.outcome, head.success)))
-            chunks: list[bytes] = []
-            try:
-                for _item, reply in batch:
-                    chunks.append(self._encode(reply))
-            except LocalProtocolError as err:
-                log.error("%s: cannot send a reply: %s", self.out.peer, err)
-                await self._send_fatal(
-                    ProtocolError(f"internal error: {err.message}", code="internal")
-                )
+                await self._send_fatal(item.fatal)
+                return  # the connection is closed: the writer stays set
+            await settled(item.outcome)
+            if self._lost:
                 return
-            await self.out.send(b"".join(chunks))
-            for done_item, reply in batch:
-                self.budget.release(done_item.cost)
-                if done_item.after is not None:
-                    done_item.after(reply)
+            batch = self._settled_batch()
+            data = self._encode_batch(batch)
+            if data is not None:
+                await self.out.send(data)
+                self._sent(batch)
+        self._writer = None
 
     def _encode(self, frame: Frame) -> bytes:
         data = self.conn.send(frame)

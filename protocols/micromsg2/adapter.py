@@ -300,7 +300,12 @@ class MicroMsg2Session(ByteStreamSession[Limits, ServerConnection]):
         self._subs: list[_Sub] = []
         # Runs of client MESSAGEs being appended, in arrival order.
         self._appends: deque[_PendingRun] = deque()
-        self._appends_ready = asyncio.Event()
+        # Acks go out from each run's done callback (_confirm) once the
+        # connection is open; a task of the session's, the confirmer, takes
+        # over while an ack must wait for the socket to drain or a failure
+        # must be sent, then hands back.
+        self._confirming = False
+        self._confirmer: asyncio.Task[None] | None = None
         self._pending_messages = 0
         self._pending_bytes = 0
         self._append_room = asyncio.Event()
@@ -437,7 +442,7 @@ class MicroMsg2Session(ByteStreamSession[Limits, ServerConnection]):
         self.out.handshake_done()
         self._json = negotiated.has(EXT_JSON)
         self._acks = negotiated.ack_window is not None
-        self._tasks.spawn(self._confirm_appends())
+        self._confirming = True
 
     # --- appends ----------------------------------------------------------------------
 
@@ -481,7 +486,6 @@ class MicroMsg2Session(ByteStreamSession[Limits, ServerConnection]):
             pending = _PendingRun(messages[0].seq, messages[taken - 1].seq, taken, size, future)
             future.add_done_callback(lambda f: self._append_done(pending))
             self._appends.append(pending)
-            self._appends_ready.set()
         if bad is not None:
             raise bad
 
@@ -545,34 +549,69 @@ class MicroMsg2Session(ByteStreamSession[Limits, ServerConnection]):
         self._append_room.set()
         if not pending.future.cancelled():
             pending.future.exception()  # retrieved here so a closed session logs nothing
+        self._confirm()
 
-    async def _confirm_appends(self) -> None:
-        """Acks the client's MESSAGEs in order, each only after its commit; a
-        failed append ends the connection (MicroMsg2 has no per-message
-        refusal, and the client's window would never reopen)."""
-        while not self.closing:
-            if not self._appends:
-                self._appends_ready.clear()
-                await self._appends_ready.wait()
-                continue
-            await settled(self._appends[0].future)
-            last: int | None = None
-            failure: tuple[str, str] | None = None
-            while self._appends and self._appends[0].future.done():
-                pending = self._appends.popleft()
-                future = pending.future
-                exc = None if future.cancelled() else future.exception()
-                if future.cancelled() or exc is not None:
-                    code = exc.code if isinstance(exc, PolyportError) else "internal"
-                    detail = exc.message if isinstance(exc, PolyportError) else repr(exc)
-                    failure = (code, f"{pending.describe()} not stored: {detail}")
-                    break
-                last = pending.last_seq
-            if last is not None and self._acks:
-                await self._send(Ack(last))
+    # The client's MESSAGEs are acked in order, each only after its commit;
+    # a failed append ends the connection (MicroMsg2 has no per-message
+    # refusal, and the client's window would never reopen).  Acks are sent
+    # from the runs' done callbacks: a confirming task woken by an event and
+    # again by each run cost two task steps per MESSAGE.
+
+    def _confirm(self) -> None:
+        """Ack the runs settled at the head; hand over to the confirmer task
+        when the ack must wait for the socket or a failure must be sent."""
+        if self.closing or not self._confirming or self._confirmer is not None:
+            return
+        try:
+            data, failure = self._settled_runs()
+            if failure is not None or (data is not None and not self.out.try_send(data)):
+                self._confirmer = self._tasks.spawn(self._confirm_appends(data, failure))
+        except Exception:  # noqa: BLE001 - logged; the connection ends
+            # A callback has no caller to report to: say so and end this
+            # connection rather than leave the client's window closed.
+            self._log.exception("micromsg2: acking %s failed", self.out.peer)
+            self.closing = True
+            self.out.close()
+
+    def _settled_runs(self) -> tuple[bytes | None, tuple[str, str] | None]:
+        """Takes the settled runs off the head: the ACK frame's bytes for
+        the last stored one (None: none, or acks are off), and the failure
+        of the first that was not stored (code, message), if any."""
+        last: int | None = None
+        failure: tuple[str, str] | None = None
+        while self._appends and self._appends[0].future.done():
+            pending = self._appends.popleft()
+            future = pending.future
+            exc = None if future.cancelled() else future.exception()
+            if future.cancelled() or exc is not None:
+                code = exc.code if isinstance(exc, PolyportError) else "internal"
+                detail = exc.message if isinstance(exc, PolyportError) else repr(exc)
+                failure = (code, f"{pending.describe()} not stored: {detail}")
+                break
+            last = pending.last_seq
+        if last is None or not self._acks or self.out.closed:
+            return None, failure
+        data = self.conn.send(Ack(last))
+        self._stats.frames_out += 1
+        self._last_activity = self._loop.time()
+        return data, failure
+
+    async def _confirm_appends(self, data: bytes | None,
+                               failure: tuple[str, str] | None) -> None:
+        """The confirmer: sends ``data`` (an ACK), waiting for the socket to
+        drain, or the failure; then goes on as :meth:`_confirm` does,
+        awaiting each run, until none is left; then runs confirm again."""
+        while True:
+            if data is not None:
+                await self.out.send(data)
             if failure is not None:
                 await self._fail(*failure)
-                return
+                return  # the connection is closed: the confirmer stays set
+            if self.closing or not self._appends:
+                break
+            await settled(self._appends[0].future)
+            data, failure = self._settled_runs()
+        self._confirmer = None
 
     # --- pubsub -----------------------------------------------------------------------
 

@@ -163,6 +163,56 @@ async def test_emit_is_stored_before_the_response(gateway_factory) -> None:
         await c.ping()
 
 
+async def test_replies_that_wait_for_the_socket_still_go_out_in_order(
+    gateway_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replies go out from the outcomes' callbacks; past the write buffer's
+    high-water mark a task sends what must wait for the socket and hands
+    back.  With the mark at 64 bytes every commit's replies take that path:
+    stored and refused EMITs still answer in request order, and the
+    connection answers again afterwards."""
+    from polyport.gateway.transports import tcp
+    from polyport.protocols.bson.adapter import BsonSession
+
+    monkeypatch.setattr(tcp, "WRITE_HIGH_WATER", 64)
+    handed_over = 0
+    write_replies = BsonSession._write_replies
+
+    def counted(self: BsonSession, *args: Any) -> Any:
+        nonlocal handed_over
+        handed_over += 1
+        return write_replies(self, *args)
+
+    monkeypatch.setattr(BsonSession, "_write_replies", counted)
+    gw = await gateway_factory()
+    emits = [frame("EMIT", {"streamName": "" if i % 3 == 2 else "waits", "eventType": "n",
+                            "event": {"n": i}}) for i in range(60)]
+    reader, writer = await asyncio.open_connection(*addr(gw))
+    try:
+        writer.write(CONNECT + b"".join(emits))
+        await writer.drain()
+        got = await _frames(reader, 61)
+        assert got[0]["frame"]["ok"] is True  # CONNECT
+        assert [f["frame"]["ok"] for f in got[1:]] == [i % 3 != 2 for i in range(60)]
+        assert handed_over >= 1
+        writer.write(frame("PING"))
+        [pong] = await _frames(reader, 1)
+        assert pong["type"] == "RESPONSE" and pong["frame"]["ok"] is True
+    finally:
+        writer.close()
+    events = await read(gw, "waits")
+    assert [bson.decode(e.body)["n"] for e in events] == [i for i in range(60) if i % 3 != 2]
+
+
+async def _frames(reader: asyncio.StreamReader, count: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    async with asyncio.timeout(10):
+        while len(out) < count:
+            (size,) = struct.unpack("<i", await reader.readexactly(4))
+            out.append(bson.decode(struct.pack("<i", size) + await reader.readexactly(size - 4)))
+    return out
+
+
 async def test_event_size_limit(gateway_factory) -> None:
     gw = await gateway_factory()  # default max_event_bytes: 1 MiB
     async with await connect(gw) as c:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -293,6 +294,34 @@ async def test_publish_with_acks_is_acked_after_commit(gateway_factory: GatewayF
         # Every ack came after the commit: all 50 are readable now.
         events = await gw.store.read_stream(ReadStream("default", "acked"))
         assert [e.body for e in events] == [f"m{i}".encode() for i in range(50)]
+    finally:
+        await pub.close()
+
+
+async def test_a_message_the_store_refuses_ends_the_connection_after_the_acks_before_it(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """Acks go out from the runs' callbacks; a run the store refused (65
+    properties: max_headers is 64) is handed to the confirmer task, which
+    sends the ERROR and closes.  The MESSAGEs before it were stored and
+    acked; none after it was."""
+    gw = await start_gateway(gateway_factory)
+    pub = await connect(gw, required=["batch-ack:max-count=8"])
+    try:
+        for i in range(3):
+            await pub.publish("topic/refused", f"m{i}".encode())
+        await pub.flush(timeout=10)
+        await pub.publish("topic/refused", b"too many", {f"p{i}": i for i in range(65)})
+        await pub.publish("topic/refused", b"after")
+        with pytest.raises(MicroMsg2Error) as info:
+            await pub.receive(timeout=5)
+        assert info.value.code == "too_large"
+        # The last two may arrive in one read, and then make one run.
+        assert re.match(r"MESSAGEs? 4(\.\.5)? (was|were) not stored: 65 headers exceed",
+                        info.value.text), info.value.text
+        await pub.wait_closed(timeout=5)
+        events = await gw.store.read_stream(ReadStream("default", "refused"))
+        assert [e.body for e in events] == [b"m0", b"m1", b"m2"]
     finally:
         await pub.close()
 

@@ -4,6 +4,9 @@
 # here (orjson is a runtime dependency the pack's own list lacks), then the
 # device tool's run with carry [".devbench"] and
 #   bash .devbench/run 'bash bench/device.sh'
+# For before and after in one run, also pack the starting point:
+#   mkdir -p .devbench/base && git archive 89f5582 | tar -x -C .devbench/base
+# (3.5 MB; its dependencies are a subset of this tree's, already packed).
 # Each bench writes its output to $OUT/<name>.txt as it goes (a run cut short
 # still brings back what finished); at most 580 s of limits, under the
 # device's 600 s per command.
@@ -33,11 +36,24 @@ run chain 45 chain --feeders 2,4 --seconds 4
 POLYPORT_PLANNED_POSITIONS=false run chain-head-first 45 chain --feeders 2,4 --seconds 4
 # PostgreSQL's side alone: how far each statement scales with connections.
 run commits 70 commits --connections 1,4,8,16 --events 256 --seconds 3
-# W1 by worker count, each worker committing itself ("own", the design before
-# the commit chain) beside the default (auto: a chain process there), 32
-# then 256 publishers.
+# W1 by worker count, 32 then 256 publishers.  With the starting point packed
+# (.devbench/base): the default (auto: a chain process there) beside that
+# tree's gateway, installed apart and alternating with this one (`bench
+# workers --baseline`).  Without it: each worker committing itself ("own",
+# the design before the commit chain) beside the default.
+chain=(--chain both)
+if [ -d .devbench/base ]; then
+  base_site=/tmp/polyport-base-site
+  if "$py" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+      --target "$base_site" .devbench/base >"$out/base-install.txt" 2>&1; then
+    # Its own tree first on the path; the dependencies where this run put them.
+    chain=(--chain on --baseline "env PYTHONPATH=$base_site:${PYTHONPATH:-} $base_site/bin/polyport")
+  else
+    echo "the baseline did not install ($out/base-install.txt): workers-32 runs without it"
+  fi
+fi
 run workers-32 120 workers --workers 1,4,8 --protocols bson,micromsg2 --seconds 4 --repeat 1 \
-  --chain both
+  "${chain[@]}"
 run workers-256 100 workers --workers 1,8 --protocols bson,micromsg2 --publishers 256 \
   --seconds 4 --repeat 1 --chain on
 # The peers (raw PostgreSQL, NATS JetStream) and polyport at its best worker

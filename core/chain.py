@@ -279,7 +279,12 @@ class CommitChain:
 
     def _tell(self, base: int, t0: int, n: int, encoded: list[list[Any]] | None,
               rows: list[tuple[Any, ...]] | None) -> None:
-        head = [COMMIT, base, t0, n, None]
+        # The writer's running totals ride on every commit: the worker that
+        # counts commits shows them in /metrics (a refusal is followed by
+        # the commit that retried it).
+        st = self.writer.stats
+        planned, refused = st.planned_commits, st.planned_refused
+        head = [COMMIT, base, t0, n, None, planned, refused]
         full: list[Any] | None = None
         for peer in self._peers:
             if peer.wants_rows:
@@ -288,7 +293,8 @@ class CommitChain:
                         encoded = encode_rows(rows)
                     # None: this worker asked for rows after the batch was
                     # planned; its tailer reads this commit back instead.
-                    full = head if encoded is None else [COMMIT, base, t0, n, encoded]
+                    full = head if encoded is None else [
+                        COMMIT, base, t0, n, encoded, planned, refused]
                 peer.out.put(full)
             else:
                 peer.out.put(head)
@@ -326,6 +332,8 @@ class ChainClient:
         # Several workers see every commit: one of them counts them.
         self._counts_commits = counts_commits
         self._stats = WriterStats()
+        # The chain writer's running totals as last heard on this connection.
+        self._chain_planned = (0, 0)
         self._units: dict[int, _Unit] = {}
         self._next_uid = 0
         self._events = 0
@@ -358,6 +366,8 @@ class ChainClient:
         merged = WriterStats(own.commits + chain.commits, own.events + chain.events,
                              chain.last_batch_size or own.last_batch_size)
         merged.batch_sizes.extend(chain.batch_sizes or own.batch_sizes)
+        merged.planned_commits = own.planned_commits + chain.planned_commits
+        merged.planned_refused = own.planned_refused + chain.planned_refused
         return merged
 
     @property
@@ -445,6 +455,8 @@ class ChainClient:
                 kind = msg[0]
                 if kind == COMMIT:
                     self._commit(msg[1], msg[2], msg[3], msg[4])
+                    if len(msg) > 6:
+                        self._planned_totals(msg[5], msg[6])
                     continue
                 unit = self._units.pop(msg[1], None)
                 if unit is None:
@@ -481,6 +493,19 @@ class ChainClient:
         except Exception:  # the commit stands; the tailer reads it back
             log.exception("handling a commit of the chain failed")
 
+    def _planned_totals(self, planned: int, refused: int) -> None:
+        """The chain writer's running totals of commits at planned positions
+        and refusals: what grew since the last commit is added here, so the
+        counters only rise, across a new chain process too (its totals
+        start again from zero, on a new connection)."""
+        if not self._counts_commits:
+            return
+        last_planned, last_refused = self._chain_planned
+        st = self._stats
+        st.planned_commits += planned - last_planned if planned >= last_planned else planned
+        st.planned_refused += refused - last_refused if refused >= last_refused else refused
+        self._chain_planned = (planned, refused)
+
     def _feed(self) -> None:
         want = self._wants_rows()
         if want != self._sent_want and self._out is not None:
@@ -492,6 +517,8 @@ class ChainClient:
         local writer, oldest first (a unit it committed is found there by
         its event ids and answered with what was recorded)."""
         self._out = None
+        # The next chain's totals start from its own zero.
+        self._chain_planned = (0, 0)
         units = list(self._units.values())
         self._units.clear()
         self._events = self._bytes = 0

@@ -9,7 +9,10 @@ event-loop turn travelling as one array of them::
     chain -> worker   [RESULT, uid, [result, ...]]      the unit committed, one result
                                                         per append, in order
                       [FAILED, uid, code, message, n]   it failed (n: current version / reader)
-                      [COMMIT, base, t0, count, rows]   a commit, rows or nil
+                      [COMMIT, base, t0, count, rows, planned, refused]
+                                                        a commit, rows or nil; then the
+                                                        chain writer's commits at planned
+                                                        positions and refusals so far
 
 An append travels in two forms at once.  The fields of the
 :class:`~core.commands.Append` itself, so that the chain can rebuild it

@@ -237,6 +237,8 @@ def _writer_json(store: EventStore) -> dict[str, Any]:
         "events": ws.events,
         "last_batch_size": ws.last_batch_size,
         "batch_sizes": _batch_summary(list(ws.batch_sizes)),
+        "planned_commits": ws.planned_commits,
+        "planned_refused": ws.planned_refused,
     }
 
 

@@ -780,6 +780,14 @@ class _GatewayCollector(Collector):
         yield CounterMetricFamily("polyport_commits", "Group commits", value=ws.commits)
         yield CounterMetricFamily(
             "polyport_committed_events", "Events written by this process", value=ws.events)
+        yield CounterMetricFamily(
+            "polyport_planned_commits",
+            "Commits sent at planned positions while the one before was in flight",
+            value=ws.planned_commits)
+        yield CounterMetricFamily(
+            "polyport_planned_commit_refusals",
+            "Commits at planned positions refused because the log head had moved "
+            "(redone on the checked path)", value=ws.planned_refused)
         yield GaugeMetricFamily(
             "polyport_writer_queue_depth", "Events waiting for the writer",
             value=store.writer.queue_depth)

@@ -515,6 +515,8 @@ def merge_status(
         "commits": sum(w["commits"] for w in writers),
         "events": sum(w["events"] for w in writers),
         "last_batch_size": max(w["last_batch_size"] for w in writers),
+        "planned_commits": sum(w.get("planned_commits", 0) for w in writers),
+        "planned_refused": sum(w.get("planned_refused", 0) for w in writers),
         # Percentiles are not additive: the largest of the workers'.
         "batch_sizes": {
             "count": total,

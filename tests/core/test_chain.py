@@ -185,6 +185,51 @@ async def test_two_stores_commit_through_one_chain_gapless_and_feed_live(
     assert positions == list(range(1, 41))
 
 
+async def test_the_counting_store_reports_the_chains_commits_at_planned_positions(
+    db_url: str, chain: _Chain
+) -> None:
+    """The chain writer's running totals ride on its COMMIT messages: the
+    store that counts commits shows them as its own writer's, the other
+    none."""
+    a = await _store(db_url, chain, True)
+    b = await _store(db_url, chain, False)
+    try:
+        async def publish(store: EventStore, stream: str) -> None:
+            for i in range(40):
+                await store.append(append(stream, ev(i)))
+
+        await asyncio.gather(*(publish(a if i % 2 else b, unique("planned"))
+                               for i in range(8)))
+        chain_stats = chain.chain.writer.stats
+        assert chain_stats.planned_commits > 0
+        assert a.writer.stats.planned_commits == chain_stats.planned_commits
+        assert a.writer.stats.planned_refused == chain_stats.planned_refused == 0
+        assert b.writer.stats.planned_commits == 0
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_planned_totals_only_rise_across_a_new_chain() -> None:
+    """What the totals grew by since the last COMMIT is added; a new chain
+    connection starts from its own zero (ChainClient._lost resets)."""
+    from types import SimpleNamespace
+
+    from polyport.core.chain import ChainClient
+    from polyport.core.writer import WriterStats
+
+    client = SimpleNamespace(_counts_commits=True, _chain_planned=(0, 0), _stats=WriterStats())
+    for planned, refused in ((3, 0), (5, 1), (5, 1)):
+        ChainClient._planned_totals(client, planned, refused)  # type: ignore[arg-type]
+    assert (client._stats.planned_commits, client._stats.planned_refused) == (5, 1)
+    client._chain_planned = (0, 0)  # the chain went away; a new one answers
+    ChainClient._planned_totals(client, 2, 0)  # type: ignore[arg-type]
+    assert (client._stats.planned_commits, client._stats.planned_refused) == (7, 1)
+    quiet = SimpleNamespace(_counts_commits=False, _chain_planned=(0, 0), _stats=WriterStats())
+    ChainClient._planned_totals(quiet, 4, 2)  # type: ignore[arg-type]
+    assert quiet._stats.planned_commits == 0
+
+
 async def test_a_commit_and_its_results_reach_a_worker_in_one_write(chain: _Chain) -> None:
     # The worker wakes once per commit, not once for the COMMIT and again
     # for the results (the writer tells the chain of each outcome in the

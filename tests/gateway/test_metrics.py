@@ -297,11 +297,38 @@ async def test_every_counter_is_present_at_zero_from_start(gateway_factory) -> N
             assert samples[(name, (("protocol", proto),))] == 0, (name, proto)
     assert samples[("polyport_commits_total", ())] == 0
     assert samples[("polyport_committed_events_total", ())] == 0
+    assert samples[("polyport_planned_commits_total", ())] == 0
+    assert samples[("polyport_planned_commit_refusals_total", ())] == 0
     assert samples[("polyport_http_request_duration_seconds_count",
                     (("method", "GET"), ("route", "/status")))] == 0
     assert samples[("polyport_durable_subscriptions", ())] == 0
     # Per-subscription series are off by default (metrics_per_subscription).
     assert "polyport_subscription_lag_events:gauge" not in types
+
+
+async def test_commits_at_planned_positions_are_counted(gateway_factory) -> None:
+    """planned_positions = on: commits sent while the one before was in
+    flight are counted in /metrics and the writer's /status."""
+    from polyport.core.commands import Append
+    from polyport.core.events import EventData
+
+    gw = await gateway_factory(planned_positions="on")
+
+    async def publish(stream: str) -> None:
+        for i in range(40):
+            await gw.store.append(Append("default", stream, (EventData("t", b"%d" % i),)))
+
+    await asyncio.gather(*(publish(f"planned-{i}") for i in range(8)))
+    planned = gw.store.writer.stats.planned_commits
+    assert planned > 0
+    samples, types = await scrape(gw)
+    assert "polyport_planned_commits:counter" in types
+    assert value(samples, "polyport_planned_commits_total") == planned
+    assert value(samples, "polyport_planned_commit_refusals_total") == 0
+    host, port = gw.http_address
+    async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/status") as r:
+        writer = (await r.json())["writer"]
+    assert writer["planned_commits"] == planned and writer["planned_refused"] == 0
 
 
 async def test_refused_connections_are_counted(gateway_factory) -> None:

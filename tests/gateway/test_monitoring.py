@@ -138,7 +138,8 @@ async def test_every_metric_the_rules_and_dashboard_use_is_exported(gateway_fact
     assert used_by_dashboard <= exported, used_by_dashboard - exported
     assert ADDED <= used_by_dashboard, ADDED - used_by_dashboard
     alerted = {"polyport_ready", "polyport_database_up", "polyport_parked_events",
-               "polyport_subscription_consumers", "polyport_commit_duration_seconds_bucket"}
+               "polyport_subscription_consumers", "polyport_commit_duration_seconds_bucket",
+               "polyport_planned_commit_refusals_total"}
     assert alerted <= used_by_rules, alerted - used_by_rules
 
 

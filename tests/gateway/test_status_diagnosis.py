@@ -81,3 +81,14 @@ def test_workers_merge_the_largest_quantile_and_sum_connections() -> None:
     assert doc["latency"]["commit"] == {"count": 0, "p50": None, "p99": None}
     assert doc["connections_chart"] == [{"t": "a", "open": None},
                                         {"t": "b", "open": {"bson": 3}}]
+
+
+def test_workers_sum_the_commits_at_planned_positions() -> None:
+    """A chain process's totals reach the first worker; a chain hosted by
+    a worker is that worker's own writer: summed, either is the gateway's
+    (a part without them counts 0)."""
+    parts = {0: _part(None, 0, 0), 1: _part(None, 0, 0), 2: _part(None, 0, 0)}
+    parts[0]["writer"].update(planned_commits=40, planned_refused=2)
+    parts[2]["writer"].update(planned_commits=1, planned_refused=0)
+    doc = merge_status(0, parts, {}, 3)
+    assert (doc["writer"]["planned_commits"], doc["writer"]["planned_refused"]) == (41, 2)

@@ -293,6 +293,30 @@ def _scraped(text: str, sample: str) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
+async def test_the_chain_process_commits_at_planned_positions_show_in_metrics(
+    db_url: str
+) -> None:
+    """The chain process's totals ride on its COMMIT messages to the first
+    worker: /status and /metrics count them once for the gateway."""
+    async with serve(db_url, chain="process",
+                     settings={"POLYPORT_PLANNED_POSITIONS": "on"}) as gw:
+        host, port = gw.port("bson")
+
+        async def appender(i: int) -> None:
+            async with await BsonClient.connect(host, port) as c:
+                for n in range(15):
+                    await c.emit(f"planned-{i}", "Added", {"n": n})
+
+        await asyncio.gather(*(appender(i) for i in range(16)))
+        writer = (await gw.status())["writer"]
+        assert writer["events"] == 240
+        assert writer["planned_commits"] > 0, writer
+        text = await gw.metrics()
+        assert _scraped(text, "polyport_planned_commits_total") == writer["planned_commits"]
+        assert _scraped(text, "polyport_planned_commit_refusals_total") == writer[
+            "planned_refused"]
+
+
 async def test_metrics_sum_the_workers_and_a_killed_worker_is_restarted(
     db_url: str
 ) -> None:

@@ -9,7 +9,7 @@
 # (3.5 MB; its dependencies are a subset of this tree's, already packed).
 # Each bench writes its output to $OUT/<name>.txt as it goes (a run cut short
 # still brings back what finished); at most 580 s of limits, under the
-# device's 600 s per command.
+# device's 600 s per command (and 15 s for installing the starting point).
 set -u
 out=${OUT:-/tmp/polyport-device-out}
 mkdir -p "$out"
@@ -44,8 +44,9 @@ run commits 70 commits --connections 1,4,8,16 --events 256 --seconds 3
 chain=(--chain both)
 if [ -d .devbench/base ]; then
   base_site=/tmp/polyport-base-site
-  if "$py" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
-      --target "$base_site" .devbench/base >"$out/base-install.txt" 2>&1; then
+  # At most 15 s: the limits below already add up to 580 of the 600.
+  if timeout 15 "$py" -m pip install -q --no-index --no-deps --no-build-isolation \
+      --no-compile --target "$base_site" .devbench/base >"$out/base-install.txt" 2>&1; then
     # Its own tree first on the path; the dependencies where this run put them.
     chain=(--chain on --baseline "env PYTHONPATH=$base_site:${PYTHONPATH:-} $base_site/bin/polyport")
   else

@@ -11,13 +11,14 @@ import asyncio
 import itertools
 import json
 import os
+import shlex
 import shutil
 import signal
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -89,6 +90,44 @@ async def empty_database(pg: EmbeddedPostgres) -> str:
     finally:
         await conn.close()
     return admin.rsplit("/", 1)[0] + "/" + name
+
+
+class BenchError(Exception):
+    """A failure worth one line, not a traceback."""
+
+
+# --- another install beside this tree (--baseline) ------------------------------------
+
+
+BASELINE_HELP = ("another install's polyport command (e.g. a checkout of an earlier commit, "
+                 "its virtualenv's bin/polyport): measured beside this tree, on its own "
+                 "database, alternating")
+
+
+def baseline_command(text: str, option: str = "--baseline") -> list[str]:
+    """The words of a ``--baseline`` command (empty: none); BenchError
+    when its program is not an executable command."""
+    words = shlex.split(text)
+    if words and shutil.which(words[0]) is None:
+        raise BenchError(f"{option}: {words[0]} is not an executable command")
+    return words
+
+
+async def baseline_database(pg: EmbeddedPostgres, command: Sequence[str]) -> str:
+    """A new database migrated by the baseline's own ``migrate``; its URL."""
+    url = await empty_database(pg)
+    proc = await asyncio.create_subprocess_exec(
+        *command, "migrate", "upgrade", stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        # The URL carries a password: environment, never argv.
+        env={**os.environ, "POLYPORT_DATABASE_URL": url, "POLYPORT_LOG_LEVEL": "warning"})
+    _out, err = await proc.communicate()
+    if proc.returncode != 0:
+        last = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        raise BenchError(f"--baseline: its migrate upgrade failed ({last}); check that "
+                           f"{command[0]} is a polyport command")
+    sys.stderr.write(f"baseline: {' '.join(command)}, on its own database\n")
+    return url
 
 
 _INSERT_ONE = f"""

@@ -56,7 +56,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -66,7 +66,11 @@ import zmq
 import zmq.asyncio
 
 from bench.common import (
+    BASELINE_HELP,
+    BenchError,
     ServeFailed,
+    baseline_command,
+    baseline_database,
     bench_cluster,
     fresh_database,
     percentile,
@@ -120,17 +124,18 @@ CREATE TABLE IF NOT EXISTS bench_append (
 RAW_INSERT = "INSERT INTO bench_append (stream, body) VALUES ($1, $2)"
 RAW_INSERT_ID = "INSERT INTO bench_append (stream, body) VALUES ($1, $2) RETURNING id"
 
+# A system served by the --baseline install: this prefix and the protocol.
+BASE = "base:"
+
 SYSTEM_NAMES = {
     "raw": "raw PostgreSQL",
     "raw-tx": "raw PG, 100-row tx",
     "raw-copy": "raw PG, COPY",
     "nats": "NATS JetStream",
     **{p: f"polyport {p}" for p in PROTOCOLS},
+    # Served by the --baseline install.
+    **{f"{BASE}{p}": f"base {p}" for p in PROTOCOLS},
 }
-
-
-class BenchError(Exception):
-    """A failure worth one line, not a traceback."""
 
 
 def positive_counts(text: str, option: str) -> list[int]:
@@ -433,10 +438,21 @@ class Env:
     roots: Roots
     # W1's publishers over this many client processes (bench/spread.py).
     client_processes: int = 1
+    # The same, with the --baseline install's gateway (its systems: BASE + protocol).
+    baseline: Env | None = None
 
     def addr(self, protocol: str) -> tuple[str, int]:
         assert self.gateway is not None
         return self.gateway.ports[protocol]
+
+    def serving(self, system: str) -> tuple[Env, str]:
+        """The Env and system name that measure ``system``: a baseline
+        system is its protocol, through the baseline's gateway (whose
+        process tree the meter reads as the gateway's)."""
+        if system.startswith(BASE):
+            assert self.baseline is not None
+            return self.baseline, system[len(BASE):]
+        return self, system
 
 
 class _Closable(Protocol):
@@ -1403,13 +1419,14 @@ async def _workload(env: Env, args: argparse.Namespace, w: str,
             for s in _rotated(systems, rep):
                 label = f"[{w}{'' if n is None else f' N={n}'} {rep + 1}/{args.repeat}]"
                 fn: Callable[[Meter], Awaitable[float | Latency]]
+                e, name = env.serving(s)
                 if w == "w1":
-                    fn = _w1_fn(env, s, n or 1, args.seconds)
+                    fn = _w1_fn(e, name, n or 1, args.seconds)
                 elif w == "w2":
-                    fn = _w2_fn(env, s, args.seconds)
+                    fn = _w2_fn(e, name, args.seconds)
                 else:
-                    fn = _w3_fn(env, s, args.seconds, args.rate)
-                runs[s].append(await measure(label, env, Result(w, n, s), fn, timeout))
+                    fn = _w3_fn(e, name, args.seconds, args.rate)
+                runs[s].append(await measure(label, e, Result(w, n, s), fn, timeout))
         rows += [median_result(runs[s]) for s in systems]
     return rows
 
@@ -1455,12 +1472,32 @@ async def _measure(
         warm = min(1.0, args.seconds)
         say(f"warming up every system ({warm:g} s each)...")
         for s in systems:
-            await measure("warm-up", env, Result("warm", 8, s),
-                          _w1_fn(env, s, 8, warm), 2 * warm + 300)
+            e, name = env.serving(s)
+            await measure("warm-up", e, Result("warm", 8, s),
+                          _w1_fn(e, name, 8, warm), 2 * warm + 300)
     for w in measured:
         results[w] = await _workload(env, args, w, systems)
         _print_workload(w, results[w], args, env.nats)
     return results
+
+
+async def _start_baseline(env: Env, gateway: ServeProcess, protocols: list[str]) -> list[str]:
+    """Start the --baseline install's gateway and give ``env`` its Env;
+    the systems it serves."""
+    say("starting the baseline's polyport serve...")
+    await gateway.start()
+    # Its own meter root: its process tree is "the gateway" of its rows.
+    env.baseline = Env(env.raw_dsn, gateway, env.nats, env.zmq_ctx,
+                       replace(env.roots, gateway=gateway.pid), env.client_processes)
+    return [f"{BASE}{p}" for p in protocols]
+
+
+async def _stop_gateways(roots: Roots | None, *gateways: ServeProcess | None) -> None:
+    for gateway in gateways:
+        if gateway is not None:
+            await gateway.stop()
+    if roots is not None:
+        roots.gateway = None
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -1471,6 +1508,7 @@ async def run(args: argparse.Namespace) -> int:
     # W1's 1,000 Res01 publishers and 2,000 idle peers: past ZeroMQ's default.
     zmq_ctx.set(zmq.MAX_SOCKETS, 8192)
     gateway: ServeProcess | None = None
+    base_gateway: ServeProcess | None = None
     nats_server: NatsServer | None = None
     results: dict[str, list[Result]] = {}
     rss: list[RssResult] = []
@@ -1493,19 +1531,21 @@ async def run(args: argparse.Namespace) -> int:
                 roots.gateway = gateway.pid
             env = Env(raw_dsn, gateway, nats_server, zmq_ctx, roots, args.client_processes)
             systems = ["raw", *(["nats"] if nats_server else []), *args.protocols]
+            if measured and args.protocols and args.baseline:
+                base_gateway = ServeProcess(
+                    root / "baseline", await baseline_database(pg, args.baseline),
+                    args.protocols, args.workers, command=args.baseline)
+                systems += await _start_baseline(env, base_gateway, args.protocols)
             _print_header(args, pg_version, load, nats_server, args.loop)
             results = await _measure(env, args, measured, systems)
-            if gateway is not None:
-                # The RSS phase starts a gateway per protocol; this one would
-                # only take memory and CPU.
-                await gateway.stop()
-                roots.gateway = None
+            # The RSS phase starts a gateway per protocol; these would only
+            # take memory and CPU.
+            await _stop_gateways(roots, gateway, base_gateway)
             if "rss" in args.workloads and args.protocols:
                 rss, rss_errors = await _rss(env, args, root, pp_url)
                 rss_table(rss, rss_errors)
     finally:
-        if gateway is not None:
-            await gateway.stop()
+        await _stop_gateways(None, gateway, base_gateway)
         if nats_server is not None:
             await nats_server.stop()
         zmq_ctx.destroy(linger=0)
@@ -1616,9 +1656,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--workers", type=int, help="passed to polyport serve as --workers N")
     p.add_argument("--full", action="store_true",
                    help="W1 with 32, 256 and 1,000 publishers, 3 runs each")
+    p.add_argument("--baseline", metavar="COMMAND", default="",
+                   help=BASELINE_HELP + "; its rows read 'base PROTOCOL' (not in the RSS "
+                        "measurement)")
     add_client_processes(p)
     args = p.parse_args(argv)
     try:
+        args.baseline = baseline_command(args.baseline)
         args.protocols = _choices(args.protocols, PROTOCOLS, "--protocols")
         args.workloads = _choices(args.workloads, WORKLOADS, "--workloads")
         pubs = args.publishers or ("32,256,1000" if args.full else "32")

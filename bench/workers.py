@@ -26,19 +26,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shlex
 import shutil
 import statistics
 import sys
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
 import zmq.asyncio
 
-from bench.common import bench_cluster, empty_database, fresh_database
+from bench.common import (
+    BASELINE_HELP,
+    baseline_command,
+    baseline_database,
+    bench_cluster,
+    fresh_database,
+)
 from bench.peers import (
     PROTOCOLS,
     BenchError,
@@ -56,7 +60,6 @@ from bench.peers import (
 )
 from bench.processes import ProcessMeter, ProcessShare, appended, roles
 from polyport.gateway.config import CPU_SCHEDULINGS, GatewayConfig
-from polyport.gateway.process.embedded_pg import EmbeddedPostgres
 from polyport.gateway.process.supervisor import chain_mode
 
 DEFAULT_PROTOCOLS = ("bson", "micromsg2")
@@ -276,7 +279,7 @@ async def run(args: argparse.Namespace) -> int:
         async with bench_cluster() as pg:
             url = await fresh_database(pg)
             # The baseline's own database, under its own migrations.
-            base_url = await _baseline_database(pg, args.baseline) if args.baseline else url
+            base_url = await baseline_database(pg, args.baseline) if args.baseline else url
             roots = Roots(pg=int((pg.pgdata / "postmaster.pid").read_text().split()[0]))
             say(f"bench workers: {os.cpu_count()} CPUs, load average "
                 f"{os.getloadavg()[0]:.2f} at start")
@@ -294,23 +297,6 @@ async def run(args: argparse.Namespace) -> int:
         shutil.rmtree(root, ignore_errors=True)
     _table([_median(runs[(p, s)]) for p in args.protocols for s in args.setups], args)
     return 0
-
-
-async def _baseline_database(pg: EmbeddedPostgres, command: Sequence[str]) -> str:
-    """A new database migrated by the baseline's own ``migrate``; its URL."""
-    url = await empty_database(pg)
-    proc = await asyncio.create_subprocess_exec(
-        *command, "migrate", "upgrade", stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        # The URL carries a password: environment, never argv.
-        env={**os.environ, "POLYPORT_DATABASE_URL": url, "POLYPORT_LOG_LEVEL": "warning"})
-    _out, err = await proc.communicate()
-    if proc.returncode != 0:
-        last = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
-        raise BenchError(f"--baseline: its migrate upgrade failed ({last}); check that "
-                         f"{command[0]} is a polyport command")
-    say(f"baseline: {' '.join(command)}, on its own database")
-    return url
 
 
 def main(argv: list[str]) -> int:
@@ -336,9 +322,8 @@ def main(argv: list[str]) -> int:
                    help="the gateway's cpu_scheduling, comma-separated to compare: normal "
                         "(the default), batch; every worker count runs under each")
     p.add_argument("--baseline", metavar="COMMAND", default="",
-                   help="another install's polyport command (e.g. a checkout of an earlier "
-                        "commit, its virtualenv's bin/polyport): every worker count also "
-                        "runs under it, on its own database, and a table compares the two")
+                   help=BASELINE_HELP + "; every worker count runs under it too, and a "
+                        "table compares the two")
     add_client_processes(p)
     args = p.parse_args(argv)
     try:
@@ -356,9 +341,7 @@ def main(argv: list[str]) -> int:
         if not schedulings:
             raise BenchError("--cpu-scheduling: name at least one of "
                              f"{', '.join(CPU_SCHEDULINGS)}")
-        args.baseline = shlex.split(args.baseline)
-        if args.baseline and shutil.which(args.baseline[0]) is None:
-            raise BenchError(f"--baseline: {args.baseline[0]} is not an executable command")
+        args.baseline = baseline_command(args.baseline)
         args.setups = plan_setups(args.workers, args.chain, schedulings, bool(args.baseline))
     except (BenchError, ValueError) as exc:
         print(f"python -m bench workers: {one_line(exc)}", file=sys.stderr)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from tests.bench.command import bench
@@ -52,3 +53,36 @@ def test_a_bad_option_is_one_line() -> None:
         "python -m bench peers: --protocols: unknown telnet (choose from res01, bson, "
         "reactivesocket, rsocket, micromsg2, segment)"
     ]
+
+
+def test_a_baseline_install_is_measured_beside_this_tree() -> None:
+    """--baseline: its rows ('base bson') beside this tree's, through its own
+    gateway process, whose CPU is read as theirs.  This tree's own command
+    stands in for an earlier install."""
+    command = f"{sys.executable} -m polyport.gateway.cli.main"
+    done = bench("peers", "--seconds", "0.3", "--protocols", "bson", "--publishers", "4",
+                 "--workloads", "w1", "--baseline", command,
+                 env={"POLYPORT_BENCH_JSON": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert f"baseline: {command}, on its own database" in done.stderr
+    assert "  base bson " in done.stdout
+    rows = json.loads(done.stdout.strip().splitlines()[-1])["workloads"]["w1"]
+    by_system = {r["system"]: r for r in rows}
+    assert {"bson", "base:bson"} <= set(by_system)
+    for system in ("bson", "base:bson"):
+        assert by_system[system]["value"] > 0 and by_system[system]["cores"]["gateway"] > 0
+
+
+def test_baseline_rows_go_through_the_baseline_gateway() -> None:
+    """A baseline that refuses the bench's 200-byte events (max_event_bytes
+    100) fails its rows, and only its rows."""
+    command = f"env POLYPORT_MAX_EVENT_BYTES=100 {sys.executable} -m polyport.gateway.cli.main"
+    done = bench("peers", "--seconds", "0.3", "--protocols", "bson", "--publishers", "2",
+                 "--workloads", "w1", "--baseline", command,
+                 env={"POLYPORT_BENCH_JSON": "1"})
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = json.loads(done.stdout.strip().splitlines()[-1])["workloads"]["w1"]
+    by_system = {r["system"]: r for r in rows}
+    assert by_system["bson"]["error"] is None and by_system["bson"]["value"] > 0
+    assert by_system["base:bson"]["error"] is not None
+    assert "too_large" in by_system["base:bson"]["error"], by_system["base:bson"]

@@ -96,6 +96,12 @@ class BenchError(Exception):
     """A failure worth one line, not a traceback."""
 
 
+def say(line: str) -> None:
+    """A progress line, on stderr (the tables go to stdout)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 # --- another install beside this tree (--baseline) ------------------------------------
 
 
@@ -104,12 +110,12 @@ BASELINE_HELP = ("another install's polyport command (e.g. a checkout of an earl
                  "database, alternating")
 
 
-def baseline_command(text: str, option: str = "--baseline") -> list[str]:
+def baseline_command(text: str) -> list[str]:
     """The words of a ``--baseline`` command (empty: none); BenchError
     when its program is not an executable command."""
     words = shlex.split(text)
     if words and shutil.which(words[0]) is None:
-        raise BenchError(f"{option}: {words[0]} is not an executable command")
+        raise BenchError(f"--baseline: {words[0]} is not an executable command")
     return words
 
 
@@ -125,8 +131,8 @@ async def baseline_database(pg: EmbeddedPostgres, command: Sequence[str]) -> str
     if proc.returncode != 0:
         last = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
         raise BenchError(f"--baseline: its migrate upgrade failed ({last}); check that "
-                           f"{command[0]} is a polyport command")
-    sys.stderr.write(f"baseline: {' '.join(command)}, on its own database\n")
+                         f"{command[0]} is a polyport command")
+    say(f"baseline: {' '.join(command)}, on its own database")
     return url
 
 

@@ -74,6 +74,7 @@ from bench.common import (
     bench_cluster,
     fresh_database,
     percentile,
+    say,
     stop_process,
     wait_listening,
 )
@@ -276,11 +277,6 @@ class Meter:
         self.wall = time.monotonic() - self._t0
         c1 = self.roots.cpu()
         self.cores = {k: (c1[k] - self._c0[k]) / max(self.wall, 1e-9) for k in c1}
-
-
-def say(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
 
 
 # --- server processes ------------------------------------------------------------------------

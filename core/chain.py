@@ -502,8 +502,8 @@ class ChainClient:
             return
         last_planned, last_refused = self._chain_planned
         st = self._stats
-        st.planned_commits += planned - last_planned if planned >= last_planned else planned
-        st.planned_refused += refused - last_refused if refused >= last_refused else refused
+        st.planned_commits += planned - last_planned
+        st.planned_refused += refused - last_refused
         self._chain_planned = (planned, refused)
 
     def _feed(self) -> None:

@@ -300,11 +300,9 @@ class MicroMsg2Session(ByteStreamSession[Limits, ServerConnection]):
         self._subs: list[_Sub] = []
         # Runs of client MESSAGEs being appended, in arrival order.
         self._appends: deque[_PendingRun] = deque()
-        # Acks go out from each run's done callback (_confirm) once the
-        # connection is open; a task of the session's, the confirmer, takes
-        # over while an ack must wait for the socket to drain or a failure
-        # must be sent, then hands back.
-        self._confirming = False
+        # Acks go out from each run's done callback (_confirm); a task of the
+        # session's, the confirmer, takes over while an ack must wait for the
+        # socket to drain or a failure must be sent, then hands back.
         self._confirmer: asyncio.Task[None] | None = None
         self._pending_messages = 0
         self._pending_bytes = 0
@@ -442,7 +440,6 @@ class MicroMsg2Session(ByteStreamSession[Limits, ServerConnection]):
         self.out.handshake_done()
         self._json = negotiated.has(EXT_JSON)
         self._acks = negotiated.ack_window is not None
-        self._confirming = True
 
     # --- appends ----------------------------------------------------------------------
 
@@ -560,7 +557,8 @@ class MicroMsg2Session(ByteStreamSession[Limits, ServerConnection]):
     def _confirm(self) -> None:
         """Ack the runs settled at the head; hand over to the confirmer task
         when the ack must wait for the socket or a failure must be sent."""
-        if self.closing or not self._confirming or self._confirmer is not None:
+        # Runs exist only once the connection is open (they need the tenant).
+        if self.closing or self._confirmer is not None:
             return
         try:
             data, failure = self._settled_runs()
@@ -591,10 +589,7 @@ class MicroMsg2Session(ByteStreamSession[Limits, ServerConnection]):
             last = pending.last_seq
         if last is None or not self._acks or self.out.closed:
             return None, failure
-        data = self.conn.send(Ack(last))
-        self._stats.frames_out += 1
-        self._last_activity = self._loop.time()
-        return data, failure
+        return self._frame_bytes(Ack(last)), failure
 
     async def _confirm_appends(self, data: bytes | None,
                                failure: tuple[str, str] | None) -> None:
@@ -752,10 +747,14 @@ class MicroMsg2Session(ByteStreamSession[Limits, ServerConnection]):
     async def _send(self, frame: Frame) -> None:
         if self.out.closed:
             return
+        await self.out.send(self._frame_bytes(frame))
+
+    def _frame_bytes(self, frame: Frame) -> bytes:
+        """``frame`` encoded, counted and noted as activity."""
         data = self.conn.send(frame)
         self._stats.frames_out += 1
         self._last_activity = self._loop.time()
-        await self.out.send(data)
+        return data
 
     async def _revoked(self, code: str, message: str) -> None:
         await self._fail(code, message)

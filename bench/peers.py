@@ -737,6 +737,9 @@ async def w2_polyport(env: Env, meter: Meter, protocol: str, seconds: float) -> 
 # --- W3: delivery latency at 1,000 events/s ------------------------------------------------------
 
 
+OnAck = Callable[[int], None]
+
+
 class Feeder(Protocol):
     async def send(self, seq: int) -> None:
         """Hand one event over without waiting for its acknowledgement."""
@@ -751,18 +754,24 @@ class TaskFeeder:
     """Each publish as its own task: requests pipeline on one connection,
     at most ``window`` unacknowledged (send waits for room)."""
 
-    def __init__(self, pub: Publisher, window: int) -> None:
+    def __init__(self, pub: Publisher, window: int, on_ack: OnAck | None = None) -> None:
         self.pub = pub
         self.room = asyncio.Semaphore(window)
         self.tasks: set[asyncio.Task[None]] = set()
         self.failed = 0
         self.first_error: BaseException | None = None
+        self.on_ack = on_ack
 
     async def send(self, seq: int) -> None:
         await self.room.acquire()
-        task = asyncio.create_task(self.pub.publish(seq))
+        task = asyncio.create_task(self._publish(seq))
         self.tasks.add(task)
         task.add_done_callback(self._done)
+
+    async def _publish(self, seq: int) -> None:
+        await self.pub.publish(seq)
+        if self.on_ack is not None:
+            self.on_ack(seq)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
@@ -787,7 +796,8 @@ class TaskFeeder:
 
 class WindowFeeder:
     """MicroMsg2 (batch-ack) and segment: writing is sending; the window
-    bounds what is unacknowledged."""
+    bounds what is unacknowledged.  Their clients acknowledge ranges, not
+    one publish: no per-event ack time is taken."""
 
     def __init__(self, pub: MicroMsg2Pub | SegmentPub) -> None:
         self.pub = pub
@@ -809,12 +819,17 @@ class WindowFeeder:
 
 
 class NatsFeeder:
-    def __init__(self, nc: Any, subject: str) -> None:
+    def __init__(self, nc: Any, subject: str, on_ack: OnAck | None = None) -> None:
         self.nc, self.subject = nc, subject
         self.js = nc.jetstream(publish_async_max_pending=WINDOW)
+        self.on_ack = on_ack
 
     async def send(self, seq: int) -> None:
-        await self.js.publish_async(self.subject, body(seq))
+        acked = await self.js.publish_async(self.subject, body(seq))
+        if self.on_ack is not None:
+            on_ack = self.on_ack
+            acked.add_done_callback(
+                lambda f: None if f.cancelled() or f.exception() else on_ack(seq))
 
     async def finish(self) -> None:
         await asyncio.wait_for(self.js.publish_async_completed(), 60)
@@ -829,9 +844,10 @@ class RawFeeder:
     fsync and serialise every writer (the reason polyport's core notifies
     after commit too)."""
 
-    def __init__(self, pool: asyncpg.Pool, stream: str) -> None:
+    def __init__(self, pool: asyncpg.Pool, stream: str, on_ack: OnAck | None = None) -> None:
         self.pool, self.stream = pool, stream
-        self.inner = TaskFeeder(self, WINDOW)  # type: ignore[arg-type]
+        # Acknowledged once the NOTIFY after the commit is done too.
+        self.inner = TaskFeeder(self, WINDOW, on_ack)  # type: ignore[arg-type]
 
     async def publish(self, seq: int) -> None:
         async with self.pool.acquire() as c:
@@ -1065,18 +1081,21 @@ _READER_OPENERS: dict[
 }
 
 
-async def open_feeder(env: Env, system: str, stream: str) -> Feeder:
+async def open_feeder(env: Env, system: str, stream: str,
+                      on_ack: OnAck | None = None) -> Feeder:
+    """``on_ack(seq)``: called as each publish is acknowledged, where the
+    client tells it of one publish (not MicroMsg2's or segment's)."""
     if system == "raw":
         pool = await asyncpg.create_pool(env.raw_dsn, min_size=RAW_W3_POOL,
                                          max_size=RAW_W3_POOL)
-        return RawFeeder(pool, stream)
+        return RawFeeder(pool, stream, on_ack)
     if system == "nats":
         assert env.nats is not None
-        return NatsFeeder(await _nats_connect(env.nats.url), stream)
+        return NatsFeeder(await _nats_connect(env.nats.url), stream, on_ack)
     pub = await open_publisher(env, system, stream, window=WINDOW)
     if isinstance(pub, MicroMsg2Pub | SegmentPub):
         return WindowFeeder(pub)
-    return TaskFeeder(pub, WINDOW_CAP.get(system, WINDOW))
+    return TaskFeeder(pub, WINDOW_CAP.get(system, WINDOW), on_ack)
 
 
 @dataclass
@@ -1084,42 +1103,73 @@ class Latency:
     p50: float
     p99: float
     lost: int
+    # Publish call -> its acknowledgement (None where not taken: WindowFeeder).
+    ack_p50: float | None = None
+    ack_p99: float | None = None
+
+
+class _W3Times:
+    """What W3 measures: publish call -> delivery for every event, and
+    publish call -> acknowledgement where the feeder tells of each (which
+    may come before or after the delivery: each side has its own entry)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.sent: dict[int, float] = {}
+        self.unacked: dict[int, float] = {}
+        self.latencies: list[float] = []
+        self.acks: list[float] = []
+        self.probe = asyncio.Event()  # a probe (seq < 0) was delivered
+        self.all_in = asyncio.Event()
+
+    def sending(self, seq: int) -> None:
+        self.sent[seq] = self.unacked[seq] = time.perf_counter()
+
+    def on_seq(self, seq: int) -> None:
+        now = time.perf_counter()
+        if seq < 0:
+            self.probe.set()
+            return
+        started = self.sent.pop(seq, None)
+        if started is not None:
+            self.latencies.append((now - started) * 1000)
+            if len(self.latencies) == self.total:
+                self.all_in.set()
+
+    def on_ack(self, seq: int) -> None:
+        started = self.unacked.pop(seq, None)
+        if started is not None:
+            self.acks.append((time.perf_counter() - started) * 1000)
+
+    def latency(self) -> Latency:
+        if not self.latencies:
+            raise BenchError("no event was received")
+        acks = self.acks
+        return Latency(percentile(self.latencies, 0.5), percentile(self.latencies, 0.99),
+                       self.total - len(self.latencies),
+                       percentile(acks, 0.5) if acks else None,
+                       percentile(acks, 0.99) if acks else None)
 
 
 async def w3(env: Env, meter: Meter, system: str, seconds: float, rate: int = RATE) -> Latency:
     stream = _unique(f"w3-{system}")
     if system == "nats":
         stream = f"bench.{stream}"
-    sent: dict[int, float] = {}
-    latencies: list[float] = []
-    probe = asyncio.Event()
     total = max(1, int(seconds * rate))
-    all_in = asyncio.Event()
-
-    def on_seq(seq: int) -> None:
-        now = time.perf_counter()
-        if seq < 0:
-            probe.set()
-            return
-        started = sent.pop(seq, None)
-        if started is not None:
-            latencies.append((now - started) * 1000)
-            if len(latencies) == total:
-                all_in.set()
-
-    feeder = await open_feeder(env, system, stream)
+    times = _W3Times(total)
+    feeder = await open_feeder(env, system, stream, times.on_ack)
     try:
-        async with subscriber(env, system, stream, on_seq):
+        async with subscriber(env, system, stream, times.on_seq):
             # Probes until the subscription is live (some protocols do not
             # answer a subscribe, and a segment does not exist before its
             # first event).
             deadline = time.monotonic() + 30
-            while not probe.is_set():
+            while not times.probe.is_set():
                 if time.monotonic() > deadline:
                     raise BenchError("the subscriber received nothing within 30 s")
                 await feeder.send(-1)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(probe.wait(), 0.2)
+                    await asyncio.wait_for(times.probe.wait(), 0.2)
             await feeder.finish()
             meter.start()
             t0 = time.perf_counter()
@@ -1127,20 +1177,17 @@ async def w3(env: Env, meter: Meter, system: str, seconds: float, rate: int = RA
             while seq < total:
                 due = min(total, int((time.perf_counter() - t0) * rate) + 1)
                 while seq < due:
-                    sent[seq] = time.perf_counter()
+                    times.sending(seq)
                     await feeder.send(seq)
                     seq += 1
                 await asyncio.sleep(max(0.0, t0 + seq / rate - time.perf_counter()))
             await feeder.finish()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(all_in.wait(), 10)
+                await asyncio.wait_for(times.all_in.wait(), 10)
             meter.stop()
     finally:
         await feeder.close()
-    if not latencies:
-        raise BenchError("no event was received")
-    return Latency(percentile(latencies, 0.5), percentile(latencies, 0.99),
-                   total - len(latencies))
+    return times.latency()
 
 
 # --- RSS per idle connection ---------------------------------------------------------------
@@ -1229,6 +1276,8 @@ class Result:
     value: float | None = None  # events/s, or p50 ms
     p99: float | None = None
     lost: int = 0
+    ack_p50: float | None = None  # W3: publish call -> acknowledgement, ms
+    ack_p99: float | None = None
     cores: dict[str, float] = field(default_factory=dict)
     error: str | None = None
 
@@ -1247,12 +1296,17 @@ def median_result(results: list[Result]) -> Result:
     if not ok:
         return first
     keys = ok[0].cores.keys()
-    p99s = [r.p99 for r in ok if r.p99 is not None]
+    def median_of(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
     return Result(
         first.workload, first.n, first.system,
         statistics.median(r.value for r in ok if r.value is not None),
-        statistics.median(p99s) if p99s else None,
+        median_of([r.p99 for r in ok]),
         max(r.lost for r in ok),
+        median_of([r.ack_p50 for r in ok]),
+        median_of([r.ack_p99 for r in ok]),
         {k: statistics.median(r.cores[k] for r in ok) for k in keys},
     )
 
@@ -1295,8 +1349,8 @@ def throughput_table(title: str, rows: list[Result], refs: list[tuple[str, str]]
 def latency_table(title: str, rows: list[Result], refs: list[str]) -> None:
     """``refs``: the systems (raw, nats) each polyport p50 and p99 is divided by."""
     print(f"\n{title}")
-    _row(f"  {'system':<22} {'p50 ms':>8} {'p99 ms':>8} {'lost':>5} {'server':>7} "
-         f"{'of PG':>6} {'client':>7}"
+    _row(f"  {'system':<22} {'p50 ms':>8} {'p99 ms':>8} {'lost':>5} {'ack p50':>8} "
+         f"{'ack p99':>8} {'server':>7} {'of PG':>6} {'client':>7}"
          + "".join(f" {f'p50/{ref}':>8} {f'p99/{ref}':>8}" for ref in refs))
     by = {r.system: r for r in rows if r.error is None}
     for r in rows:
@@ -1312,6 +1366,7 @@ def latency_table(title: str, rows: list[Result], refs: list[str]) -> None:
             cols += ([_ratio(r.value, base.value), _ratio(r.p99, base.p99)]
                      if mine and base is not None else ["", ""])
         _row(f"  {name:<22} {_cell(r.value, '.2f'):>8} {_cell(r.p99, '.2f'):>8} {r.lost:>5} "
+             f"{_cell(r.ack_p50, '.2f'):>8} {_cell(r.ack_p99, '.2f'):>8} "
              f"{server_cores(r.system, r.cores):>7.2f} {_cell(pg, '.2f'):>6} "
              f"{r.cores.get('client', 0.0):>7.2f}" + "".join(f" {c:>8}" for c in cols))
 
@@ -1351,8 +1406,11 @@ async def measure(label: str, env: Env, r: Result,
         return r
     if isinstance(got, Latency):
         r.value, r.p99, r.lost = got.p50, got.p99, got.lost
+        r.ack_p50, r.ack_p99 = got.ack_p50, got.ack_p99
         shown = f"p50 {got.p50:.2f} ms, p99 {got.p99:.2f} ms" + (
-            f", {got.lost} not received" if got.lost else "")
+            f", {got.lost} not received" if got.lost else "") + (
+            f"; acked p50 {got.ack_p50:.2f}, p99 {got.ack_p99:.2f} ms"
+            if got.ack_p50 is not None and got.ack_p99 is not None else "")
     else:
         r.value = got
         shown = f"{got:,.0f} events/s"
@@ -1627,6 +1685,8 @@ def _print_workload(w: str, rows: list[Result], args: argparse.Namespace,
         latency_table(f"W3 delivery at {args.rate:,} events/s: publish call -> live subscriber",
                       rows, ["raw", *(["nats"] if nats_server is not None else [])])
         print("  raw: INSERT, NOTIFY after the commit, a LISTENing connection fetches the rows")
+        print("  ack p50/p99: publish call -> its acknowledgement (raw: the NOTIFY after the "
+              "commit done too; - where the client acknowledges ranges: micromsg2, segment)")
         if "res01" in args.protocols:
             print(f"  res01: FE/PS loop, {RES01_POLL * 1000:g} ms pause after an empty batch")
 

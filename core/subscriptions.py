@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -52,6 +53,11 @@ TAIL_BATCH = 500
 # arrive, so the subscriber stayed a round trip behind (W3 in bench peers).
 RECENT_EVENTS = 4096
 RECENT_BYTES = 8 << 20
+# A pull reader (a Res01 FE) keeps the tailer reading every commit's events
+# into that memory for this long after its last read, so that its next
+# read of what committed since is served from there, not by a query
+# (docs/performance.md, session 23).
+RECENT_WANTED_SECONDS = 10.0
 # What an event costs in the ring beyond its body (object, headers, strings).
 _RECENT_OVERHEAD = 256
 _ONE_MICROSECOND = timedelta(microseconds=1)
@@ -204,6 +210,9 @@ class Tailer:
         # Contiguous positions ending at ``head`` (or empty): see RECENT_EVENTS.
         self._recent: deque[RecordedEvent] = deque()
         self._recent_bytes = 0
+        # Until then (loop-independent monotonic time) the tailer feeds that
+        # memory even with no live subscriber: see RECENT_WANTED_SECONDS.
+        self._recent_wanted_until = float("-inf")
         # Set (and dropped) when the head moves, for held reads: see wait_beyond.
         self._moved: asyncio.Event | None = None
         self._wake = asyncio.Event()
@@ -267,7 +276,7 @@ class Tailer:
     def notify(self, position: int) -> None:
         self._known_head = max(self._known_head, position)
         if position > self.head:
-            if not self._live and not self.listeners:
+            if not self.feeding:
                 # Nobody to feed: move the head here rather than wake the
                 # tailer task once per commit (a task switch and a retry
                 # context each, 3% of a W1 profile).
@@ -278,8 +287,33 @@ class Tailer:
 
     @property
     def feeding(self) -> bool:
-        """Whether anyone in this process takes events as they commit."""
-        return bool(self._live or self.listeners)
+        """Whether anyone in this process takes events as they commit (or
+        will read them soon: :meth:`want_recent`)."""
+        return bool(self._live or self.listeners) or (
+            time.monotonic() < self._recent_wanted_until)
+
+    def want_recent(self) -> None:
+        """A pull reader read just now: keep every commit's events in memory
+        for RECENT_WANTED_SECONDS more (see :meth:`recent_selected`)."""
+        self._recent_wanted_until = time.monotonic() + RECENT_WANTED_SECONDS
+
+    def recent_selected(
+        self, selector: Selector, after: int, upper: int
+    ) -> list[RecordedEvent] | None:
+        """The events at positions ``after`` + 1 … ``upper`` that ``selector``
+        takes, in order, from memory: what :meth:`read_selected` returns
+        for that range, without a query.  None when memory does not hold
+        every one of those positions."""
+        recent = self._recent
+        if not recent or upper > self.head:
+            return None
+        first = recent[0].position
+        if after + 1 < first:
+            return None
+        events = islice(recent, after + 1 - first, upper + 1 - first)
+        if _selects_all(selector):
+            return list(events)
+        return [e for e in events if _safe_match(selector, e)]
 
     def committed(self, base: int, t0: datetime, rows: Sequence[tuple[Any, ...]]) -> None:
         """This process's writer committed ``rows`` (the planner's row
@@ -290,7 +324,7 @@ class Tailer:
         task switch between the commit and the subscribers.  Otherwise
         (another process committed in between) the tailer reads the range."""
         last = base + len(rows)
-        if base != self.head or not (self._live or self.listeners):
+        if base != self.head or not self.feeding:
             self.notify(last)
             return
         try:
@@ -398,7 +432,7 @@ class Tailer:
             self._outage.recovered()
 
     async def _advance(self, announced: bool = False) -> None:
-        if not self._live and not self.listeners:
+        if not self.feeding:
             # Nobody to feed: move the head without reading events.  Someone
             # may have joined during the await; then they need the events.
             # Commits announce their position (in process, or by NOTIFY);
@@ -407,7 +441,7 @@ class Tailer:
             if not announced:
                 known = max(known, await self._pool.fetchval(sql.HEAD_POSITION))
                 self.health.ok()
-            if not self._live and not self.listeners:
+            if not self.feeding:
                 if known > self.head:
                     self._move_head(known)
                     self._advanced()

@@ -449,3 +449,58 @@ async def test_a_failing_fan_out_never_fails_the_commit(store: EventStore) -> No
     finally:
         store.tailer.listeners.remove(broken)
     live.close()
+
+
+async def test_a_fetch_takes_what_committed_since_the_last_from_memory(
+    store: EventStore,
+) -> None:
+    """A pull reader keeps the tailer feeding its memory: its next fetch
+    takes the events committed since from there, with no read query, and
+    they are what the read would have returned, for every kind of selector."""
+    selectors = {
+        "stream": Selector(context="default", stream="mem-a"),
+        "prefix": Selector(context="default", prefix="mem-"),
+        "types": Selector(context="default", prefix="", types=frozenset({"t1"})),
+        "context": Selector(context="default", prefix=""),
+    }
+    await store.append(append("mem-a", ev(0, type="t1")))
+    subs = {k: await store.register_fetch_subscription(f"mem:{k}", sel, BEGINNING)
+            for k, sel in selectors.items()}
+    for sub in subs.values():
+        [first] = (await store.fetch(sub.id, 10))[-1:]
+        assert await store.progress(sub.id, first.recorded_at)
+    for i in range(1, 13):
+        await store.append(append(("mem-a", "mem-b", "other")[i % 3],
+                                  ev(i, type=("t1", "t2")[i % 2])))
+    await store.append(append("mem-a", ev(99), context="elsewhere"))
+    real_read = store.tailer.read_selected
+    reads = _count_reads(store)
+    fetched = {k: await store.fetch(sub.id, 100) for k, sub in subs.items()}
+    assert reads[0] == 0
+    head = store.tailer.head
+    for k, sub in subs.items():
+        checkpoint = (await store.get_fetch_subscription(sub.id)).checkpoint
+        expected, _last, _done = await real_read(selectors[k], checkpoint, head, 500)
+        assert fetched[k] == expected and expected, k
+    assert {e.stream for e in fetched["stream"]} == {"mem-a"}
+    assert {e.type for e in fetched["types"]} == {"t1"}
+
+
+async def test_fetches_keep_the_tailer_feeding_only_for_a_while(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no fetch for RECENT_WANTED_SECONDS the tailer stops keeping
+    events for pull readers; a fetch then reads them from the database."""
+    from polyport.core import subscriptions
+
+    monkeypatch.setattr(subscriptions, "RECENT_WANTED_SECONDS", 0.2)
+    sub = await store.register_fetch_subscription(
+        "mem:quiet", Selector(context="default", stream="quiet"), BEGINNING)
+    assert await store.fetch(sub.id, 10) == []
+    assert store.tailer.feeding
+    await asyncio.sleep(0.3)
+    assert not store.tailer.feeding
+    await store.append(append("quiet", ev(1), ev(2)))
+    reads = _count_reads(store)
+    assert [e.version for e in await store.fetch(sub.id, 10)] == [1, 2]
+    assert reads[0] >= 1

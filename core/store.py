@@ -9,7 +9,7 @@ import json
 import logging
 import uuid
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -876,7 +876,7 @@ class EventStore:
 
 
 def _fill_batch(
-    out: list[RecordedEvent], events: list[RecordedEvent], want: int, extend_same_time: bool
+    out: list[RecordedEvent], events: Iterable[RecordedEvent], want: int, extend_same_time: bool
 ) -> bool:
     """Append ``events`` to a fetch batch until it holds ``want`` (and, with
     ``extend_same_time``, the events sharing the last one's recorded time);

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import Any
@@ -299,11 +299,13 @@ class Tailer:
 
     def recent_selected(
         self, selector: Selector, after: int, upper: int
-    ) -> list[RecordedEvent] | None:
+    ) -> Iterator[RecordedEvent] | None:
         """The events at positions ``after`` + 1 … ``upper`` that ``selector``
         takes, in order, from memory: what :meth:`read_selected` returns
         for that range, without a query.  None when memory does not hold
-        every one of those positions."""
+        every one of those positions.  Lazy, so a reader that wants a few
+        stops early: take what is needed before the next await (the next
+        commit changes the memory under it)."""
         recent = self._recent
         if not recent or upper > self.head:
             return None
@@ -312,8 +314,8 @@ class Tailer:
             return None
         events = islice(recent, after + 1 - first, upper + 1 - first)
         if _selects_all(selector):
-            return list(events)
-        return [e for e in events if _safe_match(selector, e)]
+            return events
+        return (e for e in events if _safe_match(selector, e))
 
     def committed(self, base: int, t0: datetime, rows: Sequence[tuple[Any, ...]]) -> None:
         """This process's writer committed ``rows`` (the planner's row

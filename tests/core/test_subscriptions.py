@@ -475,8 +475,11 @@ async def test_a_fetch_takes_what_committed_since_the_last_from_memory(
     await store.append(append("mem-a", ev(99), context="elsewhere"))
     real_read = store.tailer.read_selected
     reads = _count_reads(store)
+    # A fetch of two stops there (the batch PS will name), then the whole.
+    two = await store.fetch(subs["context"].id, 2)
     fetched = {k: await store.fetch(sub.id, 100) for k, sub in subs.items()}
     assert reads[0] == 0
+    assert two == fetched["context"][:2]
     head = store.tailer.head
     for k, sub in subs.items():
         checkpoint = (await store.get_fetch_subscription(sub.id)).checkpoint

@@ -327,6 +327,34 @@ SELECT s.id, s.context, s.name, s.selector, s.checkpoint, s.settings,
 FROM subscriptions s WHERE s.id = $1
 """
 
+# An FE whose batch the store took from memory on what it last knew of the
+# subscription: FETCH_STATE's row, and RECORD_FETCH done in the same round
+# trip only if that knowledge still holds -- the checkpoint it read from
+# ($2) and the selector it filtered with ($3) unchanged, no replay due and
+# no max_retries (whose fetch counting takes the full path).  ``recorded``
+# says which; when false nothing was written and the row is the state to
+# fetch from, as FETCH_STATE's.  ``u.checkpoint = $2`` is checked again on
+# the row being updated, so a PS committed meanwhile is not overwritten.
+#   $4, $5: the batch's last position and recorded_at (as RECORD_FETCH)
+FETCH_STATE_RECORDING = """
+WITH s AS (
+    SELECT s.id, s.context, s.name, s.selector, s.checkpoint, s.settings,
+           (SELECT last_position FROM log_head WHERE id = 1) AS head,
+           EXISTS (SELECT 1 FROM parked_events p
+                   WHERE p.subscription_id = s.id AND p.replay AND p.position <= s.checkpoint)
+               AS replay_due
+    FROM subscriptions s WHERE s.id = $1
+), recorded AS (
+    UPDATE subscriptions u SET fetched_position = $4, fetched_time = $5, updated_at = now()
+    FROM s, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush
+    WHERE u.id = s.id AND s.checkpoint = $2 AND u.checkpoint = $2
+      AND s.selector = $3::jsonb AND u.selector = $3::jsonb
+      AND NOT s.replay_due AND s.settings->>'max_retries' IS NULL
+    RETURNING u.id
+)
+SELECT s.*, EXISTS (SELECT 1 FROM recorded) AS recorded FROM s
+"""
+
 GET_SUBSCRIPTION_BY_ID = """
 SELECT id, context, name, selector, checkpoint, fetched_position, fetched_time
 FROM subscriptions WHERE id = $1

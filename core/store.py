@@ -10,7 +10,7 @@ import logging
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -39,7 +39,14 @@ from polyport.core.commands import (
     Subscribe,
 )
 from polyport.core.db import Db
-from polyport.core.errors import Busy, Malformed, NotFound, StorageUnavailable, Timeout
+from polyport.core.errors import (
+    Busy,
+    Malformed,
+    NotFound,
+    PolyportError,
+    StorageUnavailable,
+    Timeout,
+)
 from polyport.core.events import RecordedEvent
 from polyport.core.groups import ConsumerGroup, GroupMember
 from polyport.core.health import (
@@ -123,6 +130,22 @@ class FetchSubscription:
     name: str
     selector: Selector
     checkpoint: int
+
+
+# Fetch subscriptions whose state a store keeps between FEs (a bound: a
+# subscription it no longer knows takes the full path once, nothing worse).
+MAX_KNOWN_FETCHES = 4096
+
+
+@dataclass(slots=True)
+class _KnownFetch:
+    """What a store last knew of a fetch subscription it served: enough to
+    take an FE's batch from memory and record it in the one round trip that
+    checks this still holds (sql.FETCH_STATE_RECORDING)."""
+
+    sub: FetchSubscription
+    selector: str  # as stored (jsonb's text), for the statement to compare
+    retries: bool  # max_retries set: every FE counts its attempt, the full path
 
 
 def selector_to_json(selector: Selector) -> dict[str, Any]:
@@ -226,6 +249,9 @@ class EventStore:
         self.on_login: Callable[[Principal], None] | None = None
         self.on_subscribe: Callable[[Subscription | GroupMember], None] | None = None
         self._handed_out: weakref.WeakSet[Subscription | GroupMember] = weakref.WeakSet()
+        # What this store last knew of each fetch subscription it served,
+        # for FEs that record their batch in the round trip that checks it.
+        self._fetch_known: dict[int, _KnownFetch] = {}
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -744,21 +770,35 @@ class EventStore:
         self, sub_id: int, suggested_count: int, extend_same_time: bool,
         allowed: Callable[[FetchSubscription], None] | None = None,
     ) -> list[RecordedEvent]:
-        # One round trip for the subscription, its settings, the head and
-        # whether a replay is due: an FE/PS loop pays every round trip once
-        # per cycle (three per FE in the common case, was seven).
-        row = _subscription_row(await self._db.fetchrow(sql.FETCH_STATE, sub_id), sub_id)
+        # An FE/PS loop pays every round trip once per cycle.  One for the
+        # subscription, its settings, the head and whether a replay is due,
+        # and one to record the batch; a store that knows the subscription
+        # from its last FE or PS does both in one (_fetch_known_batch).
+        want = max(1, suggested_count)
+        tailer = self.tailer
+        tailer.want_recent()
+        known = self._fetch_known.get(sub_id)
+        row: Mapping[str, Any] | None = None
+        if known is not None and not known.retries and _allows(allowed, known.sub):
+            try:
+                got = await self._fetch_known_batch(known, want, extend_same_time)
+            except NotFound:
+                self._fetch_known.pop(sub_id, None)
+                raise
+            if isinstance(got, list):
+                return got
+            row = got
+        if row is None:
+            row = _subscription_row(await self._db.fetchrow(sql.FETCH_STATE, sub_id), sub_id)
         sub = _fetch_subscription(row)
         if allowed is not None:
             allowed(sub)
         settings = SubscriptionSettings.from_json(json.loads(row["settings"]))
-        want = max(1, suggested_count)
+        self._know_fetch(sub, row["selector"], settings.max_retries is not None)
         out: list[RecordedEvent] = []
         # One extra round's worth so extend_same_time can see past ``want``.
         replayed = (await self.parking.fetch_replay_due(sub.id, sub.checkpoint, want + 500)
                     if row["replay_due"] else [])
-        tailer = self.tailer
-        tailer.want_recent()
         if replayed:
             _fill_batch(out, replayed, want, extend_same_time)
         elif (recent := tailer.recent_selected(sub.selector, sub.checkpoint,
@@ -786,6 +826,52 @@ class EventStore:
                 self.on_deliver(out)
         return out
 
+    async def _fetch_known_batch(
+        self, known: _KnownFetch, want: int, extend_same_time: bool,
+    ) -> list[RecordedEvent] | Mapping[str, Any] | None:
+        """An FE in one round trip: the batch from the tailer's memory after
+        the checkpoint this store last knew, recorded by a statement that
+        also reads the subscription and writes only if what was known still
+        holds (FETCH_STATE_RECORDING).  Returns the batch; or the row read
+        (nothing recorded: the caller fetches from it, as from FETCH_STATE);
+        or None when memory had nothing to offer (the caller reads the
+        state as before).  The caller has asked the ownership rule of the
+        known subscription: its context never changes and the statement
+        checks the selector, so the rule's answer holds for the row."""
+        sub = known.sub
+        tailer = self.tailer
+        recent = tailer.recent_selected(sub.selector, sub.checkpoint, tailer.head)
+        if recent is None:
+            return None
+        out: list[RecordedEvent] = []
+        _fill_batch(out, recent, want, extend_same_time)
+        if not out:
+            return None
+        row = _subscription_row(await self._db.fetchrow(
+            sql.FETCH_STATE_RECORDING, sub.id, sub.checkpoint, known.selector,
+            out[-1].position, out[-1].recorded_at), sub.id)
+        if not row["recorded"]:
+            return row
+        if self.on_deliver is not None:
+            self.on_deliver(out)
+        return out
+
+    def _know_fetch(self, sub: FetchSubscription, selector: str, retries: bool) -> None:
+        known = self._fetch_known
+        if sub.id not in known and len(known) >= MAX_KNOWN_FETCHES:
+            del known[next(iter(known))]  # the oldest: a bound, not a policy
+        known[sub.id] = _KnownFetch(sub, selector, retries)
+
+    def _knew_checkpoint(self, sub_id: int, checkpoint: int | None) -> None:
+        """The checkpoint this store moved (a PS, a seek); None: unknown."""
+        known = self._fetch_known.get(sub_id)
+        if known is None:
+            return
+        if checkpoint is None:
+            del self._fetch_known[sub_id]
+        else:
+            known.sub = replace(known.sub, checkpoint=checkpoint)
+
     async def _park_refetched(self, sub: FetchSubscription, batch: list[RecordedEvent],
                               settings: SubscriptionSettings) -> bool:
         """A fetch subscription's retry: the same batch fetched again without
@@ -805,6 +891,7 @@ class EventStore:
         else:
             await self._db.execute(sql.SET_CHECKPOINT, sub.id, batch[-1].position)
         await self.parking.reset_fetch_attempts(sub.id)
+        self._knew_checkpoint(sub.id, None)
         log.info("subscription %s: parked %d events (positions %d-%d) fetched %d times "
                  "without progress", sub.name, len(batch), batch[0].position,
                  batch[-1].position, fetches)
@@ -822,7 +909,9 @@ class EventStore:
         raises, on the row read to tell why (as :meth:`fetch`)."""
         listed = None if contexts is None else sorted(contexts)
         row = await self._db.fetchrow(sql.PROGRESS_FETCHED, sub_id, last_event_time, listed)
-        if row is None:
+        if row is not None:
+            self._knew_checkpoint(sub_id, int(row["checkpoint"]))
+        else:
             sub = await self.get_fetch_subscription(sub_id)  # NotFound, rather than False
             if allowed is not None:
                 allowed(sub)
@@ -832,6 +921,7 @@ class EventStore:
         sub = await self.get_fetch_subscription(sub_id)
         cursor = await self.resolve_start(sub.selector, start)
         await self._db.execute(sql.SET_CHECKPOINT, sub_id, cursor)
+        self._knew_checkpoint(sub_id, cursor)
         return cursor
 
     async def subscription_id(self, context: str, name: str) -> int | None:
@@ -873,6 +963,20 @@ class EventStore:
     async def query(self, binder: str, matcher: dict[str, Any]) -> BinderQuery:
         """Matching documents of a binder: ``.count`` now, then ``async for``."""
         return await self.binders.query(binder, matcher)
+
+
+def _allows(allowed: Callable[[FetchSubscription], None] | None,
+            sub: FetchSubscription) -> bool:
+    """Whether the ownership rule lets ``sub`` be fetched.  A refusal on
+    what a store remembers is not the answer: the row may have changed, and
+    the full path asks the rule again on it (and raises)."""
+    if allowed is None:
+        return True
+    try:
+        allowed(sub)
+    except PolyportError:
+        return False
+    return True
 
 
 def _fill_batch(

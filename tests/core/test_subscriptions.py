@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -507,3 +508,128 @@ async def test_fetches_keep_the_tailer_feeding_only_for_a_while(
     reads = _count_reads(store)
     assert [e.version for e in await store.fetch(sub.id, 10)] == [1, 2]
     assert reads[0] >= 1
+
+
+def _statements(store: EventStore) -> list[str]:
+    """The statements the store's request paths send from now on in the
+    calling task, by their name in core.sql (the tailer's reads, the writer
+    and background tasks such as the binders' are not among them)."""
+    from polyport.core import sql
+
+    names = {text: name for name, text in vars(sql).items()
+             if name.isupper() and isinstance(text, str)}
+    sent: list[str] = []
+    db = store.db
+    caller = asyncio.current_task()
+    for method in ("fetch", "fetchrow", "fetchval", "execute"):
+        real = getattr(db, method)
+
+        async def counted(query, *args, _real=real):  # type: ignore[no-untyped-def]
+            if asyncio.current_task() is caller:
+                sent.append(names.get(query, query))
+            return await _real(query, *args)
+
+        setattr(db, method, counted)
+    return sent
+
+
+async def _fetch_progress(store: EventStore, sub_id: int, count: int = 100) -> list:
+    batch = await store.fetch(sub_id, count)
+    assert batch and await store.progress(sub_id, batch[-1].recorded_at)
+    return batch
+
+
+async def test_a_fetch_loop_takes_each_batch_in_one_round_trip(store: EventStore) -> None:
+    """In an FE/PS loop the store knows the checkpoint its own PS left: the
+    next FE takes its batch from memory and records it in the statement
+    that checks what it knew, one round trip, and the PS that names the
+    batch moves the checkpoint as before."""
+    sub = await store.register_fetch_subscription(
+        "one-trip", Selector(context="default", stream="trip"), BEGINNING)
+    await store.append(append("trip", ev(0)))
+    await _fetch_progress(store, sub.id)
+    sent = _statements(store)
+    reads = _count_reads(store)
+    for i in range(1, 10, 3):
+        await store.append(append("trip", ev(i), ev(i + 1), ev(i + 2)))
+        del sent[:]
+        batch = await store.fetch(sub.id, 100)
+        assert [e.version for e in batch] == [i + 1, i + 2, i + 3]
+        assert sent == ["FETCH_STATE_RECORDING"]
+        # Fetched again without a PS: the same batch, recorded again.
+        assert await store.fetch(sub.id, 100) == batch
+        assert await store.progress(sub.id, batch[-1].recorded_at)
+        assert sent == ["FETCH_STATE_RECORDING"] * 2 + ["PROGRESS_FETCHED"]
+        assert (await store.get_fetch_subscription(sub.id)).checkpoint == batch[-1].position
+    assert reads[0] == 0
+
+
+async def test_a_fetch_on_what_another_process_changed_fetches_from_the_row(
+    store: EventStore,
+) -> None:
+    """What a store knew of a subscription goes stale when another process
+    moves its checkpoint or changes its selector: the statement then records
+    nothing, and the fetch goes on from the row it read, in the same round
+    trip, with what the database says."""
+    from polyport.core import sql
+    from polyport.core.store import selector_to_json
+
+    sub = await store.register_fetch_subscription(
+        "stale", Selector(context="default", stream="stale-a"), BEGINNING)
+    assert await store.fetch(sub.id, 100) == []  # memory keeps what follows
+    await store.append(append("stale-a", ev(1), ev(2)))
+    await store.append(append("stale-b", ev(1)))
+    first = await _fetch_progress(store, sub.id)
+    # Another process seeks back to the beginning.
+    await store.db.execute(sql.SET_CHECKPOINT, sub.id, 0)
+    await store.append(append("stale-a", ev(3)))
+    sent = _statements(store)
+    again = await store.fetch(sub.id, 100)
+    assert [e.version for e in again] == [1, 2, 3] and again[:2] == first
+    assert sent[0] == "FETCH_STATE_RECORDING" and "RECORD_FETCH" in sent
+    assert await store.progress(sub.id, again[-1].recorded_at)
+    assert (await store.get_fetch_subscription(sub.id)).checkpoint == again[-1].position
+    # Another process points it at another stream, the checkpoint left.
+    await store.db.execute(sql.UPDATE_SUBSCRIPTION_SELECTOR, sub.id, json.dumps(
+        selector_to_json(Selector(context="default", stream="stale-b"))))
+    await store.append(append("stale-a", ev(4)))
+    await store.append(append("stale-b", ev(2)))
+    other = await store.fetch(sub.id, 100)
+    assert [(e.stream, e.version) for e in other] == [("stale-b", 2)]
+
+
+async def test_retries_set_after_a_fetch_still_count_every_fetch(store: EventStore) -> None:
+    """max_retries set by an operator while a store knows the subscription
+    without it: the next FEs still count their attempts, and the batch
+    fetched past max_retries + 1 times is parked."""
+    sub = await store.register_fetch_subscription(
+        "late-retries", Selector(context="default", stream="late"), BEGINNING)
+    await store.append(append("late", ev(0)))
+    await _fetch_progress(store, sub.id)
+    await store.update_subscription("default", "late-retries", {"max_retries": 1})
+    await store.append(append("late", ev(1), ev(2)))
+    await store.append(append("late", ev(3)))
+    assert [e.version for e in await store.fetch(sub.id, 2)] == [2, 3]
+    assert [e.version for e in await store.fetch(sub.id, 2)] == [2, 3]
+    assert [e.version for e in await store.fetch(sub.id, 2)] == [4]
+    parked = await store.parked_events("default", "late-retries")
+    assert [p.position for p in parked] == [2, 3]
+
+
+async def test_a_known_subscription_is_still_refused_to_another_tenant(
+    store: EventStore,
+) -> None:
+    """What the store remembers of Bob's subscription does not let Alice
+    fetch it: refused before anything is recorded, Bob's batch still his."""
+    alice = Tenant(store, Principal("alice", "ctx-a", frozenset({"ctx-a"})))
+    bob = Tenant(store, Principal("bob", "ctx-b", frozenset({"ctx-b"})))
+    theirs = await bob.register_fetch_subscription("known", Selector(context="ctx-b"), BEGINNING)
+    assert await bob.fetch(theirs.id, 10) == []
+    await store.append(Append("ctx-b", "s", (ev(1),)))
+    [first] = await bob.fetch(theirs.id, 10)
+    await store.append(Append("ctx-b", "s", (ev(2),)))
+    sent = _statements(store)
+    with pytest.raises(Forbidden):
+        await alice.fetch(theirs.id, 10)
+    assert "FETCH_STATE_RECORDING" not in sent and "RECORD_FETCH" not in sent
+    assert await bob.progress(theirs.id, first.recorded_at)

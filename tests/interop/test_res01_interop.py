@@ -132,3 +132,42 @@ async def test_core_events_of_every_content_type_come_out_as_text(gateway_factor
         assert (event.stream, event.context) == (stream, ctx)
     assert [e.sequence for e in batch.events] == [1, 2, 3, 4, 5]
     await client.close()
+
+
+async def test_an_fe_ps_loop_costs_one_statement_each(gateway_factory) -> None:
+    """Through the Res01 port, once the gateway knows the subscription, each
+    FE that finds events reads the row and records its batch in one
+    statement, and each PS moves the checkpoint in one."""
+    from polyport.core import sql
+
+    gw = await start_gateway(gateway_factory)
+    client = await connect(gw)
+    ctx, stream = "interop", f"loop-{uuid.uuid4().hex[:8]}"
+    [sub] = await client.subscribe("loop", [(ctx, stream, T0)])
+    [first] = await client.fetch([(sub, 10)])
+    assert first.events == ()
+    names = {text: name for name, text in vars(sql).items()
+             if name.isupper() and isinstance(text, str)}
+    watched = {"FETCH_STATE", "FETCH_STATE_RECORDING", "RECORD_FETCH", "PROGRESS_FETCHED",
+               "GET_SUBSCRIPTION_BY_ID"}
+    sent: list[str] = []
+    db = gw.store.db
+    for method in ("fetch", "fetchrow", "fetchval", "execute"):
+        real = getattr(db, method)
+
+        async def counted(query, *args, _real=real):  # type: ignore[no-untyped-def]
+            if names.get(query) in watched:
+                sent.append(names[query])
+            return await _real(query, *args)
+
+        setattr(db, method, counted)
+    for version in (1, 2, 3):
+        await client.commit(ctx, stream, version, [new_event("T", "{}", "{}")])
+        del sent[:]
+        [batch] = await client.fetch([(sub, 10)])
+        assert len(batch.events) == 1
+        assert await client.progress([(sub, batch.events[-1].timestamp)]) == [sub]
+        assert sent == ["FETCH_STATE_RECORDING", "PROGRESS_FETCHED"]
+    stored = await gw.store.read_stream(ReadStream(ctx, stream))
+    assert (await gw.store.get_fetch_subscription(sub)).checkpoint == stored[-1].position
+    await client.close()

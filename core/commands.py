@@ -111,6 +111,12 @@ class ReadSegment:
     stream: str
     offset: int
     max_bytes: int = 1 << 20
+    # The caller waits at the tail for the stream's next event (a held
+    # read): an empty answer may then come from the tailer's memory, its
+    # head_position where that memory ends.  An event another gateway
+    # committed and this one has not heard of yet comes through the wait,
+    # which starts there, rather than through this answer.
+    tail_from_memory: bool = False
 
 
 @dataclass(frozen=True, slots=True)

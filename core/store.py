@@ -70,7 +70,7 @@ from polyport.core.monitor import Monitor
 from polyport.core.notify import Notifier, new_notify_group
 from polyport.core.parking import ParkedEvent, Parking, SubscriptionSettings, start_from_json
 from polyport.core.records import record_from_row
-from polyport.core.segments import segment_frame
+from polyport.core.segments import segment_chunk_from_live, segment_frame
 from polyport.core.subscriptions import Subscription, Tailer
 from polyport.core.users import UserService
 from polyport.core.writer import Writer, WriterLimits
@@ -495,7 +495,25 @@ class EventStore:
 
     async def read_segment(self, command: ReadSegment) -> SegmentChunk:
         """Bytes of the stream's segment view from ``offset``; at most
-        ``max_bytes`` unless a single event is larger (then that event)."""
+        ``max_bytes`` unless a single event is larger (then that event).
+
+        A read that finds events after ``offset`` in the tailer's memory
+        (Tailer.recent_segment) is answered from there, as a live reader's
+        wait is: no round trip.  A read at the tail asks the database, whose
+        snapshot names the head the next event comes after, unless the
+        caller will wait for that event (``tail_from_memory``)."""
+        tailer = self.tailer
+        tailer.want_recent()
+        self._check_stream(command.context, command.stream)
+        recent = tailer.recent_segment(command.context, command.stream, command.offset)
+        if recent:
+            chunk = segment_chunk_from_live(command.offset, recent, command.max_bytes)
+            if chunk is not None:
+                return chunk
+        elif recent is not None and command.tail_from_memory:
+            # The stream's last event in memory ends at ``offset``.
+            return SegmentChunk(command.offset, b"", True, command.offset, command.offset,
+                                tailer.head)
         state = await self._stream_row(command.context, command.stream)
         tail = state["segment_length"] or 0
         if command.offset < 0 or command.offset > tail:

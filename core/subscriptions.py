@@ -30,7 +30,7 @@ from polyport.core.aio import wait_event
 from polyport.core.commands import Selector
 from polyport.core.db import driver_errors
 from polyport.core.errors import StorageUnavailable
-from polyport.core.events import RecordedEvent, build_recorded_event
+from polyport.core.events import SEGMENT_EVENT_HEADER_SIZE, RecordedEvent, build_recorded_event
 from polyport.core.health import Health
 from polyport.core.logs import RateLimitedLog
 from polyport.core.notify import new_notify_group
@@ -53,6 +53,11 @@ TAIL_BATCH = 500
 # arrive, so the subscriber stayed a round trip behind (W3 in bench peers).
 RECENT_EVENTS = 4096
 RECENT_BYTES = 8 << 20
+# How far back from the head a segment read looks in that memory for its
+# offset before it reads the database instead: a reader at the tail of a
+# stream finds it within its last few commits, and a stream quiet for
+# longer costs one bounded scan, not one of the whole memory per read.
+SEGMENT_SCAN_EVENTS = 512
 # A pull reader (a Res01 FE) keeps the tailer reading every commit's events
 # into that memory for this long after its last read, so that its next
 # read of what committed since is served from there, not by a query
@@ -316,6 +321,29 @@ class Tailer:
         if _selects_all(selector):
             return events
         return (e for e in events if _safe_match(selector, e))
+
+    def recent_segment(self, context: str, stream: str, offset: int) -> list[RecordedEvent] | None:
+        """The events of ``context``/``stream`` whose segment view starts at
+        byte ``offset`` or later, up to the head, in order, from memory:
+        what a database read from ``offset`` returns.  None when memory
+        cannot tell within the last SEGMENT_SCAN_EVENTS events: it must hold
+        the stream's event that starts at ``offset``, or the one that ends
+        there (an empty list then: nothing after it up to the head).  An
+        offset inside an event, or one older than that, reads the database."""
+        found: list[RecordedEvent] = []
+        for ev in islice(reversed(self._recent), SEGMENT_SCAN_EVENTS):
+            if ev.stream != stream or ev.context != context:
+                continue
+            start = ev.segment_offset
+            if start >= offset:
+                found.append(ev)
+                if start > offset:
+                    continue
+            elif start + SEGMENT_EVENT_HEADER_SIZE + len(ev.body) != offset:
+                return None
+            found.reverse()
+            return found
+        return None
 
     def committed(self, base: int, t0: datetime, rows: Sequence[tuple[Any, ...]]) -> None:
         """This process's writer committed ``rows`` (the planner's row

@@ -117,6 +117,101 @@ async def test_read_segment_by_byte_offset(store: EventStore) -> None:
         await store.read_segment(ReadSegment("default", "seg", len(whole) + 1))
 
 
+def _database_reads(store: EventStore) -> list[str]:
+    """The statements the store's reads send from now on."""
+    sent: list[str] = []
+    real = store._read
+
+    async def counted(query, *args):  # type: ignore[no-untyped-def]
+        sent.append(query)
+        return await real(query, *args)
+
+    store._read = counted  # type: ignore[method-assign]
+    return sent
+
+
+async def test_a_segment_read_takes_what_memory_holds_without_a_query(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A segment read whose offset memory holds (the event starting there,
+    or the one ending there) is answered from the tailer's memory, byte for
+    byte what the database read returns, within every budget; an offset
+    inside an event, or at the tail, still reads the database."""
+    await store.append(append("mseg", ev(body=b"zz")))
+    await store.read_segment(ReadSegment("default", "mseg", 0))  # memory kept from here
+    first_tail = (await store.read_segment(ReadSegment("default", "mseg", 0))).tail_offset
+    for i, body in enumerate((b"a", b"bbbb", b"", b"c" * 40, b"dd")):
+        await store.append(append("mseg", ev(body=body)))
+        await store.append(append(f"other-{i}", ev(body=b"o")))
+    sent = _database_reads(store)
+    from_memory = {}
+    offsets = [first_tail]
+    for e in (await store.read_stream(ReadStream("default", "mseg")))[1:]:
+        offsets.append(e.segment_offset + 8 + len(e.body))
+    del sent[:]
+    for offset in offsets[:-1]:
+        for budget in (1, 20, 60, 1 << 20):
+            from_memory[offset, budget] = await store.read_segment(
+                ReadSegment("default", "mseg", offset, max_bytes=budget))
+    assert sent == []
+    monkeypatch.setattr(store.tailer, "recent_segment", lambda *_args: None)
+    whole = (await store.read_segment(ReadSegment("default", "mseg", 0))).data
+    for (offset, budget), got in from_memory.items():
+        # Whole events from the offset, within the budget (one event even
+        # when larger), at the tail once the last is in: the segment's bytes.
+        assert got.end_offset in offsets and got.data == whole[offset:got.end_offset]
+        assert len(got.data) <= budget or got.end_offset == offsets[offsets.index(offset) + 1]
+        assert got.at_tail == (got.end_offset == offsets[-1]) and got.tail_offset == offsets[-1]
+        if budget == 1 << 20:  # the database's read, which stops at rows, not bytes
+            read = await store.read_segment(ReadSegment("default", "mseg", offset))
+            assert (got.data, got.at_tail, got.end_offset) == (
+                read.data, read.at_tail, read.end_offset)
+    monkeypatch.undo()
+    del sent[:]
+    inside = await store.read_segment(ReadSegment("default", "mseg", first_tail + 3))
+    at_tail = await store.read_segment(ReadSegment("default", "mseg", offsets[-1]))
+    assert len(sent) == 3  # the state and the read; the state alone at the tail
+    assert inside.data and at_tail.data == b"" and at_tail.head_position == store.tailer.head
+    # A reader that will wait for the next event is told the tail from memory.
+    held = await store.read_segment(
+        ReadSegment("default", "mseg", offsets[-1], tail_from_memory=True))
+    assert len(sent) == 3
+    assert (held.data, held.at_tail, held.end_offset, held.head_position) == (
+        b"", True, offsets[-1], store.tailer.head)
+
+
+async def test_a_wait_from_memory_misses_nothing_another_process_commits(
+    store: EventStore, db_url: str,
+) -> None:
+    """The tail from memory may be behind what another process committed a
+    moment ago: the wait that starts at that memory's head delivers it."""
+    from polyport.core.commands import FromPosition, Selector, Subscribe
+    from polyport.core.store import StoreConfig
+
+    await store.append(append("far", ev(body=b"1")))
+    await store.read_segment(ReadSegment("default", "far", 0))
+    await store.append(append("far", ev(body=b"2")))
+    other = EventStore(StoreConfig(db_url))
+    await other.start()
+    try:
+        for i in range(3, 23):
+            tail = (await store.read_segment(ReadSegment("default", "far", 0))).tail_offset
+            await other.append(append("far", ev(body=str(i).encode())))
+            held = await store.read_segment(
+                ReadSegment("default", "far", tail, tail_from_memory=True))
+            if held.data:
+                assert held.data.endswith(str(i).encode())
+                continue
+            assert held.head_position is not None
+            sub = await store.subscribe(Subscribe(Selector(context="default", stream="far"),
+                                                  start=FromPosition(held.head_position)))
+            [got] = await sub.next_batch(10, timeout=5.0)
+            assert got.body == str(i).encode() and got.segment_offset == tail
+            sub.close()
+    finally:
+        await other.close()
+
+
 async def test_bad_text_fails_alone_not_its_batch(store: EventStore) -> None:
     from polyport.core.events import EventData
 

@@ -415,6 +415,41 @@ async def test_a_burst_that_wakes_a_tail_read_is_answered_whole_or_in_part(
     await reader.close()
 
 
+async def test_a_reader_following_the_tail_costs_the_database_nothing(gateway_factory) -> None:
+    """Held reads at the tail start their wait from the tailer's memory, and
+    reads that find events there are answered from it: a reader keeping up
+    with a stream, or catching up a little, sends no query."""
+    gw = await gateway_factory(extra={"segment_read_wait": 3.0})
+    await gw.store.append(Append("t", "follow", (EventData("x", b"0"),)))
+    reader = await SegmentReader.connect(*address(gw))
+    # The first reads keep the tailer's memory from here on.
+    first = len((await reader.read("t/follow", 0)).data)
+    await gw.store.append(Append("t", "follow", (EventData("x", b"00"),)))
+    offset = first + len((await reader.read("t/follow", first)).data)
+    sent: list[str] = []
+    real = gw.store._read
+
+    async def counted(query, *args):  # type: ignore[no-untyped-def]
+        sent.append(query)
+        return await real(query, *args)
+
+    gw.store._read = counted
+    for i in range(1, 6):
+        held = asyncio.create_task(reader.read("t/follow", offset))
+        await asyncio.sleep(0.05)
+        await gw.store.append(Append("t", "follow", (EventData("x", str(i).encode()),)))
+        reply = await held
+        assert reply.data == framed(str(i).encode()) and reply.at_tail
+        offset += len(reply.data)
+    behind = [str(i).encode() for i in range(6, 9)]
+    for body in behind:
+        await gw.store.append(Append("t", "follow", (EventData("x", body),)))
+    reply = await reader.read("t/follow", offset)
+    assert reply.data == b"".join(framed(b) for b in behind) and reply.at_tail
+    assert sent == []
+    await reader.close()
+
+
 # --- keep-alive and idle connections ---------------------------------------------------
 
 

@@ -336,15 +336,8 @@ FROM subscriptions s WHERE s.id = $1
 # fetch from, as FETCH_STATE's.  ``u.checkpoint = $2`` is checked again on
 # the row being updated, so a PS committed meanwhile is not overwritten.
 #   $4, $5: the batch's last position and recorded_at (as RECORD_FETCH)
-FETCH_STATE_RECORDING = """
-WITH s AS (
-    SELECT s.id, s.context, s.name, s.selector, s.checkpoint, s.settings,
-           (SELECT last_position FROM log_head WHERE id = 1) AS head,
-           EXISTS (SELECT 1 FROM parked_events p
-                   WHERE p.subscription_id = s.id AND p.replay AND p.position <= s.checkpoint)
-               AS replay_due
-    FROM subscriptions s WHERE s.id = $1
-), recorded AS (
+FETCH_STATE_RECORDING = f"""
+WITH s AS ({FETCH_STATE}), recorded AS (
     UPDATE subscriptions u SET fetched_position = $4, fetched_time = $5, updated_at = now()
     FROM s, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush
     WHERE u.id = s.id AND s.checkpoint = $2 AND u.checkpoint = $2

@@ -111,12 +111,13 @@ class ReadSegment:
     stream: str
     offset: int
     max_bytes: int = 1 << 20
-    # The caller waits at the tail for the stream's next event (a held
-    # read): an empty answer may then come from the tailer's memory, its
-    # head_position where that memory ends.  An event another gateway
-    # committed and this one has not heard of yet comes through the wait,
-    # which starts there, rather than through this answer.
-    tail_from_memory: bool = False
+    # The caller holds a read at the tail for the stream's next event
+    # (segment_read_wait): the answer may then come from the tailer's
+    # memory, as of its head (an empty one with head_position there).  An
+    # event another gateway committed and this one has not heard of yet
+    # comes through the wait rather than through this answer; a read that
+    # is not held asks the database, whose snapshot has every commit.
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -497,23 +497,21 @@ class EventStore:
         """Bytes of the stream's segment view from ``offset``; at most
         ``max_bytes`` unless a single event is larger (then that event).
 
-        A read that finds events after ``offset`` in the tailer's memory
-        (Tailer.recent_segment) is answered from there, as a live reader's
-        wait is: no round trip.  A read at the tail asks the database, whose
-        snapshot names the head the next event comes after, unless the
-        caller will wait for that event (``tail_from_memory``)."""
+        A held read (``command.held``) whose offset the tailer's memory
+        holds (Tailer.recent_segment) is answered from there, as its wait
+        would be: the events after ``offset``, or at the tail the head the
+        wait starts from.  No round trip."""
         tailer = self.tailer
         tailer.want_recent()
         self._check_stream(command.context, command.stream)
-        recent = tailer.recent_segment(command.context, command.stream, command.offset)
-        if recent:
+        if command.held and (recent := tailer.recent_segment(
+                command.context, command.stream, command.offset)) is not None:
+            if not recent:  # the stream's last event in memory ends at ``offset``
+                return SegmentChunk(command.offset, b"", True, command.offset, command.offset,
+                                    tailer.head)
             chunk = segment_chunk_from_live(command.offset, recent, command.max_bytes)
             if chunk is not None:
                 return chunk
-        elif recent is not None and command.tail_from_memory:
-            # The stream's last event in memory ends at ``offset``.
-            return SegmentChunk(command.offset, b"", True, command.offset, command.offset,
-                                tailer.head)
         state = await self._stream_row(command.context, command.stream)
         tail = state["segment_length"] or 0
         if command.offset < 0 or command.offset > tail:

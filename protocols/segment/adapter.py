@@ -541,7 +541,7 @@ class SegmentSession(ByteStreamSession[Limits, ServerConnection]):
         budget = min(request.suggested_length, limit) if request.suggested_length > 0 else limit
         waits = self.limits.read_wait > 0
         chunk = await self._read_chunk(tenant, request, context, stream, budget,
-                                       tail_from_memory=waits)
+                                       held=waits)
         if not chunk.data and waits:
             chunk = await self._wait_for_data(tenant, request, context, stream, budget, chunk)
         data, at_tail = chunk.data, chunk.at_tail
@@ -559,12 +559,12 @@ class SegmentSession(ByteStreamSession[Limits, ServerConnection]):
 
     async def _read_chunk(
         self, tenant: Tenant, request: ReadSegment, context: str, stream: str, budget: int,
-        *, tail_from_memory: bool = False,
+        *, held: bool = False,
     ) -> SegmentChunk:
         try:
             chunk = await tenant.read_segment(CoreReadSegment(
                 context, stream, request.offset, max_bytes=budget,
-                tail_from_memory=tail_from_memory))
+                held=held))
         except Malformed:
             if await tenant.stream_state(context, stream) is None:
                 raise self._no_such_segment(request.segment) from None

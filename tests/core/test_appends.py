@@ -130,13 +130,14 @@ def _database_reads(store: EventStore) -> list[str]:
     return sent
 
 
-async def test_a_segment_read_takes_what_memory_holds_without_a_query(
+async def test_a_held_segment_read_takes_what_memory_holds_without_a_query(
     store: EventStore, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A segment read whose offset memory holds (the event starting there,
-    or the one ending there) is answered from the tailer's memory, byte for
-    byte what the database read returns, within every budget; an offset
-    inside an event, or at the tail, still reads the database."""
+    """A held segment read (its reader waits at the tail) whose offset memory
+    holds (the event starting there, or the one ending there) is answered
+    from the tailer's memory: the segment's bytes, whole events within every
+    budget, and at the tail the head its wait starts from.  An offset inside
+    an event, and a read that is not held, read the database."""
     await store.append(append("mseg", ev(body=b"zz")))
     await store.read_segment(ReadSegment("default", "mseg", 0))  # memory kept from here
     first_tail = (await store.read_segment(ReadSegment("default", "mseg", 0))).tail_offset
@@ -152,9 +153,11 @@ async def test_a_segment_read_takes_what_memory_holds_without_a_query(
     for offset in offsets[:-1]:
         for budget in (1, 20, 60, 1 << 20):
             from_memory[offset, budget] = await store.read_segment(
-                ReadSegment("default", "mseg", offset, max_bytes=budget))
+                ReadSegment("default", "mseg", offset, max_bytes=budget, held=True))
+    at_tail = await store.read_segment(ReadSegment("default", "mseg", offsets[-1], held=True))
     assert sent == []
-    monkeypatch.setattr(store.tailer, "recent_segment", lambda *_args: None)
+    assert (at_tail.data, at_tail.at_tail, at_tail.end_offset, at_tail.head_position) == (
+        b"", True, offsets[-1], store.tailer.head)
     whole = (await store.read_segment(ReadSegment("default", "mseg", 0))).data
     for (offset, budget), got in from_memory.items():
         # Whole events from the offset, within the budget (one event even
@@ -166,18 +169,12 @@ async def test_a_segment_read_takes_what_memory_holds_without_a_query(
             read = await store.read_segment(ReadSegment("default", "mseg", offset))
             assert (got.data, got.at_tail, got.end_offset) == (
                 read.data, read.at_tail, read.end_offset)
-    monkeypatch.undo()
     del sent[:]
-    inside = await store.read_segment(ReadSegment("default", "mseg", first_tail + 3))
-    at_tail = await store.read_segment(ReadSegment("default", "mseg", offsets[-1]))
-    assert len(sent) == 3  # the state and the read; the state alone at the tail
-    assert inside.data and at_tail.data == b"" and at_tail.head_position == store.tailer.head
-    # A reader that will wait for the next event is told the tail from memory.
-    held = await store.read_segment(
-        ReadSegment("default", "mseg", offsets[-1], tail_from_memory=True))
-    assert len(sent) == 3
-    assert (held.data, held.at_tail, held.end_offset, held.head_position) == (
-        b"", True, offsets[-1], store.tailer.head)
+    inside = await store.read_segment(
+        ReadSegment("default", "mseg", first_tail + 3, held=True))
+    unheld = await store.read_segment(ReadSegment("default", "mseg", offsets[-2]))
+    assert len(sent) == 4  # each: the stream's state, then the read
+    assert inside.data and unheld.data == whole[offsets[-2]:]
 
 
 async def test_a_wait_from_memory_misses_nothing_another_process_commits(
@@ -198,7 +195,7 @@ async def test_a_wait_from_memory_misses_nothing_another_process_commits(
             tail = (await store.read_segment(ReadSegment("default", "far", 0))).tail_offset
             await other.append(append("far", ev(body=str(i).encode())))
             held = await store.read_segment(
-                ReadSegment("default", "far", tail, tail_from_memory=True))
+                ReadSegment("default", "far", tail, held=True))
             if held.data:
                 assert held.data.endswith(str(i).encode())
                 continue

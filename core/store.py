@@ -483,14 +483,15 @@ class EventStore:
 
     async def stream_state(self, context: str, stream: str) -> tuple[int, int] | None:
         """(last version, segment length in bytes), or None if the stream does not exist."""
+        self._check_stream(context, stream)
         row = await self._stream_row(context, stream)
         if row["last_version"] is None:
             return None
         return row["last_version"], row["segment_length"]
 
     async def _stream_row(self, context: str, stream: str) -> asyncpg.Record:
-        """sql.STREAM_STATE's row: the stream's state and the log head."""
-        self._check_stream(context, stream)
+        """sql.STREAM_STATE's row: the stream's state and the log head (the
+        names checked by the caller)."""
         return (await self._read(sql.STREAM_STATE, context, stream))[0]
 
     async def read_segment(self, command: ReadSegment) -> SegmentChunk:

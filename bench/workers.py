@@ -93,7 +93,7 @@ class Setup:
         if self.baseline:
             return f"base {self.workers}"
         chain = "" if self.workers == 1 else f" {CHAIN_LABELS[self.mode]}"
-        return f"{self.workers}{chain}{' batch' if self.scheduling == 'batch' else ''}"
+        return f"{self.workers}{chain}{'' if self.scheduling == 'normal' else ' ' + self.scheduling}"
 
 
 @dataclass

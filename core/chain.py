@@ -47,7 +47,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -84,14 +84,16 @@ from polyport.core.writer import (
 
 log = logging.getLogger("polyport.chain")
 
-READ_CHUNK = 1 << 20
 # A worker that stops reading is dropped past this much unsent output (it
 # reconnects, and hands what it had in flight to its own writer).
 MAX_PEER_BACKLOG = 256 << 20
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 1.0
 
-Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+# How a worker reaches the chain: ``loop.create_unix_connection(factory,
+# path)`` with the path filled in (gateway/process/workers.chain_connector).
+Connect = Callable[[Callable[[], asyncio.Protocol]],
+                   Awaitable[tuple[asyncio.BaseTransport, asyncio.BaseProtocol]]]
 
 
 class _Outbox:
@@ -102,8 +104,8 @@ class _Outbox:
     tells the chain of each outcome synchronously, Writer.enqueue's
     ``on_settle``), so they travel together."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self.writer = writer
+    def __init__(self, transport: asyncio.WriteTransport) -> None:
+        self.transport = transport
         self.loop = asyncio.get_running_loop()
         self._pack = msgpack.Packer().pack
         self._messages: list[list[Any]] = []
@@ -118,20 +120,87 @@ class _Outbox:
     def _flush(self) -> None:
         self._scheduled = False
         messages, self._messages = self._messages, []
-        if messages and not self.writer.is_closing():
-            self.writer.write(self._pack(messages))
+        if messages and not self.transport.is_closing():
+            self.transport.write(self._pack(messages))
 
     def backlog(self) -> int:
-        return self.writer.transport.get_write_buffer_size()
+        return self.transport.get_write_buffer_size()
+
+
+class _Messages(asyncio.Protocol):
+    """One end of a chain connection: each read is unpacked and its messages
+    handed to :meth:`received` as they arrive, with no stream buffer, reader
+    task or future in between (waking a reader task per read cost 4-7 µs
+    per forwarded event, docs/performance.md, session 25).  ``lost``
+    completes when the connection ends.  An unreadable message ends it; the
+    other side's end of input closes this side too."""
+
+    def __init__(self) -> None:
+        self._unpack = unpacker()
+        self.transport: asyncio.Transport | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def received(self, messages: list[list[Any]]) -> None:
+        raise NotImplementedError
+
+    def data_received(self, data: bytes) -> None:
+        unpack = self._unpack
+        try:
+            unpack.feed(data)
+            for messages in unpack:
+                self.received(messages)
+        except (msgpack.UnpackException, ValueError) as exc:
+            log.warning("commit chain connection failed: %s", exc)
+            assert self.transport is not None
+            self.transport.close()
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            log.warning("commit chain connection failed: %s", exc)
+        if not self.lost.done():
+            self.lost.set_result(None)
 
 
 # --- the chain process's side ----------------------------------------------------------
 
 
-class _Peer:
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self.out = _Outbox(writer)
+class _Peer(_Messages):
+    """A worker's connection to the chain, on the chain's side."""
+
+    def __init__(self, chain: CommitChain) -> None:
+        super().__init__()
+        self.chain = chain
+        self.out: _Outbox
         self.wants_rows = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert self.transport is not None
+        self.out = _Outbox(self.transport)
+        self.chain._peers.add(self)
+
+    def received(self, messages: list[list[Any]]) -> None:
+        append = self.chain._append
+        for msg in messages:
+            if msg[0] == APPEND:
+                append(self, msg[1], msg[2], (msg[3], msg[4]))
+            elif msg[0] == FEED:
+                self.wants_rows = bool(msg[1])
+        if self.out.backlog() > MAX_PEER_BACKLOG:
+            log.warning("a worker stopped reading the commit chain's replies; "
+                        "dropping its connection")
+            self.out.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.chain._left_by(self)
 
     def settled(self, uid: int, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled():
@@ -201,36 +270,25 @@ class CommitChain:
                 async with asyncio.timeout(timeout):
                     await self._left.wait()
 
-    def disconnect(self) -> None:
+    def disconnect(self, *, abort: bool = False) -> None:
         """Close every worker's connection: they commit on their own until
-        a chain is back (a hosting worker stopping or restarting)."""
-        for peer in self._peers:
-            peer.out.writer.close()
+        a chain is back (a hosting worker stopping or restarting).
+        ``abort``: drop what was not sent yet, as a chain that dies does."""
+        for peer in list(self._peers):
+            if abort:
+                peer.out.transport.abort()
+            else:
+                peer.out.transport.close()
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One worker's connection, until it closes."""
-        peer = _Peer(writer)
-        self._peers.add(peer)
-        unpack = unpacker()
-        try:
-            while data := await reader.read(READ_CHUNK):
-                unpack.feed(data)
-                for msg in (m for batch in unpack for m in batch):
-                    if msg[0] == APPEND:
-                        self._append(peer, msg[1], msg[2], (msg[3], msg[4]))
-                    elif msg[0] == FEED:
-                        peer.wants_rows = bool(msg[1])
-                if peer.out.backlog() > MAX_PEER_BACKLOG:
-                    log.warning("a worker stopped reading the commit chain's replies; "
-                                "dropping its connection")
-                    break
-        except (ConnectionError, msgpack.UnpackException, ValueError) as exc:
-            log.warning("commit chain connection failed: %s", exc)
-        finally:
-            self._peers.discard(peer)
-            writer.close()
-            if not self._peers:
-                self._left.set()
+    def protocol(self) -> asyncio.Protocol:
+        """The protocol of one worker's connection: the factory the chain's
+        unix server takes (``loop.create_unix_server(chain.protocol, path)``)."""
+        return _Peer(self)
+
+    def _left_by(self, peer: _Peer) -> None:
+        self._peers.discard(peer)
+        if not self._peers:
+            self._left.set()
 
     def _append(self, peer: _Peer, uid: int, appends: list[Any],
                 checked: tuple[int, int]) -> None:
@@ -311,6 +369,17 @@ class _Unit:
     cost: int
     queued_at: float
     deadline: float
+
+
+class _ChainConnection(_Messages):
+    """A worker's connection to the chain, on the worker's side."""
+
+    def __init__(self, client: ChainClient) -> None:
+        super().__init__()
+        self._client = client
+
+    def received(self, messages: list[list[Any]]) -> None:
+        self._client._received(messages)
 
 
 # (base position, first recorded_at, event count, the rows or None)
@@ -404,13 +473,13 @@ class ChainClient:
             # The chain closes its side on this end of input; the reader
             # task then sees the end and stops.
             with contextlib.suppress(OSError, RuntimeError):
-                self._out.writer.write_eof()
+                self._out.transport.write_eof()
             await asyncio.wait([self._task], timeout=1.0)
         for task in (self._task, self._expiry):
             if task is not None:
                 task.cancel()
         if self._out is not None:
-            self._out.writer.close()
+            self._out.transport.close()
         self._lost()  # anything still unanswered goes to the local writer
         await self.local.drain_and_stop()
 
@@ -418,68 +487,67 @@ class ChainClient:
         delay = RECONNECT_MIN
         while not self._closing:
             try:
-                reader, writer = await self._connect()
+                _, proto = await self._connect(functools.partial(_ChainConnection, self))
             except OSError as exc:
                 log.debug("commit chain not reachable: %s", exc)
                 await asyncio.sleep(delay)
                 delay = min(RECONNECT_MAX, delay * 2)
                 continue
+            proto = cast(_ChainConnection, proto)
+            assert proto.transport is not None
             delay = RECONNECT_MIN
-            self._out = _Outbox(writer)
+            self._out = _Outbox(proto.transport)
             self._sent_want = None
             self._feed()
             self.connected.set()
             log.info("appends go through the commit chain")
             try:
-                await self._read(reader)
-            except (ConnectionError, msgpack.UnpackException, ValueError) as exc:
-                log.warning("commit chain connection failed: %s", exc)
+                await proto.lost
             finally:
-                writer.close()
+                proto.transport.close()
                 self.connected.clear()
                 self._lost()
             if not self._closing:
                 log.warning("the commit chain went away; this worker commits on its own "
                             "until it is back")
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        unpack = unpacker()
-        while data := await reader.read(READ_CHUNK):
-            unpack.feed(data)
-            origins: list[str] = []
-            sizes: list[int] = []
-            waits: list[float] = []
-            oks: list[bool] = []
-            now = time.monotonic()
-            for msg in (m for batch in unpack for m in batch):
-                kind = msg[0]
-                if kind == COMMIT:
-                    self._commit(msg[1], msg[2], msg[3], msg[4])
-                    if len(msg) > 6:
-                        self._planned_totals(msg[5], msg[6])
-                    continue
-                unit = self._units.pop(msg[1], None)
-                if unit is None:
-                    continue
-                self._events -= unit.events
-                self._bytes -= unit.cost
-                ok = kind == RESULT
-                if not unit.future.done():
-                    if ok:
-                        unit.future.set_result(decode_results(unit.appends, msg[2]))
-                    else:
-                        unit.future.set_exception(decode_failure(msg[2], msg[3], msg[4]))
-                origins.append(unit.appends[0].origin if unit.appends else "core")
-                sizes.append(unit.events)
-                waits.append(now - unit.queued_at)
-                oks.append(ok)
-            if origins and self._observer is not None:
-                try:
-                    self._observer(CommitObservation(0, 0.0, origins, sizes, waits, oks,
-                                                     commit=False))
-                except Exception:  # metrics never fail an append
-                    log.exception("commit observer failed")
-            self._feed()
+    def _received(self, messages: list[list[Any]]) -> None:
+        """What the chain sent in one write: commits' news and results."""
+        origins: list[str] = []
+        sizes: list[int] = []
+        waits: list[float] = []
+        oks: list[bool] = []
+        now = time.monotonic()
+        units = self._units
+        for msg in messages:
+            kind = msg[0]
+            if kind == COMMIT:
+                self._commit(msg[1], msg[2], msg[3], msg[4])
+                if len(msg) > 6:
+                    self._planned_totals(msg[5], msg[6])
+                continue
+            unit = units.pop(msg[1], None)
+            if unit is None:
+                continue
+            self._events -= unit.events
+            self._bytes -= unit.cost
+            ok = kind == RESULT
+            if not unit.future.done():
+                if ok:
+                    unit.future.set_result(decode_results(unit.appends, msg[2]))
+                else:
+                    unit.future.set_exception(decode_failure(msg[2], msg[3], msg[4]))
+            origins.append(unit.appends[0].origin if unit.appends else "core")
+            sizes.append(unit.events)
+            waits.append(now - unit.queued_at)
+            oks.append(ok)
+        if origins and self._observer is not None:
+            try:
+                self._observer(CommitObservation(0, 0.0, origins, sizes, waits, oks,
+                                                 commit=False))
+            except Exception:  # metrics never fail an append
+                log.exception("commit observer failed")
+        self._feed()
 
     def _commit(self, base: int, t0: int, n: int, rows: list[Any] | None) -> None:
         if self._counts_commits:

@@ -290,7 +290,7 @@ class Gateway:
             if self.config.http_port is not None:
                 await self._start_http(self.config.http_port)
             if self.store.chain is not None and self.role is not None:
-                self._chain_server = await listen_for_workers(self.store.chain.serve,
+                self._chain_server = await listen_for_workers(self.store.chain.protocol,
                                                               self.role.run_dir)
             if self.role is not None:
                 self._worker_server = WorkerServer(self, self.role)

@@ -38,18 +38,7 @@ async def _serve(payload: dict[str, Any], control_fd: int, ready_fd: int) -> int
     dsn = with_application_name(asyncpg_dsn(config.database_url), GATEWAY_APPLICATION_NAME)
     chain = CommitChain(dsn, writer_limits(config), notify_group=role.notify_group)
     chain.start()
-    connections: set[asyncio.Task[None]] = set()
-
-    async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        connections.add(task)
-        try:
-            await chain.serve(reader, writer)
-        finally:
-            connections.discard(task)
-
-    server = await listen_for_workers(accepted, role.run_dir)
+    server = await listen_for_workers(chain.protocol, role.run_dir)
     path = chain_socket_path(role.run_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -62,10 +51,9 @@ async def _serve(payload: dict[str, Any], control_fd: int, ready_fd: int) -> int
     log.info("commit chain ready on %s", path)
     await stop.wait()
     server.close()
-    if connections:
-        log.info("stopping: waiting for %d workers to drain through the chain",
-                 len(connections))
-        await asyncio.wait(connections, timeout=config.commit_timeout)
+    if chain.peers:
+        log.info("stopping: waiting for %d workers to drain through the chain", chain.peers)
+        await chain.peers_gone(config.commit_timeout)
     await chain.drain_and_stop()
     path.unlink(missing_ok=True)
     log.info("stopped")

@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,7 +46,6 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
 from polyport.core.chain import Connect
-from polyport.core.chain_wire import MAX_MESSAGE_BYTES as READ_LIMIT
 from polyport.core.chain_wire import WIRE_VERSION
 from polyport.gateway.config import PORT_KEYS, GatewayConfig
 from polyport.gateway.http.collectors import WithoutCreated
@@ -98,19 +97,22 @@ def chain_connector(run_dir: str) -> Connect:
     """How a worker reaches the commit chain."""
     path = str(chain_socket_path(run_dir))
 
-    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_unix_connection(path, limit=READ_LIMIT)
+    async def connect(
+        factory: Callable[[], asyncio.Protocol],
+    ) -> tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
+        return await asyncio.get_running_loop().create_unix_connection(factory, path)
 
     return connect
 
 
 async def listen_for_workers(
-    serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], run_dir: str
+    factory: Callable[[], asyncio.Protocol], run_dir: str
 ) -> asyncio.AbstractServer:
-    """The commit chain's socket, whether its own process or a worker hosts it."""
+    """The commit chain's socket, whether its own process or a worker hosts
+    it: ``factory`` is the chain's (CommitChain.protocol)."""
     path = chain_socket_path(run_dir)
     path.unlink(missing_ok=True)  # a killed predecessor's
-    server = await asyncio.start_unix_server(serve, str(path), limit=READ_LIMIT)
+    server = await asyncio.get_running_loop().create_unix_server(factory, str(path))
     os.chmod(path, 0o600)
     return server
 

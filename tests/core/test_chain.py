@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -112,25 +112,26 @@ class _Chain:
         self.chain = CommitChain(asyncpg_dsn(db_url))
         self.path = path
         self.server: asyncio.Server | None = None
-        self.conns: list[asyncio.StreamWriter] = []
 
     async def start(self) -> None:
         self.chain.start()
 
-        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            self.conns.append(w)
-            await self.chain.serve(r, w)
+        self.server = await asyncio.get_running_loop().create_unix_server(
+            self.chain.protocol, str(self.path))
 
-        self.server = await asyncio.start_unix_server(serve, str(self.path))
+    async def connect(
+        self, factory: Callable[[], asyncio.Protocol]
+    ) -> tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
+        return await asyncio.get_running_loop().create_unix_connection(factory, str(self.path))
 
-    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def connect_raw(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to speak the chain's messages by hand."""
         return await asyncio.open_unix_connection(str(self.path))
 
     async def stop(self) -> None:
         assert self.server is not None
         self.server.close()
-        for w in self.conns:
-            w.transport.abort()
+        self.chain.disconnect(abort=True)
         await self.chain.drain_and_stop()
 
 
@@ -234,7 +235,7 @@ async def test_a_commit_and_its_results_reach_a_worker_in_one_write(chain: _Chai
     # The worker wakes once per commit, not once for the COMMIT and again
     # for the results (the writer tells the chain of each outcome in the
     # turn that commits it).
-    reader, writer = await chain.connect()
+    reader, writer = await chain.connect_raw()
     try:
         units = [[APPEND, uid, [encode_append(append(unique("one"), ev(uid)))], 100, 100]
                  for uid in range(3)]
@@ -289,8 +290,7 @@ async def test_a_lost_chain_hands_its_unanswered_appends_to_the_local_writer(
         await asyncio.wait_for(held.wait(), 5)
         # ... and its connection drops after the commit, before the result
         # reached the store (aborted in the same loop turn as the commit).
-        for w in chain.conns:
-            w.transport.abort()
+        chain.chain.disconnect(abort=True)
         result = await asyncio.wait_for(pending, 10)
         # Committed by the chain, answered by the local writer from the ids.
         assert result.first_version == 2
@@ -316,10 +316,13 @@ async def _hosted_pair(db_url: str) -> tuple[EventStore, EventStore, asyncio.Ser
     await host.start()
     assert host.chain is not None
     path = Path(tempfile.mkdtemp(prefix="pp-chain-", dir="/tmp")) / "chain.sock"
-    server = await asyncio.start_unix_server(host.chain.serve, str(path))
+    loop = asyncio.get_running_loop()
+    server = await loop.create_unix_server(host.chain.protocol, str(path))
 
-    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_unix_connection(str(path))
+    async def connect(
+        factory: Callable[[], asyncio.Protocol]
+    ) -> tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
+        return await loop.create_unix_connection(factory, str(path))
 
     peer = EventStore(StoreConfig(db_url, poll_interval=0.2, chain=connect,
                                   chain_counts_commits=False))

@@ -117,3 +117,11 @@ def test_a_baseline_that_is_not_polyport_is_one_line() -> None:
 def test_the_baseline_runs_every_worker_count_after_this_tree() -> None:
     got = [s.label for s in plan_setups([1, 2], "worker", ["normal"], baseline=True)]
     assert got == ["1", "2 hosted", "base 1", "base 2"]
+
+
+def test_the_baseline_commits_through_its_default_chain() -> None:
+    """Each "base N" runs with commit_chain auto, as this tree's default
+    does: not every worker committing on its own."""
+    base = [s for s in plan_setups([1, 2], "worker", ["normal"], baseline=True) if s.baseline]
+    assert [s.chain for s in base] == ["auto", "auto"]
+    assert base[1].mode == Setup(2).mode

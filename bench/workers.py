@@ -93,7 +93,8 @@ class Setup:
         if self.baseline:
             return f"base {self.workers}"
         chain = "" if self.workers == 1 else f" {CHAIN_LABELS[self.mode]}"
-        return f"{self.workers}{chain}{'' if self.scheduling == 'normal' else ' ' + self.scheduling}"
+        policy = "" if self.scheduling == "normal" else f" {self.scheduling}"
+        return f"{self.workers}{chain}{policy}"
 
 
 @dataclass

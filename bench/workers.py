@@ -252,6 +252,43 @@ def _baseline_table(rows: list[Run]) -> None:
     print("  us CPU/ev: gateway + PostgreSQL + client CPU per event, as above")
 
 
+def paired_ratios(firsts: list[Run], others: list[Run]) -> tuple[list[float], list[float]]:
+    """Per round, a setup's events/s and CPU per event against its tree's
+    first setup in the same round: (events ratios, CPU per event ratios).
+    The two ran minutes apart at most, on the machine as it then was; the
+    ratio of the medians pairs runs from different rounds."""
+    events: list[float] = []
+    cpu: list[float] = []
+    for first, other in zip(firsts, others, strict=False):
+        if first.events and other.events and first.total:
+            events.append(other.events / first.events)
+            cpu.append((other.total / other.events) / (first.total / first.events))
+    return events, cpu
+
+
+def _paired_table(runs: dict[tuple[str, Setup], list[Run]], args: argparse.Namespace) -> None:
+    """Each setup against its tree's first, round by round (see paired_ratios)."""
+    if args.repeat < 2:
+        return
+    firsts = {s.baseline: s for s in reversed(args.setups)}
+    print(f"\nRound by round: each setup against its tree's first setup in the same "
+          f"round (median, lowest-highest of {args.repeat})")
+    print(f"  {'protocol':<15} {'workers':>16} {'events/s ratio':>20} {'CPU/ev ratio':>20}")
+    for p in args.protocols:
+        for setup in args.setups:
+            first = firsts[setup.baseline]
+            if setup == first:
+                continue
+            events, cpu = paired_ratios(runs[(p, first)], runs[(p, setup)])
+            if not events:
+                continue
+            print(f"  {p:<15} {setup.label:>16} {_spread(events):>20} {_spread(cpu):>20}")
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
 def _process_table(rows: list[Run], args: argparse.Namespace) -> None:
     """Each gateway process of every run."""
     split = [r for r in rows if r.processes]
@@ -299,6 +336,7 @@ async def run(args: argparse.Namespace) -> int:
         zmq_ctx.destroy(linger=0)
         shutil.rmtree(root, ignore_errors=True)
     _table([_median(runs[(p, s)]) for p in args.protocols for s in args.setups], args)
+    _paired_table(runs, args)
     return 0
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import re
 import sys
 
-from bench.workers import Setup, plan_setups
+import pytest
+
+from bench.workers import Run, Setup, paired_ratios, plan_setups
 from tests.bench.command import bench
 
 
@@ -125,3 +127,21 @@ def test_the_baseline_commits_through_its_default_chain() -> None:
     base = [s for s in plan_setups([1, 2], "worker", ["normal"], baseline=True) if s.baseline]
     assert [s.chain for s in base] == ["auto", "auto"]
     assert base[1].mode == Setup(2).mode
+
+
+def test_setups_are_compared_round_by_round() -> None:
+    """Each round's run against the first setup's run of the same round:
+    a machine that slows down between rounds moves both."""
+    one, two = Setup(1), Setup(2)
+    cores = {"gateway": 0.5, "pg": 0.25, "client": 0.25}  # 1.0 in all
+
+    def run(setup: Setup, events: float, total: float = 1.0) -> Run:
+        return Run("bson", setup, events, {k: v * total for k, v in cores.items()})
+
+    firsts = [run(one, 1000), run(one, 500)]
+    others = [run(two, 1100, 1.1), run(two, 450, 1.2)]
+    events, cpu = paired_ratios(firsts, others)
+    assert events == pytest.approx([1.1, 0.9])
+    assert cpu == pytest.approx([1.0, 1.2 / 0.9])
+    # A round in which either measured nothing is left out.
+    assert paired_ratios([run(one, 0)], [run(two, 100)]) == ([], [])

@@ -187,12 +187,17 @@ async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[st
     return runs
 
 
+def _first_setups(setups: list[Setup]) -> dict[bool, Setup]:
+    """Each tree's reference setup, keyed by ``Setup.baseline``: its first."""
+    return {s.baseline: s for s in reversed(setups)}
+
+
 def _table(rows: list[Run], args: argparse.Namespace) -> None:
     cpus = os.cpu_count() or 1
     first = args.setups[0]
     # Each tree's rows against its own first setup (the baseline's: its
     # first worker count).
-    firsts = {s.baseline: s for s in reversed(args.setups)}
+    firsts = _first_setups(args.setups)
     base = {(r.protocol, r.setup.baseline): r for r in rows if r.setup in firsts.values()}
     print(f"\nW1 closed loop, {args.publishers} publishers in {args.client_processes} client "
           f"process(es), by worker count (median of {args.repeat} run(s) of "
@@ -270,7 +275,7 @@ def _paired_table(runs: dict[tuple[str, Setup], list[Run]], args: argparse.Names
     """Each setup against its tree's first, round by round (see paired_ratios)."""
     if args.repeat < 2:
         return
-    firsts = {s.baseline: s for s in reversed(args.setups)}
+    firsts = _first_setups(args.setups)
     print(f"\nRound by round: each setup against its tree's first setup in the same "
           f"round (median, lowest-highest of {args.repeat})")
     print(f"  {'protocol':<15} {'workers':>16} {'events/s ratio':>20} {'CPU/ev ratio':>20}")

@@ -25,6 +25,7 @@ from polyport.gateway.config import (
     TLS_LISTENERS,
     ConfigError,
     GatewayConfig,
+    pipeline_depth,
     planned_positions,
 )
 from polyport.gateway.http import chart_history
@@ -83,6 +84,7 @@ def writer_limits(config: GatewayConfig, sole: bool = True) -> WriterLimits:
     positions would collide with theirs (core/writer.py, _head_moved)."""
     return WriterLimits(
         planned_positions=planned_positions(config) and sole,
+        pipeline_depth=pipeline_depth(config),
         commit_timeout=config.commit_timeout,
         max_pending_events=config.max_pending_events,
         max_pending_bytes=config.max_pending_bytes,

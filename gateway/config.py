@@ -54,6 +54,14 @@ COMMIT_CHAINS = ("auto", "process", "worker", "off")
 # (docs/performance.md, session 21).
 PLANNED_POSITIONS = ("auto", "on", "off")
 PLANNED_POSITIONS_MIN_CORES = 4
+# Batches a writer keeps in flight at once (core/writer.py).  auto: 2 where
+# commits at planned positions are on, whose second commit inserts its
+# events beside the first's; else 1.  Without planned positions the second
+# batch only waits on the head row, and the writer splits what is queued
+# between the two: on 2 cores that made twice the commits of half the size,
+# and one batch in flight cost 9-18 % less CPU per event with lower W3
+# latency (docs/performance.md, session 26).
+MAX_PIPELINE_DEPTH = 8
 # How the kernel schedules the gateway's processes (gateway/process/scheduling.py):
 # the default policy, or SCHED_BATCH (W1 throughput against W3 latency on a
 # saturated machine with several workers; the module says what was measured).
@@ -130,6 +138,24 @@ def planned_positions(config: GatewayConfig) -> bool:
     if config.planned_positions == "auto":
         return available_cores() >= PLANNED_POSITIONS_MIN_CORES
     return config.planned_positions == "on"
+
+
+def pipeline_depth(config: GatewayConfig) -> int:
+    """Batches in flight at once for the gateway's writers (see
+    MAX_PIPELINE_DEPTH's comment)."""
+    if config.pipeline_depth == "auto":
+        return 2 if planned_positions(config) else 1
+    return int(config.pipeline_depth)
+
+
+def _parse_pipeline_depth(value: Any, where: str) -> str:
+    text = str(value).strip().lower() if not isinstance(value, bool) else ""
+    if text == "auto":
+        return text
+    if text.isdigit() and 1 <= int(text) <= MAX_PIPELINE_DEPTH:
+        return str(int(text))
+    raise ConfigError(f"{where}: expected 1..{MAX_PIPELINE_DEPTH} batches in flight or "
+                      f"'auto', got {value!r}")
 
 
 def _parse_networks(value: Any, where: str) -> tuple[str, ...]:
@@ -312,6 +338,9 @@ class GatewayConfig:
     # takes the head row first, as gateways before 0011 did.  See
     # PLANNED_POSITIONS.
     planned_positions: str = "auto"
+    # Batches each writer keeps in flight: "auto" or 1..MAX_PIPELINE_DEPTH
+    # (see pipeline_depth()).
+    pipeline_depth: str = "auto"
     # The default policy or SCHED_BATCH for the gateway's processes (see
     # CPU_SCHEDULINGS): with batch, their wake-ups no longer preempt each other.
     cpu_scheduling: str = "normal"
@@ -500,6 +529,8 @@ def coerce(key: str, value: Any, where: str | None = None) -> Any:
         return _parse_choice(value, where, COMMIT_CHAINS, "auto")
     if key == "planned_positions":
         return _parse_choice(value, where, PLANNED_POSITIONS, "on")
+    if key == "pipeline_depth":
+        return _parse_pipeline_depth(value, where)
     if key == "res01_allow_from":
         return _parse_networks(value, where)
     if key in _LIST_KEYS:

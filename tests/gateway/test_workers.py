@@ -665,6 +665,43 @@ def test_planned_positions_auto_wants_four_cores_and_only_the_sole_writer_plans(
     assert config.planned_positions(GatewayConfig(planned_positions="off")) is False
 
 
+@pytest.mark.parametrize(("value", "parsed"), [
+    ("auto", "auto"), ("AUTO", "auto"), (1, "1"), ("2", "2"), (" 8 ", "8"),
+])
+def test_pipeline_depth_takes_auto_or_a_count(value: Any, parsed: str) -> None:
+    from polyport.gateway.config import coerce
+
+    assert coerce("pipeline_depth", value, "POLYPORT_PIPELINE_DEPTH") == parsed
+
+
+@pytest.mark.parametrize("value", ["0", "9", "-1", "two", True, 2.5])
+def test_a_bad_pipeline_depth_says_what_it_takes(value: Any) -> None:
+    from polyport.gateway.config import ConfigError, coerce
+
+    with pytest.raises(ConfigError, match=r"POLYPORT_PIPELINE_DEPTH: expected 1\.\.8 batches "
+                                          r"in flight or 'auto', got "):
+        coerce("pipeline_depth", value, "POLYPORT_PIPELINE_DEPTH")
+
+
+def test_pipeline_depth_auto_keeps_a_second_batch_only_with_planned_positions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without planned positions a second batch in flight only waits on the
+    head row and halves the batches (docs/performance.md, session 26)."""
+    from polyport.gateway import app, config
+    from polyport.gateway.config import GatewayConfig
+
+    for cores, depth in ((2, 1), (3, 1), (4, 2), (16, 2)):
+        monkeypatch.setattr(config, "available_cores", lambda c=cores: c)
+        assert config.pipeline_depth(GatewayConfig()) == depth
+        assert app.writer_limits(GatewayConfig()).pipeline_depth == depth
+        # Every writer of the gateway, the sole one or not, the same.
+        assert app.writer_limits(GatewayConfig(), sole=False).pipeline_depth == depth
+        assert config.pipeline_depth(GatewayConfig(planned_positions="on")) == 2
+        assert config.pipeline_depth(GatewayConfig(planned_positions="off")) == 1
+        assert app.writer_limits(GatewayConfig(pipeline_depth="3")).pipeline_depth == 3
+
+
 def test_auto_gives_the_chain_a_process_only_with_a_core_to_spare() -> None:
     from polyport.gateway.config import GatewayConfig
 

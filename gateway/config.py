@@ -59,7 +59,7 @@ PLANNED_POSITIONS_MIN_CORES = 4
 # events beside the first's; else 1.  Without planned positions the second
 # batch only waits on the head row, and the writer splits what is queued
 # between the two: on 2 cores that made twice the commits of half the size,
-# and one batch in flight cost 9-18 % less CPU per event with lower W3
+# and one batch in flight cost 1-13 % less CPU per event with lower W3
 # latency (docs/performance.md, session 26).
 MAX_PIPELINE_DEPTH = 8
 # How the kernel schedules the gateway's processes (gateway/process/scheduling.py):

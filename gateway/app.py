@@ -75,16 +75,19 @@ def warn_if_anonymous_exposed(config: GatewayConfig) -> None:
         )
 
 
-def writer_limits(config: GatewayConfig, sole: bool = True) -> WriterLimits:
+def writer_limits(config: GatewayConfig, sole: bool = True,
+                  dedicated: bool = False) -> WriterLimits:
     """The writer's bounds from the configuration (a gateway's own writer,
     or the commit chain's).  ``sole``: the gateway's only writer in normal
     operation (one process, or the commit chain's); the others -- each
     worker's with commit_chain off, a chain-fed worker's own for when the
     chain is away -- take turns with other writers, and commits at planned
-    positions would collide with theirs (core/writer.py, _head_moved)."""
+    positions would collide with theirs (core/writer.py, _head_moved).
+    ``dedicated``: the writer of a commit chain process, which has nothing
+    else to do (see config.pipeline_depth)."""
     return WriterLimits(
         planned_positions=planned_positions(config) and sole,
-        pipeline_depth=pipeline_depth(config),
+        pipeline_depth=pipeline_depth(config, dedicated=dedicated),
         commit_timeout=config.commit_timeout,
         max_pending_events=config.max_pending_events,
         max_pending_bytes=config.max_pending_bytes,

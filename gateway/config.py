@@ -56,11 +56,13 @@ PLANNED_POSITIONS = ("auto", "on", "off")
 PLANNED_POSITIONS_MIN_CORES = 4
 # Batches a writer keeps in flight at once (core/writer.py).  auto: 2 where
 # commits at planned positions are on, whose second commit inserts its
-# events beside the first's; else 1.  Without planned positions the second
-# batch only waits on the head row, and the writer splits what is queued
-# between the two: on 2 cores that made twice the commits of half the size,
-# and one batch in flight cost 1-13 % less CPU per event with lower W3
-# latency (docs/performance.md, session 26).
+# events beside the first's, and in a commit chain process; else 1.
+# Without planned positions the second batch only waits on the head row,
+# and the writer splits what is queued between the two: on 2 cores that
+# made twice the commits of half the size, and one batch in flight cost
+# 1-13 % less CPU per event with lower W3 latency.  A chain process, whose
+# core has nothing else to do, carried 11 % more events with two at the
+# same CPU per event (docs/performance.md, session 26).
 MAX_PIPELINE_DEPTH = 8
 # How the kernel schedules the gateway's processes (gateway/process/scheduling.py):
 # the default policy, or SCHED_BATCH (W1 throughput against W3 latency on a
@@ -140,11 +142,12 @@ def planned_positions(config: GatewayConfig) -> bool:
     return config.planned_positions == "on"
 
 
-def pipeline_depth(config: GatewayConfig) -> int:
-    """Batches in flight at once for the gateway's writers (see
-    MAX_PIPELINE_DEPTH's comment)."""
+def pipeline_depth(config: GatewayConfig, *, dedicated: bool = False) -> int:
+    """Batches in flight at once for one of the gateway's writers;
+    ``dedicated``: a commit chain process's (see MAX_PIPELINE_DEPTH's
+    comment)."""
     if config.pipeline_depth == "auto":
-        return 2 if planned_positions(config) else 1
+        return 2 if dedicated or planned_positions(config) else 1
     return int(config.pipeline_depth)
 
 

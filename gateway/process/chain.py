@@ -36,7 +36,8 @@ async def _serve(payload: dict[str, Any], control_fd: int, ready_fd: int) -> int
     role = payload["role"]
     config = role.apply(payload["config"])
     dsn = with_application_name(asyncpg_dsn(config.database_url), GATEWAY_APPLICATION_NAME)
-    chain = CommitChain(dsn, writer_limits(config), notify_group=role.notify_group)
+    chain = CommitChain(dsn, writer_limits(config, dedicated=True),
+                        notify_group=role.notify_group)
     chain.start()
     server = await listen_for_workers(chain.protocol, role.run_dir)
     path = chain_socket_path(role.run_dir)

@@ -683,7 +683,7 @@ def test_a_bad_pipeline_depth_says_what_it_takes(value: Any) -> None:
         coerce("pipeline_depth", value, "POLYPORT_PIPELINE_DEPTH")
 
 
-def test_pipeline_depth_auto_keeps_a_second_batch_only_with_planned_positions(
+def test_pipeline_depth_auto_keeps_a_second_batch_with_planned_positions_or_a_chain_process(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Without planned positions a second batch in flight only waits on the
@@ -700,6 +700,10 @@ def test_pipeline_depth_auto_keeps_a_second_batch_only_with_planned_positions(
         assert config.pipeline_depth(GatewayConfig(planned_positions="on")) == 2
         assert config.pipeline_depth(GatewayConfig(planned_positions="off")) == 1
         assert app.writer_limits(GatewayConfig(pipeline_depth="3")).pipeline_depth == 3
+        # A commit chain process has a core with nothing else to do.
+        assert app.writer_limits(GatewayConfig(), dedicated=True).pipeline_depth == 2
+        assert app.writer_limits(GatewayConfig(pipeline_depth="1"),
+                                 dedicated=True).pipeline_depth == 1
 
 
 def test_auto_gives_the_chain_a_process_only_with_a_core_to_spare() -> None:

@@ -24,6 +24,45 @@ class IterateUntilNone(Generic[T]):
         return item
 
 
+class Wakeup:
+    """:class:`asyncio.Event` for the one task that waits on it, bound to the
+    running loop at its first wait.  ``Event.wait`` asks asyncio for the
+    running loop on every wait, and on Python 3.11 that is a ``getpid()``
+    system call each time (the writer's loop waits once per commit)."""
+
+    __slots__ = ("_loop", "_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self) -> None:
+        if self._set:
+            return
+        assert self._waiter is None, "Wakeup has one waiter"
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     """Wait for ``event`` up to ``timeout`` seconds (None = forever); True if set.
 

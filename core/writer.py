@@ -28,6 +28,7 @@ import asyncpg
 import orjson
 
 from polyport.core import sql
+from polyport.core.aio import Wakeup
 from polyport.core.chain_wire import from_us, us
 from polyport.core.commands import Append, AppendResult
 from polyport.core.errors import (
@@ -220,7 +221,7 @@ class Writer:
         self._waiting_events = 0
         # The same units' bytes (see Pending.cost); max_pending_bytes bounds it.
         self._waiting_bytes = 0
-        self._wake = asyncio.Event()
+        self._wake = Wakeup()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
@@ -428,8 +429,9 @@ class Writer:
             # once (see _commit): it waits in PostgreSQL on the head row lock
             # instead of in this process's event loop.
             previous = self._last_done
-            self._last_done = asyncio.get_running_loop().create_future()
-            task = asyncio.create_task(
+            assert self._loop is not None  # set by start(), which started this task
+            self._last_done = self._loop.create_future()
+            task = self._loop.create_task(
                 self._commit_batch(batch, slot, previous, self._last_done)
             )
             running.add(task)

@@ -68,6 +68,9 @@ class StreamOutbound:
         self._pending_bytes = 0
         self._flush_due = False
         self._ended = asyncio.Event()
+        # Kept: asyncio.get_running_loop() is a getpid() system call per call
+        # on Python 3.11, and try_send asked it once per reply.
+        self._loop = asyncio.get_running_loop()
 
     @property
     def closed(self) -> bool:
@@ -100,7 +103,7 @@ class StreamOutbound:
         self._queue(data)
         if not self._flush_due:
             self._flush_due = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            self._loop.call_soon(self.flush)
         return True
 
     def _queue(self, data: bytes) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import itertools
+import logging
 import os
 import shutil
 import subprocess
@@ -83,6 +84,26 @@ def _exclusive_when_marked(
             fcntl.flock(g, fcntl.LOCK_UN)
             if exclusive:
                 fcntl.flock(t, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A test that runs the CLI in-process (``main([...])``) points the root
+    logger at that test's captured stderr, which pytest closes after it:
+    a later record from a background thread (py4j's, once a Spark test's
+    JVM is gone) then failed to write, a "Logging error" traceback in the
+    CI log.  The handlers the test added (plain StreamHandlers: pytest's
+    own capture handlers are subclasses, added and removed by pytest around
+    each phase) go, and the root's level is restored."""
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in before and type(handler) is logging.StreamHandler:
+                root.removeHandler(handler)
+        root.setLevel(level)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -408,6 +408,8 @@ class Writer:
         in flight on separate connections: while PostgreSQL executes one, this
         process plans the next.  The head-row lock still orders the commits."""
         running: set[asyncio.Task[None]] = set()
+        loop = self._loop
+        assert loop is not None  # set by start(), which started this task
         while True:
             if not self._queue or not self._free_slots:
                 if self._closing and not self._queue and not running:
@@ -429,9 +431,8 @@ class Writer:
             # once (see _commit): it waits in PostgreSQL on the head row lock
             # instead of in this process's event loop.
             previous = self._last_done
-            assert self._loop is not None  # set by start(), which started this task
-            self._last_done = self._loop.create_future()
-            task = self._loop.create_task(
+            self._last_done = loop.create_future()
+            task = loop.create_task(
                 self._commit_batch(batch, slot, previous, self._last_done)
             )
             running.add(task)

@@ -1,5 +1,6 @@
 """Each process of a ``polyport serve --workers N`` during one measurement:
-its share of the events, its CPU, and how often it slept and was preempted.
+its share of the events, its CPU (and how much of it the kernel's), and how
+often it slept and was preempted.
 
 ``bench workers`` prints the gateway's cores as one figure; this splits them,
 so that a run shows which process is the limit (the worker hosting the
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.peers import CHAIN_MODULE, Meter, Roots, _proc_table, _tree, parse_stat
+from bench.peers import CHAIN_MODULE, TICK, Meter, Roots, _proc_table, _tree, parse_stat
 
 WORKER_MODULE = b"polyport.gateway.process.worker"
 CHAIN = "chain"
@@ -33,6 +34,10 @@ class Usage:
     """One process's counters at one moment."""
 
     cpu: float  # seconds
+    # Of those, in the kernel (system calls, page faults): whether two
+    # workers' extra CPU is the system calls of their extra wake-ups or the
+    # interpreter running the same code slower (docs/performance.md, session 29).
+    system: float
     voluntary: int  # context switches: it waited (a read, epoll)
     involuntary: int  # it was preempted
 
@@ -44,6 +49,7 @@ class ProcessShare:
     role: str  # "worker 0", "worker 1 + chain", "chain"
     events: float  # its share of the events (the chain process: 1.0)
     cores: float
+    system: float  # the kernel's share of its CPU, 0-1
     voluntary: float  # per event of its own
     involuntary: float
 
@@ -74,7 +80,8 @@ def roles(root: int, hosted_chain: bool, workers: int) -> dict[int, str]:
 
 def usage(pid: int) -> Usage | None:
     try:
-        _ppid, cpu = parse_stat(Path(f"/proc/{pid}/stat").read_bytes())
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+        _ppid, cpu = parse_stat(raw)
         voluntary = involuntary = 0
         for task in os.listdir(f"/proc/{pid}/task"):
             status = Path(f"/proc/{pid}/task/{task}/status").read_text()
@@ -82,7 +89,14 @@ def usage(pid: int) -> Usage | None:
             involuntary += int(_field(status, "nonvoluntary_ctxt_switches"))
     except (OSError, ValueError):
         return None  # gone meanwhile
-    return Usage(cpu, voluntary, involuntary)
+    return Usage(cpu, system_seconds(raw), voluntary, involuntary)
+
+
+def system_seconds(raw: bytes) -> float:
+    """The kernel's part of :func:`~bench.peers.parse_stat`'s CPU seconds
+    (stime and its reaped children's cstime)."""
+    rest = raw[raw.rindex(b")") + 2:].split()
+    return (int(rest[12]) + int(rest[14])) / TICK
 
 
 def _field(status: str, name: str) -> str:
@@ -126,7 +140,8 @@ class ProcessMeter(Meter):
     def stop(self) -> None:
         super().stop()
         u1 = self._read()
-        self.usage = {pid: Usage(u.cpu - self._u0[pid].cpu, u.voluntary - self._u0[pid].voluntary,
+        self.usage = {pid: Usage(u.cpu - self._u0[pid].cpu, u.system - self._u0[pid].system,
+                                 u.voluntary - self._u0[pid].voluntary,
                                  u.involuntary - self._u0[pid].involuntary)
                       for pid, u in u1.items() if pid in self._u0}
 
@@ -148,6 +163,7 @@ class ProcessMeter(Meter):
             own = events * self.wall * share
             out.append(ProcessShare(
                 role, share, u.cpu / self.wall if self.wall else 0.0,
+                u.system / u.cpu if u.cpu > 0 else 0.0,
                 u.voluntary / own if own else float("nan"),
                 u.involuntary / own if own else float("nan")))
         return out

@@ -142,7 +142,8 @@ def _median_share(role: str, got: list[ProcessShare]) -> ProcessShare:
     """One process role's runs, field by field."""
     med = statistics.median
     return ProcessShare(role, med(p.events for p in got), med(p.cores for p in got),
-                        med(p.voluntary for p in got), med(p.involuntary for p in got))
+                        med(p.system for p in got), med(p.voluntary for p in got),
+                        med(p.involuntary for p in got))
 
 
 async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[str],
@@ -301,17 +302,19 @@ def _process_table(rows: list[Run], args: argparse.Namespace) -> None:
         return
     print(f"\nEach process of the gateway (median of {args.repeat} run(s))")
     print(f"  {'protocol':<15} {'workers':>16} {'process':<17} {'events':>7} {'cores':>6} "
-          f"{'us CPU':>7} {'waits':>6} {'preempted':>9}")
-    print(f"  {'':<15} {'':>16} {'':<17} {'':>7} {'':>6} {'/event':>7} {'/event':>6} "
+          f"{'us CPU':>7} {'kernel':>6} {'waits':>6} {'preempted':>9}")
+    print(f"  {'':<15} {'':>16} {'':<17} {'':>7} {'':>6} {'/event':>7} {'':>6} {'/event':>6} "
           f"{'/event':>9}")
     for r in split:
         for ps in r.processes:
             print(f"  {r.protocol:<15} {r.setup.label:>16} {ps.role:<17} {ps.events:>7.0%} "
-                  f"{ps.cores:>6.2f} {ps.us_per_event(r.events):>7.0f} {ps.voluntary:>6.2f} "
+                  f"{ps.cores:>6.2f} {ps.us_per_event(r.events):>7.0f} {ps.system:>6.0%} "
+                  f"{ps.voluntary:>6.2f} "
                   f"{ps.involuntary:>9.2f}")
     print("  events: the process's share of the events (each worker's own /status; the chain "
           "process commits every event); us CPU, waits (voluntary context switches) and "
-          "preempted (involuntary ones): per event of its own")
+          "preempted (involuntary ones): per event of its own; kernel: the part of its CPU "
+          "spent in the kernel (system time)")
 
 
 async def run(args: argparse.Namespace) -> int:

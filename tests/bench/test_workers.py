@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from bench.peers import TICK, parse_stat
+from bench.processes import system_seconds
 from bench.workers import Run, Setup, paired_ratios, plan_setups
 from tests.bench.command import bench
 
@@ -57,9 +59,11 @@ def test_workers_bench_prints_every_chain_mode_with_ratio_and_ceiling() -> None:
         workers = [v for (lb, role), v in procs.items() if lb == label and role != "chain"]
         shares = [int(v[0].rstrip("%")) for v in workers]
         assert 99 <= sum(shares) <= 101, (label, done.stdout)  # every event counted once
-        # cores, us CPU, waits, preempted; four publishers may all land on
-        # one worker (SO_REUSEPORT hashes them), leaving the other idle.
-        assert all(len(v) == 5 and float(v[1]) >= 0 for v in workers), done.stdout
+        # cores, us CPU, the kernel's part, waits, preempted; four publishers
+        # may all land on one worker (SO_REUSEPORT hashes them), leaving the
+        # other idle.
+        assert all(len(v) == 6 and float(v[1]) >= 0 for v in workers), done.stdout
+        assert all(0 <= int(v[3].rstrip("%")) <= 100 for v in workers), done.stdout
         assert any(float(v[1]) > 0 for v in workers), done.stdout
 
 
@@ -145,3 +149,15 @@ def test_setups_are_compared_round_by_round() -> None:
     assert cpu == pytest.approx([1.0, 1.2 / 0.9])
     # A round in which either measured nothing is left out.
     assert paired_ratios([run(one, 0)], [run(two, 100)]) == ([], [])
+
+
+def test_the_kernel_part_of_a_process_cpu_is_its_stime() -> None:
+    # /proc/PID/stat with a command name holding a space and parentheses:
+    # utime 700, stime 300, cutime 20, cstime 10 ticks (fields 14-17).
+    fields = ["S", "1", "2", "2", "0", "-1", "4194560", "100", "0", "0", "0",
+              "700", "300", "20", "10", "20", "0", "1", "0", "123"]
+    raw = b"4242 (poly (port) x) " + " ".join(fields).encode()
+    ppid, cpu = parse_stat(raw)
+    assert ppid == 1
+    assert cpu == pytest.approx((700 + 300 + 20 + 10) / TICK)
+    assert system_seconds(raw) == pytest.approx((300 + 10) / TICK)

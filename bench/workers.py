@@ -67,6 +67,8 @@ DEFAULT_PROTOCOLS = ("bson", "micromsg2")
 
 # How workers commit (the gateway's commit_chain setting) -> the table's label.
 CHAIN_LABELS = {"process": "chain", "worker": "hosted", "off": "own"}
+# A setup's cpu_scheduling in its label (the column is 16 wide).
+POLICY_LABELS = {"normal": "", "batch": " batch", "forwarders": " fwd"}
 CHAIN_SETS = {"on": ("auto",), "off": ("off",), "process": ("process",),
               "worker": ("worker",), "both": ("off", "auto"),
               "all": ("off", "process", "worker")}
@@ -93,7 +95,7 @@ class Setup:
         if self.baseline:
             return f"base {self.workers}"
         chain = "" if self.workers == 1 else f" {CHAIN_LABELS[self.mode]}"
-        policy = "" if self.scheduling == "normal" else f" {self.scheduling}"
+        policy = POLICY_LABELS.get(self.scheduling, f" {self.scheduling}")
         return f"{self.workers}{chain}{policy}"
 
 
@@ -228,7 +230,8 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
           "(=worker); 'N own' = each worker commits itself (=off, the design before issue 26); "
           "the default (auto) is a process when the machine has more cores than workers")
     print("  batch: the gateway's processes under SCHED_BATCH (POLYPORT_CPU_SCHEDULING=batch); "
-          "without it, the default policy")
+          "fwd: only the workers that forward to a commit chain (=forwarders); without "
+          "either, the default policy")
     print(f"  ratio: events/s against --workers {first.label}; CPU/ev ratio: CPU per event "
           f"(gateway + PG + client) against --workers {first.label}")
     print("  chain cores: the commit chain process's share of the gateway's; chain max "
@@ -369,7 +372,7 @@ def main(argv: list[str]) -> int:
                    help="alternating runs per worker count; medians reported (default 3)")
     p.add_argument("--cpu-scheduling", default="normal",
                    help="the gateway's cpu_scheduling, comma-separated to compare: normal "
-                        "(the default), batch; every worker count runs under each")
+                        "(the default), batch, forwarders; every worker count runs under each")
     p.add_argument("--baseline", metavar="COMMAND", default="",
                    help=BASELINE_HELP + "; every worker count runs under it too, and a "
                         "table compares the two")

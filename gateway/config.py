@@ -65,9 +65,12 @@ PLANNED_POSITIONS_MIN_CORES = 4
 # same CPU per event (docs/performance.md, session 26).
 MAX_PIPELINE_DEPTH = 8
 # How the kernel schedules the gateway's processes (gateway/process/scheduling.py):
-# the default policy, or SCHED_BATCH (W1 throughput against W3 latency on a
-# saturated machine with several workers; the module says what was measured).
-CPU_SCHEDULINGS = ("normal", "batch")
+# the default policy, SCHED_BATCH for all (W1 throughput against W3 latency
+# on a saturated machine with several workers), or SCHED_BATCH only for the
+# workers that forward their appends to a commit chain (less CPU per event
+# where the cores are not all busy, more where they are); the module says
+# what was measured.
+CPU_SCHEDULINGS = ("normal", "batch", "forwarders")
 # --workers: more than this is a typo, not a machine.
 MAX_WORKERS = 256
 
@@ -345,7 +348,8 @@ class GatewayConfig:
     # (see pipeline_depth()).
     pipeline_depth: str = "auto"
     # The default policy or SCHED_BATCH for the gateway's processes (see
-    # CPU_SCHEDULINGS): with batch, their wake-ups no longer preempt each other.
+    # CPU_SCHEDULINGS): with batch, their wake-ups no longer preempt each
+    # other; with forwarders, the forwarding workers' no longer preempt.
     cpu_scheduling: str = "normal"
     extra: dict[str, Any] = field(default_factory=dict)
 

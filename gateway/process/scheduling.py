@@ -26,6 +26,26 @@ saturated machine (``bench workers --cpu-scheduling normal,batch``).  With
 a core to spare for every process a woken thread takes an idle core, and
 the policy should change neither figure.
 
+- ``forwarders``: ``SCHED_BATCH`` only for the workers whose appends a
+  commit chain elsewhere commits (every worker but the one hosting the
+  chain, or every worker beside a chain process); the process that commits
+  (the worker hosting the chain, the chain process, a gateway of one
+  process, each worker under ``commit_chain = off``) keeps the default
+  policy, and with it the right to preempt on waking.
+
+What ``forwarders`` trades.  Every commit goes through the process that
+commits, so its turns are the gateway's critical path; a forwarding
+worker woken by the chain's answer could preempt it mid-turn.  On a 2-core
+machine, two workers with the chain hosted in one of them
+(docs/performance.md, session 29), in four paired runs at 32 publishers:
+two workers' CPU per event against one worker's fell from 1.25-1.40x to
+0.98-1.17x in seven of the eight protocol pairs, and rose from 1.13x to
+1.41x in the eighth (BSON); the forwarding worker waited 0.20 times per
+event of its own instead of 0.32.  At 256 publishers, with every core
+busy, BSON did not move and MicroMsg2 spent 4-11 % more per event: a woken
+forwarder then waits for a busy core, and so do its clients'
+acknowledgements.  Left off by default for that.
+
 Lowering a thread to ``SCHED_BATCH`` needs no privilege.  Where the
 platform refuses (not Linux, a sandbox without the call) the process says
 so in one line and runs with the default policy: this is a performance
@@ -49,23 +69,32 @@ def _threads() -> list[int]:
         return [0]  # the calling thread
 
 
-def apply_policy(setting: str) -> str:
+def policy_for(setting: str, *, commits: bool) -> str:
+    """The policy (``batch`` or ``normal``) that ``cpu_scheduling =
+    setting`` gives a process that commits appends (``commits``) or hands
+    them to a commit chain elsewhere."""
+    if setting == "forwarders":
+        return "normal" if commits else "batch"
+    return "batch" if setting == "batch" else "normal"
+
+
+def apply_policy(setting: str, *, commits: bool = True) -> str:
     """Give every thread of this process the policy ``cpu_scheduling =
-    setting`` names; the policy it runs under (``batch`` or ``normal``).
-    Threads started later inherit it."""
-    if setting != "batch":
+    setting`` names for it (see :func:`policy_for`); the policy it runs
+    under (``batch`` or ``normal``).  Threads started later inherit it."""
+    if policy_for(setting, commits=commits) != "batch":
         return "normal"
     batch = getattr(os, "SCHED_BATCH", None)
     if batch is None:
-        log.warning("cpu_scheduling batch: SCHED_BATCH does not exist on this platform; "
-                    "running with the default policy")
+        log.warning("cpu_scheduling %s: SCHED_BATCH does not exist on this platform; "
+                    "running with the default policy", setting)
         return "normal"
     try:
         for tid in _threads():
             os.sched_setscheduler(tid, batch, os.sched_param(0))
     except OSError as exc:
-        log.warning("cpu_scheduling batch: the kernel refused SCHED_BATCH (%s); running "
+        log.warning("cpu_scheduling %s: the kernel refused SCHED_BATCH (%s); running "
                     "with the default policy (cpu_scheduling = normal says nothing)",
-                    exc.strerror or exc)
+                    setting, exc.strerror or exc)
         return "normal"
     return "batch"

@@ -138,7 +138,8 @@ def run_child(control_fd: int, tag: int | str, name: str,
     payload = read_payload(control_fd)
     config = payload["config"]
     setup_logging(config.log_format, config.log_level, worker=tag)
-    apply_policy(config.cpu_scheduling)
+    role = payload["role"]
+    apply_policy(config.cpu_scheduling, commits=role.commits)
     try:
         choice = choose_loop(config.event_loop)
         return run_on_loop(main(payload, choice), choice)
@@ -148,7 +149,7 @@ def run_child(control_fd: int, tag: int | str, name: str,
         if config.log_level == "debug" or payload["args"].get("debug"):
             traceback.print_exc()
         with contextlib.suppress(Exception):
-            _say_fatal(f"{name}: {describe(exc, payload['role'].database_url)}",
+            _say_fatal(f"{name}: {describe(exc, role.database_url)}",
                        config.log_format)
         return 1
 

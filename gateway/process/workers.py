@@ -149,6 +149,13 @@ class WorkerRole:
         return self.chain and self.chain_in_worker and self.index == self.count - 1
 
     @property
+    def commits(self) -> bool:
+        """Whether this process commits appends (``cpu_scheduling =
+        forwarders``): the chain process (index -1), the worker hosting the
+        chain, and a worker with no chain; the other workers forward theirs."""
+        return self.index < 0 or not self.chain or self.hosts_chain
+
+    @property
     def first(self) -> bool:
         return self.index == 0
 

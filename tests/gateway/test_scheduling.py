@@ -24,8 +24,9 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux po
 def test_the_default_is_normal_and_a_bad_value_names_the_choices() -> None:
     assert GatewayConfig().cpu_scheduling == "normal"
     assert coerce("cpu_scheduling", " Batch ", "POLYPORT_CPU_SCHEDULING") == "batch"
+    assert coerce("cpu_scheduling", "forwarders", "POLYPORT_CPU_SCHEDULING") == "forwarders"
     with pytest.raises(ConfigError, match=r"POLYPORT_CPU_SCHEDULING: expected one of "
-                                          r"normal, batch, got 'fifo'"):
+                                          r"normal, batch, forwarders, got 'fifo'"):
         coerce("cpu_scheduling", "fifo", "POLYPORT_CPU_SCHEDULING")
 
 
@@ -36,7 +37,7 @@ import json, os, sys, threading
 from polyport.gateway.process.scheduling import apply_policy
 hold = threading.Event()
 before = threading.Thread(target=hold.wait); before.start()
-got = apply_policy(sys.argv[1])
+got = apply_policy(sys.argv[1], commits=sys.argv[2] == "commits")
 after = threading.Thread(target=hold.wait); after.start()
 policies = sorted({os.sched_getscheduler(int(t)) for t in os.listdir("/proc/self/task")})
 hold.set()
@@ -44,8 +45,8 @@ print(json.dumps({"got": got, "policies": policies, "threads": threading.active_
 """
 
 
-def _child(setting: str) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-c", _CHILD, setting],
+def _child(setting: str, role: str = "commits") -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", _CHILD, setting, role],
                          capture_output=True, text=True, timeout=60, check=True)
     doc: dict[str, object] = json.loads(out.stdout)
     return doc
@@ -53,6 +54,21 @@ def _child(setting: str) -> dict[str, object]:
 
 def test_batch_reaches_every_thread_and_the_threads_started_later() -> None:
     assert _child("batch") == {"got": "batch", "policies": [os.SCHED_BATCH], "threads": 3}
+
+
+def test_forwarders_lowers_only_a_process_that_does_not_commit() -> None:
+    assert _child("forwarders", "forwards") == {
+        "got": "batch", "policies": [os.SCHED_BATCH], "threads": 3}
+    assert _child("forwarders", "commits") == {
+        "got": "normal", "policies": [os.SCHED_OTHER], "threads": 3}
+
+
+def test_each_setting_names_a_policy_for_either_role() -> None:
+    table = {(setting, commits): scheduling.policy_for(setting, commits=commits)
+             for setting in ("normal", "batch", "forwarders") for commits in (True, False)}
+    assert table == {("normal", True): "normal", ("normal", False): "normal",
+                     ("batch", True): "batch", ("batch", False): "batch",
+                     ("forwarders", True): "normal", ("forwarders", False): "batch"}
 
 
 def test_normal_leaves_the_default_policy() -> None:

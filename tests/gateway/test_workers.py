@@ -736,6 +736,20 @@ def test_a_worker_role_turns_off_what_is_not_its_own() -> None:
     assert explicit.bson_port == 7451 and explicit.database_url == "postgresql://a@b/c"
 
 
+def test_only_the_workers_a_chain_commits_for_forward() -> None:
+    def role(index: int, count: int = 2, **chain: bool) -> WorkerRole:
+        return WorkerRole(index=index, count=count, run_dir="/x", database_url="", ports={},
+                          shared=frozenset(), **chain)
+
+    # Beside a chain process (index -1), every worker forwards.
+    assert [role(i, chain=True).commits for i in (-1, 0, 1)] == [True, False, False]
+    # The chain hosted by the last worker: that one commits, the others forward.
+    hosted = {"chain": True, "chain_in_worker": True}
+    assert [role(i, 3, **hosted).commits for i in (0, 1, 2)] == [False, False, True]
+    # commit_chain = off: each worker commits its own.
+    assert [role(i).commits for i in (0, 1)] == [True, True]
+
+
 def test_merged_metrics_sum_counters_and_aggregate_gauges_by_kind() -> None:
     def fams(appended: float, head: float, open_: float) -> list[dict[str, Any]]:
         return [
@@ -835,12 +849,18 @@ async def test_killing_the_worker_that_hosts_the_chain_loses_no_acknowledged_eve
     worker's publishers never see a failure (it commits on its own until the
     supervisor has the host back, then returns to it), and every
     acknowledged event is stored exactly once, gapless.  (At planned
-    positions, which auto leaves off on 2 cores.)"""
+    positions, which auto leaves off on 2 cores.)  With cpu_scheduling =
+    forwarders: worker 0, which forwards, runs SCHED_BATCH; the hosting
+    worker, the one it restarts and the supervisor keep the default."""
     async with serve(db_url, chain="worker",
-                     settings={"POLYPORT_PLANNED_POSITIONS": "on"}) as gw:
+                     settings={"POLYPORT_PLANNED_POSITIONS": "on",
+                               "POLYPORT_CPU_SCHEDULING": "forwarders"}) as gw:
         await gw.said(r"worker 1 hosting the commit chain")
         await gw.said(r"\[worker 0\].*appends go through the commit chain")
-        [_first, hosting] = _supervisor_state(gw)["workers"]
+        [first, hosting] = _supervisor_state(gw)["workers"]
+        assert _policies(first["pid"]) == {os.SCHED_BATCH}
+        assert _policies(hosting["pid"]) == {os.SCHED_OTHER}
+        assert _policies(gw.proc.pid) == {os.SCHED_OTHER}
         acked: Counter[int] = Counter()
         dropped: dict[int, BaseException] = {}
         stop = asyncio.Event()
@@ -860,6 +880,8 @@ async def test_killing_the_worker_that_hosts_the_chain_loses_no_acknowledged_eve
                                       line)) for line in gw.stderr) >= 2
 
         await wait_until(rejoined, 30, "worker 0 to use the restarted host's chain")
+        [_w0, restarted] = _supervisor_state(gw)["workers"]
+        assert _policies(restarted["pid"]) == {os.SCHED_OTHER}
         survivors = [i for i in range(16) if i not in dropped]
         mark = sum(acked[i] for i in survivors)
         await asyncio.sleep(1.0)

@@ -37,14 +37,14 @@ What ``forwarders`` trades.  Every commit goes through the process that
 commits, so its turns are the gateway's critical path; a forwarding
 worker woken by the chain's answer could preempt it mid-turn.  On a 2-core
 machine, two workers with the chain hosted in one of them
-(docs/performance.md, session 29), in four paired runs at 32 publishers:
-two workers' CPU per event against one worker's fell from 1.25-1.40x to
-0.98-1.17x in seven of the eight protocol pairs, and rose from 1.13x to
-1.41x in the eighth (BSON); the forwarding worker waited 0.20 times per
-event of its own instead of 0.32.  At 256 publishers, with every core
-busy, BSON did not move and MicroMsg2 spent 4-11 % more per event: a woken
-forwarder then waits for a busy core, and so do its clients'
-acknowledgements.  Left off by default for that.
+(docs/performance.md, session 29), in five paired runs at 32 publishers:
+two workers' CPU per event against one worker's fell from 1.21-1.40x to
+0.98-1.17x in eight of the ten protocol pairs, and went from 1.13x to
+1.41x and from 1.22x to 1.24x in the other two (BSON); the forwarding
+worker waited 0.20-0.21 times per event of its own instead of 0.28-0.41.
+At 256 publishers, with every core busy, BSON did not move and MicroMsg2
+spent 4-11 % more per event: a woken forwarder then waits for a busy core,
+and so do its clients' acknowledgements.  Left off by default for that.
 
 Lowering a thread to ``SCHED_BATCH`` needs no privilege.  Where the
 platform refuses (not Linux, a sandbox without the call) the process says

@@ -181,11 +181,16 @@ def _proc_table() -> dict[int, tuple[int, float]]:
     return out
 
 
+def stat_fields(raw: bytes) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command name, which may
+    hold spaces and parentheses (the state first, as field 3 of proc(5))."""
+    return raw[raw.rindex(b")") + 2:].split()
+
+
 def parse_stat(raw: bytes) -> tuple[int, float]:
     """(parent pid, CPU seconds of the process and its reaped children) from
     the text of ``/proc/PID/stat``."""
-    # Fields after the command name (which may hold spaces and parentheses).
-    rest = raw[raw.rindex(b")") + 2:].split()
+    rest = stat_fields(raw)
     utime, stime, cutime, cstime = (int(x) for x in rest[11:15])
     # A child's time moves into its parent's cutime/cstime when it is
     # reaped: counting both keeps a tree's total steady across exits.

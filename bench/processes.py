@@ -23,7 +23,16 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.peers import CHAIN_MODULE, TICK, Meter, Roots, _proc_table, _tree, parse_stat
+from bench.peers import (
+    CHAIN_MODULE,
+    TICK,
+    Meter,
+    Roots,
+    _proc_table,
+    _tree,
+    parse_stat,
+    stat_fields,
+)
 
 WORKER_MODULE = b"polyport.gateway.process.worker"
 CHAIN = "chain"
@@ -95,7 +104,7 @@ def usage(pid: int) -> Usage | None:
 def system_seconds(raw: bytes) -> float:
     """The kernel's part of :func:`~bench.peers.parse_stat`'s CPU seconds
     (stime and its reaped children's cstime)."""
-    rest = raw[raw.rindex(b")") + 2:].split()
+    rest = stat_fields(raw)
     return (int(rest[12]) + int(rest[14])) / TICK
 
 

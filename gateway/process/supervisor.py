@@ -60,6 +60,7 @@ from polyport.gateway.process.eventloop import choose_loop
 from polyport.gateway.process.fatal import naming_bind_errors
 from polyport.gateway.process.ports_file import remove_ports_file, write_ports
 from polyport.gateway.process.workers import (
+    CHAIN_INDEX,
     STATE_FILE,
     WorkerRole,
     chain_socket_path,
@@ -182,7 +183,7 @@ CHAIN_MODULE = "polyport.gateway.process.chain"
 
 @dataclass
 class _Slot:
-    index: int  # -1: the commit chain
+    index: int  # CHAIN_INDEX: the commit chain
     module: str = WORKER_MODULE
     proc: asyncio.subprocess.Process | None = None
     pid: int | None = None
@@ -288,7 +289,7 @@ class Supervisor:
                  event_loop, self.config.cpu_scheduling)
         self.slots = [_Slot(i) for i in range(workers)]
         if chain == "process":
-            self.slots.insert(0, _Slot(-1, CHAIN_MODULE))
+            self.slots.insert(0, _Slot(CHAIN_INDEX, CHAIN_MODULE))
         self._initial = asyncio.get_running_loop().create_future()
         for slot in self.slots:
             slot.task = asyncio.create_task(self._keep_running(slot))

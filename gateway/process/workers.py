@@ -117,6 +117,10 @@ async def listen_for_workers(
     return server
 
 
+# The index the supervisor gives the commit chain process's slot and role.
+CHAIN_INDEX = -1
+
+
 @dataclass(frozen=True)
 class WorkerRole:
     index: int  # 0: also Res01, HTTP and the aggregated /metrics and /status
@@ -151,9 +155,9 @@ class WorkerRole:
     @property
     def commits(self) -> bool:
         """Whether this process commits appends (``cpu_scheduling =
-        forwarders``): the chain process (index -1), the worker hosting the
-        chain, and a worker with no chain; the other workers forward theirs."""
-        return self.index < 0 or not self.chain or self.hosts_chain
+        forwarders``): the chain process, the worker hosting the chain, and
+        a worker with no chain; the other workers forward theirs."""
+        return self.index == CHAIN_INDEX or not self.chain or self.hosts_chain
 
     @property
     def first(self) -> bool:

@@ -28,6 +28,7 @@ from polyport.core.migrate import asyncpg_dsn
 from polyport.gateway.process.embedded_pg import EmbeddedPostgres
 from polyport.gateway.process.supervisor import chain_mode, restart_delay
 from polyport.gateway.process.workers import (
+    CHAIN_INDEX,
     GAUGE_MAX,
     WorkerRole,
     merge_families,
@@ -741,8 +742,8 @@ def test_only_the_workers_a_chain_commits_for_forward() -> None:
         return WorkerRole(index=index, count=count, run_dir="/x", database_url="", ports={},
                           shared=frozenset(), **chain)
 
-    # Beside a chain process (index -1), every worker forwards.
-    assert [role(i, chain=True).commits for i in (-1, 0, 1)] == [True, False, False]
+    # Beside a chain process, every worker forwards.
+    assert [role(i, chain=True).commits for i in (CHAIN_INDEX, 0, 1)] == [True, False, False]
     # The chain hosted by the last worker: that one commits, the others forward.
     hosted = {"chain": True, "chain_in_worker": True}
     assert [role(i, 3, **hosted).commits for i in (0, 1, 2)] == [False, False, True]

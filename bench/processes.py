@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 
 from bench.peers import (
     CHAIN_MODULE,
@@ -33,6 +34,7 @@ from bench.peers import (
     parse_stat,
     stat_fields,
 )
+from polyport.core.sql import HEAD_POSITION
 
 WORKER_MODULE = b"polyport.gateway.process.worker"
 CHAIN = "chain"
@@ -113,6 +115,24 @@ def _field(status: str, name: str) -> str:
     if m is None:
         raise ValueError(name)
     return m.group(1)
+
+
+# The commits that stored a run's events: each row carries the id of the
+# transaction that inserted it (xmin), so the distinct ids over the run's
+# positions count those commits exactly and at once, where pg_stat_database
+# counts NOTIFYs and reads too and reaches the view up to a second late.
+COMMITS_BETWEEN = ("SELECT count(DISTINCT xmin::text) FROM events "
+                   "WHERE position > $1 AND position <= $2")
+
+
+async def head_position(conn: asyncpg.Connection) -> int:
+    """The log's last position."""
+    return int(await conn.fetchval(HEAD_POSITION))
+
+
+async def commits_between(conn: asyncpg.Connection, after: int, upto: int) -> int:
+    """The commits that stored positions ``after`` + 1 to ``upto``."""
+    return int(await conn.fetchval(COMMITS_BETWEEN, after, upto))
 
 
 async def appended(run_dir: Path, protocol: str) -> dict[int, int]:

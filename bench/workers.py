@@ -15,6 +15,12 @@ event, the machine runs out of CPU at ``C / T`` times the one-worker rate.
 A target above that ceiling cannot be met on this machine by any worker
 design; only less CPU per event (or more cores) moves it.
 
+Events per commit is the batches' mean size, counted from the rows
+themselves (``bench.processes.commits_between``).  PostgreSQL's CPU per
+event follows it: several writers taking turns on the head row, or a chain
+whose queue is shared out between two batches in flight, make more, smaller
+commits for the same events.
+
 ``--baseline COMMAND`` runs every worker count a second time under another
 install's ``polyport`` (an earlier commit checked out with its own
 virtualenv), on a database that install's own ``migrate`` made, in the same
@@ -33,6 +39,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import asyncpg
 import zmq
 import zmq.asyncio
 
@@ -58,7 +65,15 @@ from bench.peers import (
     say,
     w1,
 )
-from bench.processes import ProcessMeter, ProcessShare, appended, roles
+from bench.processes import (
+    ProcessMeter,
+    ProcessShare,
+    appended,
+    commits_between,
+    head_position,
+    roles,
+)
+from polyport.core import migrate
 from polyport.gateway.config import CPU_SCHEDULINGS, GatewayConfig
 from polyport.gateway.process.supervisor import chain_mode
 
@@ -107,6 +122,13 @@ class Run:
     cores: dict[str, float]
     # Each gateway process's share of the run (bench/processes.py).
     processes: list[ProcessShare] = field(default_factory=list)
+    # The gateway's commits per second (bench/processes.py, commits_between).
+    commits: float = 0.0
+
+    @property
+    def per_commit(self) -> float:
+        """Acknowledged events per commit: the batches' mean size."""
+        return self.events / self.commits if self.commits else 0.0
 
     @property
     def total(self) -> float:
@@ -137,6 +159,7 @@ def _median(runs: list[Run]) -> Run:
         {k: statistics.median(r.cores.get(k, 0.0) for r in runs)
          for k in ("gateway", "pg", "client", "chain")},
         [_median_share(role, got) for role, got in sorted(by_role.items())],
+        statistics.median(r.commits for r in runs),
     )
 
 
@@ -169,7 +192,10 @@ async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[st
     runs: list[Run] = []
     # Each worker's /status socket (gateway/process/workers.py).
     run_dir = gateway.run_dir
+    stats: asyncpg.Connection | None = None
     try:
+        # Counts the commits (commits_between); idle otherwise.
+        stats = await asyncpg.connect(migrate.asyncpg_dsn(pg_url))
         for p in protocols:
             meter = ProcessMeter(roots, roles(gateway.pid, setup.mode == "worker", workers)
                                  if split or workers == 1 else {})
@@ -177,14 +203,20 @@ async def _one_gateway(pg_url: str, root: Path, setup: Setup, protocols: list[st
                 # A short warm-up: connections, prepared statements, caches.
                 await w1(env, Meter(roots), p, args.publishers, min(1.0, args.seconds))
                 before = await appended(run_dir, p) if split else {}
+                first = await head_position(stats)
                 got = await w1(env, meter, p, args.publishers, args.seconds)
+                # w1 returns once every publisher's last append is answered.
+                last = await head_position(stats)
+                commits = await commits_between(stats, first, last) / max(meter.wall, 1e-9)
                 after = await appended(run_dir, p) if split else {}
                 shares = meter.shares(before, after, got)
-            runs.append(Run(p, setup, got, meter.cores, shares))
+            runs.append(Run(p, setup, got, meter.cores, shares, commits))
             say(f"  [{label}] {p}, --workers {setup.label}: {got:,.0f} events/s (cores: gateway "
                 f"{meter.cores['gateway']:.2f}, PostgreSQL {meter.cores['pg']:.2f}, client "
                 f"{meter.cores['client']:.2f})")
     finally:
+        if stats is not None:
+            await stats.close()
         await gateway.stop()
         roots.gateway = None
     return runs
@@ -206,10 +238,12 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
           f"process(es), by worker count (median of {args.repeat} run(s) of "
           f"{args.seconds:g} s, the worker counts alternating); {cpus} CPUs")
     print(f"  {'protocol':<15} {'workers':>16} {'events/s':>10} {'gateway':>8} {'chain':>6} "
-          f"{'PG':>6} {'client':>7} {'total':>6} {'us CPU':>7} {'ratio':>6} {'CPU/ev':>7} "
+          f"{'PG':>6} {'client':>7} {'total':>6} {'us CPU':>7} {'events':>7} {'ratio':>6} "
+          f"{'CPU/ev':>7} "
           f"{'ceiling':>8} {'chain':>8}")
     print(f"  {'':<15} {'':>16} {'':>10} {'cores':>8} {'cores':>6} {'cores':>6} {'cores':>7} "
-          f"{'cores':>6} {'/event':>7} {'':>6} {'ratio':>7} {'':>8} {'max ev/s':>8}")
+          f"{'cores':>6} {'/event':>7} {'/commit':>7} {'':>6} {'ratio':>7} {'':>8} "
+          f"{'max ev/s':>8}")
     for r in rows:
         b = base[(r.protocol, r.setup.baseline)]
         per_event = r.total / r.events * 1e6 if r.events else float("nan")
@@ -222,7 +256,8 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
         print(f"  {r.protocol:<15} {r.setup.label:>16} {r.events:>10,.0f} "
               f"{r.cores['gateway']:>8.2f} {chain:>6.2f} {r.cores['pg']:>6.2f} "
               f"{r.cores['client']:>7.2f} "
-              f"{r.total:>6.2f} {per_event:>7.0f} {'' if is_first else f'{ratio:.2f}':>6} "
+              f"{r.total:>6.2f} {per_event:>7.0f} {r.per_commit:>7.1f} "
+              f"{'' if is_first else f'{ratio:.2f}':>6} "
               f"{'' if is_first else f'{per_event / b_per_event:.2f}':>7} {ceiling:>8} "
               f"{chain_max:>8}")
     print("  workers: 'N chain' = N workers feeding one commit chain process "
@@ -234,6 +269,8 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
           "either, the default policy")
     print(f"  ratio: events/s against --workers {first.label}; CPU/ev ratio: CPU per event "
           f"(gateway + PG + client) against --workers {first.label}")
+    print("  events/commit: acknowledged events per commit that stored any (the distinct "
+          "transaction ids of the run's rows): the batches' mean size")
     print("  chain cores: the commit chain process's share of the gateway's; chain max "
           "ev/s: events/s it could carry at one full core with that CPU per event")
     print(f"  ceiling: {cpus} cores / total cores at --workers {first.label}: the most "

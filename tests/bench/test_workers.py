@@ -30,16 +30,21 @@ def test_workers_bench_prints_every_chain_mode_with_ratio_and_ceiling() -> None:
     # chain process, and through the chain hosted by a worker.
     assert set(rows) == {"1", "2 own", "2 chain", "2 hosted"}, done.stdout
     one, own, chain, hosted = rows["1"], rows["2 own"], rows["2 chain"], rows["2 hosted"]
-    # gateway, chain, PG, client, total, us/event, then ratio and CPU ratio
-    # (not on the reference row), the ceiling (only there), the chain's max.
-    assert len(one) == 7 and float(one[-1]) > 0  # the ceiling, on the reference row
+    # gateway, chain, PG, client, total, us/event, events/commit, then ratio
+    # and CPU ratio (not on the reference row), the ceiling (only there), the
+    # chain's max.
+    assert len(one) == 8 and float(one[-1]) > 0  # the ceiling, on the reference row
     assert float(one[1]) == 0  # no chain process at one worker
     for row in (own, hosted):  # no chain process of its own either
-        assert len(row) == 8 and float(row[6]) > 0 and float(row[7]) > 0
+        assert len(row) == 9 and float(row[7]) > 0 and float(row[8]) > 0
         assert float(row[1]) == 0
-    assert len(chain) == 9 and float(chain[6]) > 0
+    assert len(chain) == 10 and float(chain[7]) > 0
     assert float(chain[1]) > 0  # the chain's cores were read at all
-    assert float(chain[8].replace(",", "")) > 0  # and what it could carry
+    assert float(chain[9].replace(",", "")) > 0  # and what it could carry
+    # Every run committed: at least one event per commit (a commit holds one
+    # append or more), and no more than its four publishers had in flight.
+    for row in (one, own, chain, hosted):
+        assert 1.0 <= float(row[6]) <= 4.0, done.stdout
     assert float(one[0]) > 0  # gateway cores were read at all
 
     # Each process of every run: its share of the events (from each
@@ -98,7 +103,7 @@ def test_a_baseline_install_runs_every_worker_count_beside_this_tree() -> None:
             for m in re.finditer(r"^  bson +(1|base 1) +[\d,]+ +(.*)$", done.stdout, re.M)}
     assert set(main) == {"1", "base 1"}, done.stdout
     # Each is its own tree's reference row: no ratio, a ceiling.
-    assert len(main["base 1"]) == 7 and float(main["base 1"][-1]) > 0, done.stdout
+    assert len(main["base 1"]) == 8 and float(main["base 1"][-1]) > 0, done.stdout
     versus = re.search(r"^Against the baseline.*\n.*\n  bson +1 +([\d,]+) +([\d,]+) +([\d.]+) "
                        r"+(\d+) +(\d+) +([\d.]+)$", done.stdout, re.M)
     assert versus is not None, done.stdout

@@ -239,8 +239,7 @@ def _table(rows: list[Run], args: argparse.Namespace) -> None:
           f"{args.seconds:g} s, the worker counts alternating); {cpus} CPUs")
     print(f"  {'protocol':<15} {'workers':>16} {'events/s':>10} {'gateway':>8} {'chain':>6} "
           f"{'PG':>6} {'client':>7} {'total':>6} {'us CPU':>7} {'events':>7} {'ratio':>6} "
-          f"{'CPU/ev':>7} "
-          f"{'ceiling':>8} {'chain':>8}")
+          f"{'CPU/ev':>7} {'ceiling':>8} {'chain':>8}")
     print(f"  {'':<15} {'':>16} {'':>10} {'cores':>8} {'cores':>6} {'cores':>6} {'cores':>7} "
           f"{'cores':>6} {'/event':>7} {'/commit':>7} {'':>6} {'ratio':>7} {'':>8} "
           f"{'max ev/s':>8}")

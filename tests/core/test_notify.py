@@ -14,6 +14,7 @@ from polyport.core.migrate import asyncpg_dsn
 from polyport.core.notify import Notifier
 from polyport.core.store import EventStore, StoreConfig
 from tests.core.helpers import append, ev
+from tests.waiting import eventually
 
 
 class _Heard:
@@ -132,19 +133,23 @@ async def test_a_store_that_starts_later_is_heard_from_at_once(
     monkeypatch.setattr(notify, "PRESENCE_INTERVAL", 3600.0)
     writer = EventStore(StoreConfig(db_url, poll_interval=30, run_binders=False))
     await writer.start()
+    notifier = writer._notifier
     reader: EventStore | None = None
     try:
         await writer.append(append("early", ev(0)))
-        await asyncio.sleep(0.2)
-        assert writer._notifier.sent == 0
+        # The notifier looked (its answer is stamped with when) and found nobody.
+        await eventually(lambda: notifier._others[1] > float("-inf"), what="the first look")
+        assert notifier.sent == 0
         reader = EventStore(StoreConfig(db_url, poll_interval=30, run_binders=False))
         await reader.start()
         sub = await reader.subscribe(Subscribe(Selector(context="default", stream="late")))
-        await asyncio.sleep(0.2)  # the hello reaches the writer's notifier
+        # The newcomer's hello reached the writer's notifier: its answer is due again.
+        await eventually(lambda: notifier._others[1] == float("-inf"), what="the hello")
         await writer.append(append("late", ev(1)))
         got = await sub.next(5.0)
         assert got is not None and got.stream == "late"
-        assert writer._notifier.sent >= 1
+        # Counted once the NOTIFY returned, which may be after it was heard.
+        await eventually(lambda: notifier.sent >= 1, what="a notification")
         sub.close()
     finally:
         if reader is not None:

@@ -18,6 +18,7 @@ from polyport.gateway.app import Gateway
 from polyport.gateway.listeners.micromsg2 import MicroMsg2Listener
 from polyport.protocols.micromsg2 import Command, Handshake, Message, encode_frame, encode_handshake
 from polyport.protocols.micromsg2.client import ConnectionClosed, MicroMsg2Client, MicroMsg2Error
+from tests.waiting import eventually
 
 OTHERS_OFF = {
     "res01_port": None,
@@ -41,14 +42,6 @@ def listener(gw: Gateway) -> MicroMsg2Listener:
 async def connect(gw: Gateway, **kwargs: Any) -> MicroMsg2Client:
     host, port = gw.listeners["micromsg2"].address
     return await MicroMsg2Client.connect(host, port, **kwargs)
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 async def wait_subscriptions(gw: Gateway, count: int) -> None:

@@ -566,6 +566,9 @@ async def test_subscribe_starts_filters_and_unsubscribe(gateway_factory) -> None
     async with await connect(gw) as c:
         for i in range(5):
             await c.emit("st", "even" if i % 2 == 0 else "odd", {"n": i, "tag": {"k": i}})
+            # A start timestamp has millisecond precision: each event in a
+            # millisecond of its own, so that the third's starts at the third.
+            await asyncio.sleep(0.002)
         [third] = (await read(gw, "st"))[2:3]
 
         from_seq = await c.subscribe("st", start_seq=3)

@@ -13,6 +13,7 @@ import pytest
 from polyport.protocols.bson.client import BsonClient
 from polyport.protocols.reactivesocket.client import ReactiveSocketClient
 from polyport.protocols.res01.client import Res01Client, new_event
+from tests.waiting import until
 
 TOKEN = "connections-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -28,14 +29,6 @@ async def listed(http: aiohttp.ClientSession, gw: Any, **query: str) -> list[dic
         assert r.status == 200, await r.text()
         result: list[dict[str, Any]] = await r.json()
         return result
-
-
-async def until(predicate: Any, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if await predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition never became true")
 
 
 async def test_list_filter_and_close(gateway_factory, caplog: pytest.LogCaptureFixture) -> None:

@@ -12,7 +12,8 @@ import pytest
 
 from polyport.gateway.process.embedded_pg import EmbeddedPostgres
 from polyport.protocols.bson.client import BsonClient
-from tests.gateway.test_workers import Served, serve_embedded, wait_until
+from tests.gateway.test_workers import Served, serve_embedded
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -35,7 +36,7 @@ async def kill_and_see_it_back(served: Served) -> None:
             return False
         return True
 
-    await wait_until(appended, 60, "an append after the restart")
+    await until(appended, 60, "an append after the restart")
 
 
 async def test_a_killed_embedded_database_is_restarted() -> None:

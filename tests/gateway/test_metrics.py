@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +23,7 @@ from polyport.protocols.micromsg2.client import MicroMsg2Client
 from polyport.protocols.reactivesocket.client import NewEvent, ReactiveSocketClient, RemoteError
 from polyport.protocols.res01.client import Res01Client, Res01ServerError, new_event
 from polyport.protocols.segment.client import NoSuchSegmentError, SegmentReader, SegmentWriter
+from tests.waiting import until
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -56,13 +56,6 @@ async def scrape(gw: Any, token: str | None = None) -> tuple[Samples, set[str]]:
 
 def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-async def until(check: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
 
 
 async def test_metrics_match_traffic_on_every_protocol(gateway_factory) -> None:

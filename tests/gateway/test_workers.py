@@ -38,6 +38,7 @@ from polyport.protocols.bson.client import BsonClient, ConnectionClosed
 from polyport.protocols.res01.client import Res01Client, new_event
 from tests.gateway.test_cli_errors import polyport
 from tests.listeners import port_flags
+from tests.waiting import until
 
 ALL_PORTS_ZERO = port_flags("0")
 
@@ -128,18 +129,6 @@ async def serve(db_url: str, *extra: str, workers: str = "2", chain: str = "auto
         shutil.rmtree(data_dir.parent, ignore_errors=True)
 
 
-async def wait_until(check: Any, timeout: float = 30, what: str = "") -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        await asyncio.sleep(0.1)
-
-
 def bson_totals(status: dict[str, Any], key: str) -> list[int]:
     return [w["listeners"]["bson"][key] for w in status["workers"]]
 
@@ -197,7 +186,7 @@ async def _connect_until_both_workers(
     async def each_holds_one() -> bool:
         return all(w["subscriptions_open"] > 0 for w in (await gw.status())["workers"])
 
-    await wait_until(each_holds_one, 10, f"a {kind} on each worker")
+    await until(each_holds_one, 10, f"a {kind} on each worker")
     return opened
 
 
@@ -355,7 +344,7 @@ async def test_metrics_sum_the_workers_and_a_killed_worker_is_restarted(
             w = (await gw.status())["workers"][1]
             return w if w["reachable"] and w["pid"] != victim else None
 
-        back = await wait_until(restarted, 30, "worker 1 to come back")
+        back = await until(restarted, 30, "worker 1 to come back")
         assert back["restarts"] == 1 and "SIGKILL" in back["last_exit"]
         text = await gw.metrics()
         assert _scraped(text, 'polyport_events_appended_total{protocol="bson"}') == 26
@@ -367,7 +356,7 @@ async def test_metrics_sum_the_workers_and_a_killed_worker_is_restarted(
             return bool((await gw.status())["workers"][1]["listeners"]["bson"]
                         ["connections_total"])
 
-        await wait_until(served_by_new_worker, 30, "the new worker 1 to accept")
+        await until(served_by_new_worker, 30, "the new worker 1 to accept")
         text = await gw.metrics()  # the last values of this worker 1 are known now
         total = _scraped(text, 'polyport_events_appended_total{protocol="bson"}')
         assert total > 26
@@ -378,7 +367,7 @@ async def test_metrics_sum_the_workers_and_a_killed_worker_is_restarted(
         os.kill(victim, signal.SIGKILL)
         await gw.said(rf"worker 1 \(pid {victim}\) was killed by SIGKILL; "
                       r"restarting it in 1\.0s")
-        back = await wait_until(restarted, 30, "worker 1 to come back again")
+        back = await until(restarted, 30, "worker 1 to come back again")
         assert back["restarts"] == 2
         text = await gw.metrics()
         assert _scraped(text, 'polyport_events_appended_total{protocol="bson"}') == total
@@ -400,7 +389,7 @@ async def test_a_restarted_first_worker_keeps_the_res01_and_http_ports(
                 return None  # HTTP lives in worker 0: away while it restarts
             return w if w["pid"] != first else None
 
-        assert (await wait_until(back, 30, "worker 0 to come back"))["restarts"] == 1
+        assert (await until(back, 30, "worker 0 to come back"))["restarts"] == 1
         # The ports printed at start (and in gateway.json) are still the ones.
         async with await Res01Client.connect(gw.port("res01"), timeout=10) as res01:
             await res01.commit("default", "after-restart", 1, [new_event("T", "{}")])
@@ -557,7 +546,7 @@ async def test_workers_stop_when_the_supervisor_dies(db_url: str) -> None:
         async def all_gone() -> bool:
             return all(_gone(pid) for pid in pids)
 
-        await wait_until(all_gone, 60, "orphaned workers to exit")
+        await until(all_gone, 60, "orphaned workers to exit")
     said = [line for line in gw.stderr if "the supervisor is gone: stopping" in line]
     # Both workers and the commit chain.
     assert len(said) == 3
@@ -818,19 +807,19 @@ async def test_killing_the_commit_chain_under_load_loses_no_acknowledged_event(
             [now] = _supervisor_state(gw)["chain"]
             return bool(now["restarts"] == 1 and now["pid"] != chain["pid"])
 
-        await wait_until(chain_back, 60, "the supervisor to restart the commit chain")
+        await until(chain_back, 60, "the supervisor to restart the commit chain")
 
         async def rejoined() -> bool:  # each worker connected twice
             return sum("appends go through the commit chain" in line
                        for line in gw.stderr) >= 4
 
-        await wait_until(rejoined, 30, "both workers to use the restarted chain")
+        await until(rejoined, 30, "both workers to use the restarted chain")
 
         async def restarted_batch() -> bool:  # from its start-up, before it serves
             [now] = _supervisor_state(gw)["chain"]
             return _policies(now["pid"]) == {os.SCHED_BATCH}
 
-        await wait_until(restarted_batch, 30, "the restarted chain to run SCHED_BATCH")
+        await until(restarted_batch, 30, "the restarted chain to run SCHED_BATCH")
         mark = sum(acked.values())
         await asyncio.sleep(1.0)
         stop.set()
@@ -874,13 +863,13 @@ async def test_killing_the_worker_that_hosts_the_chain_loses_no_acknowledged_eve
             [_w0, now] = _supervisor_state(gw)["workers"]
             return bool(now["restarts"] == 1 and now["pid"] != hosting["pid"])
 
-        await wait_until(host_back, 60, "the supervisor to restart the hosting worker")
+        await until(host_back, 60, "the supervisor to restart the hosting worker")
 
         async def rejoined() -> bool:  # worker 0 connected twice
             return sum(bool(re.search(r"\[worker 0\].*appends go through the commit chain",
                                       line)) for line in gw.stderr) >= 2
 
-        await wait_until(rejoined, 30, "worker 0 to use the restarted host's chain")
+        await until(rejoined, 30, "worker 0 to use the restarted host's chain")
         [_w0, restarted] = _supervisor_state(gw)["workers"]
         assert _policies(restarted["pid"]) == {os.SCHED_OTHER}
         survivors = [i for i in range(16) if i not in dropped]

@@ -17,7 +17,8 @@ import pytest
 from polyport.protocols.bson.client import BsonClient, BsonError
 from polyport.protocols.res01.client import Res01Client, new_event
 from tests.gateway.test_cli_errors import polyport
-from tests.gateway.test_workers import Served, bson_totals, serve, wait_until
+from tests.gateway.test_workers import Served, bson_totals, serve
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -108,7 +109,7 @@ async def test_a_removed_user_loses_its_connections_on_every_worker(
             async def all_ended() -> bool:
                 return all(c.error is not None for c in clients)
 
-            await wait_until(all_ended, 15, "bob's connections to end on both workers")
+            await until(all_ended, 15, "bob's connections to end on both workers")
             assert {c.error.err_code for c in clients if c.error} == {"unauthenticated"}
             assert json.loads(await _cli(gw, "list", "--json", "--user", "bob")) == []
         finally:
@@ -136,7 +137,7 @@ async def test_closing_a_res01_peer_disconnects_it(gateway_factory: GatewayFacto
         async def reconnected() -> bool:
             return listener.stats.connections_total == 2
 
-        await wait_until(reconnected, 15, "the peer to be disconnected and come back")
+        await until(reconnected, 15, "the peer to be disconnected and come back")
         # The client goes on over its new connection, as a new peer.
         await client.commit("default", "r", -1, [new_event("Made", "{}")])
         [again] = gw.connections.list(protocol="res01")

@@ -8,7 +8,9 @@
 #   mkdir -p .devbench/base && git archive 89f5582 | tar -x -C .devbench/base
 # (3.5 MB; its dependencies are a subset of this tree's, already packed).
 # Each bench writes its output to $OUT/<name>.txt as it goes (a run cut short
-# still brings back what finished); at most 555 s of limits and 15 s for
+# still brings back what finished); with machine.txt and base-install.txt that
+# is eight files, the most the device brings back (a ninth needs a folder, or
+# its output appended to another).  At most 555 s of limits and 15 s for
 # installing the starting point, so that with .devbench/run's own installs
 # (about 25 s) the whole stays under the device's 600 s per command.
 set -u

@@ -6,18 +6,23 @@ The gateway and the CLI call these; ``polyport migrate`` is a thin wrapper.
 from __future__ import annotations
 
 import asyncio
-import functools
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
-from alembic import command
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 
 from polyport import migrations
 from polyport.core import sql
+
+# Alembic (and SQLAlchemy under it) is imported by the functions that run
+# migrations, not here: every gateway process, worker and CLI command
+# imports this module, and loading Alembic and reading the revision files
+# cost each of them about half a second of CPU at start, for a head
+# revision that migrations.HEAD_REVISION names (docs/performance.md,
+# session 32).
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
@@ -51,36 +56,54 @@ def with_application_name(dsn: str, name: str) -> str:
 
 
 def alembic_config(database_url: str, stdout: TextIO | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config(stdout=stdout) if stdout is not None else Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.attributes["url"] = sqlalchemy_url(database_url)
     return cfg
 
 
-@functools.cache  # reads the revision files: once per process is enough
 def head_revision() -> str:
-    script = ScriptDirectory.from_config(alembic_config("postgresql://unused/x"))
-    head = script.get_current_head()
+    """The revision this code expects the database at."""
+    return migrations.HEAD_REVISION
+
+
+def script_head() -> str:
+    """The head as Alembic finds it in the revision files (what
+    :func:`head_revision` must name; tests/core/test_migrations.py holds
+    them together)."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config("postgresql://unused/x")).get_current_head()
     assert head is not None
     return head
 
 
 def upgrade(database_url: str, revision: str = "head", *, sql: bool = False) -> None:
     """Run the upgrade, or with ``sql`` print its script (offline, no connection)."""
+    from alembic import command
+
     command.upgrade(alembic_config(database_url), revision, sql=sql)
 
 
 def downgrade(database_url: str, revision: str, *, sql: bool = False) -> None:
+    from alembic import command
+
     command.downgrade(alembic_config(database_url), revision, sql=sql)
 
 
 def stamp(database_url: str, revision: str) -> None:
     """Record ``revision`` as current without running anything (for a schema
     a DBA applied from the ``--sql`` script)."""
+    from alembic import command
+
     command.stamp(alembic_config(database_url), revision)
 
 
 def history(database_url: str, stdout: TextIO | None = None) -> None:
+    from alembic import command
+
     command.history(alembic_config(database_url, stdout), verbose=False)
 
 

@@ -235,10 +235,10 @@ class EventStore:
         self._health = Health(stale_after=max(DEFAULT_STALE_AFTER, 3 * config.poll_interval))
         self._schema_task: asyncio.Task[None] | None = None
         self._schema_wake = asyncio.Event()
-        # The schema revision as the newest check saw it, and this code's
-        # head (None until the first check): /status reads them from here.
+        # The schema revision as the newest check saw it (None until the
+        # first), and this code's head: /status reads them from here.
         self.schema_revision: str | None = None
-        self.schema_head: str | None = None
+        self.schema_head: str = migrate.head_revision()
         self.started = False
         # Optional: called with each event handed to a subscriber or fetched
         # by a fetch-style subscription (delivery metrics).
@@ -418,9 +418,6 @@ class EventStore:
             self._schema_wake.clear()
 
     async def _check_schema(self) -> None:
-        if self.schema_head is None:
-            # Alembic reads its revision files: off the event loop, once.
-            self.schema_head = await asyncio.to_thread(migrate.head_revision)
         head = self.schema_head
         try:
             # On the pool itself: core.db would translate the missing table.

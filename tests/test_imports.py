@@ -93,3 +93,17 @@ def test_no_import_cycles(graph: grimp.ImportGraph) -> None:
         for component in found for a in component for b in edges[a] if b in component
     ]
     assert found == [], "\n".join(details)
+
+
+def test_serving_and_the_cli_load_no_alembic() -> None:
+    # Alembic and SQLAlchemy are for migrating: loading them cost every
+    # gateway process, worker and CLI command about half a second of CPU at
+    # start (docs/performance.md, session 32).  What a worker and the CLI
+    # import must not pull them in again.
+    probe = ("import sys, polyport.gateway.app, polyport.gateway.cli.main, "
+             "polyport.gateway.process.worker, polyport.gateway.process.chain\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'alembic', 'sqlalchemy'}))")
+    done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -118,7 +118,7 @@ def _schema(gw: Gateway) -> dict[str, Any]:
     """As the store's schema check last saw it (every 30 s and at start):
     no connection of its own per request."""
     store = gw.store
-    # Both set by the store's first check, before start() returned.
+    # The revision as the store's first check (before start() returned) saw it.
     head, revision = store.schema_head, store.schema_revision
     return {"revision": revision, "head": head, "current": revision == head}
 

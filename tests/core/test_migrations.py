@@ -66,6 +66,14 @@ async def test_migrate_round_trip_and_stale_serve(empty_db_url: str) -> None:
     assert "Initial schema" in history.stdout
 
 
+def test_the_head_revision_is_the_newest_revision_file() -> None:
+    # The gateway checks the database against migrations.HEAD_REVISION without
+    # loading Alembic: a new revision file must move it.
+    assert migrate.head_revision() == migrate.script_head(), (
+        "migrations/versions has a newer revision than migrations.HEAD_REVISION: "
+        "set HEAD_REVISION to it")
+
+
 async def test_schema_matches_metadata(db_url: str) -> None:
     """The migrations and core.schema describe the same tables and columns."""
     from polyport.core.schema import metadata

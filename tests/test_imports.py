@@ -7,6 +7,7 @@ and no import cycle among polyport's modules."""
 from __future__ import annotations
 
 import fnmatch
+import json
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -95,15 +96,30 @@ def test_no_import_cycles(graph: grimp.ImportGraph) -> None:
     assert found == [], "\n".join(details)
 
 
+def loaded(modules: str, of: set[str]) -> list[str]:
+    """Which of the top-level packages ``of`` importing ``modules`` loads, in
+    a fresh interpreter."""
+    probe = (f"import json, sys, {modules}\n"
+             f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & "
+             f"set({sorted(of)!r}))))")
+    done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    found: list[str] = json.loads(done.stdout)
+    return found
+
+
 def test_serving_and_the_cli_load_no_alembic() -> None:
     # Alembic and SQLAlchemy are for migrating: loading them cost every
     # gateway process, worker and CLI command about half a second of CPU at
     # start (docs/performance.md, session 32).  What a worker and the CLI
     # import must not pull them in again.
-    probe = ("import sys, polyport.gateway.app, polyport.gateway.cli.main, "
-             "polyport.gateway.process.worker, polyport.gateway.process.chain\n"
-             "print(sorted({m.split('.')[0] for m in sys.modules} & {'alembic', 'sqlalchemy'}))")
-    done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True,
-                          text=True, timeout=60, cwd=REPO)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    serving = ("polyport.gateway.app, polyport.gateway.cli.main, "
+               "polyport.gateway.process.worker, polyport.gateway.process.chain")
+    assert loaded(serving, {"alembic", "sqlalchemy"}) == []
+
+
+def test_the_cli_loads_no_http_client_until_a_command_needs_one() -> None:
+    # aiohttp was 0.2 s of every CLI command's start; only `status` and
+    # `connections` talk to a running gateway.
+    assert loaded("polyport.gateway.cli.main", {"aiohttp"}) == []

@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
-
 from polyport.gateway.cli.status_cli import gateway_address
 from polyport.gateway.cli.tables import table
 from polyport.gateway.config import GatewayConfig
@@ -113,6 +111,9 @@ async def admin_request(
     params: dict[str, str] | None = None, ca_file: str | None = None,
 ) -> Any:
     """One admin API call to the running gateway; its JSON (None for 204)."""
+    # Imported here: every other CLI command starts 0.2 s sooner without it.
+    import aiohttp
+
     if not config.admin_token:
         raise AdminError("no admin token: set admin_token in the configuration or "
                          "POLYPORT_ADMIN_TOKEN")

@@ -13,8 +13,6 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
-
 from polyport.core import migrate
 from polyport.core.store import EventStore
 from polyport.gateway.config import GatewayConfig
@@ -83,6 +81,9 @@ def gateway_address(config: GatewayConfig, explicit: bool) -> tuple[str, int] | 
 
 
 async def _gateway_status(config: GatewayConfig, explicit: bool = False) -> dict[str, Any]:
+    # Imported here: every other CLI command starts 0.2 s sooner without it.
+    import aiohttp
+
     address = gateway_address(config, explicit)
     if address is None:
         return {"reachable": False, "error": "http_port is off in this configuration"}

@@ -410,6 +410,10 @@ WHERE id = $1
 # progress unparks those rows and leaves the checkpoint where it is.  A normal
 # batch unparks only replay-marked rows inside it (after a seek backwards), so
 # a replay requested while it was out is not lost.
+# It commits without waiting for its WAL flush, as RECORD_FETCH does and as a
+# consumer group's checkpoint is saved after its acks: a progress lost in a
+# crash hands the batch out again (at least once), never skips one, and a
+# flush per PS would queue in the FE/PS loop behind the appends' own flushes.
 PROGRESS_FETCHED = """
 WITH batch AS (
     SELECT id, checkpoint, fetched_position FROM subscriptions
@@ -424,7 +428,8 @@ WITH batch AS (
     UPDATE subscriptions s
     SET checkpoint = GREATEST(b.checkpoint, b.fetched_position), fetched_position = NULL,
         fetched_time = NULL, updated_at = now()
-    FROM batch b WHERE s.id = b.id
+    FROM batch b, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush
+    WHERE s.id = b.id
     RETURNING s.checkpoint
 ), unparked AS (
     DELETE FROM parked_events p USING batch b

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import asyncpg
 import pytest
 
 from polyport.core.access import Tenant
@@ -17,6 +18,7 @@ from polyport.core.commands import (
     Subscribe,
 )
 from polyport.core.errors import Forbidden, Malformed, NotFound
+from polyport.core.migrate import asyncpg_dsn
 from polyport.core.store import EventStore, StoreConfig
 from tests.core.helpers import append, ev
 
@@ -562,6 +564,44 @@ async def test_a_fetch_loop_takes_each_batch_in_one_round_trip(store: EventStore
         assert sent == ["FETCH_STATE_RECORDING"] * 2 + ["PROGRESS_FETCHED"]
         assert (await store.get_fetch_subscription(sub.id)).checkpoint == batch[-1].position
     assert reads[0] == 0
+
+
+async def test_a_progress_commits_without_waiting_for_its_wal_flush(db_url: str) -> None:
+    """A PS is on every FE/PS cycle: its commit does not wait for the WAL
+    flush (a progress lost in a crash hands its batch out again, never skips
+    one).  Seen from PostgreSQL: a synchronous commit returns with the WAL
+    flushed past everything inserted before it; after this PS the flush can
+    still be short of where the WAL stood when the PS was sent.  The WAL
+    writer may flush first now and then, so a few cycles are tried.  (The
+    test clusters commit asynchronously; this database as production does.)"""
+    conn = await asyncpg.connect(asyncpg_dsn(db_url))
+    try:
+        name = await conn.fetchval("SELECT quote_ident(current_database())")
+        await conn.execute(f"ALTER DATABASE {name} SET synchronous_commit = on")
+    finally:
+        await conn.close()
+    store = EventStore(StoreConfig(db_url, poll_interval=0.2))
+    await store.start()
+    try:
+        await _progress_leaves_flush_behind(store)
+    finally:
+        await store.close()
+
+
+async def _progress_leaves_flush_behind(store: EventStore) -> None:
+    sub = await store.register_fetch_subscription(
+        "no-flush", Selector(context="default", stream="flush"), BEGINNING)
+    db = store.db
+    for i in range(1, 21):
+        await store.append(append("flush", ev(i)))
+        [fetched] = await store.fetch(sub.id, 100)
+        sent_at = await db.fetchval("SELECT pg_current_wal_insert_lsn()")
+        assert await store.progress(sub.id, fetched.recorded_at)
+        if await db.fetchval("SELECT pg_current_wal_flush_lsn()") < sent_at:
+            break
+    else:
+        raise AssertionError("each of 20 PS returned with the WAL flushed: it waited for it")
+    assert (await store.get_fetch_subscription(sub.id)).checkpoint == fetched.position
 
 
 async def test_a_fetch_on_what_another_process_changed_fetches_from_the_row(

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from polyport.core.commands import Principal
@@ -108,3 +110,51 @@ async def test_binder_fills_from_log_and_answers_queries(store: EventStore) -> N
         await store.binders.create("baskets", context="default")
     await store.binders.drop("baskets")
     assert [b.name for b in await store.binders.list()] == ["last"]
+
+
+async def test_the_projector_reads_the_binder_list_once_a_second(
+    store: EventStore, db_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under load a projector round runs every 50 ms: it reuses the binder
+    list for up to LIST_INTERVAL rather than query it every round.  A binder
+    another process creates (the CLI's store runs no projector) is still
+    taken up within that interval, and one this store creates at once."""
+    from polyport.core import binders as binders_module
+    from polyport.core import sql
+
+    monkeypatch.setattr(binders_module, "LIST_INTERVAL", 0.5)
+    listed = 0
+    real_fetch = store.db.fetch
+
+    async def counting(query, *args):  # type: ignore[no-untyped-def]
+        nonlocal listed
+        listed += query == sql.LIST_BINDERS
+        return await real_fetch(query, *args)
+
+    monkeypatch.setattr(store.db, "fetch", counting)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    rounds = 0
+    while loop.time() - started < 1.2:
+        await store.append(append("round", ev(rounds)))
+        rounds += 1
+        await asyncio.sleep(0.02)
+    # Up to 24 rounds (one per MIN_ROUND_INTERVAL) in 1.2 s: the list was
+    # read for the first and then once per LIST_INTERVAL.
+    assert 1 <= listed <= 4, (rounds, listed)
+
+    cli = EventStore(StoreConfig(db_url, pool_min=1, pool_max=2, run_binders=False))
+    await cli.start()
+    try:
+        await cli.binders.create("from-cli", context="default", stream_prefix="cli-")
+    finally:
+        await cli.close()
+    last = await store.append(append("cli-1", ev(body=b'{"n": 1}')))
+    await store.binders.wait_caught_up("from-cli", last.last_position, timeout=5)
+    assert (await store.query("from-cli", {"n": 1})).count == 1
+
+    # Its own creation is listed at the next round, however long the interval.
+    monkeypatch.setattr(binders_module, "LIST_INTERVAL", 3600.0)
+    await store.binders.wait_caught_up("from-cli", last.last_position, timeout=5)
+    await store.binders.create("here", context="default", stream_prefix="cli-")
+    await store.binders.wait_caught_up("here", last.last_position, timeout=5)

@@ -317,7 +317,18 @@ class Tailer:
         first = recent[0].position
         if after + 1 < first:
             return None
-        events = islice(recent, after + 1 - first, upper + 1 - first)
+        start, stop = after + 1 - first, upper + 1 - first
+        events: Iterator[RecordedEvent]
+        n = len(recent)
+        if start > n - start:
+            # Nearer the newest end, where an FE/PS loop reads: taken from
+            # the right, not skipped from the left (6.3 against 0.3 µs for
+            # the newest of a full memory).  A list no longer than the skip.
+            tail = list(islice(reversed(recent), n - stop, n - start))
+            tail.reverse()
+            events = iter(tail)
+        else:
+            events = islice(recent, start, stop)
         if _selects_all(selector):
             return events
         return (e for e in events if _safe_match(selector, e))

@@ -9,8 +9,10 @@ and prints what it commits and its CPU per event; ``commits`` sends the
 fast path's statements alone, the head row taken first against planned
 positions, on 1..K connections; ``growth`` fills one log
 through ``--sizes`` beside NATS JetStream and prints how each figure moves
-as it grows; ``faults`` (not a benchmark, not in CI) SIGKILLs ``polyport
-serve`` under load through every protocol and audits."""
+as it grows; ``wakeups`` prices one process waking another on this
+machine (one CPU, two, an idle one), without polyport; ``faults`` (not a
+benchmark, not in CI) SIGKILLs ``polyport serve`` under load through every
+protocol and audits."""
 
 from __future__ import annotations
 

@@ -10,9 +10,10 @@
 # Each bench writes its output to $OUT/<name>.txt as it goes (a run cut short
 # still brings back what finished); with machine.txt and base-install.txt that
 # is eight files, the most the device brings back (a ninth needs a folder, or
-# its output appended to another).  At most 555 s of limits and 15 s for
-# installing the starting point, so that with .devbench/run's own installs
-# (about 25 s) the whole stays under the device's 600 s per command.
+# its output appended to another).  At most 553 s of limits (the benches',
+# and 8 s for the wake-up prices in machine.txt) and 15 s for installing the
+# starting point, so that with .devbench/run's own installs (about 25 s) the
+# whole stays under the device's 600 s per command.
 set -u
 out=${OUT:-/tmp/polyport-device-out}
 mkdir -p "$out"
@@ -29,14 +30,19 @@ run() {
 }
 
 nproc >"$out/machine.txt"; free -g >>"$out/machine.txt"; "$py" --version >>"$out/machine.txt" 2>&1
+# What one process waking another costs here, on one CPU and across two:
+# the price of each hop a request makes between processes, against which
+# this machine's worker-count figures read (2-vCPU VMs: 15-55 µs of CPU a
+# wake-up across CPUs, docs/performance.md session 35).
+timeout 8 "$py" -m bench wakeups --seconds 1 >>"$out/machine.txt" 2>&1
 
 # The commit chain alone, fed on its socket by 2 and 4 feeder processes:
 # the ceiling of one chain process on this machine, measured, not inferred;
 # at planned positions (the default) and moving the head row first
 # (migration 0011, docs/performance.md session 21: neutral on 2 cores, where
 # the CPU is the limit; here PostgreSQL's inserts can run side by side).
-run chain 45 chain --feeders 2,4 --seconds 4
-POLYPORT_PLANNED_POSITIONS=false run chain-head-first 45 chain --feeders 2,4 --seconds 4
+run chain 40 chain --feeders 2,4 --seconds 4
+POLYPORT_PLANNED_POSITIONS=false run chain-head-first 40 chain --feeders 2,4 --seconds 4
 # PostgreSQL's side alone: how far each statement scales with connections.
 run commits 60 commits --connections 1,4,8,16 --events 256 --seconds 3
 # W1 by worker count, 32 then 256 publishers.  With the starting point packed

@@ -32,7 +32,7 @@ run() {
 nproc >"$out/machine.txt"; free -g >>"$out/machine.txt"; "$py" --version >>"$out/machine.txt" 2>&1
 # What one process waking another costs here, on one CPU and across two:
 # the price of each hop a request makes between processes, against which
-# this machine's worker-count figures read (2-vCPU VMs: 15-55 µs of CPU a
+# this machine's worker-count figures read (2-vCPU VMs: 13-56 µs of CPU a
 # wake-up across CPUs, docs/performance.md session 35).
 timeout 8 "$py" -m bench wakeups --seconds 1 >>"$out/machine.txt" 2>&1
 

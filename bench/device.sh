@@ -30,6 +30,12 @@ run() {
 }
 
 nproc >"$out/machine.txt"; free -g >>"$out/machine.txt"; "$py" --version >>"$out/machine.txt" 2>&1
+# Which CPU, kernel and idle policy: a guest that halts an idle vCPU at once
+# (guest_halt_poll_ns 0) pays more to wake it (docs/operations.md,
+# "Latency at light load on virtual machines").
+{ uname -r; lscpu 2>/dev/null | grep -E '^(Model name|CPU family|Model|L2|L3|Hypervisor)';
+  echo "guest_halt_poll_ns: $(cat /sys/module/haltpoll/parameters/guest_halt_poll_ns 2>/dev/null || echo none)"; } \
+  >>"$out/machine.txt" 2>&1
 # What one process waking another costs here, on one CPU and across two:
 # the price of each hop a request makes between processes, against which
 # this machine's worker-count figures read (2-vCPU VMs: 13-56 µs of CPU a

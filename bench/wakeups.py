@@ -29,6 +29,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from bench.common import say
+
 # Control bytes on the socket pair: a round trip, the start and the end of
 # the measured window (the responder answers both with its CPU clock).
 PING = b"p"
@@ -171,7 +173,7 @@ def run(seconds: float) -> int:
           f" {'wake-up':>11}")
     results: dict[str, Result] = {}
     for placement in placements(cpus):
-        sys.stderr.write(f"  measuring {placement.label}...\n")
+        say(f"  measuring {placement.label}...")
         r = measure(placement, seconds)
         results[placement.label] = r
         # Each side sleeps in its read and is woken once per round trip.

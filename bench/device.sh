@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every bench issue 26 (scale across cores) asks for, in one go, for a session
-# lent a 16-core machine (DEVELOPERS.md): ../shared/tools/offline-pack orjson
+# lent a 16-core machine (docs/performance.md, "Issue 26 in one page", says
+# what each output answers): ../shared/tools/offline-pack orjson
 # here (orjson is a runtime dependency the pack's own list lacks), then the
 # device tool's run with carry [".devbench"] and
 #   bash .devbench/run 'bash bench/device.sh'

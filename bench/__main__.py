@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import signal
 import sys
 
 import bench
@@ -36,9 +37,24 @@ def main(argv: list[str]) -> int:
         print(f"usage: python -m bench {{{','.join(names)}}} [options]", file=sys.stderr)
         return 2
     module = importlib.import_module(f"bench.{argv[0]}")
-    result: int = module.main(argv[1:])
+    try:
+        result: int = module.main(argv[1:])
+    except KeyboardInterrupt:
+        # Benches that run through peers.run_command say so themselves; the
+        # others get here once their clean-up has run.
+        print(f"python -m bench {argv[0]}: interrupted", file=sys.stderr)
+        return 130
     return result
 
 
 if __name__ == "__main__":
+    # `timeout` (bench/device.sh) and service managers stop a bench with
+    # SIGTERM, whose default ends the process at once: the throwaway cluster
+    # and the gateways it started would outlive it, and load the benches that
+    # follow.  Passed on as SIGINT, it is Ctrl-C: asyncio's runner cancels
+    # the bench's main task, whose clean-up runs before the process ends.
+    # The runner does so only where SIGINT has Python's own handler, which a
+    # shell without job control takes away from a command run with `&`.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: signal.raise_signal(signal.SIGINT))
     sys.exit(main(sys.argv[1:]))

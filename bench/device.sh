@@ -25,7 +25,9 @@ run() {
   shift 2
   echo "== $name: python -m bench $* (at most ${limit}s)"
   local started=$SECONDS
-  timeout "$limit" "$py" -m bench "$@" >"$out/$name.txt" 2>&1
+  # Past its limit a bench gets SIGTERM and stops its cluster and gateways
+  # itself (so none loads the next bench); SIGKILL 5 s later if it hangs.
+  timeout -k 5 "$limit" "$py" -m bench "$@" >"$out/$name.txt" 2>&1
   echo "exit $? after $((SECONDS - started))s" >>"$out/$name.txt"
   tail -n 25 "$out/$name.txt"
 }

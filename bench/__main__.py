@@ -40,8 +40,7 @@ def main(argv: list[str]) -> int:
     try:
         result: int = module.main(argv[1:])
     except KeyboardInterrupt:
-        # Benches that run through peers.run_command say so themselves; the
-        # others get here once their clean-up has run.
+        # Every bench's Ctrl-C or SIGTERM ends here, once its clean-up has run.
         print(f"python -m bench {argv[0]}: interrupted", file=sys.stderr)
         return 130
     return result

@@ -1768,14 +1768,11 @@ def client_loop() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
 
 def run_command(prog: str, factory: Callable[[], asyncio.AbstractEventLoop] | None,
                 main: Callable[[], Coroutine[Any, Any, int]]) -> int:
-    """Run a bench's main coroutine; an interruption or a failure is one
-    line naming the command, never a traceback."""
+    """Run a bench's main coroutine; a failure is one line naming the
+    command, never a traceback (an interruption: bench/__main__.py)."""
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
             return runner.run(main())
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback
         print(f"{prog}: {one_line(exc)}", file=sys.stderr)
         return 1

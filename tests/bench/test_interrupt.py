@@ -34,14 +34,14 @@ def _carrying(marker: str) -> list[int]:
 
 
 @pytest.mark.parametrize("args", [
-    # Through peers.run_command, with a gateway beside the cluster.
+    # Through asyncio.Runner (peers.run_command), with a gateway beside the cluster.
     ("workers", "--workers", "1", "--protocols", "bson", "--seconds", "60", "--repeat", "1"),
     # Through asyncio.run, the cluster alone.
     ("core", "--seconds", "60", "--rounds", "1", "--clients", "2"),
 ])
 def test_sigterm_stops_what_the_bench_started(args: tuple[str, ...], tmp_path: Path) -> None:
-    marker = f"POLYPORT_TEST_BENCH_MARK={uuid.uuid4().hex}"
-    name, value = marker.split("=")
+    name, value = "POLYPORT_TEST_BENCH_MARK", uuid.uuid4().hex
+    marker = f"{name}={value}"
     err_path = tmp_path / "stderr"
     with err_path.open("w") as err:
         proc = subprocess.Popen(
